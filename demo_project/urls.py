@@ -1,0 +1,10 @@
+"""URLs of the demo project: the admin and the reactor_app API."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,16 @@
+"""App configuration of reactor_app."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ReactorAppConfig(AppConfig):
+    name = "reactor_app"
+    label = "reactor_app"
+    verbose_name = "Reactor"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Import for side effects: system checks register themselves.
+        from reactor_app import checks  # noqa: F401

@@ -1,0 +1,53 @@
+"""System checks (``manage.py check``) for reactor_app settings and declarations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import Error, Warning, register
+
+from reactor_app.exceptions import ConfigurationError
+
+
+@register("reactor_app")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    from reactor_app.conf import reactor_settings
+
+    problems: list[Any] = []
+    for name in (
+        "KEY_PREFIX", "RATE_LIMITS", "CONTENTION_CEILING", "CONTENTION_BACKOFF", "TRACKING",
+    ):
+        try:
+            getattr(reactor_settings, name)
+        except ConfigurationError as exc:
+            problems.append(Error(exc.message, id="reactor_app.E001", obj=f"REACTOR_{name}"))
+    return problems
+
+
+@register("reactor_app")
+def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn about ``with_rate_limit("name")`` declarations whose name is not configured."""
+    from reactor_app.coordination.rate_limit import named_windows
+    from reactor_app.dsl.coordination import RateLimitDeclaration
+    from reactor_app.dsl.registry import all_reactors
+
+    warnings: list[Any] = []
+    for path, reactor in all_reactors().items():
+        owners: list[tuple[str, Any]] = [(path, reactor.declarations())]
+        owners += [(f"{path}.{name}", spec.declarations) for name, spec in reactor.steps.items()]
+        for owner, declarations in owners:
+            declaration = declarations.by_primitive.get("rate_limit")
+            if not isinstance(declaration, RateLimitDeclaration) or declaration.name is None:
+                continue
+            try:
+                named_windows(declaration.name)
+            except ConfigurationError as exc:
+                warnings.append(
+                    Warning(
+                        exc.message,
+                        hint=f"add {declaration.name!r} to REACTOR_RATE_LIMITS",
+                        obj=owner,
+                        id="reactor_app.W001",
+                    )
+                )
+    return warnings

@@ -1,0 +1,104 @@
+"""Typed access to the ``REACTOR_*`` Django settings.
+
+Every attribute reads ``django.conf.settings`` on access, so ``override_settings`` in tests and
+settings changed at runtime are always honoured; nothing is cached here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+from reactor_app.exceptions import ConfigurationError
+
+TRACKING_MODES = ("full", "executions")
+
+
+class ReactorSettings:
+    """The ``REACTOR_*`` settings with their defaults and validation."""
+
+    def _get(self, name: str, default: Any) -> Any:
+        return getattr(django_settings, f"REACTOR_{name}", default)
+
+    @property
+    def REDIS_URL(self) -> str | None:
+        """Coordination Redis; ``None`` means the embedded server (see ``coordination.embedded``)."""
+        return self._get("REDIS_URL", None) or None
+
+    @property
+    def EMBEDDED_REDIS_DIR(self) -> str | None:
+        """Folder holding the embedded server's socket, pidfile and log."""
+        return self._get("EMBEDDED_REDIS_DIR", None)
+
+    @property
+    def KEY_PREFIX(self) -> str:
+        prefix = self._get("KEY_PREFIX", "reactor")
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigurationError(
+                "REACTOR_KEY_PREFIX must be a non-empty string without braces", setting="KEY_PREFIX"
+            )
+        return prefix
+
+    @property
+    def RATE_LIMITS(self) -> dict[str, dict[str, Any]]:
+        value = self._get("RATE_LIMITS", {})
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                "REACTOR_RATE_LIMITS must be a dict of name -> {'limit', 'period'} or {'limits'}",
+                setting="RATE_LIMITS",
+            )
+        return value
+
+    @property
+    def CONTENTION_CEILING(self) -> int:
+        value = self._get("CONTENTION_CEILING", 20)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigurationError(
+                "REACTOR_CONTENTION_CEILING must be a positive integer", setting="CONTENTION_CEILING"
+            )
+        return value
+
+    @property
+    def CONTENTION_BACKOFF(self) -> tuple[float, float]:
+        value = self._get("CONTENTION_BACKOFF", (1.0, 30.0))
+        try:
+            base, cap = (float(v) for v in value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                "REACTOR_CONTENTION_BACKOFF must be a (base_seconds, cap_seconds) pair",
+                setting="CONTENTION_BACKOFF",
+            ) from exc
+        if base <= 0 or cap < base:
+            raise ConfigurationError(
+                "REACTOR_CONTENTION_BACKOFF needs 0 < base <= cap", setting="CONTENTION_BACKOFF"
+            )
+        return base, cap
+
+    @property
+    def CELERY_QUEUE(self) -> str:
+        return str(self._get("CELERY_QUEUE", "reactor"))
+
+    @property
+    def TRACKING(self) -> str:
+        value = self._get("TRACKING", "full")
+        if value not in TRACKING_MODES:
+            raise ConfigurationError(
+                f"REACTOR_TRACKING must be one of {TRACKING_MODES}, got {value!r}",
+                setting="TRACKING",
+            )
+        return str(value)
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return list(
+            self._get("API_PERMISSION_CLASSES", ["reactor_app.api.permissions.IsStaffUser"])
+        )
+
+    @property
+    def SWEEP_AFTER(self) -> float:
+        """Seconds without a heartbeat after which the sweeper re-enqueues a running execution."""
+        return float(self._get("SWEEP_AFTER", 120.0))
+
+
+reactor_settings = ReactorSettings()

@@ -1,0 +1,134 @@
+"""Claims: what one unit of work (a reactor run or a step execution) asks coordination for.
+
+A claim is a declaration whose key has been computed; the coordination layer only ever sees
+claims, never key functions. The outcome types below are what admission answers with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Primitive = Literal["lock", "semaphore", "rate_limit", "period", "ordered_lock"]
+
+#: the fixed admission order of DESIGN §2.1 (release runs in reverse)
+ADMISSION_ORDER: tuple[Primitive, ...] = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who takes a hold: the owner (root execution id, or a per-call id) and attribution."""
+
+    owner: str
+    execution_id: str | None = None
+    step: str | None = None  # None for a reactor-level hold
+    reactor: str | None = None
+
+
+@dataclass(frozen=True)
+class LockClaim:
+    key: str
+    ttl: float = 60.0  # seconds
+    auto_extend: bool = True
+    primitive: Primitive = field(default="lock", init=False)
+
+
+@dataclass(frozen=True)
+class SemaphoreClaim:
+    key: str
+    limit: int
+    ttl: float = 60.0  # lease seconds
+    primitive: Primitive = field(default="semaphore", init=False)
+
+
+@dataclass(frozen=True)
+class RateWindow:
+    seconds: float
+    limit: int
+    label: str  # "second", "minute", "hour", "day" or the seconds as text
+
+
+@dataclass(frozen=True)
+class RateLimitClaim:
+    key: str
+    windows: tuple[RateWindow, ...]
+    strategy: Literal["sliding", "fixed"] = "sliding"
+    primitive: Primitive = field(default="rate_limit", init=False)
+
+
+@dataclass(frozen=True)
+class PeriodClaim:
+    key: str
+    every: str | int  # "second" ... "year" (calendar UTC) or seconds (epoch-aligned)
+    primitive: Primitive = field(default="period", init=False)
+
+
+@dataclass(frozen=True)
+class OrderedPosition:
+    nonce: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class OrderedLockClaim:
+    key: str
+    position: OrderedPosition
+    ttl: float = 86400.0
+    poison_pill_timeout: float = 600.0
+    strict: bool = True
+    primitive: Primitive = field(default="ordered_lock", init=False)
+
+
+Claim = LockClaim | SemaphoreClaim | RateLimitClaim | PeriodClaim | OrderedLockClaim
+
+
+@dataclass
+class Hold:
+    """One primitive that was admitted."""
+
+    claim: Claim
+    fresh: bool  # False when the owner re-entered a hold it already had
+    token: int | None = None  # fencing token (locks only)
+
+
+@dataclass
+class Admitted:
+    holds: list[Hold]
+    holder: Holder
+
+    def token_for(self, key: str | None = None) -> int | None:
+        for hold in self.holds:
+            if hold.token is not None and (key is None or hold.claim.key == key):
+                return hold.token
+        return None
+
+
+@dataclass
+class Refused:
+    """Contention: nothing was taken. ``retry_after`` is the primitive's own hint in seconds."""
+
+    claim: Claim
+    retry_after: float | None = None
+    blocker: dict[str, Any] | None = None  # holder snapshot: owner, step, execution, since, ttl
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PeriodHit:
+    """The dedup bucket is already marked: the work must be skipped (step) or halted (reactor)."""
+
+    claim: PeriodClaim
+    marked_by: str | None = None
+
+
+@dataclass
+class ChainFailed:
+    """Strict ordered lock: an earlier position failed, so this one is skipped."""
+
+    claim: OrderedLockClaim
+    first_failed: int | None = None
+
+
+AdmissionResult = Admitted | Refused | PeriodHit | ChainFailed
+
+Outcome = Literal["success", "failure", "retry", "park", "rollback"]

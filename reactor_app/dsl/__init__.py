@@ -1,0 +1,1 @@
+"""The DSL layer: how users declare reactors, steps, arguments and coordination."""

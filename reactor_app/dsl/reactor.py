@@ -1,0 +1,85 @@
+"""Reactors: workflows of steps.
+
+A ``Reactor`` subclass declares ``inputs``, its steps as class attributes (``step``,
+``compose``, ``map_step``... or inline ``@step`` methods), optionally ``returns`` and
+reactor-level coordination decorators. The class is planned (and checked) when it is created.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from reactor_app.dsl import registry
+from reactor_app.dsl.coordination import Coordinated
+from reactor_app.dsl.step import StepSpec
+from reactor_app.engine.planner import Plan, build_plan
+from reactor_app.exceptions import DefinitionError
+
+if TYPE_CHECKING:
+    from reactor_app.engine.result import Result
+
+
+class Reactor(Coordinated):
+    """Base class of reactors. See the module docstring."""
+
+    inputs: ClassVar[tuple[str, ...]] = ()
+    #: the step whose result is the run's value; default: a dict of every step's result
+    returns: ClassVar[str | None] = None
+    #: ``True`` hands the whole run to a worker; ``"after:<step>"`` hands off after that step
+    background: ClassVar[bool | str] = False
+
+    steps: ClassVar[dict[str, StepSpec]] = {}
+    plan: ClassVar[Plan]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if isinstance(cls.inputs, str):
+            raise DefinitionError(
+                f"{cls.__qualname__}.inputs must be a tuple of names, e.g. ('account_id',), "
+                f"not the string {cls.inputs!r}",
+                owner=cls.__qualname__, option="inputs",
+            )
+        cls.inputs = tuple(cls.inputs)
+        specs: dict[str, StepSpec] = {}
+        for base in reversed(cls.__mro__[1:]):
+            specs.update(getattr(base, "steps", {}) if base is not Reactor else {})
+        for name, attribute in list(vars(cls).items()):
+            if isinstance(attribute, StepSpec):
+                attribute.name = name
+                attribute.owner = cls
+                specs[name] = attribute
+        cls.steps = specs
+        cls.plan = build_plan(cls, specs)
+        cls._check_background()
+        registry.register(cls)
+
+    @classmethod
+    def _check_background(cls) -> None:
+        value = cls.background
+        if isinstance(value, bool):
+            return
+        if isinstance(value, str) and value.startswith("after:"):
+            step = value[len("after:"):]
+            if step in cls.steps:
+                return
+            raise DefinitionError(
+                f"{cls.__qualname__}.background = {value!r} names no step "
+                f"(steps: {', '.join(cls.steps) or 'none'})",
+                owner=cls.__qualname__, option="background",
+            )
+        raise DefinitionError(
+            f"{cls.__qualname__}.background must be True, False or 'after:<step>', got {value!r}",
+            owner=cls.__qualname__, option="background",
+        )
+
+    @classmethod
+    def path(cls) -> str:
+        """The dotted path executions record for this reactor."""
+        return registry.path_of(cls)
+
+    @classmethod
+    def run(cls, **inputs: Any) -> Result:
+        """Run the reactor in this process and return its ``Result``."""
+        from reactor_app.engine.executor import run_reactor
+
+        return run_reactor(cls, inputs)

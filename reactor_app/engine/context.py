@@ -1,0 +1,155 @@
+"""Execution state and the context handed to step code.
+
+``ExecutionState`` is what the engine persists in ``Execution.context`` (versioned JSON):
+results, the completed-step log rollback walks, ordered-lock positions, contention counters and
+the resume point. ``HeldKeys`` is the registry of keys an execution tree holds (shared by a root
+and its composed children). ``StepContext`` is the ``context`` argument of step bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from reactor_app.models import CONTEXT_SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from reactor_app.dsl.reactor import Reactor
+    from reactor_app.engine.gate import Gate
+
+
+class _Encoder(DjangoJSONEncoder):
+    def default(self, o: Any) -> Any:
+        try:
+            return super().default(o)
+        except TypeError:
+            # Results are kept as real objects in memory; the persisted copy of a value JSON
+            # cannot hold is its repr, which is enough for the admin and for a resume point.
+            return repr(o)
+
+
+def to_json(value: Any) -> Any:
+    """``value`` as plain JSON data (what the ORM will store)."""
+    return json.loads(json.dumps(value, cls=_Encoder))
+
+
+@dataclass
+class CompletedStep:
+    """One entry of the rollback log: a step that completed and may need undoing."""
+
+    step: str
+    kind: str  # "step" | "compose" | "map"
+    args: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    child_execution: str | None = None
+    elements: list[dict[str, Any]] = field(default_factory=list)  # map: one per iteration
+
+
+@dataclass
+class ExecutionState:
+    results: dict[str, Any] = field(default_factory=dict)
+    completed: list[CompletedStep] = field(default_factory=list)
+    ordered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    contention: dict[str, int] = field(default_factory=dict)
+    next_index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(
+            {
+                "version": CONTEXT_SCHEMA_VERSION,
+                "results": self.results,
+                "completed": [vars(c) for c in self.completed],
+                "ordered": self.ordered,
+                "contention": self.contention,
+                "next_index": self.next_index,
+                **self.extra,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> ExecutionState:
+        data = dict(data or {})
+        data.pop("version", None)
+        state = cls(
+            results=data.pop("results", {}),
+            completed=[CompletedStep(**c) for c in data.pop("completed", [])],
+            ordered=data.pop("ordered", {}),
+            contention=data.pop("contention", {}),
+            next_index=data.pop("next_index", 0),
+        )
+        state.extra = data
+        return state
+
+
+class HeldKeys:
+    """The keys one execution tree holds: ``(primitive, key) -> nesting count and steps``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def push(self, primitive: str, key: str, step: str | None, limit: int | None = None) -> None:
+        with self._lock:
+            entry = self._held.setdefault(
+                (primitive, key), {"count": 0, "steps": [], "limit": limit}
+            )
+            entry["count"] += 1
+            entry["steps"].append(step)
+
+    def pop(self, primitive: str, key: str) -> None:
+        with self._lock:
+            entry = self._held.get((primitive, key))
+            if entry is None:
+                return
+            entry["count"] -= 1
+            if entry["steps"]:
+                entry["steps"].pop()
+            if entry["count"] <= 0:
+                del self._held[(primitive, key)]
+
+    def holds(self, primitive: str, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            entry = self._held.get((primitive, key))
+            return dict(entry) if entry else None
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"primitive": p, "key": k, "count": e["count"], "steps": list(e["steps"])}
+                for (p, k), e in self._held.items()
+            ]
+
+
+@dataclass
+class StepContext:
+    """The ``context`` argument of ``run`` / ``compensate`` / ``undo``."""
+
+    execution_id: str | None
+    root_execution_id: str | None
+    step_name: str | None
+    attempt: int
+    reactor: type[Reactor] | None
+    reactor_instance: Any
+    inputs: dict[str, Any]
+    owner: str
+    gates: list[Gate] = field(default_factory=list)  # innermost last
+    held_keys: HeldKeys | None = None
+    lease_lost: list[BaseException] = field(default_factory=list)
+
+    def fencing_token(self, key: str | None = None) -> int | None:
+        """The fencing token of the innermost lock covering this work (or of the lock on ``key``)."""
+        for gate in reversed(self.gates):
+            token = gate.token_for(key)
+            if token is not None:
+                return token
+        return None
+
+    def checkpoint(self) -> None:
+        """Raise ``LeaseLost`` if a lock this work holds could not be renewed."""
+        if self.lease_lost:
+            raise self.lease_lost[0]

@@ -1,0 +1,83 @@
+"""``Result``: what a run returns, and how it is rebuilt from an ``Execution`` row."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from reactor_app import exceptions
+from reactor_app.status import ExecutionStatus
+
+if TYPE_CHECKING:
+    from reactor_app.models import Execution
+
+
+@dataclass
+class Result:
+    """The outcome of a run. ``status``: succeeded | failed | halted | interrupted | handed_off
+    (and ``parked`` / ``pending`` / ``running`` when read from a row that is not finished)."""
+
+    status: str
+    value: Any = None
+    error: BaseException | None = None
+    execution_id: str | None = None
+    rollback_failures: list[dict[str, Any]] = field(default_factory=list)
+    halt_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (ExecutionStatus.SUCCEEDED, ExecutionStatus.HALTED)
+
+    def unwrap(self) -> Any:
+        """The value, or raise the error."""
+        if self.error is not None:
+            raise self.error
+        if self.status == ExecutionStatus.FAILED:
+            raise exceptions.StepFailed("the execution failed")
+        return self.value
+
+    @classmethod
+    def from_execution(cls, execution: Execution) -> Result:
+        return cls(
+            status=execution.status,
+            value=execution.result,
+            error=error_from_dict(execution.error),
+            execution_id=str(execution.id),
+            rollback_failures=list(execution.rollback_failures or []),
+            halt_reason=(execution.context or {}).get("halt_reason"),
+        )
+
+
+def error_from_dict(data: dict[str, Any] | None) -> BaseException | None:
+    """Rebuild a stored error as the matching ``ReactorError`` subclass."""
+    if not data:
+        return None
+    fields = dict(data)
+    type_name = fields.pop("type", "StepFailed")
+    message = fields.pop("message", None)
+    error_class = getattr(exceptions, type_name, None)
+    if not (isinstance(error_class, type) and issubclass(error_class, exceptions.ReactorError)):
+        error_class = exceptions.StepFailed
+        fields.setdefault("cause", {"type": type_name, "message": message})
+    return error_class(message, **fields)
+
+
+def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Result:
+    """Reload ``execution`` until it is terminal or interrupted, then return its ``Result``."""
+    deadline = time.monotonic() + timeout
+    settled = {
+        ExecutionStatus.SUCCEEDED,
+        ExecutionStatus.FAILED,
+        ExecutionStatus.HALTED,
+        ExecutionStatus.INTERRUPTED,
+    }
+    while True:
+        execution.refresh_from_db()
+        if execution.status in settled:
+            return execution.to_result()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"execution {execution.id} is still {execution.status} after {timeout}s"
+            )
+        time.sleep(poll_interval)

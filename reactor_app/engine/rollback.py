@@ -1,0 +1,165 @@
+"""Rollback: compensate the failing step, then undo every completed step, newest first.
+
+Compensate and undo re-take the step's **lock and semaphore** (same keys from the same stored
+arguments, same owner), waiting up to ``rollback_wait``; never its rate limit, period or
+ordered lock, because a forward-work quota must never suppress cleanup. A hook that cannot
+acquire, or that raises, is reported in ``rollback_failures`` and the rest still runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from reactor_app.dsl.step import Step
+from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
+from reactor_app.engine.gate import Gate, GateScope
+from reactor_app.exceptions import CoordinationError, CompensationFailed, UndoFailed
+from reactor_app.status import EngineEvent, StepRunKind
+from reactor_app.tracking import StepRecorder
+
+if TYPE_CHECKING:
+    from reactor_app.engine.executor import ExecutionRun
+
+_EVENTS = {
+    StepRunKind.COMPENSATE: (EngineEvent.COMPENSATION_SUCCEEDED, EngineEvent.COMPENSATION_FAILED),
+    StepRunKind.UNDO: (EngineEvent.UNDO_SUCCEEDED, EngineEvent.UNDO_FAILED),
+}
+
+
+def run_rollback_hook(
+    run: ExecutionRun | None,
+    step_class: type[Step],
+    label: str,
+    args: dict[str, Any],
+    *,
+    kind: str,
+    call: Callable[[StepContext], Any],
+    owner: str,
+    held_keys: HeldKeys | None,
+    parent_context: StepContext | None = None,
+) -> list[dict[str, Any]]:
+    """Run one compensate/undo under the step's re-taken exclusion; return failures."""
+    reactor = run.reactor_path if run else ""
+    declarations = step_class.declarations().for_rollback()
+    gate = None
+    if declarations:
+        gate = Gate(
+            declarations,
+            args,
+            GateScope(
+                reactor=reactor,
+                step=label,
+                owner=owner,
+                execution_id=run.execution_id if run else None,
+                held_keys=held_keys,
+            ),
+            record_events=run is not None,
+        )
+        wait = max(d.effective_rollback_wait for d in declarations)  # type: ignore[attr-defined]
+        try:
+            gate.enter(wait=wait, park=False)  # rollback never parks
+        except CoordinationError as error:
+            return [
+                {
+                    "step": label,
+                    "kind": kind,
+                    "reason": "coordination_unavailable",
+                    "key": error.key,  # type: ignore[attr-defined]
+                    "primitive": error.primitive,  # type: ignore[attr-defined]
+                    "error": error.as_dict(),
+                }
+            ]
+    recorder = StepRecorder(run.execution, label, kind, 1) if run else None
+    succeeded_event, failed_event = _EVENTS[kind]  # type: ignore[index]
+    try:
+        if recorder:
+            recorder.started()
+        context = StepContext(
+            execution_id=run.execution_id if run else None,
+            root_execution_id=run.root.execution_id if run else None,
+            step_name=label,
+            attempt=1,
+            reactor=run.reactor if run else None,
+            reactor_instance=run.instance if run else (
+                parent_context.reactor_instance if parent_context else None
+            ),
+            inputs=run.inputs if run else {},
+            owner=owner,
+            gates=[*(run.gates if run else []), *([gate] if gate else [])],
+            held_keys=held_keys,
+            lease_lost=gate.lost if gate else [],
+        )
+        try:
+            call(context)
+        except Exception as exc:
+            error_class = CompensationFailed if kind == StepRunKind.COMPENSATE else UndoFailed
+            error = error_class(
+                f"{kind} of step {label!r} of {reactor} raised {type(exc).__name__}: {exc}",
+                reactor=reactor, step=label, cause=exc,
+            )
+            if recorder:
+                recorder.finished(failed_event, error=error.as_dict())
+            return [{"step": label, "kind": kind, "reason": "error", "error": error.as_dict()}]
+        if recorder:
+            recorder.finished(succeeded_event)
+        return []
+    finally:
+        if gate is not None:
+            gate.exit("rollback")
+
+
+def roll_back(run: ExecutionRun) -> list[dict[str, Any]]:
+    """Undo every completed step of ``run``, newest first; return what could not be undone."""
+    failures: list[dict[str, Any]] = []
+    for record in reversed(run.state.completed):
+        failures.extend(undo_record(run, record))
+    run.state.completed.clear()
+    return failures
+
+
+def undo_record(run: ExecutionRun, record: CompletedStep) -> list[dict[str, Any]]:
+    spec = run.reactor.steps.get(record.step.split("[", 1)[0])
+    if record.kind == "compose":
+        return _undo_child(run, record.child_execution)
+    if record.kind == "map":
+        failures: list[dict[str, Any]] = []
+        for element in reversed(record.elements):
+            if element.get("child_execution"):
+                failures.extend(_undo_child(run, element["child_execution"]))
+            elif spec is not None and spec.step_class() is not None:
+                failures.extend(
+                    _undo_step(run, spec.step_class(), element["label"], element["args"],
+                               element["result"])
+                )
+        return failures
+    if spec is None or spec.step_class() is None:
+        return []
+    return _undo_step(run, spec.step_class(), record.step, record.args, record.result)
+
+
+def _undo_step(
+    run: ExecutionRun, step_class: type[Step] | None, label: str, args: dict[str, Any], result: Any
+) -> list[dict[str, Any]]:
+    if step_class is None or not step_class.has_undo():
+        return []
+    instance = step_class()
+    return run_rollback_hook(
+        run,
+        step_class,
+        label,
+        args,
+        kind=StepRunKind.UNDO,
+        call=lambda ctx: instance.undo(result, args, ctx),
+        owner=run.owner,
+        held_keys=run.held_keys,
+    )
+
+
+def _undo_child(run: ExecutionRun, child_execution: str | None) -> list[dict[str, Any]]:
+    child = run.child_run(child_execution) if child_execution else None
+    if child is None:
+        return []
+    failures = roll_back(child)
+    child.persist()
+    return failures

@@ -1,0 +1,311 @@
+"""The runner: one step, from its ``where`` condition to its outcome.
+
+For a plain step: evaluate ``where`` → resolve and validate arguments → for each attempt: enter
+the step's gate (coordination) → run the body (auto-extend running) → on a final failure,
+compensate while still holding the step's coordination → release the gate. ``map_step`` runs
+this once per element; ``compose`` hands the child reactor back to the executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from reactor_app.dsl.arguments import PathError, Scope
+from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
+from reactor_app.dsl.step import Step, StepSpec
+from reactor_app.engine.clock import current_clock
+from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
+from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip, fresh_owner
+from reactor_app.exceptions import (
+    ArgumentResolutionError,
+    CoordinationError,
+    InputValidationError,
+    ReactorError,
+    RetriesExhausted,
+    StepFailed,
+)
+from reactor_app.status import EngineEvent, StepRunKind
+from reactor_app.tracking import StepRecorder
+
+if TYPE_CHECKING:
+    from reactor_app.engine.executor import ExecutionRun
+
+
+@dataclass
+class StepOutcome:
+    """What the executor learns from running one step."""
+
+    status: str  # "completed" | "skipped" | "failed" | "halted" | "parked" | "interrupted"
+    value: Any = None
+    error: ReactorError | None = None
+    record: CompletedStep | None = None
+    reason: str | None = None
+    park: ParkRequested | None = None
+    rollback_failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+def evaluate_where(spec: StepSpec, inputs: dict[str, Any], results: dict[str, Any]) -> bool:
+    if spec.where is None:
+        return True
+    if isinstance(spec.where, bool):
+        return spec.where
+    return bool(spec.where(inputs, results))
+
+
+def resolve_arguments(
+    spec: StepSpec, scope: Scope, reactor: str, *, default_to_inputs: bool = True
+) -> dict[str, Any]:
+    if not spec.arguments and default_to_inputs:
+        return dict(scope.inputs)
+    args: dict[str, Any] = {}
+    for name, source in spec.arguments.items():
+        try:
+            args[name] = source.resolve(scope)
+        except PathError as exc:
+            raise ArgumentResolutionError(
+                f"step {spec.name!r} of {reactor}: argument {name!r} = {source.describe()}: {exc}",
+                reactor=reactor, step=spec.name, argument=name, source=source.describe(),
+            ) from exc
+    return args
+
+
+def validate_arguments(
+    step_class: type[Step], args: dict[str, Any], reactor: str | None, step: str | None
+) -> None:
+    missing = [name for name in step_class.inputs if name not in args]
+    if missing:
+        raise InputValidationError(
+            f"step {step!r}{f' of {reactor}' if reactor else ''} is missing inputs "
+            f"{', '.join(missing)}",
+            reactor=reactor, step=step, field_errors={name: "required" for name in missing},
+        )
+
+
+def failure_error(
+    failure: Failure, reactor: str | None, step: str | None, attempts: int
+) -> ReactorError:
+    """The structured error a final failure becomes on the ``Result``."""
+    cause = failure.exception()
+    if isinstance(cause, ReactorError) and not isinstance(cause, StepFailed):
+        if getattr(cause, "step", "absent") is None and hasattr(cause, "step"):
+            cause.step = step  # type: ignore[attr-defined]
+        if getattr(cause, "reactor", "absent") is None and hasattr(cause, "reactor"):
+            cause.reactor = reactor  # type: ignore[attr-defined]
+        return cause
+    text = f"{type(cause).__name__}: {cause}"
+    if attempts > 1:
+        return RetriesExhausted(
+            f"step {step!r} of {reactor} failed after {attempts} attempts: {text}",
+            reactor=reactor, step=step, cause=cause, attempts=attempts,
+        )
+    return StepFailed(
+        f"step {step!r} of {reactor} failed: {text}", reactor=reactor, step=step, cause=cause
+    )
+
+
+class UnitRunner:
+    """Runs one step class with resolved arguments: attempts, coordination, compensation."""
+
+    def __init__(
+        self,
+        run: ExecutionRun | None,
+        step_class: type[Step],
+        spec: StepSpec | None,
+        args: dict[str, Any],
+        *,
+        label: str,
+        owner: str,
+        held_keys: HeldKeys | None,
+        position_slot: str,
+        parent_context: StepContext | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        self.run = run
+        self.max_attempts = max_attempts or step_class.retry_policy.max_attempts
+        self.step_class = step_class
+        self.args = args
+        self.label = label
+        self.owner = owner
+        self.held_keys = held_keys
+        self.position_slot = position_slot
+        self.parent_context = parent_context
+        declarations = spec.declarations if spec is not None else step_class.declarations()
+        # The one check a step declaring nothing pays.
+        self.declarations = declarations.ordered() if declarations else []
+        self.wait = declarations.wait_seconds() if declarations else 0.0
+        self.reactor = run.reactor_path if run else ""
+
+    def _gate(self) -> Gate | None:
+        if not self.declarations:
+            return None
+        run = self.run
+        return Gate(
+            self.declarations,
+            self.args,
+            GateScope(
+                reactor=self.reactor,
+                step=self.label,
+                owner=self.owner,
+                execution_id=run.execution_id if run else None,
+                held_keys=self.held_keys,
+                positions=run.state.ordered if run else None,
+                position_slot=self.position_slot,
+            ),
+            record_events=run is not None,
+        )
+
+    def _context(self, attempt: int, gate: Gate | None) -> StepContext:
+        run, parent = self.run, self.parent_context
+        gates = list(parent.gates) if parent else (list(run.gates) if run else [])
+        if gate is not None:
+            gates.append(gate)
+        return StepContext(
+            execution_id=run.execution_id if run else (parent.execution_id if parent else None),
+            root_execution_id=run.root.execution_id if run else (
+                parent.root_execution_id if parent else None
+            ),
+            step_name=self.label,
+            attempt=attempt,
+            reactor=run.reactor if run else None,
+            reactor_instance=run.instance if run else (parent.reactor_instance if parent else None),
+            inputs=run.inputs if run else {},
+            owner=self.owner,
+            gates=gates,
+            held_keys=self.held_keys,
+            lease_lost=gate.lost if gate is not None else [],
+        )
+
+    def _recorder(self, kind: str, attempt: int) -> StepRecorder | None:
+        if self.run is None:
+            return None
+        return StepRecorder(self.run.execution, self.label, kind, attempt)
+
+    def execute(self, *, park: bool) -> StepOutcome:
+        policy = self.step_class.retry_policy
+        instance = self.step_class()
+        attempt = 0
+        while True:
+            attempt += 1
+            gate = self._gate()
+            if gate is not None:
+                try:
+                    skip = gate.enter(wait=self.wait, park=park)
+                except ParkRequested as parked:
+                    return StepOutcome("parked", park=parked)
+                except CoordinationError as error:
+                    # Contention (or an uncomputable key, or Redis down): the body never ran,
+                    # so there is nothing to compensate.
+                    self._record_refusal(attempt, error)
+                    return StepOutcome("failed", error=error)
+                if isinstance(skip, Skip):
+                    self._record_skip(attempt, skip.reason, key=skip.key)
+                    return StepOutcome("skipped", reason=skip.reason)
+            release_as = "failure"
+            try:
+                recorder = self._recorder(StepRunKind.RUN, attempt)
+                if recorder:
+                    recorder.started(args=self.args)
+                context = self._context(attempt, gate)
+                try:
+                    outcome: Outcome = as_outcome(instance.run(self.args, context))
+                    context.checkpoint()
+                except Exception as exc:
+                    outcome = Failure(exc)
+                if isinstance(outcome, (Success, Skipped, Halt)):
+                    release_as = "success"
+                    return self._finish_ok(outcome, recorder)
+                if outcome.retryable and attempt < self.max_attempts:
+                    release_as = "retry"
+                    error = failure_error(outcome, self.reactor, self.label, 1)
+                    if recorder:
+                        recorder.finished(EngineEvent.STEP_RETRIED, error=error.as_dict())
+                    delay = policy.delay_after(attempt)
+                else:
+                    error = failure_error(outcome, self.reactor, self.label, attempt)
+                    if recorder:
+                        recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict())
+                    failures = self._compensate(instance, outcome.exception(), context)
+                    return StepOutcome("failed", error=error, rollback_failures=failures)
+            finally:
+                if gate is not None:
+                    gate.exit(release_as)
+            current_clock().sleep(delay)
+
+    def _finish_ok(self, outcome: Outcome, recorder: StepRecorder | None) -> StepOutcome:
+        if isinstance(outcome, Success):
+            if recorder:
+                recorder.finished(EngineEvent.STEP_SUCCEEDED)
+            record = CompletedStep(step=self.label, kind="step", args=self.args, result=outcome.value)
+            return StepOutcome("completed", value=outcome.value, record=record)
+        if isinstance(outcome, Skipped):
+            if recorder:
+                recorder.finished(EngineEvent.STEP_SKIPPED, reason=outcome.reason)
+            return StepOutcome("skipped", value=outcome.value, reason=outcome.reason)
+        assert isinstance(outcome, Halt)
+        if recorder:
+            recorder.finished(EngineEvent.STEP_SUCCEEDED, halt=outcome.reason)
+        return StepOutcome("halted", reason=outcome.reason)
+
+    def _record_skip(self, attempt: int, reason: str, **detail: Any) -> None:
+        recorder = self._recorder(StepRunKind.RUN, attempt)
+        if recorder:
+            recorder.finished(EngineEvent.STEP_SKIPPED, reason=reason, **detail)
+
+    def _record_refusal(self, attempt: int, error: CoordinationError) -> None:
+        recorder = self._recorder(StepRunKind.RUN, attempt)
+        if recorder:
+            recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict(), body_started=False)
+
+    def _compensate(
+        self, instance: Step, error: BaseException, context: StepContext
+    ) -> list[dict[str, Any]]:
+        """Compensate the failing step; its coordination is still held, so re-taking re-enters."""
+        if not self.step_class.has_compensate():
+            return []
+        from reactor_app.engine.rollback import run_rollback_hook
+
+        return run_rollback_hook(
+            self.run,
+            self.step_class,
+            self.label,
+            self.args,
+            kind=StepRunKind.COMPENSATE,
+            call=lambda ctx: instance.compensate(error, self.args, ctx),
+            owner=self.owner,
+            held_keys=self.held_keys,
+            parent_context=context,
+        )
+
+
+def call_step(
+    step_class: type[Step], args: dict[str, Any], parent: StepContext | None = None
+) -> Outcome:
+    """``Step.call``: run one step outside a reactor, with its coordination (wait, then fail)."""
+    name = step_class.__qualname__
+    try:
+        validate_arguments(step_class, args, None, name)
+    except InputValidationError as exc:
+        return Failure(exc, retryable=False)
+    owner = parent.owner if parent is not None else fresh_owner()
+    runner = UnitRunner(
+        None,
+        step_class,
+        None,
+        dict(args),
+        label=name,
+        owner=owner,
+        held_keys=parent.held_keys if parent is not None else HeldKeys(),
+        position_slot=name,
+        parent_context=parent,
+        max_attempts=1,  # a direct call is one attempt: never retried, never parked
+    )
+    outcome = runner.execute(park=False)
+    if outcome.status == "completed":
+        return Success(outcome.value)
+    if outcome.status == "skipped":
+        return Skipped(outcome.value, reason=outcome.reason)
+    if outcome.status == "halted":
+        return Halt(outcome.reason)
+    return Failure(outcome.error, retryable=False)
+

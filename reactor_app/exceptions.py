@@ -1,0 +1,174 @@
+"""The one error tree of reactor_app.
+
+Every class's docstring is its default message, and every error carries structured fields
+(``fields()``) so callers, the ORM and the API never have to parse text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ReactorError(Exception):
+    """A reactor_app error occurred."""
+
+    #: names of the structured attributes this class carries
+    field_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, message: str | None = None, **fields: Any) -> None:
+        self.message = message or (type(self).__doc__ or type(self).__name__).strip()
+        for name in self.field_names:
+            setattr(self, name, fields.pop(name, None))
+        self.extra = fields
+        super().__init__(self.message)
+
+    def fields(self) -> dict[str, Any]:
+        """Structured fields (JSON-friendly) of this error."""
+        data = {name: getattr(self, name) for name in self.field_names}
+        data.update(self.extra)
+        return {k: _jsonable(v) for k, v in data.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The error as stored on an execution and served by the API."""
+        return {"type": type(self).__name__, "message": self.message, **self.fields()}
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self.message, {**self.fields(), **self.extra}))
+
+
+def _rebuild(cls: type[ReactorError], message: str, fields: dict[str, Any]) -> ReactorError:
+    return cls(message, **fields)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, BaseException):
+        return {"type": type(value).__name__, "message": str(value)}
+    return str(value)
+
+
+class DefinitionError(ReactorError):
+    """The reactor or step definition is invalid."""
+
+    field_names = ("owner", "option")
+
+
+class ConfigurationError(ReactorError):
+    """A REACTOR_* setting is invalid."""
+
+    field_names = ("setting",)
+
+
+class InputValidationError(ReactorError):
+    """The inputs or arguments did not validate."""
+
+    field_names = ("reactor", "step", "field_errors")
+
+
+class ArgumentResolutionError(ReactorError):
+    """A step argument could not be resolved."""
+
+    field_names = ("reactor", "step", "argument", "source")
+
+
+class StepFailed(ReactorError):
+    """A step failed."""
+
+    field_names = ("reactor", "step", "cause")
+
+
+class RetriesExhausted(StepFailed):
+    """A step failed on every attempt."""
+
+    field_names = ("reactor", "step", "cause", "attempts")
+
+
+class CompensationFailed(ReactorError):
+    """A step's compensation failed."""
+
+    field_names = ("reactor", "step", "cause")
+
+
+class UndoFailed(ReactorError):
+    """A step's undo failed."""
+
+    field_names = ("reactor", "step", "cause")
+
+
+class ExecutionNotResumable(ReactorError):
+    """The execution is not waiting at that interrupt."""
+
+    field_names = ("execution_id", "step", "status")
+
+
+class CoordinationError(ReactorError):
+    """Coordination refused or could not run the work."""
+
+    field_names = ("reactor", "step", "key", "primitive")
+
+
+class LockAcquisitionError(CoordinationError):
+    """The lock is held by another execution."""
+
+    field_names = ("reactor", "step", "key", "primitive", "retry_after", "holder")
+
+
+class SemaphoreAcquisitionError(CoordinationError):
+    """Every slot of the semaphore is taken."""
+
+    field_names = ("reactor", "step", "key", "primitive", "retry_after", "limit")
+
+
+class RateLimitExceeded(CoordinationError):
+    """The rate limit is exhausted for the current window."""
+
+    field_names = ("reactor", "step", "key", "primitive", "retry_after", "limit", "period")
+
+
+class OrderedLockWaitError(CoordinationError):
+    """An earlier position of the ordered lock has not finished."""
+
+    field_names = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "nonce",
+        "last_completed",
+        "retry_after",
+    )
+
+
+class CoordinationKeyError(CoordinationError):
+    """The coordination key function raised or returned nothing."""
+
+    field_names = ("reactor", "step", "key", "primitive", "cause")
+
+
+class ContentionCeilingExceeded(CoordinationError):
+    """The step was parked on contention more times than REACTOR_CONTENTION_CEILING allows."""
+
+    field_names = ("reactor", "step", "key", "primitive", "attempts")
+
+
+class HandOffRefused(CoordinationError):
+    """Handing this work to another process would deadlock on a key the execution holds."""
+
+    field_names = ("reactor", "step", "key", "primitive", "holder")
+
+
+class CoordinationUnavailable(CoordinationError):
+    """The coordination store is unreachable; the protected work did not run."""
+
+    field_names = ("reactor", "step", "key", "primitive", "cause")
+
+
+class LeaseLost(CoordinationError):
+    """The lock's lease could not be renewed; the key may now belong to someone else."""
+
+    field_names = ("reactor", "step", "key", "primitive", "token")

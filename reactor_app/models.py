@@ -1,0 +1,183 @@
+"""ORM models: executions, step runs, contention state and coordination events.
+
+The ORM is the source of truth for executions; Redis is the source of truth for holds (the
+events here are a history of them, not a copy of live state).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+
+from reactor_app.managers import (
+    ContentionStateQuerySet,
+    CoordinationEventQuerySet,
+    ExecutionManager,
+    StepRunQuerySet,
+)
+from reactor_app.status import (
+    TERMINAL_STATUSES,
+    CoordinationEventKind,
+    ExecutionStatus,
+    StepRunKind,
+    StepRunStatus,
+)
+
+if TYPE_CHECKING:
+    from reactor_app.engine.result import Result
+
+#: version of the JSON layout stored in ``Execution.context``
+CONTEXT_SCHEMA_VERSION = 1
+
+
+def empty_context() -> dict[str, Any]:
+    return {"version": CONTEXT_SCHEMA_VERSION}
+
+
+class Execution(models.Model):
+    """One run of a reactor (a root, or a composed / async child of one)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reactor = models.CharField(max_length=255, help_text="dotted path of the reactor class")
+    status = models.CharField(
+        max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.PENDING
+    )
+    inputs = models.JSONField(default=dict)
+    context = models.JSONField(default=empty_context, help_text="persisted engine state")
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    rollback_failures = models.JSONField(default=list, blank=True)
+    root = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="tree"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    current_step = models.CharField(max_length=255, blank=True, default="")
+    correlation_id = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ExecutionManager()
+
+    class Meta:
+        ordering = ("-created_at",)
+        indexes = [
+            models.Index(fields=["status", "-created_at"], name="reactor_exec_status_idx"),
+            models.Index(fields=["reactor", "-created_at"], name="reactor_exec_reactor_idx"),
+            models.Index(fields=["root"], name="reactor_exec_root_idx"),
+            models.Index(fields=["correlation_id"], name="reactor_exec_corr_idx"),
+            models.Index(fields=["status", "heartbeat_at"], name="reactor_exec_sweep_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reactor.rsplit('.', 1)[-1]} {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def reactor_name(self) -> str:
+        return self.reactor.rsplit(".", 1)[-1]
+
+    def to_result(self) -> Result:
+        """The ``Result`` this execution's row describes."""
+        from reactor_app.engine.result import Result
+
+        return Result.from_execution(self)
+
+    def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> Result:
+        """Block until the execution is terminal (or interrupted) and return its ``Result``."""
+        from reactor_app.engine.result import wait_for
+
+        return wait_for(self, timeout=timeout, poll_interval=poll_interval)
+
+
+class StepRun(models.Model):
+    """One attempt at running, compensating or undoing a step."""
+
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="step_runs")
+    step = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16, choices=StepRunKind.choices, default=StepRunKind.RUN)
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=16, choices=StepRunStatus.choices)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    objects = StepRunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("started_at", "id")
+        indexes = [
+            models.Index(fields=["execution", "started_at"], name="reactor_steprun_exec_idx"),
+            models.Index(fields=["step", "status"], name="reactor_steprun_step_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step} {self.kind}#{self.attempt} {self.status}"
+
+
+class ContentionState(models.Model):
+    """Why a parked execution is waiting: one row per (execution, step)."""
+
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="contention")
+    step = models.CharField(max_length=255, blank=True, default="", help_text="'' = reactor level")
+    primitive = models.CharField(max_length=32)
+    key = models.CharField(max_length=512)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    blocker = models.JSONField(null=True, blank=True, help_text="holder, step, since, ttl left")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ContentionStateQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["execution", "step"], name="reactor_contention_unique")
+        ]
+        indexes = [models.Index(fields=["key"], name="reactor_contention_key_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} parked on {self.primitive} {self.key}"
+
+
+class CoordinationEvent(models.Model):
+    """A history row for a hold: acquired, released, refused, parked, forced release, ..."""
+
+    execution = models.ForeignKey(
+        Execution,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="coordination_events",
+    )
+    step = models.CharField(max_length=255, blank=True, default="", help_text="'' = reactor level")
+    reactor = models.CharField(max_length=255, blank=True, default="")
+    primitive = models.CharField(max_length=32)
+    key = models.CharField(max_length=512)
+    kind = models.CharField(max_length=32, choices=CoordinationEventKind.choices)
+    owner = models.CharField(max_length=64, blank=True, default="")
+    token = models.BigIntegerField(null=True, blank=True)
+    at = models.DateTimeField()
+    detail = models.JSONField(default=dict, blank=True)
+
+    objects = CoordinationEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("-at", "-id")
+        indexes = [
+            models.Index(fields=["key", "at"], name="reactor_event_key_idx"),
+            models.Index(fields=["execution", "at"], name="reactor_event_exec_idx"),
+            models.Index(fields=["kind", "at"], name="reactor_event_kind_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.primitive} {self.key}"
