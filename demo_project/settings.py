@@ -84,8 +84,9 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
-            # A file, not ":memory:", so worker processes started by tests share it.
-            "TEST": {"NAME": str(STATE_DIR / "test-db.sqlite3")},
+            # A file, not ":memory:", so worker processes started by tests share it (they get its
+            # path as REACTOR_SQLITE_PATH); one per test run, so concurrent runs never share one.
+            "TEST": {"NAME": str(STATE_DIR / f"test-db-{os.getpid()}.sqlite3")},
         }
     }
 
@@ -129,7 +130,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "reactor_app API", "VERSION": "0.1.0"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "reactor_app API",
+    "VERSION": "0.1.0",
+    # Executions and step runs both have a "status" field with different choices.
+    "ENUM_NAME_OVERRIDES": {
+        "ExecutionStatusEnum": "reactor_app.status.ExecutionStatus",
+        "StepRunStatusEnum": "reactor_app.status.StepRunStatus",
+    },
+}
 
 LOGGING = {
     "version": 1,

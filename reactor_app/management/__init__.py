@@ -1,0 +1,1 @@
+"""Management commands of reactor_app."""

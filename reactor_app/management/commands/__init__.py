@@ -1,0 +1,1 @@
+"""``manage.py`` commands shipped with reactor_app."""

@@ -1,0 +1,258 @@
+"""Fixtures and checks shared by every test under ``tests/``.
+
+* **Services answer, or the run stops.** At session start, an explicit ``DATABASE_URL`` /
+  ``REDIS_URL`` must answer; under ``CI`` a silent one ends the run with a clear message (a
+  coordination test is never skipped in CI for want of Redis). Without ``REDIS_URL`` the
+  embedded Redis server is started (or reused) here, so its failure is reported once, first.
+* **A key space per test.** ``redis_prefix`` (autouse) gives every test its own
+  ``REACTOR_KEY_PREFIX`` and afterwards deletes that prefix's keys, and only those, from the
+  coordination Redis — so tests never see each other's holds, and a shared Redis (CI's database
+  15, a developer's embedded server) is left as it was found.
+* **Child processes see what the test sees.** ``subprocess_env()`` is the environment for a
+  ``python``/``celery`` process started by a test: same test database, same Redis, same key
+  prefix. Such tests need ``transactional_db`` (a child cannot see a test's open transaction).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+#: seconds a service gets to answer the session-start check
+SERVICE_CHECK_TIMEOUT = 5.0
+
+_RUN_TOKEN = secrets.token_hex(2)  # tells apart two runs that happen to get the same pid
+_prefix_numbers = itertools.count(1)
+
+
+# --------------------------------------------------------------------------------------------
+# Session start: the services answer
+# --------------------------------------------------------------------------------------------
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _database_problem(database_url: str) -> str | None:
+    """Why ``database_url``'s server does not answer, or None when it does."""
+    parts = urlsplit(database_url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme in ("sqlite", ""):
+        return None
+    if scheme in ("postgres", "postgresql", "pgsql"):
+        import psycopg
+
+        try:
+            # The database named in the URL: pytest-django connects to it to create test_<name>.
+            psycopg.connect(database_url, connect_timeout=int(SERVICE_CHECK_TIMEOUT)).close()
+        except psycopg.Error as exc:
+            return f"{type(exc).__name__}: {exc}".strip()
+        return None
+    try:  # another engine: at least its port must accept a connection
+        socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or 0), timeout=SERVICE_CHECK_TIMEOUT
+        ).close()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _redis_problem(redis_url: str) -> str | None:
+    """Why the Redis at ``redis_url`` does not answer PING, or None when it does."""
+    import redis
+
+    client = redis.Redis.from_url(
+        redis_url,
+        socket_connect_timeout=SERVICE_CHECK_TIMEOUT,
+        socket_timeout=SERVICE_CHECK_TIMEOUT,
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+    return None
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from django.conf import settings
+
+    problems = []
+    embedded_failed = False
+    database_url = os.environ.get("DATABASE_URL")
+    if database_url:
+        problem = _database_problem(database_url)
+        if problem:
+            problems.append(f"DATABASE_URL={_redacted(database_url)} does not answer: {problem}")
+    redis_url = os.environ.get("REDIS_URL")
+    if redis_url:
+        problem = _redis_problem(redis_url)
+        if problem:
+            problems.append(f"REDIS_URL={_redacted(redis_url)} does not answer: {problem}")
+    else:
+        directory = getattr(settings, "REACTOR_EMBEDDED_REDIS_DIR", None)
+        if directory:
+            from reactor_app.coordination import embedded
+
+            try:
+                embedded.ensure_server(directory)
+            except Exception as exc:  # report any failure to start it, then stop the run
+                problems.append(f"the embedded Redis server under {directory} failed: {exc}")
+                embedded_failed = True
+
+    # The SQLite test database is a file in the state folder, which may not exist yet.
+    state_dir = getattr(settings, "STATE_DIR", None)
+    if state_dir is not None:
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+
+    if not problems:
+        return
+    message = "\n".join(f"  - {problem}" for problem in problems)
+    if _in_ci() or embedded_failed:
+        # In CI a missing service fails the run (it never skips); locally, a broken embedded
+        # server would fail every coordination test, so one message is better than hundreds.
+        pytest.exit(f"required services are not available:\n{message}", returncode=3)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"WARNING: services do not answer; tests that need them will fail:\n{message}",
+            yellow=True,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# A key space per test
+# --------------------------------------------------------------------------------------------
+
+
+def new_key_prefix() -> str:
+    """A ``REACTOR_KEY_PREFIX`` no other test (of this or a concurrent run) uses."""
+    return f"rt-{os.getpid()}-{_RUN_TOKEN}-{next(_prefix_numbers)}"
+
+
+def delete_prefixed_keys(client: Any, prefix: str) -> int:
+    """Delete every key under ``<prefix>:`` (SCAN + UNLINK, never KEYS/FLUSHDB); the count."""
+    from reactor_app.coordination.redis import glob_escape
+
+    deleted = 0
+    batch: list[str] = []
+    for name in client.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
+        batch.append(name)
+        if len(batch) >= 500:
+            deleted += client.unlink(*batch)
+            batch.clear()
+    if batch:
+        deleted += client.unlink(*batch)
+    return deleted
+
+
+def _suite_redis_url() -> str | None:
+    """The URL of the suite's coordination Redis as configured now, without connecting."""
+    from django.conf import settings
+
+    configured = getattr(settings, "REACTOR_REDIS_URL", None)
+    if configured:
+        return str(configured)
+    directory = getattr(settings, "REACTOR_EMBEDDED_REDIS_DIR", None)
+    if not directory:
+        return None
+    from reactor_app.coordination import embedded
+
+    return embedded.url(directory)
+
+
+@pytest.fixture(autouse=True)
+def redis_prefix(settings: Any) -> Iterator[str]:
+    """This test's ``REACTOR_KEY_PREFIX``; its keys are deleted after the test."""
+    # Resolved before the test runs: a test may point REACTOR_REDIS_URL elsewhere (even at a
+    # dead server) and that override is still in force when this fixture tears down.
+    url = _suite_redis_url()
+    prefix = new_key_prefix()
+    settings.REACTOR_KEY_PREFIX = prefix
+    yield prefix
+    # Cheap for tests that never touched Redis: without the client module loaded, nothing in
+    # this process can have written a key under this prefix.
+    if url is None or "reactor_app.coordination.redis" not in sys.modules:
+        return
+    from reactor_app.coordination.redis import get_client
+
+    try:
+        delete_prefixed_keys(get_client(url), prefix)
+    except Exception as exc:  # a test that stopped the suite's Redis must not fail teardown
+        import warnings
+
+        warnings.warn(f"could not clean Redis keys under {prefix!r}: {exc}", stacklevel=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Child processes
+# --------------------------------------------------------------------------------------------
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment for a child ``python``/``celery`` process of the current test.
+
+    It uses the database the test uses (pytest-django's ``test_<name>`` on PostgreSQL, the test
+    file on SQLite), the same Redis (the configured one, else the same embedded server) and the
+    test's ``REACTOR_KEY_PREFIX``. ``extra`` is applied last.
+    """
+    from django.conf import settings
+    from django.db import connection
+
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = os.environ.get(
+        "DJANGO_SETTINGS_MODULE", "demo_project.settings"
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if part
+    )
+    env["REACTOR_KEY_PREFIX"] = settings.REACTOR_KEY_PREFIX
+
+    database_name = str(connection.settings_dict["NAME"])
+    if connection.vendor == "sqlite":
+        env["REACTOR_SQLITE_PATH"] = database_name
+        env.pop("DATABASE_URL", None)
+    else:
+        env["REACTOR_TEST_DB_NAME"] = database_name
+
+    redis_url = getattr(settings, "REACTOR_REDIS_URL", None)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    else:
+        env.pop("REDIS_URL", None)
+        # The state folder of the embedded server this process uses (the settings derive
+        # REACTOR_EMBEDDED_REDIS_DIR from REACTOR_STATE_DIR).
+        embedded_dir = getattr(settings, "REACTOR_EMBEDDED_REDIS_DIR", None)
+        if embedded_dir:
+            env["REACTOR_STATE_DIR"] = str(embedded_dir)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def subprocess_env() -> Callable[..., dict[str, str]]:
+    """``subprocess_env(**extra)`` → a full environment for ``subprocess.Popen(env=...)``.
+
+    Call it inside the test (after any ``settings`` change), and use ``transactional_db``:
+    the child connects to the same database and must see committed rows.
+    """
+    return child_environment
