@@ -15,7 +15,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
     problems: list[Any] = []
     for name in (
-        "KEY_PREFIX", "RATE_LIMITS", "CONTENTION_CEILING", "CONTENTION_BACKOFF", "TRACKING",
+        "KEY_PREFIX",
+        "RATE_LIMITS",
+        "CONTENTION_CEILING",
+        "CONTENTION_BACKOFF",
+        "TRACKING",
     ):
         try:
             getattr(reactor_settings, name)

@@ -23,7 +23,7 @@ class ReactorSettings:
 
     @property
     def REDIS_URL(self) -> str | None:
-        """Coordination Redis; ``None`` means the embedded server (see ``coordination.embedded``)."""
+        """Coordination Redis; ``None`` means the embedded server (``coordination.embedded``)."""
         return self._get("REDIS_URL", None) or None
 
     @property
@@ -55,7 +55,8 @@ class ReactorSettings:
         value = self._get("CONTENTION_CEILING", 20)
         if not isinstance(value, int) or value < 1:
             raise ConfigurationError(
-                "REACTOR_CONTENTION_CEILING must be a positive integer", setting="CONTENTION_CEILING"
+                "REACTOR_CONTENTION_CEILING must be a positive integer",
+                setting="CONTENTION_CEILING",
             )
         return value
 

@@ -73,9 +73,7 @@ class StepRecorder:
             )
         emit_engine(started_kind, self.execution, step=self.step, attempt=self.attempt)
 
-    def finished(
-        self, event: str, error: dict[str, Any] | None = None, **detail: Any
-    ) -> None:
+    def finished(self, event: str, error: dict[str, Any] | None = None, **detail: Any) -> None:
         _, status = _STEP_EVENTS[event]
         if full_tracking():
             now = timezone.now()

@@ -12,7 +12,13 @@ from typing import Any, Literal
 Primitive = Literal["lock", "semaphore", "rate_limit", "period", "ordered_lock"]
 
 #: the fixed admission order of DESIGN §2.1 (release runs in reverse)
-ADMISSION_ORDER: tuple[Primitive, ...] = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
+ADMISSION_ORDER: tuple[Primitive, ...] = (
+    "ordered_lock",
+    "period",
+    "lock",
+    "semaphore",
+    "rate_limit",
+)
 
 
 @dataclass(frozen=True)
@@ -131,4 +137,4 @@ class ChainFailed:
 
 AdmissionResult = Admitted | Refused | PeriodHit | ChainFailed
 
-Outcome = Literal["success", "failure", "retry", "park", "rollback"]
+Outcome = Literal["success", "failure", "halt", "retry", "park", "rollback"]

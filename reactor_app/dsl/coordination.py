@@ -51,7 +51,9 @@ class Declaration:
         if self.key_fn is None:
             raise CoordinationKeyError(
                 f"{self.primitive} of {where} has no key function",
-                reactor=reactor, step=step, primitive=self.primitive,
+                reactor=reactor,
+                step=step,
+                primitive=self.primitive,
             )
         try:
             key = self.key_fn(args)
@@ -59,13 +61,19 @@ class Declaration:
             raise CoordinationKeyError(
                 f"the {self.primitive} key function of {where} raised "
                 f"{type(exc).__name__}: {exc}; the work did not run",
-                reactor=reactor, step=step, primitive=self.primitive, cause=exc,
+                reactor=reactor,
+                step=step,
+                primitive=self.primitive,
+                cause=exc,
             ) from exc
         if key is None or (isinstance(key, str) and not key.strip()):
             raise CoordinationKeyError(
                 f"the {self.primitive} key function of {where} returned {key!r}; return a "
-                "non-empty string that identifies what to coordinate on (e.g. f\"acct:{...}\")",
-                reactor=reactor, step=step, primitive=self.primitive, cause=f"returned {key!r}",
+                'non-empty string that identifies what to coordinate on (e.g. f"acct:{...}")',
+                reactor=reactor,
+                step=step,
+                primitive=self.primitive,
+                cause=f"returned {key!r}",
             )
         return str(key)
 
@@ -218,7 +226,8 @@ def _positive_number(owner: str, option: str, value: Any, *, allow_zero: bool = 
     bound = ">= 0" if allow_zero else "> 0"
     raise DefinitionError(
         f"{owner}: {option} must be a number of seconds {bound}, got {value!r}",
-        owner=owner, option=option,
+        owner=owner,
+        option=option,
     )
 
 
@@ -227,7 +236,8 @@ def _key_function(owner: str, key: Any) -> KeyFunction:
         raise DefinitionError(
             f"{owner}: the first argument must be a key function such as "
             f"lambda args: f\"acct:{{args['account_id']}}\", got {key!r}",
-            owner=owner, option="key",
+            owner=owner,
+            option="key",
         )
     return key  # type: ignore[no-any-return]
 
@@ -238,7 +248,8 @@ def _windows_from(owner: str, limits: Mapping[Any, Any]) -> tuple[RateWindow, ..
     if not isinstance(limits, Mapping) or not limits:
         raise DefinitionError(
             f"{owner}: limits must be a non-empty dict such as {{'second': 3, 'minute': 100}}",
-            owner=owner, option="limits",
+            owner=owner,
+            option="limits",
         )
     windows = []
     for period, limit in limits.items():
@@ -249,7 +260,8 @@ def _windows_from(owner: str, limits: Mapping[Any, Any]) -> tuple[RateWindow, ..
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise DefinitionError(
                 f"{owner}: the limit for {period!r} must be a positive integer, got {limit!r}",
-                owner=owner, option="limits",
+                owner=owner,
+                option="limits",
             )
         windows.append(RateWindow(seconds=seconds, limit=limit, label=str(period)))
     return tuple(sorted(windows, key=lambda w: w.seconds))
@@ -281,7 +293,8 @@ def _attach(declaration: Declaration, target: T) -> T:
     raise DefinitionError(
         f"{declaration.primitive} decorators apply to Reactor subclasses, Step subclasses and "
         f"inline @step methods, not to {target!r}",
-        owner=repr(target), option=declaration.primitive,
+        owner=repr(target),
+        option=declaration.primitive,
     )
 
 
@@ -323,11 +336,15 @@ def with_semaphore(
     """At most ``limit`` executions inside the decorated work per key (one slot per owner)."""
     owner = "with_semaphore"
     if limit is None:
-        raise DefinitionError(f"{owner}: limit is required, e.g. with_semaphore(key, limit=3)",
-                              owner=owner, option="limit")
+        raise DefinitionError(
+            f"{owner}: limit is required, e.g. with_semaphore(key, limit=3)",
+            owner=owner,
+            option="limit",
+        )
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise DefinitionError(f"{owner}: limit must be a positive integer, got {limit!r}",
-                              owner=owner, option="limit")
+        raise DefinitionError(
+            f"{owner}: limit must be a positive integer, got {limit!r}", owner=owner, option="limit"
+        )
     declaration = SemaphoreDeclaration(
         key_fn=_key_function(owner, key),
         limit=limit,
@@ -355,29 +372,37 @@ def with_rate_limit(
     """
     owner = "with_rate_limit"
     if strategy not in ("sliding", "fixed"):
-        raise DefinitionError(f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
-                              owner=owner, option="strategy")
+        raise DefinitionError(
+            f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
+            owner=owner,
+            option="strategy",
+        )
     if isinstance(key, str):
         if limit is not None or period is not None or limits is not None:
             raise DefinitionError(
                 f"{owner}({key!r}) refers to the named limit REACTOR_RATE_LIMITS[{key!r}] and "
                 "cannot also take limit=, period= or limits=; define them in settings, or pass "
                 "a key function instead of a name",
-                owner=owner, option="name",
+                owner=owner,
+                option="name",
             )
         declaration = RateLimitDeclaration(key_fn=None, name=key, strategy=strategy)
         return lambda target: _attach(declaration, target)
     key_fn = _key_function(owner, key)
     if limits is not None:
         if limit is not None or period is not None:
-            raise DefinitionError(f"{owner}: give either limits={{...}} or limit= and period=",
-                                  owner=owner, option="limits")
+            raise DefinitionError(
+                f"{owner}: give either limits={{...}} or limit= and period=",
+                owner=owner,
+                option="limits",
+            )
         windows = _windows_from(owner, limits)
     else:
         if limit is None or period is None:
             raise DefinitionError(
                 f"{owner}: give limit= and period= (e.g. limit=10, period='minute'), or limits=",
-                owner=owner, option="limit",
+                owner=owner,
+                option="limit",
             )
         windows = _windows_from(owner, {period: limit})
     declaration = RateLimitDeclaration(key_fn=key_fn, windows=windows, strategy=strategy)
@@ -436,8 +461,9 @@ def with_ordered_lock(
 
 def _bool(owner: str, option: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise DefinitionError(f"{owner}: {option} must be True or False, got {value!r}",
-                              owner=owner, option=option)
+        raise DefinitionError(
+            f"{owner}: {option} must be True or False, got {value!r}", owner=owner, option=option
+        )
     return value
 
 

@@ -61,5 +61,6 @@ def as_retries(value: Any, owner: str) -> Retries:
         return Retries(max_attempts=value)
     raise DefinitionError(
         f"{owner}: retries must be a positive integer (attempts) or Retries(...), got {value!r}",
-        owner=owner, option="retries",
+        owner=owner,
+        option="retries",
     )

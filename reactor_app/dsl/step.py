@@ -42,7 +42,8 @@ class Step(Coordinated):
             raise DefinitionError(
                 f"{cls.__qualname__}.inputs must be a tuple of names, e.g. ('account_id',), "
                 f"not the string {cls.inputs!r}",
-                owner=cls.__qualname__, option="inputs",
+                owner=cls.__qualname__,
+                option="inputs",
             )
         cls.inputs = tuple(cls.inputs)
         cls.retry_policy = as_retries(cls.retries, cls.__qualname__)
@@ -161,7 +162,11 @@ class StepSpec:
 
     def __getattr__(self, name: str) -> Any:
         if name.endswith("_config") and name[: -len("_config")] in (
-            "lock", "semaphore", "rate_limit", "period", "ordered_lock",
+            "lock",
+            "semaphore",
+            "rate_limit",
+            "period",
+            "ordered_lock",
         ):
             return self.declarations.by_primitive.get(name[: -len("_config")])
         raise AttributeError(name)
@@ -180,7 +185,8 @@ class StepSpec:
                 raise DefinitionError(
                     f"{where}: argument {arg_name!r} uses element(), which only exists inside "
                     "map_step(...)",
-                    owner=where, option=arg_name,
+                    owner=where,
+                    option=arg_name,
                 )
         step_class = self.step_class()
         if step_class is not None and step_class.inputs and self.arguments:
@@ -189,11 +195,14 @@ class StepSpec:
                 raise DefinitionError(
                     f"{where}: {step_class.__qualname__} declares inputs {step_class.inputs} "
                     f"but is given {unknown}; add them to its inputs or remove the arguments",
-                    owner=where, option=unknown[0],
+                    owner=where,
+                    option=unknown[0],
                 )
 
     def step_class(self) -> type[Step] | None:
-        return self.target if isinstance(self.target, type) and issubclass(self.target, Step) else None
+        return (
+            self.target if isinstance(self.target, type) and issubclass(self.target, Step) else None
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name or '?'} {getattr(self.target, '__name__', '')}>"
@@ -227,7 +236,7 @@ class InlineStepSpec(StepSpec):
         self.function = function
 
     def undo(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: ``@charge.undo`` registers the inline step's undo ``(self, result, args, context)``."""
+        """Decorator: ``@charge.undo`` registers ``(self, result, args, context)`` as the undo."""
         self.target.undo_function = staticmethod(function)
         return function
 
@@ -264,9 +273,7 @@ def step(target: Any = None, /, *, where: Any = None, **arguments: Any) -> Any:
                     "...) to run it in this execution, or async_reactor(...) to run it apart",
                     option="target",
                 )
-            raise DefinitionError(
-                f"step() takes a Step subclass, got {target!r}", option="target"
-            )
+            raise DefinitionError(f"step() takes a Step subclass, got {target!r}", option="target")
         return StepSpec(target, arguments, where)
     if target is not None and inspect.isfunction(target):
         return InlineStepSpec(target, {}, where)

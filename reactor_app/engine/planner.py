@@ -47,19 +47,22 @@ def build_plan(reactor: type[Reactor], specs: dict[str, StepSpec]) -> Plan:
                     f"{name}.{step_name}: argument {arg_name!r} reads from_input({source.name!r}) "
                     f"but {name}.inputs is {tuple(reactor.inputs)}; add {source.name!r} to inputs "
                     "or fix the name",
-                    owner=f"{name}.{step_name}", option=arg_name,
+                    owner=f"{name}.{step_name}",
+                    option=arg_name,
                 )
             if isinstance(source, FromResult) and source.step not in specs:
                 known = ", ".join(specs) or "none"
                 raise DefinitionError(
                     f"{name}.{step_name}: argument {arg_name!r} reads from_result({source.step!r}) "
                     f"but {name} has no step {source.step!r} (steps: {known})",
-                    owner=f"{name}.{step_name}", option=arg_name,
+                    owner=f"{name}.{step_name}",
+                    option=arg_name,
                 )
             if isinstance(source, FromResult) and source.step == step_name:
                 raise DefinitionError(
                     f"{name}.{step_name}: argument {arg_name!r} reads the step's own result",
-                    owner=f"{name}.{step_name}", option=arg_name,
+                    owner=f"{name}.{step_name}",
+                    option=arg_name,
                 )
         spec.check(reactor)
         dependencies[step_name] = frozenset(spec.dependencies())
@@ -69,7 +72,8 @@ def build_plan(reactor: type[Reactor], specs: dict[str, StepSpec]) -> Plan:
     if returns is not None and returns not in specs:
         raise DefinitionError(
             f"{name}.returns = {returns!r} names no step (steps: {', '.join(specs) or 'none'})",
-            owner=name, option="returns",
+            owner=name,
+            option="returns",
         )
     return Plan(order=tuple(order), specs=dict(specs), dependencies=dependencies)
 
@@ -86,7 +90,8 @@ def _topological_order(
                 f"{reactor_name}: the steps {', '.join(remaining)} depend on each other in a "
                 f"cycle ({_describe_cycle(remaining, dependencies)}); break it by removing one "
                 "from_result(...)",
-                owner=reactor_name, option="steps",
+                owner=reactor_name,
+                option="steps",
             )
         done.append(ready[0])
         remaining.remove(ready[0])
@@ -100,6 +105,6 @@ def _describe_cycle(remaining: list[str], dependencies: dict[str, frozenset[str]
     while True:
         current = sorted(d for d in dependencies[current] if d in remaining)[0]
         if current in path:
-            cycle = [*path[path.index(current):], current]
+            cycle = [*path[path.index(current) :], current]
             return " -> ".join(cycle)
         path.append(current)

@@ -107,13 +107,22 @@ def test_rollback_compensates_failing_step_and_undoes_newest_first(events: Any) 
     assert result.status == "failed"
     assert isinstance(result.error, StepFailed)
     assert result.error.step == "third"
-    assert LOG == ["run:first", "run:second", "run:third", "compensate:third",
-                   "undo:second", "undo:first"]
+    assert LOG == [
+        "run:first",
+        "run:second",
+        "run:third",
+        "compensate:third",
+        "undo:second",
+        "undo:first",
+    ]
     rollback = [e for e in events if e[0].startswith(("compensation", "undo"))]
     assert rollback == [
-        ("compensation_started", "third"), ("compensation_succeeded", "third"),
-        ("undo_started", "second"), ("undo_succeeded", "second"),
-        ("undo_started", "first"), ("undo_succeeded", "first"),
+        ("compensation_started", "third"),
+        ("compensation_succeeded", "third"),
+        ("undo_started", "second"),
+        ("undo_succeeded", "second"),
+        ("undo_started", "first"),
+        ("undo_succeeded", "first"),
     ]
 
 
@@ -252,8 +261,13 @@ class SkipFlows(Reactor):
 
 def test_skipped_value_flows_on_and_is_never_undone() -> None:
     result = SkipFlows.run()
-    assert LOG == ["run:maybe", "run:default-value", "run:boom", "compensate:boom",
-                   "undo:default-value"]
+    assert LOG == [
+        "run:maybe",
+        "run:default-value",
+        "run:boom",
+        "compensate:boom",
+        "undo:default-value",
+    ]
     assert not result.ok
 
 
@@ -277,6 +291,7 @@ def test_where_false_skips_before_arguments_are_used(events: Any) -> None:
 
 
 # -- definition errors ------------------------------------------------------------------------
+
 
 def test_definition_errors_say_what_to_change() -> None:
     from reactor_app.exceptions import DefinitionError
@@ -331,6 +346,7 @@ def test_step_input_validation() -> None:
 
 # -- composition and mapping --------------------------------------------------------------------
 
+
 class Child(Reactor):
     inputs = ("tag",)
     returns = "inner"
@@ -372,8 +388,7 @@ def test_composed_child_success_value() -> None:
 class Mapper(Reactor):
     inputs = ("items",)
 
-    each = map_step(Flexible, over=from_input("items"), name=element("name"),
-                    fail=element("fail"))
+    each = map_step(Flexible, over=from_input("items"), name=element("name"), fail=element("fail"))
 
 
 def test_map_step_per_element_results() -> None:
@@ -393,6 +408,7 @@ def test_map_step_rolls_back_completed_elements() -> None:
 
 
 # -- tracking -------------------------------------------------------------------------------------
+
 
 def test_execution_and_step_rows_match_what_ran() -> None:
     result = FailsThird.run()

@@ -1,0 +1,163 @@
+"""Lock latency: reactor_app's lock beside redis-py's ``Lock`` and python-redis-lock.
+
+One uncontended acquire + release per iteration, the same key each time, against the same
+Redis in the same run (the contenders interleaved in blocks of 100 iterations, so background
+load hits them alike), measured with ``time.perf_counter_ns``. Also measured: a five-primitive
+admission (ordered gate, period, lock, semaphore, two-window rate limit) + release.
+
+    python bench/lock_latency.py [--iterations 2000] [--url redis://127.0.0.1:6379/15]
+
+Without ``--url`` it uses the coordination Redis of ``demo_project.settings``
+(``REDIS_URL``, else the embedded server). Keys live under a fresh prefix and are deleted after.
+Not a test: it prints figures; docs/benchmarks.md records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
+
+import django
+
+django.setup()
+
+import redis  # noqa: E402
+import redis_lock  # noqa: E402
+
+from reactor_app.coordination import rate_limit  # noqa: E402
+from reactor_app.coordination.admission import Coordinator  # noqa: E402
+from reactor_app.coordination.claims import (  # noqa: E402
+    Admitted,
+    Claim,
+    Holder,
+    LockClaim,
+    OrderedLockClaim,
+    PeriodClaim,
+    RateLimitClaim,
+    SemaphoreClaim,
+)
+from reactor_app.coordination.redis import get_client, redis_url  # noqa: E402
+
+WARM_UP = 200
+
+
+def measure(
+    contenders: list[tuple[str, Callable[[], None]]], iterations: int, block: int = 100
+) -> list[dict[str, Any]]:
+    """Latency of each contender, in µs. They run interleaved in blocks of ``block`` so that
+    background load on the machine falls on all of them alike."""
+    for _, iteration in contenders:
+        for _ in range(WARM_UP):
+            iteration()
+    samples: dict[str, list[int]] = {label: [] for label, _ in contenders}
+    done = 0
+    while done < iterations:
+        size = min(block, iterations - done)
+        for label, iteration in contenders:
+            for _ in range(size):
+                started = time.perf_counter_ns()
+                iteration()
+                samples[label].append(time.perf_counter_ns() - started)
+        done += size
+    rows = []
+    for label, _ in contenders:
+        micros = sorted(ns / 1000 for ns in samples[label])
+        rows.append(
+            {
+                "label": label,
+                "p50": micros[len(micros) // 2],
+                "p99": micros[min(len(micros) - 1, int(len(micros) * 0.99))],
+                "mean": statistics.fmean(micros),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--url", default=None, help="Redis URL (default: the configured one)")
+    options = parser.parse_args()
+    url = options.url or redis_url()
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+
+    ours = Coordinator(client=get_client(url), prefix=prefix)
+    # the other libraries get a plain client of the same URL (python-redis-lock refuses
+    # decode_responses=True, which our client uses)
+    plain = redis.Redis.from_url(url)
+    owner = Holder(owner="bench", execution_id="bench", step="bench", reactor="bench")
+
+    def our_lock() -> None:
+        admitted = ours.admit([LockClaim("bench", ttl=60)], owner)
+        assert isinstance(admitted, Admitted)
+        ours.release(admitted, "success")
+
+    def redis_py_lock() -> None:
+        lock = plain.lock(f"{prefix}:redis-py", timeout=60)
+        assert lock.acquire(blocking=False)
+        lock.release()
+
+    def python_redis_lock() -> None:
+        lock = redis_lock.Lock(plain, f"{prefix}:python-redis-lock", expire=60)
+        assert lock.acquire(blocking=False)
+        lock.release()
+
+    windows = rate_limit.windows_from(limits={"second": 1_000_000, "hour": 1_000_000_000})
+
+    def five_primitives_admit_release() -> None:
+        admitted = ours.admit(five_claims, owner)
+        assert isinstance(admitted, Admitted), admitted
+        ours.release(admitted, "retry")  # keeps the position, marks nothing: repeatable
+
+    position = ours.assign_position("five", owner)
+    five_claims: list[Claim] = [
+        OrderedLockClaim("five", position),
+        PeriodClaim("five", 1),
+        LockClaim("five", ttl=60),
+        SemaphoreClaim("five", limit=10),
+        RateLimitClaim("five", windows),
+    ]
+
+    try:
+        server = plain.info("server")
+        print(
+            f"Redis {server['redis_version']} at {url}; {options.iterations} iterations "
+            f"after {WARM_UP} warm-up; Python {sys.version.split()[0]}, redis-py "
+            f"{redis.__version__}, python-redis-lock {redis_lock.__version__}"
+        )
+        results = measure(
+            [
+                ("redis-py Lock (SET NX PX + Lua release)", redis_py_lock),
+                ("python-redis-lock Lock", python_redis_lock),
+                ("reactor_app lock (admit + release)", our_lock),
+                ("reactor_app 5 primitives (admit + release)", five_primitives_admit_release),
+            ],
+            options.iterations,
+        )
+    finally:
+        doomed = list(plain.scan_iter(match=f"{prefix}:*", count=1000))
+        if doomed:
+            plain.delete(*doomed)
+
+    baseline = results[0]
+    print(f"\n{'acquire + release, µs':44} {'p50':>8} {'p99':>8} {'mean':>8}  p50 ratio")
+    for row in results:
+        ratio = row["p50"] / baseline["p50"]
+        print(
+            f"{row['label']:44} {row['p50']:8.1f} {row['p99']:8.1f} {row['mean']:8.1f}"
+            f"  {ratio:5.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

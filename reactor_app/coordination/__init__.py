@@ -1,0 +1,17 @@
+"""Redis coordination: locks, semaphores, rate limits, dedup periods and ordered locks.
+
+The package is layered as follows (DESIGN §3):
+
+* ``claims`` — what a unit of work asks for and what admission answers;
+* ``redis`` — the client, key names, the Lua script registry and the status-code table;
+* ``lock``, ``semaphore``, ``rate_limit``, ``period``, ``ordered_lock`` — one module per
+  primitive, each owning its key layout, its part of the script argument encoding and its
+  state reader;
+* ``admission`` — the ``Coordinator``: one atomic admission and one release per unit of work;
+* ``renewal`` — the auto-extend / heartbeat thread;
+* ``state`` — read-only snapshots for operators and tests;
+* ``embedded`` — the bundled Redis server used when no URL is configured.
+
+Nothing is imported here on purpose: the settings module imports ``embedded`` while Django is
+still being configured, so this package must not touch settings at import time.
+"""

@@ -1,0 +1,670 @@
+"""Admission: one atomic decision to take every claim of a unit of work (DESIGN §2.1).
+
+``Coordinator.admit`` sends all claims — sorted into ``ADMISSION_ORDER`` (ordered gate →
+period check → lock → semaphore → rate-limit charge) — to ``lua/admit.lua`` in ONE script
+call: nothing is taken unless everything is. When the keys cannot share a cluster hash slot,
+the claims are admitted one by one in the same order with the same script and what was taken is
+given back on the first refusal. ``release`` is one call too, in reverse order.
+
+Contention is answered, not raised: ``Refused`` (with the primitive's ``retry_after`` hint and
+a blocker snapshot), ``PeriodHit`` or ``ChainFailed``. ``refusal_error`` turns a ``Refused``
+into the public exception of §1.3.
+
+Waiting, for synchronous callers (``admit_waiting``): subscribe to the refusing key's wake
+channel, retry once subscribed (so a release in between is never missed), then sleep on the
+subscription until a release PUBLISHes — or until the refusal's ``retry_after`` (a lease
+lapsing, a rate window sliding) or the caller's ``wait`` runs out. No fixed-interval polling.
+
+Parked workers (§2.3) instead pass ``waiter_id``: a refusal registers it atomically in the
+refusing key's waiters zset, and the release that frees the key pops it and returns it in
+``Released.woken`` so the caller can re-enqueue that execution at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+from reactor_app.coordination import lock, ordered_lock, period, rate_limit, semaphore
+from reactor_app.coordination.claims import (
+    ADMISSION_ORDER,
+    AdmissionResult,
+    Admitted,
+    ChainFailed,
+    Claim,
+    Hold,
+    Holder,
+    LockClaim,
+    OrderedLockClaim,
+    OrderedPosition,
+    Outcome,
+    PeriodClaim,
+    PeriodHit,
+    Refused,
+    SemaphoreClaim,
+)
+from reactor_app.coordination.redis import (
+    STATUSES,
+    ScriptReply,
+    Status,
+    current_prefix,
+    get_client,
+    hash_slot,
+    holder_json,
+    is_cluster,
+    scripts_for,
+    unavailable_on_connection_error,
+)
+from reactor_app.exceptions import (
+    CoordinationError,
+    LeaseLost,
+    LockAcquisitionError,
+    OrderedLockWaitError,
+    RateLimitExceeded,
+    SemaphoreAcquisitionError,
+)
+
+if TYPE_CHECKING:
+    from reactor_app.coordination.renewal import Renewal
+
+#: primitive name -> the module that owns its key layout and argument encoding
+PRIMITIVES: dict[str, ModuleType] = {
+    "lock": lock,
+    "semaphore": semaphore,
+    "rate_limit": rate_limit,
+    "period": period,
+    "ordered_lock": ordered_lock,
+}
+
+ReleaseOutcome = Outcome | Literal["give_back"]
+
+#: the shortest pause between two attempts of ``admit_waiting`` (seconds), so that a hint of
+#: zero (a lease lapsing right now) cannot turn into a busy loop
+MIN_PAUSE = 0.001
+
+
+@dataclass
+class TrackedHold(Hold):
+    """A ``Hold`` with what release needs from its admission (period bucket, rate-limit entry)
+    and the Redis time of admission (``detail["time"]``, ``"seconds.micros"``)."""
+
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a release did. Keys are ``(primitive, user key)`` pairs."""
+
+    freed: list[tuple[str, str]] = field(default_factory=list)
+    woken: list[str] = field(default_factory=list)  # parked waiter ids to re-enqueue now
+    not_held: list[tuple[str, str]] = field(default_factory=list)  # lapsed or taken over
+    marked: list[tuple[str, str]] = field(default_factory=list)  # period buckets marked
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterating a release yields the waiter ids to wake (what a worker acts on)."""
+        return iter(self.woken)
+
+
+@dataclass(frozen=True)
+class Extended:
+    """What a renewal did: holds renewed and holds found lost, with the reason."""
+
+    extended: list[Hold] = field(default_factory=list)
+    granted_ms: list[int] = field(default_factory=list)  # lease now granted, per extended hold
+    lost: list[tuple[Hold, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ForceReleased:
+    released: list[str] = field(default_factory=list)  # owners whose hold was removed
+    woken: list[str] = field(default_factory=list)
+
+
+def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
+    """Claims in ``ADMISSION_ORDER`` (stable for claims of one primitive)."""
+    return sorted(claims, key=lambda claim: ADMISSION_ORDER.index(claim.primitive))
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else max(float(ms), 0.0) / 1000
+
+
+def _blocker(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Blocker snapshot with seconds: owner, step, execution, reactor, since, ttl."""
+    if not raw:
+        return None
+    since = raw.get("since", raw.get("acquired_at", raw.get("assigned_at")))
+    return {
+        "owner": raw.get("owner"),
+        "step": raw.get("step") or None,
+        "execution": raw.get("execution") or None,
+        "reactor": raw.get("reactor") or None,
+        "since": since / 1000 if since else None,
+        "ttl": _seconds(raw.get("ttl_ms")),
+    }
+
+
+class Coordinator:
+    """The coordination backend's verbs: admit, release, wait, renew, operate.
+
+    ``client`` defaults to ``get_client()`` (resolved on each use, so settings overrides
+    apply), ``prefix`` to ``REACTOR_KEY_PREFIX``. ``atomic`` forces (True) or forbids (False)
+    the single-call admission; by default it is used unless the keys of a cluster client span
+    several hash slots.
+    """
+
+    def __init__(
+        self, client: Any = None, *, prefix: str | None = None, atomic: bool | None = None
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._atomic = atomic
+
+    @property
+    def client(self) -> Any:
+        return self._client if self._client is not None else get_client()
+
+    @property
+    def prefix(self) -> str:
+        return current_prefix(self._prefix)
+
+    def _run(
+        self, operation: str, keys: Sequence[str], args: Sequence[Any], claim: Claim | None = None
+    ) -> ScriptReply:
+        return scripts_for(self.client).run(
+            operation,
+            keys,
+            args,
+            key=claim.key if claim else None,
+            primitive=claim.primitive if claim else None,
+        )
+
+    def _one_call(self, keys: Sequence[str]) -> bool:
+        if self._atomic is not None:
+            return self._atomic
+        if not is_cluster(self.client):
+            return True
+        return len({hash_slot(name) for name in keys}) <= 1
+
+    # -- admission ------------------------------------------------------------------------
+
+    def admit(
+        self, claims: Iterable[Claim], holder: Holder, *, waiter_id: str | None = None
+    ) -> AdmissionResult:
+        """Take every claim or none: ``Admitted | Refused | PeriodHit | ChainFailed``."""
+        ordered = sort_claims(claims)
+        if not ordered:
+            return Admitted(holds=[], holder=holder)
+        prefix = self.prefix
+        groups = [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
+        if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
+            return self._admit_call(ordered, groups, holder, waiter_id)
+        return self._admit_one_by_one(ordered, groups, holder, waiter_id)
+
+    def _admit_call(
+        self,
+        claims: list[Claim],
+        groups: list[list[str]],
+        holder: Holder,
+        waiter_id: str | None,
+    ) -> AdmissionResult:
+        specs = [
+            {"p": c.primitive, "n": len(g), **PRIMITIVES[c.primitive].admit_spec(c)}
+            for c, g in zip(claims, groups, strict=True)
+        ]
+        keys = [k for group in groups for k in group]
+        reply = self._run(
+            "admit",
+            keys,
+            [holder_json(holder), json.dumps(specs), waiter_id or ""],
+            claims[0] if len(claims) == 1 else None,
+        )
+        return self._admission_result(reply, claims, holder)
+
+    def _admission_result(
+        self, reply: ScriptReply, claims: list[Claim], holder: Holder
+    ) -> AdmissionResult:
+        data = reply.data
+        if reply.status is Status.OK:
+            holds: list[Hold] = []
+            for claim, raw in zip(claims, data["holds"], strict=True):
+                detail = {k: v for k, v in raw.items() if k not in ("fresh", "token")}
+                detail["time"] = data["time"]
+                holds.append(
+                    TrackedHold(
+                        claim=claim,
+                        fresh=bool(raw.get("fresh")),
+                        token=int(raw["token"]) if raw.get("token") is not None else None,
+                        detail=detail,
+                    )
+                )
+            return Admitted(holds=holds, holder=holder)
+        claim = claims[int(data.get("index", 0))]
+        if reply.status is Status.PERIOD_MARKED:
+            assert isinstance(claim, PeriodClaim)
+            return PeriodHit(claim=claim, marked_by=data.get("marked_by") or None)
+        if reply.status is Status.CHAIN_FAILED:
+            assert isinstance(claim, OrderedLockClaim)
+            return ChainFailed(claim=claim, first_failed=data.get("first_failed"))
+        detail = {k: v for k, v in data.items() if k not in ("index", "retry_after_ms", "blocker")}
+        detail["status"] = int(reply.status)
+        # a position from before a reset, or already passed over: the caller re-assigns
+        detail["stale"] = detail["stale_epoch"] = reply.status is Status.ORDERED_STALE
+        if "window_ms" in detail:
+            detail["window"] = detail.pop("window_ms") / 1000
+        return Refused(
+            claim=claim,
+            retry_after=_seconds(data.get("retry_after_ms")),
+            blocker=_blocker(data.get("blocker")),
+            detail=detail,
+        )
+
+    def _admit_one_by_one(
+        self,
+        claims: list[Claim],
+        groups: list[list[str]],
+        holder: Holder,
+        waiter_id: str | None,
+    ) -> AdmissionResult:
+        taken: list[Hold] = []
+        for claim, group in zip(claims, groups, strict=True):
+            result = self._admit_call([claim], [group], holder, waiter_id)
+            if isinstance(result, Admitted):
+                taken.extend(result.holds)
+                continue
+            if taken:
+                # a skipped period completes the ordered position, as the one-call script does
+                outcome: ReleaseOutcome = (
+                    "success" if isinstance(result, PeriodHit) else "give_back"
+                )
+                self.release(Admitted(holds=taken, holder=holder), outcome)
+            return result
+        return Admitted(holds=taken, holder=holder)
+
+    # -- release --------------------------------------------------------------------------
+
+    def release(self, admitted: Admitted, outcome: ReleaseOutcome) -> Released:
+        """Release every hold (reverse order) in one call; see ``lua/release.lua``."""
+        holds = list(reversed(admitted.holds))
+        if not holds:
+            return Released()
+        prefix = self.prefix
+        groups = [PRIMITIVES[h.claim.primitive].release_keys(h.claim, prefix) for h in holds]
+        if len(holds) == 1 or self._one_call([k for group in groups for k in group]):
+            batches = [(holds, groups)]
+        else:
+            batches = [([h], [g]) for h, g in zip(holds, groups, strict=True)]
+        freed: list[tuple[str, str]] = []
+        woken: list[str] = []
+        not_held: list[tuple[str, str]] = []
+        marked: list[tuple[str, str]] = []
+        for batch_holds, batch_groups in batches:
+            base_keys = {
+                group[0]: (hold.claim.primitive, hold.claim.key)
+                for hold, group in zip(batch_holds, batch_groups, strict=True)
+            }
+            specs = [
+                {
+                    "p": h.claim.primitive,
+                    "n": len(g),
+                    **PRIMITIVES[h.claim.primitive].release_spec(h),
+                }
+                for h, g in zip(batch_holds, batch_groups, strict=True)
+            ]
+            reply = self._run(
+                "release",
+                [k for group in batch_groups for k in group],
+                [outcome, holder_json(admitted.holder), json.dumps(specs)],
+                batch_holds[0].claim if len(batch_holds) == 1 else None,
+            )
+            freed += [base_keys[name] for name in reply.data.get("freed", [])]
+            woken += list(reply.data.get("woken", []))
+            not_held += [base_keys[name] for name in reply.data.get("not_held", [])]
+            marked += [base_keys[name] for name in reply.data.get("marked", [])]
+        return Released(freed=freed, woken=woken, not_held=not_held, marked=marked)
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def wake_channel(self, claim: Claim) -> str | None:
+        """The pub/sub channel a release of ``claim``'s key PUBLISHes on (None: never)."""
+        channel: str | None = PRIMITIVES[claim.primitive].wake_channel(claim, self.prefix)
+        return channel
+
+    def admit_waiting(
+        self,
+        claims: Iterable[Claim],
+        holder: Holder,
+        wait_seconds: float,
+        *,
+        waiter_id: str | None = None,
+    ) -> AdmissionResult:
+        """Admit, waiting up to ``wait_seconds`` for contention to clear (0 = one try).
+
+        Woken by the release's PUBLISH, or at the refusal's ``retry_after``; gives up with the
+        last ``Refused`` when the wait is spent. A stale ordered position is returned at once
+        (waiting cannot help: the caller must re-assign).
+        """
+        claims = list(claims)
+        deadline = time.monotonic() + max(wait_seconds, 0.0)
+        result = self.admit(claims, holder, waiter_id=waiter_id)
+        if not isinstance(result, Refused) or wait_seconds <= 0 or result.detail.get("stale"):
+            return result
+        with unavailable_on_connection_error(
+            key=result.claim.key, primitive=result.claim.primitive
+        ):
+            pubsub = self.client.pubsub()
+        subscribed: set[str] = set()
+        try:
+            while True:
+                channel = self.wake_channel(result.claim)
+                if channel is not None and channel not in subscribed:
+                    self._subscribe(pubsub, channel, deadline)
+                    subscribed.add(channel)
+                    # the release may have happened between the refusal and the subscription
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return result
+                    pause = remaining
+                    if result.retry_after is not None:
+                        pause = min(remaining, max(result.retry_after, MIN_PAUSE))
+                    self._sleep_until_woken(pubsub if subscribed else None, pause)
+                result = self.admit(claims, holder, waiter_id=waiter_id)
+                if not isinstance(result, Refused) or result.detail.get("stale"):
+                    return result
+        finally:
+            with unavailable_on_connection_error():
+                pubsub.close()
+
+    @staticmethod
+    def _subscribe(pubsub: Any, channel: str, deadline: float) -> None:
+        """SUBSCRIBE and wait for the confirmation, so a later PUBLISH cannot be missed."""
+        with unavailable_on_connection_error():
+            pubsub.subscribe(channel)
+            while True:
+                left = max(deadline - time.monotonic(), 0.05)
+                message = pubsub.get_message(timeout=left)
+                if message is None or (
+                    message["type"] == "subscribe" and message["channel"] == channel
+                ):
+                    return
+
+    @staticmethod
+    def _sleep_until_woken(pubsub: Any | None, seconds: float) -> None:
+        if pubsub is None:
+            time.sleep(seconds)
+            return
+        end = time.monotonic() + seconds
+        with unavailable_on_connection_error():
+            while True:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                message = pubsub.get_message(timeout=left)
+                if message is not None and message["type"] == "message":
+                    return
+
+    # -- parked waiters -------------------------------------------------------------------
+
+    def register_waiter(self, claim: Claim, waiter_id: str, ttl: float = 86400.0) -> bool:
+        """Park ``waiter_id`` on ``claim``'s key: the next release that frees it returns the id
+        in ``Released.woken``. (``admit(..., waiter_id=...)`` registers atomically on refusal,
+        which is what workers should use.) False for primitives that never release (rate
+        limit, period)."""
+        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        if name is None:
+            return False
+        score = claim.position.nonce if isinstance(claim, OrderedLockClaim) else None
+        with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
+            client = self.client
+            if score is None:
+                seconds, micros = client.time()
+                score = int(seconds) * 1000 + int(micros) // 1000
+            pipe = client.pipeline(transaction=False)
+            pipe.zadd(name, {waiter_id: score})
+            pipe.pexpire(name, lock.seconds_to_ms(ttl))
+            pipe.execute()
+        return True
+
+    def waiters(self, claim: Claim) -> list[str]:
+        """Parked waiter ids of ``claim``'s key, first to be woken first."""
+        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        if name is None:
+            return []
+        with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
+            return list(self.client.zrange(name, 0, -1))
+
+    # -- renewal --------------------------------------------------------------------------
+
+    def extend(self, holds: Sequence[Hold], owner: str) -> Extended:
+        """Renew the leases of lock and semaphore ``holds`` (one call); see extend.lua."""
+        items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
+        if not items:
+            return Extended()
+        prefix = self.prefix
+        groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
+        if len(items) == 1 or self._one_call([k for g in groups for k in g]):
+            batches = [(items, groups)]
+        else:
+            batches = [([h], [g]) for h, g in zip(items, groups, strict=True)]
+        extended: list[Hold] = []
+        granted_ms: list[int] = []
+        lost: list[tuple[Hold, str]] = []
+        for batch_holds, batch_groups in batches:
+            specs = [
+                {
+                    "p": h.claim.primitive,
+                    "n": len(g),
+                    **PRIMITIVES[h.claim.primitive].extend_spec(h, owner),
+                }
+                for h, g in zip(batch_holds, batch_groups, strict=True)
+            ]
+            reply = self._run(
+                "extend",
+                [k for g in batch_groups for k in g],
+                [json.dumps(specs)],
+                batch_holds[0].claim if len(batch_holds) == 1 else None,
+            )
+            extended += [batch_holds[i] for i in reply.data.get("extended", [])]
+            granted_ms += [int(ms) for ms in reply.data.get("ttl_ms", [])]
+            lost += [(batch_holds[e["index"]], e["reason"]) for e in reply.data.get("lost", [])]
+        return Extended(extended=extended, granted_ms=granted_ms, lost=lost)
+
+    def keep_alive(
+        self,
+        admitted: Admitted,
+        *,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        on_extended: Callable[[str, int], None] | None = None,
+    ) -> Renewal | None:
+        """Start the renewal thread for ``admitted`` (None when nothing needs renewing):
+        auto-extended locks, semaphore leases and ordered-lock heartbeats. ``on_extended``
+        receives ``(key, granted lease ms)`` per renewed lease."""
+        from reactor_app.coordination.renewal import start_renewal
+
+        return start_renewal(admitted, coordinator=self, on_lost=on_lost, on_extended=on_extended)
+
+    def heartbeat(self, claim: OrderedLockClaim) -> bool:
+        """An ordered position says it is alive; False when it was reset/passed/completed."""
+        return ordered_lock.heartbeat(claim, client=self.client, prefix=self.prefix)
+
+    # -- ordered lock ---------------------------------------------------------------------
+
+    def assign_position(
+        self, key: str, holder: Holder, ttl: float = ordered_lock.DEFAULT_TTL
+    ) -> OrderedPosition:
+        return ordered_lock.assign_position(
+            key, holder, ttl, client=self.client, prefix=self.prefix
+        )
+
+    def peek(self, key: str) -> ordered_lock.Position | None:
+        return ordered_lock.peek(key, client=self.client, prefix=self.prefix)
+
+    def skip(self, key: str) -> int | None:
+        return ordered_lock.skip(key, client=self.client, prefix=self.prefix)
+
+    def reset(self, key: str) -> int:
+        return ordered_lock.reset(key, client=self.client, prefix=self.prefix)
+
+    # -- operator -------------------------------------------------------------------------
+
+    def force_release(self, primitive: str, key: str, owner: str | None = None) -> ForceReleased:
+        """Remove a lock (or a semaphore's holders, or one owner's slot) whatever its nesting.
+        Ordered locks have ``skip``/``reset`` instead."""
+        prefix = self.prefix
+        if primitive == "lock":
+            keys = [lock.hold_key(key, prefix), lock.waiters_key(key, prefix)]
+        elif primitive == "semaphore":
+            keys = [
+                semaphore.leases_key(key, prefix),
+                semaphore.holders_key(key, prefix),
+                semaphore.waiters_key(key, prefix),
+            ]
+        else:
+            raise ValueError(
+                f"force_release supports 'lock' and 'semaphore', not {primitive!r} "
+                "(use skip/reset for an ordered lock)"
+            )
+        reply = scripts_for(self.client).run(
+            "force_release", keys, [primitive, owner or ""], key=key, primitive=primitive
+        )
+        if reply.status is Status.NOT_FOUND:
+            return ForceReleased()
+        return ForceReleased(
+            released=list(reply.data.get("released", [])), woken=list(reply.data.get("woken", []))
+        )
+
+    # -- errors ---------------------------------------------------------------------------
+
+    @staticmethod
+    def refusal_error(
+        refused: Refused, reactor: str | None = None, step: str | None = None
+    ) -> CoordinationError:
+        return refusal_error(refused, reactor, step)
+
+
+def _where(reactor: str | None, step: str | None) -> str:
+    parts = []
+    if reactor:
+        parts.append(f"reactor {reactor}")
+    if step:
+        parts.append(f"step {step!r}")
+    return ", ".join(parts) or "direct call"
+
+
+def _who(blocker: dict[str, Any] | None) -> str:
+    if not blocker:
+        return "another execution"
+    text = f"owner {blocker.get('owner')}"
+    if blocker.get("step"):
+        text += f" (step {blocker['step']!r}"
+        text += f" of {blocker['reactor']})" if blocker.get("reactor") else ")"
+    elif blocker.get("reactor"):
+        text += f" ({blocker['reactor']})"
+    return text
+
+
+def _after(retry_after: float | None) -> str:
+    return f"; retry after {retry_after:.3f}s" if retry_after is not None else ""
+
+
+def refusal_error(
+    refused: Refused, reactor: str | None = None, step: str | None = None
+) -> CoordinationError:
+    """The public error for a contention refusal, naming reactor, step and key (§1.3)."""
+    claim = refused.claim
+    code = refused.detail.get("status")
+    meaning = STATUSES.get(Status(code)) if code is not None else None
+    error_class = (
+        meaning.error if meaning and meaning.error else _ERROR_BY_PRIMITIVE[claim.primitive]
+    )
+    where = _where(reactor, step)
+    common: dict[str, Any] = {
+        "reactor": reactor,
+        "step": step,
+        "key": claim.key,
+        "primitive": claim.primitive,
+    }
+    if error_class is LockAcquisitionError:
+        return LockAcquisitionError(
+            f"{where}: lock {claim.key!r} is held by {_who(refused.blocker)}"
+            + _after(refused.retry_after),
+            retry_after=refused.retry_after,
+            holder=refused.blocker,
+            **common,
+        )
+    if error_class is SemaphoreAcquisitionError:
+        limit = refused.detail.get("limit", getattr(claim, "limit", None))
+        return SemaphoreAcquisitionError(
+            f"{where}: all {limit} slots of semaphore {claim.key!r} are taken"
+            + _after(refused.retry_after),
+            retry_after=refused.retry_after,
+            limit=limit,
+            **common,
+        )
+    if error_class is RateLimitExceeded:
+        limit = refused.detail.get("limit")
+        label = refused.detail.get("label")
+        return RateLimitExceeded(
+            f"{where}: rate limit {claim.key!r} allows {limit} per {label}"
+            + _after(refused.retry_after),
+            retry_after=refused.retry_after,
+            limit=limit,
+            period=label,
+            **common,
+        )
+    nonce = refused.detail.get("nonce")
+    last_completed = refused.detail.get("last_completed")
+    if refused.detail.get("stale"):
+        text = f"{where}: ordered lock {claim.key!r}: position {nonce} is stale (reset or passed)"
+    else:
+        text = (
+            f"{where}: ordered lock {claim.key!r}: position {nonce} waits for position "
+            f"{refused.detail.get('head')} (last completed {last_completed})"
+        )
+    return OrderedLockWaitError(
+        text + _after(refused.retry_after),
+        nonce=nonce,
+        last_completed=last_completed,
+        retry_after=refused.retry_after,
+        **common,
+    )
+
+
+_ERROR_BY_PRIMITIVE: dict[str, type[CoordinationError]] = {
+    "lock": LockAcquisitionError,
+    "semaphore": SemaphoreAcquisitionError,
+    "rate_limit": RateLimitExceeded,
+    "ordered_lock": OrderedLockWaitError,
+}
+
+
+def lease_lost(hold: Hold, holder: Holder, reason: str) -> LeaseLost:
+    """The ``LeaseLost`` error for a hold whose renewal failed."""
+    return LeaseLost(
+        f"{_where(holder.reactor, holder.step)}: the {hold.claim.primitive} on "
+        f"{hold.claim.key!r} was lost ({reason}); it may now belong to someone else",
+        reactor=holder.reactor,
+        step=holder.step,
+        key=hold.claim.key,
+        primitive=hold.claim.primitive,
+        token=hold.token,
+        reason=reason,
+    )
+
+
+__all__ = [
+    "PRIMITIVES",
+    "Coordinator",
+    "Extended",
+    "ForceReleased",
+    "Released",
+    "TrackedHold",
+    "lease_lost",
+    "refusal_error",
+    "sort_claims",
+]

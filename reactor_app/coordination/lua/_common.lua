@@ -1,0 +1,26 @@
+-- _common.lua — fragment spliced into operation scripts by their include line.
+-- Helpers only: the Redis clock, the reply shape, big-number formatting.
+
+-- Status codes; the Python side's one table is reactor_app.coordination.redis.STATUSES.
+local OK, LOCKED, SEMAPHORE_FULL, RATE_LIMITED, PERIOD_MARKED = 0, 1, 2, 3, 4
+local ORDERED_WAIT, ORDERED_STALE, CHAIN_FAILED, LOST, NOT_FOUND = 5, 6, 7, 8, 9
+
+-- Every script answers {status, json payload}.
+local function reply(status, payload)
+  return {status, cjson.encode(payload or {})}
+end
+
+-- Redis TIME as {seconds, microseconds, now_us, now_ms}. All time decisions use this clock.
+local function redis_now()
+  local t = redis.call('TIME')
+  local seconds, micros = tonumber(t[1]), tonumber(t[2])
+  local now_us = seconds * 1000000 + micros
+  return {seconds = seconds, micros = micros, us = now_us, ms = math.floor(now_us / 1000),
+          text = string.format('%d.%06d', seconds, micros)}
+end
+
+-- Lua turns numbers above 1e14 into "1.7e+15" when passing them to redis.call; epoch
+-- microseconds need every digit, so format integers explicitly.
+local function int(n)
+  return string.format('%d', n)
+end

@@ -1,0 +1,48 @@
+-- _ordered.lua — fragment: ordered-lock bookkeeping shared by admit, release and skip.
+-- An ordered lock's keys are always passed as the group
+--   state (hash: epoch, next = last nonce assigned, cursor = last completed nonce,
+--          first_failed, in_flight), positions (zset nonce -> last heartbeat ms),
+--   holders (hash nonce -> holder json), waiters (zset waiter id -> nonce).
+-- Nonces are dense (1, 2, 3 ... per epoch), so the head is always cursor + 1.
+
+local function ordered_keys(keys)
+  return {state = keys[1], positions = keys[2], holders = keys[3], waiters = keys[4]}
+end
+
+local function ordered_touch(k, ttl_ms)
+  for _, name in ipairs({k.state, k.positions, k.holders, k.waiters}) do
+    redis.call('PEXPIRE', name, ttl_ms)
+  end
+end
+
+local function ordered_cursor(k)
+  return tonumber(redis.call('HGET', k.state, 'cursor') or '0')
+end
+
+-- Move the cursor over head positions that have no registration (completed out of turn by a
+-- chain-failed skip), then hand the parked waiter of the new head its wake-up.
+local function ordered_settle(k, cursor)
+  local last_assigned = tonumber(redis.call('HGET', k.state, 'next') or '0')
+  while cursor < last_assigned and not redis.call('ZSCORE', k.positions, cursor + 1) do
+    cursor = cursor + 1
+  end
+  redis.call('HSET', k.state, 'cursor', cursor)
+  redis.call('ZREMRANGEBYSCORE', k.waiters, '-inf', cursor)
+  local woken = redis.call('ZRANGEBYSCORE', k.waiters, cursor + 1, cursor + 1)
+  if #woken > 0 then redis.call('ZREM', k.waiters, unpack(woken)) end
+  redis.call('PUBLISH', k.state, cjson.encode({primitive = 'ordered_lock', cursor = cursor}))
+  return cursor, woken
+end
+
+-- A terminal outcome for `nonce`: forget its registration; when it is the head the cursor
+-- passes it. Returns the new cursor (or nil when the cursor did not move) and waiters to wake.
+local function ordered_complete(k, nonce)
+  redis.call('ZREM', k.positions, nonce)
+  redis.call('HDEL', k.holders, nonce)
+  if tonumber(redis.call('HGET', k.state, 'in_flight') or '0') == nonce then
+    redis.call('HDEL', k.state, 'in_flight')
+  end
+  local cursor = ordered_cursor(k)
+  if nonce ~= cursor + 1 then return nil, {} end
+  return ordered_settle(k, nonce)
+end

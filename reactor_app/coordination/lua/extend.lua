@@ -1,0 +1,69 @@
+--[[ extend.lua — renew leases still owned by their holder (the auto-extend thread, §2.6).
+
+A lock is renewed only while its hash still names this owner AND this fencing token: a lock
+that lapsed and was taken again, even by the same owner, is reported lost. A semaphore lease is
+renewed only while it exists and has not expired. A renewed lease never gets shorter.
+
+KEYS — one group per item, in the order of ARGV[1]:
+  lock      (1): hold hash
+  semaphore (2): leases zset (owner -> lease expiry ms), holders hash
+ARGV[1]  items json: [{p = "lock" | "semaphore", n = key count, owner, token? (locks),
+                       ttl_ms (the lease to grant from now)}]
+
+Returns {status, json}:
+  0 OK    {extended = [item indexes, 0-based], ttl_ms = [granted lease per extended item]}
+  8 LOST  {lost = [{index, reason = "released" | "owner" | "token" | "expired"}],
+           extended = [...]} — the other items were still renewed
+]]
+
+-- @include _common.lua
+
+local now = redis_now()
+local items = cjson.decode(ARGV[1])
+local extended, granted, lost = {}, {}, {}
+
+local function extend_lock(keys, item)
+  local current = redis.call('HMGET', keys[1], 'owner', 'token')
+  if not current[1] then return 'released' end
+  if current[1] ~= item.owner then return 'owner' end
+  if tonumber(current[2]) ~= item.token then return 'token' end
+  local ttl = redis.call('PTTL', keys[1])
+  if ttl < item.ttl_ms then
+    redis.call('PEXPIRE', keys[1], item.ttl_ms)
+    ttl = item.ttl_ms
+  end
+  return nil, ttl
+end
+
+local function extend_semaphore(keys, item)
+  local leases, holders = keys[1], keys[2]
+  local expiry = redis.call('ZSCORE', leases, item.owner)
+  if not expiry then return 'released' end
+  if tonumber(expiry) <= now.ms then return 'expired' end
+  local renewed = math.max(tonumber(expiry), now.ms + item.ttl_ms)
+  redis.call('ZADD', leases, 'XX', renewed, item.owner)
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
+  local keep_ms = tonumber(last[2]) - now.ms
+  redis.call('PEXPIRE', leases, keep_ms)
+  redis.call('PEXPIRE', holders, keep_ms)
+  return nil, renewed - now.ms
+end
+
+local offset = 0
+for i, item in ipairs(items) do
+  local keys = {}
+  for j = 1, item.n do keys[j] = KEYS[offset + j] end
+  offset = offset + item.n
+  local reason, ttl
+  if item.p == 'lock' then reason, ttl = extend_lock(keys, item)
+  else reason, ttl = extend_semaphore(keys, item) end
+  if reason then
+    table.insert(lost, {index = i - 1, reason = reason})
+  else
+    table.insert(extended, i - 1)
+    table.insert(granted, ttl)
+  end
+end
+
+if #lost > 0 then return reply(LOST, {lost = lost, extended = extended, ttl_ms = granted}) end
+return reply(OK, {extended = extended, ttl_ms = granted})

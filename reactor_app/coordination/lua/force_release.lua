@@ -1,0 +1,50 @@
+--[[ force_release.lua — operator action: free a lock or semaphore whatever its nesting.
+
+The holder is not asked; its next renewal reports the lease lost. One parked waiter is popped
+per freed slot and a wake message is PUBLISHed on the base key's name.
+
+KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset
+KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset
+ARGV[1]  primitive: "lock" | "semaphore"
+ARGV[2]  owner to release, or "" for any owner (every holder of a semaphore)
+
+Returns {status, json}:
+  0 OK         {released = [owners], woken = [waiter ids]}
+  9 NOT_FOUND  {} — nothing held (by that owner)
+]]
+
+-- @include _common.lua
+
+local primitive, owner = ARGV[1], ARGV[2]
+local released, woken = {}, {}
+
+local function pop_waiter(waiters)
+  local popped = redis.call('ZPOPMIN', waiters, 1)
+  if popped[1] then table.insert(woken, popped[1]) end
+end
+
+if primitive == 'lock' then
+  local current = redis.call('HGET', KEYS[1], 'owner')
+  if not current or (owner ~= '' and current ~= owner) then return reply(NOT_FOUND, {}) end
+  redis.call('DEL', KEYS[1])
+  table.insert(released, current)
+  pop_waiter(KEYS[2])
+elseif primitive == 'semaphore' then
+  local owners
+  if owner ~= '' then
+    owners = redis.call('ZSCORE', KEYS[1], owner) and {owner} or {}
+  else
+    owners = redis.call('ZRANGE', KEYS[1], 0, -1)
+  end
+  if #owners == 0 then return reply(NOT_FOUND, {}) end
+  redis.call('ZREM', KEYS[1], unpack(owners))
+  redis.call('HDEL', KEYS[2], unpack(owners))
+  for _, name in ipairs(owners) do
+    table.insert(released, name)
+    pop_waiter(KEYS[3])
+  end
+else
+  return redis.error_reply('force_release: unsupported primitive ' .. tostring(primitive))
+end
+redis.call('PUBLISH', KEYS[1], cjson.encode({primitive = primitive, freed = true, forced = true}))
+return reply(OK, {released = released, woken = woken})

@@ -1,0 +1,153 @@
+--[[ release.lua — release N holds in one step, in reverse admission order, with an outcome.
+
+Outcomes:
+  success    period buckets are marked with the execution; ordered cursors advance
+  failure    ordered cursors advance; a strict ordered lock records first_failed
+  rollback   (holds re-taken for compensate/undo) treated like failure; never marks
+  halt       a clean stop or a skip: ordered cursors advance, nothing is marked, and the
+             strict chain is not stopped (nothing failed)
+  retry/park the ordered position is kept (heartbeat refreshed), nothing is marked
+  give_back  undo an admission that must not count (per-claim admission on a cluster):
+             like retry, and the rate-limit charge is refunded
+Locks and semaphores are re-entrant: one release removes one nesting level, and the key (or
+the slot) is freed at zero. Whenever something is actually freed a wake message is PUBLISHed
+on the freed base key's name (used as the channel) and one parked waiter is popped for it.
+
+KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
+  lock         (2): hold hash, waiters zset
+  semaphore    (3): leases zset, holders hash, waiters zset
+  ordered_lock (4): state hash, positions zset, holders hash, waiters zset
+  period       (1): mark hash
+  rate_limit   (W): one zset (sliding) or counter (fixed) per window
+
+ARGV[1]  outcome (see above)
+ARGV[2]  holder json: {owner, execution?}
+ARGV[3]  holds json, in release order; each {p = primitive, n = key count} plus:
+           ordered_lock: nonce, epoch (ms), strict (bool), ttl_ms
+           period:       every, bucket? (start epoch s), bucket_end? (epoch s) — as admitted;
+                         without them the bucket of the current Redis time is used
+           rate_limit:   strategy, member? (the sliding-window entry added at admission)
+
+Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base keys],
+                  marked = [mark keys], advanced = [{key, cursor}]}}
+]]
+
+-- @include _common.lua
+-- @include _calendar.lua
+-- @include _ordered.lua
+
+local now = redis_now()
+local outcome = ARGV[1]
+local holder = cjson.decode(ARGV[2])
+local holds = cjson.decode(ARGV[3])
+local terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rollback'
+  or outcome == 'halt'
+
+local report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
+
+local function wake_one(base, waiters, message)
+  redis.call('PUBLISH', base, cjson.encode(message))
+  local popped = redis.call('ZPOPMIN', waiters, 1)
+  if popped[1] then table.insert(report.woken, popped[1]) end
+  table.insert(report.freed, base)
+end
+
+local function release_lock(keys)
+  local hold, waiters = keys[1], keys[2]
+  if redis.call('HGET', hold, 'owner') ~= holder.owner then
+    table.insert(report.not_held, hold)
+    return
+  end
+  if redis.call('HINCRBY', hold, 'count', -1) <= 0 then
+    redis.call('DEL', hold)
+    wake_one(hold, waiters, {primitive = 'lock', freed = true})
+  end
+end
+
+local function release_semaphore(keys)
+  local leases, holders, waiters = keys[1], keys[2], keys[3]
+  if not redis.call('ZSCORE', leases, holder.owner) then
+    table.insert(report.not_held, leases)
+    return
+  end
+  local info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":1}')
+  info.count = (info.count or 1) - 1
+  if info.count > 0 then
+    redis.call('HSET', holders, holder.owner, cjson.encode(info))
+    return
+  end
+  redis.call('ZREM', leases, holder.owner)
+  redis.call('HDEL', holders, holder.owner)
+  wake_one(leases, waiters, {primitive = 'semaphore', freed = true})
+end
+
+local function release_ordered(keys, spec)
+  local k = ordered_keys(keys)
+  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
+  if epoch ~= spec.epoch then
+    table.insert(report.not_held, k.state) -- reset while we held it: nothing of ours remains
+    return
+  end
+  if not terminal then
+    if tonumber(redis.call('HGET', k.state, 'in_flight') or '0') == spec.nonce then
+      redis.call('HDEL', k.state, 'in_flight')
+    end
+    redis.call('ZADD', k.positions, 'XX', now.ms, spec.nonce)
+    ordered_touch(k, spec.ttl_ms)
+    return
+  end
+  if spec.strict and (outcome == 'failure' or outcome == 'rollback') then
+    local first_failed = tonumber(redis.call('HGET', k.state, 'first_failed') or '0')
+    if first_failed == 0 or spec.nonce < first_failed then
+      redis.call('HSET', k.state, 'first_failed', spec.nonce)
+    end
+  end
+  local cursor, woken = ordered_complete(k, spec.nonce)
+  for _, id in ipairs(woken) do table.insert(report.woken, id) end
+  if cursor then
+    table.insert(report.advanced, {key = k.state, cursor = cursor})
+    table.insert(report.freed, k.state)
+  end
+  ordered_touch(k, spec.ttl_ms)
+end
+
+local function release_period(keys, spec)
+  if outcome ~= 'success' then return end
+  local mark = keys[1]
+  local start, finish = spec.bucket, spec.bucket_end
+  if not start then start, finish = period_bucket(spec.every, now.seconds) end
+  -- a bucket that is over needs no mark, and a newer bucket's mark must never be replaced
+  if now.seconds >= finish then return end
+  local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
+  if current > start then return end
+  redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
+    'at', now.ms)
+  redis.call('PEXPIREAT', mark, int(finish * 1000))
+  table.insert(report.marked, mark)
+end
+
+local function release_rate_limit(keys, spec)
+  if outcome ~= 'give_back' then return end -- a charge is spent once the work was admitted
+  for _, name in ipairs(keys) do
+    if spec.strategy == 'fixed' then
+      if tonumber(redis.call('GET', name) or '0') > 0 then redis.call('DECR', name) end
+    elseif spec.member then
+      redis.call('ZREM', name, spec.member)
+    end
+  end
+end
+
+local offset = 0
+for _, spec in ipairs(holds) do
+  local keys = {}
+  for j = 1, spec.n do keys[j] = KEYS[offset + j] end
+  offset = offset + spec.n
+  if spec.p == 'lock' then release_lock(keys)
+  elseif spec.p == 'semaphore' then release_semaphore(keys)
+  elseif spec.p == 'ordered_lock' then release_ordered(keys, spec)
+  elseif spec.p == 'period' then release_period(keys, spec)
+  elseif spec.p == 'rate_limit' then release_rate_limit(keys, spec)
+  end
+end
+
+return reply(OK, report)

@@ -1,0 +1,262 @@
+"""Ordered lock: executions pass one at a time, in the order their positions were assigned.
+
+A position (``nonce``, dense per epoch: 1, 2, 3 ...) is assigned when the run starts (reactor
+level) or when the execution first reaches the step (step level — so the step form orders by
+*arrival at the step*), and is reused across retries and parks. Admission passes only the head
+(``cursor + 1``). Key layout (``K`` = the user key, inside the hash tag):
+
+* ``{prefix}:ordered_lock:{K}`` — hash ``epoch`` (ms; a new one after a reset or expiry),
+  ``next`` (last nonce assigned), ``cursor`` (last completed nonce), ``first_failed`` (strict
+  mode), ``in_flight`` (the admitted head).
+* ``{prefix}:ordered_lock:{K}:positions`` — zset ``nonce -> last heartbeat (ms)``.
+* ``{prefix}:ordered_lock:{K}:holders`` — hash ``nonce -> holder json`` (attribution).
+* ``{prefix}:waiters:{K}:ordered_lock`` — zset ``waiter id -> nonce`` of parked waiters.
+
+All expire after ``ttl`` seconds without activity. Rules, all enforced in Lua:
+
+* a head whose heartbeat is older than ``poison_pill_timeout`` is passed over (the cursor
+  moves past it) by the position behind it; every admission attempt is a heartbeat, and the
+  running head heartbeats from the renewal thread;
+* the cursor advances only on a terminal outcome: release with ``success``/``failure``, or an
+  admission that ends in ``ChainFailed`` or ``PeriodHit`` (the work is skipped, so the position
+  is complete); ``retry``/``park`` keep the position;
+* strict mode: after a failure, every later position gets ``ChainFailed`` until ``reset``;
+* a position from an earlier epoch, or one already passed, is refused with
+  ``detail["stale"] = True``: the caller must assign a new position.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from reactor_app.coordination.claims import Hold, Holder, OrderedLockClaim, OrderedPosition
+from reactor_app.coordination.lock import seconds_to_ms
+from reactor_app.coordination.redis import (
+    Status,
+    current_prefix,
+    get_client,
+    holder_json,
+    key,
+    scripts_for,
+    unavailable_on_connection_error,
+)
+
+PRIMITIVE = "ordered_lock"
+DEFAULT_TTL = 86400.0  # seconds the line's state survives without activity
+
+
+def state_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, prefix=prefix)
+
+
+def positions_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, "positions", prefix=prefix)
+
+
+def holders_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, "holders", prefix=prefix)
+
+
+def waiters_key(user_key: str, prefix: str | None = None) -> str:
+    return key("waiters", user_key, PRIMITIVE, prefix=prefix)
+
+
+def line_keys(user_key: str, prefix: str | None = None) -> list[str]:
+    """The group every ordered-lock script takes: state, positions, holders, waiters."""
+    return [
+        state_key(user_key, prefix),
+        positions_key(user_key, prefix),
+        holders_key(user_key, prefix),
+        waiters_key(user_key, prefix),
+    ]
+
+
+# -- script argument encoding ----------------------------------------------------------------
+
+
+def admit_keys(claim: OrderedLockClaim, prefix: str) -> list[str]:
+    return line_keys(claim.key, prefix)
+
+
+def admit_spec(claim: OrderedLockClaim) -> dict[str, Any]:
+    return {
+        "nonce": claim.position.nonce,
+        "epoch": claim.position.epoch,
+        "ppt_ms": seconds_to_ms(claim.poison_pill_timeout),
+        "strict": bool(claim.strict),
+        "ttl_ms": seconds_to_ms(claim.ttl),
+    }
+
+
+release_keys = admit_keys
+
+
+def release_spec(hold: Hold) -> dict[str, Any]:
+    claim = hold.claim
+    assert isinstance(claim, OrderedLockClaim)
+    return {
+        "nonce": claim.position.nonce,
+        "epoch": claim.position.epoch,
+        "strict": bool(claim.strict),
+        "ttl_ms": seconds_to_ms(claim.ttl),
+    }
+
+
+def wake_channel(claim: OrderedLockClaim, prefix: str) -> str:
+    """The cursor advancing (or a reset) is PUBLISHed on the state key's name."""
+    return state_key(claim.key, prefix)
+
+
+def claim_waiters_key(claim: OrderedLockClaim, prefix: str) -> str:
+    return waiters_key(claim.key, prefix)
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+def assign_position(
+    user_key: str,
+    holder: Holder,
+    ttl: float = DEFAULT_TTL,
+    *,
+    client: Any = None,
+    prefix: str | None = None,
+) -> OrderedPosition:
+    """Take the next place in the line of ``user_key``."""
+    client = client or get_client()
+    reply = scripts_for(client).run(
+        "ordered_position",
+        line_keys(user_key, current_prefix(prefix)),
+        [holder_json(holder), seconds_to_ms(ttl)],
+        key=user_key,
+        primitive=PRIMITIVE,
+    )
+    return OrderedPosition(nonce=int(reply.data["nonce"]), epoch=int(reply.data["epoch"]))
+
+
+def heartbeat(claim: OrderedLockClaim, *, client: Any = None, prefix: str | None = None) -> bool:
+    """Say the position is alive; False when it was reset, completed, skipped or passed over."""
+    client = client or get_client()
+    reply = scripts_for(client).run(
+        "heartbeat",
+        line_keys(claim.key, current_prefix(prefix)),
+        [claim.position.nonce, claim.position.epoch, seconds_to_ms(claim.ttl)],
+        key=claim.key,
+        primitive=PRIMITIVE,
+    )
+    return reply.status is Status.OK
+
+
+@dataclass(frozen=True)
+class Position:
+    """One waiting (or running) position; ``heartbeat_age`` in seconds."""
+
+    nonce: int
+    heartbeat_age: float
+    owner: str | None = None
+    execution: str | None = None
+    step: str | None = None
+    reactor: str | None = None
+
+
+@dataclass(frozen=True)
+class OrderedLockState:
+    """A snapshot of one line. ``next`` is the nonce the next arrival will get;
+    ``last_completed`` the cursor; ``head`` the position allowed to run now."""
+
+    key: str
+    epoch: int | None
+    next: int
+    last_completed: int
+    head: int | None
+    in_flight: int | None
+    first_failed: int | None
+    positions: list[Position] = field(default_factory=list)
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+def ordered_state(
+    user_key: str, *, client: Any = None, prefix: str | None = None
+) -> OrderedLockState:
+    client = client or get_client()
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        pipe = client.pipeline(transaction=False)
+        pipe.time()
+        pipe.hgetall(state_key(user_key, prefix))
+        pipe.zrange(positions_key(user_key, prefix), 0, -1, withscores=True)
+        pipe.hgetall(holders_key(user_key, prefix))
+        (seconds, micros), state, beats, holders = pipe.execute()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    last_assigned = _int(state.get("next")) or 0
+    cursor = _int(state.get("cursor")) or 0
+    positions = []
+    for nonce_text, beat_ms in sorted(beats, key=lambda item: int(item[0])):
+        info = json.loads(holders.get(nonce_text) or "{}")
+        positions.append(
+            Position(
+                nonce=int(nonce_text),
+                heartbeat_age=(now_ms - beat_ms) / 1000,
+                owner=info.get("owner"),
+                execution=info.get("execution"),
+                step=info.get("step"),
+                reactor=info.get("reactor"),
+            )
+        )
+    return OrderedLockState(
+        key=user_key,
+        epoch=_int(state.get("epoch")),
+        next=last_assigned + 1,
+        last_completed=cursor,
+        head=cursor + 1 if last_assigned > cursor else None,
+        in_flight=_int(state.get("in_flight")),
+        first_failed=_int(state.get("first_failed")),
+        positions=positions,
+    )
+
+
+def peek(user_key: str, *, client: Any = None, prefix: str | None = None) -> Position | None:
+    """The head of the line (the position allowed to run now), or None when nobody waits."""
+    state = ordered_state(user_key, client=client, prefix=prefix)
+    if state.head is None:
+        return None
+    for position in state.positions:
+        if position.nonce == state.head:
+            return position
+    # the head has no registration left: it is passed over at the next admission
+    return Position(nonce=state.head, heartbeat_age=float("inf"))
+
+
+def skip(
+    user_key: str, ttl: float = DEFAULT_TTL, *, client: Any = None, prefix: str | None = None
+) -> int | None:
+    """Operator action: complete the head without running it; returns the skipped nonce."""
+    client = client or get_client()
+    reply = scripts_for(client).run(
+        "ordered_skip",
+        line_keys(user_key, current_prefix(prefix)),
+        [seconds_to_ms(ttl)],
+        key=user_key,
+        primitive=PRIMITIVE,
+    )
+    return int(reply.data["skipped"]) if reply.status is Status.OK else None
+
+
+def reset(
+    user_key: str, ttl: float = DEFAULT_TTL, *, client: Any = None, prefix: str | None = None
+) -> int:
+    """Operator action: start a new epoch (empty line, failure cleared); returns the epoch.
+    Holders of older positions are refused as stale and must re-assign."""
+    client = client or get_client()
+    reply = scripts_for(client).run(
+        "ordered_reset",
+        line_keys(user_key, current_prefix(prefix)),
+        [seconds_to_ms(ttl)],
+        key=user_key,
+        primitive=PRIMITIVE,
+    )
+    return int(reply.data["epoch"])

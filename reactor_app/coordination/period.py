@@ -1,0 +1,155 @@
+"""Dedup period: the work runs at most once per bucket per key (§2.6 "Period").
+
+Buckets are computed inside Lua from Redis ``TIME``: calendar-aligned UTC buckets for
+``"second" "minute" "hour" "day" "week"`` (ISO, starting Monday) ``"month" "year"``, and
+epoch-aligned buckets for a whole number of seconds.
+
+Key layout (``K`` = the user key, inside the hash tag; ``E`` = ``every`` as text):
+
+* ``{prefix}:period:{K}:E`` — hash ``bucket (start, epoch s), by (execution id or owner),
+  at (ms)``, expiring at the bucket's end.
+
+Admission refuses with ``PeriodHit`` when the mark names the current bucket — checked
+atomically with the other claims of the admission. Marking happens only in release with the
+outcome ``"success"``, for the bucket the admission saw (a run admitted at 10:59:59 that
+succeeds at 11:00:01 marks the 10:00 bucket), and never replaces a newer bucket's mark.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from reactor_app.coordination.claims import Hold, PeriodClaim
+from reactor_app.coordination.redis import (
+    Status,
+    get_client,
+    key,
+    scripts_for,
+    unavailable_on_connection_error,
+)
+
+PRIMITIVE = "period"
+
+#: calendar-aligned units (UTC); "week" is the ISO week, starting on Monday
+UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
+
+
+def validate_every(value: Any) -> str | int:
+    """Normalise ``every``: a unit name of ``UNITS`` or a positive whole number of seconds
+    (an int, an integral float or a ``timedelta``). Raises ``ValueError`` explaining the forms."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name in UNITS:
+            return name
+        raise ValueError(
+            f"with_period(every={value!r}) is not a known unit: use one of "
+            f"{', '.join(UNITS)} (calendar-aligned, UTC) or a whole number of seconds"
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(
+            f"with_period(every=...) must be a unit name ({', '.join(UNITS)}) or a whole "
+            f"number of seconds, got {value!r}"
+        )
+    if value <= 0 or not float(value).is_integer():
+        raise ValueError(
+            f"with_period(every={value!r}) must be a positive whole number of seconds "
+            "(buckets are aligned on the Unix epoch)"
+        )
+    return int(value)
+
+
+def every_text(every: str | int) -> str:
+    return str(validate_every(every))
+
+
+def mark_key(user_key: str, every: str | int, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, every_text(every), prefix=prefix)
+
+
+def bucket_bounds(every: str | int, at: float) -> tuple[int, int]:
+    """Start and end (epoch seconds) of the bucket holding ``at`` — the Python twin of
+    ``lua/_calendar.lua`` (the Lua side is what admission uses; tests keep them equal)."""
+    every = validate_every(every)
+    second = int(at // 1)
+    sizes = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+    size = every if isinstance(every, int) else sizes.get(every)
+    if size:
+        start = second // size * size
+        return start, start + size
+    moment = datetime.fromtimestamp(second, tz=UTC)
+    day = moment.replace(hour=0, minute=0, second=0)
+    if every == "week":
+        begin = day - timedelta(days=day.weekday())
+        end = begin + timedelta(days=7)
+    elif every == "month":
+        begin = day.replace(day=1)
+        end = (begin + timedelta(days=32)).replace(day=1)
+    else:  # year
+        begin = day.replace(month=1, day=1)
+        end = begin.replace(year=begin.year + 1)
+    return int(begin.timestamp()), int(end.timestamp())
+
+
+# -- script argument encoding ----------------------------------------------------------------
+
+
+def admit_keys(claim: PeriodClaim, prefix: str) -> list[str]:
+    return [mark_key(claim.key, claim.every, prefix)]
+
+
+def admit_spec(claim: PeriodClaim) -> dict[str, Any]:
+    return {"every": every_text(claim.every)}
+
+
+release_keys = admit_keys
+
+
+def release_spec(hold: Hold) -> dict[str, Any]:
+    assert isinstance(hold.claim, PeriodClaim)
+    spec: dict[str, Any] = {"every": every_text(hold.claim.every)}
+    detail = getattr(hold, "detail", {})
+    if detail.get("bucket") is not None and detail.get("bucket_end") is not None:
+        spec["bucket"] = detail["bucket"]
+        spec["bucket_end"] = detail["bucket_end"]
+    return spec
+
+
+def wake_channel(claim: PeriodClaim, prefix: str) -> None:
+    return None
+
+
+def claim_waiters_key(claim: PeriodClaim, prefix: str) -> None:
+    return None
+
+
+# -- state --------------------------------------------------------------------------------
+
+
+def current_bucket(
+    every: str | int, *, at: float | None = None, client: Any = None
+) -> tuple[int, int]:
+    """The bucket (start, end epoch s) holding ``at``, or the Redis time now, computed by the
+    same Lua calendar admission uses."""
+    client = client or get_client()
+    reply = scripts_for(client).run(
+        "period_bucket", [], [every_text(every), "" if at is None else repr(float(at))]
+    )
+    if reply.status is not Status.OK:
+        raise ValueError(f"unknown period unit {every!r}")
+    return int(reply.data["bucket"]), int(reply.data["bucket_end"])
+
+
+def period_marked(
+    user_key: str, every: str | int, *, client: Any = None, prefix: str | None = None
+) -> str | None:
+    """Who marked the current bucket (execution id, else owner), or None when unmarked."""
+    client = client or get_client()
+    start, _ = current_bucket(every, client=client)
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        bucket, marked_by = client.hmget(mark_key(user_key, every, prefix), "bucket", "by")
+    if bucket is None or int(float(bucket)) != start:
+        return None
+    return marked_by or "?"

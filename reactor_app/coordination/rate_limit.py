@@ -1,0 +1,241 @@
+"""Rate limit: at most ``limit`` admissions per window per key, several windows at once (§2.6).
+
+Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as text):
+
+* ``{prefix}:rate_limit:{K}:W`` — sliding strategy (the default): a zset of admissions,
+  ``member -> admission time (epoch µs)``. An admission at ``t`` counts while
+  ``now < t + window``, so no window of that length ever admits more than ``limit``, and a
+  refusal knows exactly when the entry that matters leaves (``retry_after``).
+* ``{prefix}:rate_limit:{K}:W:fixed`` — fixed strategy: a counter that expires at the window's
+  epoch-aligned end. Constant memory for very large limits; a burst of up to twice the limit
+  can straddle a window edge.
+* ``{prefix}:rate_limit:{K}:seq`` — a sequence making sliding-window members unique.
+
+Every window of a claim is checked, and all are charged, in one atomic admission; a charge is
+only spent on work that is about to run (nothing is charged when anything else refuses).
+Named limits come from ``REACTOR_RATE_LIMITS`` (see ``named_windows``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
+from reactor_app.coordination.redis import (
+    get_client,
+    key,
+    unavailable_on_connection_error,
+)
+from reactor_app.exceptions import ConfigurationError
+
+PRIMITIVE = "rate_limit"
+
+#: named periods and their length in seconds
+PERIODS: dict[str, float] = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
+
+
+def parse_period(period: str | float | timedelta) -> float:
+    """Window length in seconds of ``"second" | "minute" | "hour" | "day"`` or a number of
+    seconds (or a ``timedelta``). Raises ``ValueError`` with the accepted forms."""
+    if isinstance(period, timedelta):
+        period = period.total_seconds()
+    if isinstance(period, str):
+        name = period.strip().lower()
+        if name in PERIODS:
+            return PERIODS[name]
+        raise ValueError(
+            f"unknown rate-limit period {period!r}: use one of {sorted(PERIODS)} "
+            "or a number of seconds"
+        )
+    if isinstance(period, bool) or not isinstance(period, (int, float)):
+        raise ValueError(
+            f"a rate-limit period must be one of {sorted(PERIODS)} or a number of seconds, "
+            f"got {period!r}"
+        )
+    if not math.isfinite(period) or period < 0.001:
+        raise ValueError(f"a rate-limit period must be at least 1 ms, got {period!r} seconds")
+    return float(period)
+
+
+def seconds_text(seconds: float) -> str:
+    """``60.0 -> "60"``, ``0.5 -> "0.5"``: the window's part of key names and labels."""
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
+
+
+def period_label(period: str | float | timedelta, seconds: float) -> str:
+    if isinstance(period, str):
+        return period.strip().lower()
+    for name, length in PERIODS.items():
+        if length == seconds:
+            return name
+    return seconds_text(seconds)
+
+
+def _limit(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: a rate limit must be a positive integer, got {value!r}")
+    return value
+
+
+def windows_from(
+    limit: int | None = None,
+    period: str | float | timedelta | None = None,
+    limits: Mapping[str | float, int] | None = None,
+) -> tuple[RateWindow, ...]:
+    """Windows of ``limit=, period=`` or of ``limits={"second": 3, "minute": 100}``, sorted by
+    length. Raises ``ValueError`` naming the problem."""
+    if limits is not None:
+        if limit is not None or period is not None:
+            raise ValueError("give either limit= and period=, or limits=, not both")
+        if not isinstance(limits, Mapping) or not limits:
+            raise ValueError("limits= must be a non-empty dict of period -> limit")
+        windows = []
+        for window_period, window_limit in limits.items():
+            seconds = parse_period(window_period)
+            windows.append(
+                RateWindow(
+                    seconds=seconds,
+                    limit=_limit(window_limit, f"limits[{window_period!r}]"),
+                    label=period_label(window_period, seconds),
+                )
+            )
+        seen = [w.seconds for w in windows]
+        if len(set(seen)) != len(seen):
+            raise ValueError(f"limits= names the same window length twice: {limits!r}")
+        return tuple(sorted(windows, key=lambda w: w.seconds))
+    if limit is None or period is None:
+        raise ValueError("a rate limit needs limit= and period= (or limits=)")
+    seconds = parse_period(period)
+    return (
+        RateWindow(
+            seconds=seconds, limit=_limit(limit, "limit="), label=period_label(period, seconds)
+        ),
+    )
+
+
+def named_config(name: str) -> Mapping[str, Any]:
+    configured = reactor_settings.RATE_LIMITS
+    if name not in configured:
+        known = ", ".join(sorted(configured)) or "none are configured"
+        raise ConfigurationError(
+            f"unknown named rate limit {name!r}: add it to REACTOR_RATE_LIMITS "
+            f"(known: {known}), e.g. REACTOR_RATE_LIMITS = "
+            f'{{"{name}": {{"limit": 100, "period": "second"}}}}',
+            setting="RATE_LIMITS",
+        )
+    config = configured[name]
+    if not isinstance(config, Mapping):
+        raise ConfigurationError(
+            f"REACTOR_RATE_LIMITS[{name!r}] must be a dict, got {config!r}", setting="RATE_LIMITS"
+        )
+    return config
+
+
+def named_windows(name: str) -> tuple[RateWindow, ...]:
+    """The windows of ``REACTOR_RATE_LIMITS[name]`` (``{"limit", "period"}`` or
+    ``{"limits": {...}}``); ``ConfigurationError`` for an unknown name or a bad entry."""
+    config = named_config(name)
+    try:
+        return windows_from(
+            limit=config.get("limit"), period=config.get("period"), limits=config.get("limits")
+        )
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"REACTOR_RATE_LIMITS[{name!r}] is invalid: {exc}", setting="RATE_LIMITS"
+        ) from exc
+
+
+def named_claim(name: str, key_: str | None = None) -> RateLimitClaim:
+    """The claim of a named limit; its key is the name unless given (``strategy`` optional)."""
+    config = named_config(name)
+    strategy = config.get("strategy", "sliding")
+    if strategy not in ("sliding", "fixed"):
+        raise ConfigurationError(
+            f"REACTOR_RATE_LIMITS[{name!r}]['strategy'] must be 'sliding' or 'fixed'",
+            setting="RATE_LIMITS",
+        )
+    return RateLimitClaim(key=key_ or name, windows=named_windows(name), strategy=strategy)
+
+
+# -- key layout ------------------------------------------------------------------------------
+
+
+def sequence_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, "seq", prefix=prefix)
+
+
+def window_key(
+    user_key: str, seconds: float, strategy: str = "sliding", prefix: str | None = None
+) -> str:
+    parts = [seconds_text(seconds)] + (["fixed"] if strategy == "fixed" else [])
+    return key(PRIMITIVE, user_key, *parts, prefix=prefix)
+
+
+# -- script argument encoding ----------------------------------------------------------------
+
+
+def admit_keys(claim: RateLimitClaim, prefix: str) -> list[str]:
+    return [sequence_key(claim.key, prefix)] + [
+        window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows
+    ]
+
+
+def admit_spec(claim: RateLimitClaim) -> dict[str, Any]:
+    if not claim.windows:
+        raise ValueError(f"rate limit on {claim.key!r} has no windows")
+    return {
+        "strategy": claim.strategy,
+        "windows": [
+            {"ms": max(1, round(w.seconds * 1000)), "limit": int(w.limit), "label": w.label}
+            for w in claim.windows
+        ],
+    }
+
+
+def release_keys(claim: RateLimitClaim, prefix: str) -> list[str]:
+    return [window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows]
+
+
+def release_spec(hold: Hold) -> dict[str, Any]:
+    assert isinstance(hold.claim, RateLimitClaim)
+    spec: dict[str, Any] = {"strategy": hold.claim.strategy}
+    member = getattr(hold, "detail", {}).get("member")
+    if member:
+        spec["member"] = member
+    return spec
+
+
+def wake_channel(claim: RateLimitClaim, prefix: str) -> None:
+    """Nothing is ever released: a window frees itself, at the exact ``retry_after``."""
+    return None
+
+
+def claim_waiters_key(claim: RateLimitClaim, prefix: str) -> None:
+    return None
+
+
+# -- state --------------------------------------------------------------------------------
+
+
+def rate_limit_count(
+    user_key: str,
+    window: str | float | timedelta,
+    *,
+    strategy: str = "sliding",
+    client: Any = None,
+    prefix: str | None = None,
+) -> int:
+    """Admissions counted now in the window of that length (label or seconds)."""
+    client = client or get_client()
+    seconds = parse_period(window)
+    name = window_key(user_key, seconds, strategy, prefix)
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        if strategy == "fixed":
+            return int(client.get(name) or 0)
+        now_seconds, micros = client.time()
+        now_us = int(now_seconds) * 1_000_000 + int(micros)
+        return int(client.zcount(name, f"({now_us - round(seconds * 1_000_000)}", "+inf"))

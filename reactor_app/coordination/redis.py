@@ -1,0 +1,390 @@
+"""The coordination Redis: client, key names, the Lua script registry and its status codes.
+
+* ``get_client()`` returns a redis-py client for ``REACTOR_REDIS_URL`` — or for the embedded
+  server when that is ``None`` — built through django-redis's connection factory so that every
+  client of one URL in a process shares one connection pool.
+* ``key()`` builds every Redis key name. The user key sits inside a hash tag
+  (``reactor:lock:{acct:1}``), and sub-keys keep that tag (``reactor:lock:{acct:1}:fence``), so
+  all the data of one user key lives in one cluster slot and multi-key scripts stay legal.
+* ``Scripts`` registers every ``lua/<operation>.lua`` file of the package (read through
+  ``importlib.resources``, so it works from a wheel or a zip) on one client. Every script answers
+  ``{status_code, json_payload}``; ``STATUSES`` is the one table that says what each code means.
+* Connection failures of any script call or read become ``CoordinationUnavailable``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cache, lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import redis as redis_py
+from django_redis.pool import ConnectionFactory
+
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination import claims as claim_types
+from reactor_app.coordination import embedded
+from reactor_app.exceptions import (
+    CoordinationError,
+    CoordinationUnavailable,
+    LeaseLost,
+    LockAcquisitionError,
+    OrderedLockWaitError,
+    RateLimitExceeded,
+    SemaphoreAcquisitionError,
+)
+
+#: seconds to wait for a TCP/unix connection before declaring Redis unreachable
+CONNECT_TIMEOUT = 5.0
+#: seconds a single command may take; scripts are short, so a stuck socket is an outage
+COMMAND_TIMEOUT = 10.0
+
+# --------------------------------------------------------------------------------------------
+# Client
+# --------------------------------------------------------------------------------------------
+
+
+class _CoordinationConnectionFactory(ConnectionFactory):  # type: ignore[type-arg]
+    """django-redis's factory with a pool registry of its own.
+
+    django-redis keeps its pools in a class-level dict keyed by URL; the cache backend may use
+    the very same URL with different options (it wants bytes, we decode to ``str``), so sharing
+    that dict would let whichever side connects first decide the other's encoding.
+    """
+
+    _pools: dict[str, Any] = {}
+
+
+_factory: _CoordinationConnectionFactory | None = None
+_clients: dict[str, redis_py.Redis] = {}
+_clients_guard = threading.Lock()
+
+
+def _connection_factory() -> _CoordinationConnectionFactory:
+    global _factory
+    if _factory is None:
+        _factory = _CoordinationConnectionFactory(
+            {
+                "SOCKET_CONNECT_TIMEOUT": CONNECT_TIMEOUT,
+                "SOCKET_TIMEOUT": COMMAND_TIMEOUT,
+                # No automatic retries (redis-py's pool default): re-sending an admission whose
+                # reply was lost would re-enter a lock and leak a nesting level.
+                "CONNECTION_POOL_KWARGS": {"decode_responses": True},
+            }
+        )
+    return _factory
+
+
+def _forget_connections_after_fork() -> None:
+    """Give a forked child its own pools instead of the parent's sockets."""
+    global _factory
+    _factory = None
+    _clients.clear()
+    _CoordinationConnectionFactory._pools = {}
+    _scripts_by_client.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_connections_after_fork)
+
+
+def redis_url() -> str:
+    """The coordination Redis URL: the setting, else the embedded server (started on demand)."""
+    configured = reactor_settings.REDIS_URL
+    if configured:
+        return configured
+    directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
+    embedded.ensure_server(directory)
+    return embedded.url(directory)
+
+
+def get_client(url: str | None = None) -> redis_py.Redis:
+    """A client for ``url`` (default: ``redis_url()``), shared per URL within this process."""
+    resolved = url or redis_url()
+    client = _clients.get(resolved)
+    if client is None:
+        with _clients_guard:
+            client = _clients.get(resolved)
+            if client is None:
+                client = _connection_factory().connect(resolved)
+                _clients[resolved] = client
+    return client
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a redis-py cluster client, whose multi-key scripts need one hash slot."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def hash_slot(redis_key: str) -> int:
+    from redis.crc import key_slot
+
+    return int(key_slot(redis_key.encode()))
+
+
+# --------------------------------------------------------------------------------------------
+# Key names
+# --------------------------------------------------------------------------------------------
+
+# A brace inside the user key would move the hash tag; percent-encoding them (and "%" itself,
+# so the mapping stays reversible) keeps every key of one user key in one slot.
+_BRACE_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
+_BRACE_UNESCAPE = re.compile(r"%(25|7B|7D)")
+
+
+def encode_user_key(user_key: str) -> str:
+    if not isinstance(user_key, str) or not user_key:
+        raise ValueError(f"a coordination key must be a non-empty string, got {user_key!r}")
+    if not any(ch in user_key for ch in _BRACE_ESCAPES):
+        return user_key
+    return "".join(_BRACE_ESCAPES.get(ch, ch) for ch in user_key)
+
+
+def decode_user_key(encoded: str) -> str:
+    return _BRACE_UNESCAPE.sub(lambda m: {"25": "%", "7B": "{", "7D": "}"}[m.group(1)], encoded)
+
+
+def current_prefix(prefix: str | None = None) -> str:
+    """The key prefix: the explicit one, else ``REACTOR_KEY_PREFIX`` (read on every call)."""
+    return prefix if prefix is not None else reactor_settings.KEY_PREFIX
+
+
+def key(primitive: str, user_key: str, *parts: str, prefix: str | None = None) -> str:
+    """``{prefix}:{primitive}:{<user_key>}[:part...]`` — the one place key names are built."""
+    return _key(current_prefix(prefix), primitive, user_key, parts)
+
+
+@lru_cache(maxsize=8192)
+def _key(prefix: str, primitive: str, user_key: str, parts: tuple[str, ...]) -> str:
+    # cached: every admission builds several names for the same few hot keys
+    name = f"{prefix}:{primitive}:{{{encode_user_key(user_key)}}}"
+    return ":".join((name, *parts)) if parts else name
+
+
+def split_key(redis_key: str, primitive: str, prefix: str | None = None) -> str | None:
+    """The user key of a base key ``{prefix}:{primitive}:{<user_key>}``; None for other keys."""
+    head = f"{current_prefix(prefix)}:{primitive}:{{"
+    if not (redis_key.startswith(head) and redis_key.endswith("}")):
+        return None
+    encoded = redis_key[len(head) : -1]
+    if "{" in encoded or "}" in encoded:  # a sub-key such as "...}:fence" never ends with "}"
+        return None
+    return decode_user_key(encoded)
+
+
+def glob_escape(text: str) -> str:
+    """Escape Redis glob metacharacters so a prefix matches itself only in SCAN MATCH."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+@lru_cache(maxsize=1024)
+def holder_json(holder: claim_types.Holder) -> str:
+    """A holder as the scripts' ``holder json`` argument (attribution of every hold)."""
+    fields = {
+        "owner": holder.owner,
+        "execution": holder.execution_id,
+        "step": holder.step,
+        "reactor": holder.reactor,
+    }
+    return json.dumps({k: v for k, v in fields.items() if v is not None})
+
+
+# --------------------------------------------------------------------------------------------
+# Status codes: the one table
+# --------------------------------------------------------------------------------------------
+
+
+class Status(IntEnum):
+    """Status codes answered by the Lua scripts (first element of every reply)."""
+
+    OK = 0
+    LOCKED = 1
+    SEMAPHORE_FULL = 2
+    RATE_LIMITED = 3
+    PERIOD_MARKED = 4
+    ORDERED_WAIT = 5
+    ORDERED_STALE = 6
+    CHAIN_FAILED = 7
+    LOST = 8
+    NOT_FOUND = 9
+
+
+@dataclass(frozen=True)
+class StatusMeaning:
+    """What a status code means to Python: the result type built and the error it maps to."""
+
+    name: str
+    result: type | None
+    error: type[CoordinationError] | None
+
+
+STATUSES: dict[Status, StatusMeaning] = {
+    Status.OK: StatusMeaning("ok", claim_types.Admitted, None),
+    Status.LOCKED: StatusMeaning("locked", claim_types.Refused, LockAcquisitionError),
+    Status.SEMAPHORE_FULL: StatusMeaning(
+        "semaphore_full", claim_types.Refused, SemaphoreAcquisitionError
+    ),
+    Status.RATE_LIMITED: StatusMeaning("rate_limited", claim_types.Refused, RateLimitExceeded),
+    Status.PERIOD_MARKED: StatusMeaning("period_marked", claim_types.PeriodHit, None),
+    Status.ORDERED_WAIT: StatusMeaning("ordered_wait", claim_types.Refused, OrderedLockWaitError),
+    # a position from before a reset, or one already passed over: the caller must re-assign
+    Status.ORDERED_STALE: StatusMeaning("ordered_stale", claim_types.Refused, OrderedLockWaitError),
+    Status.CHAIN_FAILED: StatusMeaning("chain_failed", claim_types.ChainFailed, None),
+    Status.LOST: StatusMeaning("lost", None, LeaseLost),
+    Status.NOT_FOUND: StatusMeaning("not_found", None, None),
+}
+
+
+@dataclass(frozen=True)
+class ScriptReply:
+    """A decoded script answer: its status and its JSON payload."""
+
+    status: Status
+    data: dict[str, Any]
+
+    @property
+    def meaning(self) -> StatusMeaning:
+        return STATUSES[self.status]
+
+
+# --------------------------------------------------------------------------------------------
+# Scripts
+# --------------------------------------------------------------------------------------------
+
+LUA_PACKAGE = "reactor_app.coordination"
+LUA_FOLDER = "lua"
+_INCLUDE = re.compile(r"^-- @include (\S+\.lua)\s*$", re.MULTILINE)
+
+
+def _lua_folder() -> Any:
+    return resources.files(LUA_PACKAGE).joinpath(LUA_FOLDER)
+
+
+@cache
+def script_sources() -> dict[str, str]:
+    """``{operation: source}`` for every ``lua/<operation>.lua`` of the installed package.
+
+    Files starting with ``_`` are shared fragments, spliced into operations by a
+    ``-- @include _name.lua`` line, not operations themselves.
+    """
+    folder = _lua_folder()
+    fragments: dict[str, str] = {}
+    operations: dict[str, str] = {}
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".lua"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        if entry.name.startswith("_"):
+            fragments[entry.name] = text
+        else:
+            operations[entry.name[: -len(".lua")]] = text
+
+    def splice(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in fragments:
+            raise RuntimeError(f"lua include {name!r} not found in {LUA_PACKAGE}/{LUA_FOLDER}")
+        return fragments[name]
+
+    return {name: _INCLUDE.sub(splice, text) for name, text in sorted(operations.items())}
+
+
+class Scripts:
+    """Every operation script registered on one client; ``run`` calls one and decodes it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._scripts = {
+            name: client.register_script(source) for name, source in script_sources().items()
+        }
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._scripts)
+
+    def run(
+        self,
+        operation: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+        *,
+        key: str | None = None,
+        primitive: str | None = None,
+    ) -> ScriptReply:
+        """Run ``operation``; a connection failure becomes ``CoordinationUnavailable``."""
+        with unavailable_on_connection_error(key=key, primitive=primitive):
+            raw = self._scripts[operation](keys=list(keys), args=list(args))
+        status, payload = raw
+        data = json.loads(payload) if payload else {}
+        return ScriptReply(Status(int(status)), _lists(data))
+
+
+def _lists(value: Any) -> Any:
+    """cjson encodes an empty Lua table as ``{}``; every payload field we read as a list."""
+    if isinstance(value, dict):
+        return {k: ([] if v == {} else _lists(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_lists(v) for v in value]
+    return value
+
+
+_scripts_by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
+
+
+def scripts_for(client: Any) -> Scripts:
+    """The (cached) script registry of ``client``."""
+    scripts = _scripts_by_client.get(client)
+    if scripts is None:
+        scripts = Scripts(client)
+        _scripts_by_client[client] = scripts
+    return scripts
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+#: what "Redis is unreachable" looks like from redis-py (a missing unix socket is an OSError
+#: wrapped in ConnectionError; a bare OSError can escape while a socket is being set up)
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    redis_py.exceptions.ConnectionError,
+    redis_py.exceptions.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+
+
+@contextmanager
+def unavailable_on_connection_error(
+    *, key: str | None = None, primitive: str | None = None
+) -> Iterator[None]:
+    """Translate connection failures into ``CoordinationUnavailable`` (with the cause)."""
+    try:
+        yield
+    except UNAVAILABLE_ERRORS as exc:
+        raise CoordinationUnavailable(
+            f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
+            "the protected work did not run",
+            key=key,
+            primitive=primitive,
+            cause=exc,
+        ) from exc
+
+
+def redis_time_ms(client: Any) -> int:
+    """The Redis server's clock in epoch milliseconds (never the Python clock)."""
+    with unavailable_on_connection_error():
+        seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

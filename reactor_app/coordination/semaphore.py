@@ -1,0 +1,139 @@
+"""Counting semaphore: at most ``limit`` owners per key, each on an expiring lease (§2.6).
+
+Key layout (``K`` = the user key, inside the hash tag):
+
+* ``{prefix}:semaphore:{K}`` — zset ``owner -> lease expiry (epoch ms)``. Every admission first
+  purges expired leases, so a crashed holder's slot returns when its lease lapses.
+* ``{prefix}:semaphore:{K}:holders`` — hash ``owner -> json {count, step, execution, reactor,
+  acquired_at ms}`` (attribution and the re-entrant nesting count).
+* ``{prefix}:waiters:{K}:semaphore`` — zset of parked waiter ids (score: registration ms).
+
+``limit`` is not stored: it travels with every admission, so a changed limit applies to the
+very next one. An owner holds one slot however deeply it nests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from reactor_app.coordination.claims import Hold, SemaphoreClaim
+from reactor_app.coordination.lock import seconds_to_ms
+from reactor_app.coordination.redis import get_client, key, unavailable_on_connection_error
+
+PRIMITIVE = "semaphore"
+
+
+def leases_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, prefix=prefix)
+
+
+def holders_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, "holders", prefix=prefix)
+
+
+def waiters_key(user_key: str, prefix: str | None = None) -> str:
+    return key("waiters", user_key, PRIMITIVE, prefix=prefix)
+
+
+# -- script argument encoding ----------------------------------------------------------------
+
+
+def admit_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
+    return [
+        leases_key(claim.key, prefix),
+        holders_key(claim.key, prefix),
+        waiters_key(claim.key, prefix),
+    ]
+
+
+def admit_spec(claim: SemaphoreClaim) -> dict[str, Any]:
+    if claim.limit < 1:
+        raise ValueError(f"semaphore limit must be at least 1, got {claim.limit!r}")
+    return {"limit": int(claim.limit), "ttl_ms": seconds_to_ms(claim.ttl)}
+
+
+release_keys = admit_keys
+
+
+def release_spec(hold: Hold) -> dict[str, Any]:
+    return {}
+
+
+def extend_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
+    return [leases_key(claim.key, prefix), holders_key(claim.key, prefix)]
+
+
+def extend_spec(hold: Hold, owner: str) -> dict[str, Any]:
+    assert isinstance(hold.claim, SemaphoreClaim)
+    return {"owner": owner, "ttl_ms": seconds_to_ms(hold.claim.ttl)}
+
+
+def wake_channel(claim: SemaphoreClaim, prefix: str) -> str:
+    """Release PUBLISHes on the leases key's name when a slot is freed."""
+    return leases_key(claim.key, prefix)
+
+
+def claim_waiters_key(claim: SemaphoreClaim, prefix: str) -> str:
+    return waiters_key(claim.key, prefix)
+
+
+# -- state --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SemaphoreHolder:
+    owner: str
+    count: int
+    step: str | None
+    execution: str | None
+    reactor: str | None
+    acquired_at: float | None  # epoch seconds
+    ttl: float  # seconds left on the lease
+
+
+@dataclass(frozen=True)
+class SemaphoreState:
+    """A snapshot of one semaphore; ``available`` is None when no limit was given."""
+
+    key: str
+    limit: int | None
+    held: int
+    available: int | None
+    holders: list[SemaphoreHolder] = field(default_factory=list)
+
+
+def semaphore_state(
+    user_key: str, limit: int | None = None, *, client: Any = None, prefix: str | None = None
+) -> SemaphoreState:
+    """Read one semaphore; leases already expired (but not yet purged) are not counted."""
+    client = client or get_client()
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        pipe = client.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(leases_key(user_key, prefix), 0, -1, withscores=True)
+        pipe.hgetall(holders_key(user_key, prefix))
+        (seconds, micros), leases, infos = pipe.execute()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    holders = []
+    for owner, expiry_ms in leases:
+        if expiry_ms <= now_ms:
+            continue
+        info = json.loads(infos.get(owner) or "{}")
+        holders.append(
+            SemaphoreHolder(
+                owner=owner,
+                count=int(info.get("count", 1)),
+                step=info.get("step") or None,
+                execution=info.get("execution") or None,
+                reactor=info.get("reactor") or None,
+                acquired_at=info["acquired_at"] / 1000 if info.get("acquired_at") else None,
+                ttl=(expiry_ms - now_ms) / 1000,
+            )
+        )
+    held = len(holders)
+    available = max(limit - held, 0) if limit is not None else None
+    return SemaphoreState(
+        key=user_key, limit=limit, held=held, available=available, holders=holders
+    )

@@ -1,0 +1,66 @@
+"""Shared harness for concurrency tests: fork worker processes, record and compare intervals.
+
+Intervals are ``(label, start_ns, end_ns)`` taken with ``time.time_ns()`` on one machine, so
+they are comparable across processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Interval = tuple[str, int, int]
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def overlaps(intervals: Iterable[Interval]) -> list[tuple[Interval, Interval]]:
+    """Every pair of intervals that overlap in time (touching ends do not count)."""
+    ordered = sorted(intervals, key=lambda i: i[1])
+    found = []
+    for index, current in enumerate(ordered):
+        for other in ordered[index + 1 :]:
+            if other[1] >= current[2]:
+                break
+            found.append((current, other))
+    return found
+
+
+def max_concurrency(intervals: Iterable[Interval]) -> int:
+    points = []
+    for _, start, end in intervals:
+        points.append((start, 1))
+        points.append((end, -1))
+    # At equal times, exits first: touching intervals are not concurrent.
+    points.sort(key=lambda p: (p[0], p[1]))
+    level = peak = 0
+    for _, delta in points:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def _child(target: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    # Forked children must not share the parent's database connection.
+    from django.db import connections
+
+    connections.close_all()
+    try:
+        return target(*args)
+    finally:
+        connections.close_all()
+
+
+def run_in_processes(target: Callable[..., Any], arg_list: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``target(*args)`` in one forked process per entry; return their return values."""
+    from django.db import connections
+
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
+    with context.Pool(len(arg_list)) as pool:
+        results = [pool.apply_async(_child, (target, args)) for args in arg_list]
+        return [r.get(timeout=300) for r in results]

@@ -1,0 +1,543 @@
+"""Concurrency claims of the coordination primitives, at the Coordinator level.
+
+Real Redis, real parallelism: forked processes (and a few threads), each recording when it
+entered and left the protected section with ``time.monotonic_ns()`` (one system-wide clock on
+Linux, so intervals from different processes compare). Overlaps are detected from those
+records; rate-limit admissions are checked on the Redis ``TIME`` the admission itself returned.
+No fakes, no mocked clocks. No Django database is used.
+
+Redis is ``REACTOR_TEST_REDIS_URL`` if set, else the configured coordination Redis. Each test
+uses its own key prefix and deletes only its keys.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from reactor_app.coordination import embedded, rate_limit, state
+from reactor_app.coordination.admission import Coordinator, TrackedHold
+from reactor_app.coordination.claims import (
+    Admitted,
+    Claim,
+    Holder,
+    LockClaim,
+    OrderedLockClaim,
+    OrderedPosition,
+    PeriodClaim,
+    PeriodHit,
+    RateLimitClaim,
+    RateWindow,
+    Refused,
+    SemaphoreClaim,
+)
+from reactor_app.coordination.redis import get_client, redis_url
+from reactor_app.coordination.renewal import Renewal
+
+FORK = multiprocessing.get_context("fork")
+
+Interval = tuple[int, int]  # (entered ns, left ns), time.monotonic_ns()
+
+
+# -- harness ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def url() -> str:
+    return os.environ.get("REACTOR_TEST_REDIS_URL") or redis_url()
+
+
+@pytest.fixture
+def prefix(url: str) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    with override_settings(REACTOR_KEY_PREFIX=name):  # for the state readers
+        yield name
+    client = get_client(url)
+    doomed = list(client.scan_iter(match=f"{name}:*", count=1000))
+    if doomed:
+        client.delete(*doomed)
+
+
+@pytest.fixture
+def coordinator(url: str, prefix: str) -> Coordinator:
+    return Coordinator(client=get_client(url), prefix=prefix)
+
+
+def child_coordinator(url: str, prefix: str) -> Coordinator:
+    # after fork the client cache is empty (os.register_at_fork): a pool of the child's own
+    return Coordinator(client=get_client(url), prefix=prefix)
+
+
+def run_processes(target: Callable[..., Any], arg_list: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """``target(*args)`` in one forked process per entry; their return values, in order."""
+    results = FORK.Queue()
+
+    def child(index: int, args: tuple[Any, ...]) -> None:
+        try:
+            results.put((index, True, target(*args)))
+        except BaseException:
+            results.put((index, False, traceback.format_exc()))
+
+    processes = [FORK.Process(target=child, args=(i, a)) for i, a in enumerate(arg_list)]
+    for process in processes:
+        process.start()
+    collected: dict[int, Any] = {}
+    try:
+        for _ in processes:
+            index, ok, value = results.get(timeout=60)
+            assert ok, f"child {index} failed:\n{value}"
+            collected[index] = value
+    finally:
+        for process in processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+    return [collected[i] for i in range(len(processes))]
+
+
+def overlapping(intervals: Sequence[Interval]) -> list[tuple[Interval, Interval]]:
+    ordered = sorted(intervals)
+    return [(a, b) for a, b in itertools.pairwise(ordered) if b[0] < a[1]]
+
+
+def peak_concurrency(intervals: Sequence[Interval]) -> int:
+    # at equal instants a departure counts before an arrival: touching is not overlapping
+    events = sorted([(t0, 1) for t0, _ in intervals] + [(t1, -1) for _, t1 in intervals])
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def redis_micros(hold: Any) -> int:
+    """Admission time of a hold, from Redis ``TIME`` (``"seconds.micros"``), in µs."""
+    assert isinstance(hold, TrackedHold)
+    seconds, micros = hold.detail["time"].split(".")
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def holder(name: str) -> Holder:
+    return Holder(owner=name, execution_id=f"exec-{name}", step="work", reactor="tests.Primitives")
+
+
+# -- lock -----------------------------------------------------------------------------------
+
+
+def lock_rounds(
+    url: str, prefix: str, worker: int, rounds: int, user_key: str, body_seconds: float
+) -> list[tuple[int, int, int]]:
+    coordinator = child_coordinator(url, prefix)
+    records = []
+    for round_ in range(rounds):
+        admitted = coordinator.admit_waiting(
+            [LockClaim(user_key, ttl=10)], holder(f"w{worker}-{round_}"), 30
+        )
+        assert isinstance(admitted, Admitted), admitted
+        entered = time.monotonic_ns()
+        time.sleep(body_seconds)
+        left = time.monotonic_ns()
+        coordinator.release(admitted, "success")
+        records.append((entered, left, admitted.holds[0].token or 0))
+    return records
+
+
+def test_lock_excludes_across_processes_and_fencing_tokens_increase(url: str, prefix: str) -> None:
+    workers, rounds = 4, 25
+    results = run_processes(
+        lock_rounds, [(url, prefix, w, rounds, "shared", 0.002) for w in range(workers)]
+    )
+    records = sorted(r for worker in results for r in worker)
+    assert len(records) == workers * rounds
+    assert overlapping([(entered, left) for entered, left, _ in records]) == []
+    tokens = [token for _, _, token in records]
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+    assert tokens[-1] - tokens[0] == len(tokens) - 1  # one fresh acquisition each
+
+
+def test_locks_on_different_keys_overlap(url: str, prefix: str) -> None:
+    results = run_processes(lock_rounds, [(url, prefix, w, 1, f"key-{w}", 0.4) for w in range(2)])
+    (first,), (second,) = results
+    assert overlapping([first[:2], second[:2]]) != []
+
+
+def long_holder(url: str, prefix: str, ttl: float, body: float, ready: Any) -> dict[str, Any]:
+    coordinator = child_coordinator(url, prefix)
+    admitted = coordinator.admit([LockClaim("long", ttl=ttl)], holder("long"))
+    assert isinstance(admitted, Admitted)
+    with Renewal(admitted, coordinator=coordinator) as renewal:
+        entered = time.monotonic_ns()
+        ready.set()
+        time.sleep(body)
+        left = time.monotonic_ns()
+    coordinator.release(admitted, "success")
+    return {
+        "interval": (entered, left),
+        "renewals": renewal.renewals,
+        "lost": renewal.lost is not None,
+    }
+
+
+def test_a_body_three_times_the_ttl_stays_exclusive_with_renewal(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    ttl, body = 0.5, 1.5
+    ready = FORK.Event()
+    outcome: dict[str, Any] = {}
+    runner = threading.Thread(
+        target=lambda: outcome.update(
+            run_processes(long_holder, [(url, prefix, ttl, body, ready)])[0]
+        )
+    )
+    runner.start()
+    assert ready.wait(10)
+    contender = coordinator.admit_waiting([LockClaim("long", ttl=ttl)], holder("contender"), 5)
+    entered = time.monotonic_ns()
+    assert isinstance(contender, Admitted)
+    coordinator.release(contender, "success")
+    runner.join(10)
+    assert outcome["lost"] is False and outcome["renewals"] >= 3
+    holder_left = outcome["interval"][1]
+    assert entered >= holder_left  # the contender got in only after the long body ended
+
+
+def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:
+    coordinator = child_coordinator(url, prefix)
+    admitted = coordinator.admit(claims, holder(f"doomed-{os.getpid()}"))
+    assert isinstance(admitted, Admitted)
+    Renewal(admitted, coordinator=coordinator).start()  # killed with the process
+    ready.set()
+    time.sleep(60)
+
+
+def kill_holder(url: str, prefix: str, claims: list[Claim]) -> float:
+    """Start a process holding ``claims``, SIGKILL it; return the monotonic time of the kill."""
+    ready = FORK.Event()
+    process = FORK.Process(target=hold_then_sleep, args=(url, prefix, claims, ready))
+    process.start()
+    assert ready.wait(10)
+    os.kill(process.pid or 0, signal.SIGKILL)
+    killed_at = time.monotonic()
+    process.join(5)
+    assert process.exitcode == -signal.SIGKILL
+    return killed_at
+
+
+def test_a_killed_lock_holder_frees_the_key_when_its_ttl_lapses(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    ttl = 1.0
+    killed_at = kill_holder(url, prefix, [LockClaim("crash", ttl=ttl)])
+    assert state.lock_state("crash", client=coordinator.client).held
+    admitted = coordinator.admit_waiting([LockClaim("crash")], holder("next"), 5)
+    waited = time.monotonic() - killed_at
+    assert isinstance(admitted, Admitted)
+    # renewed every ttl/3 until the kill, so between 2/3 and all of a TTL was left
+    assert 0.4 < waited < ttl + 0.5, waited
+    coordinator.release(admitted, "success")
+
+
+def test_admit_waiting_is_woken_by_the_release(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    claim = LockClaim("wake", ttl=30)
+    held = coordinator.admit([claim], holder("first"))
+    assert isinstance(held, Admitted)
+    entered: dict[str, Any] = {}
+
+    def waiter() -> None:
+        result = coordinator.admit_waiting([claim], holder("second"), 10)
+        entered["at"] = time.monotonic()
+        entered["result"] = result
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)  # the waiter is refused (retry_after ≈ 30 s) and sleeps on pub/sub
+    released_at = time.monotonic()
+    coordinator.release(held, "success")
+    thread.join(10)
+    assert isinstance(entered["result"], Admitted)
+    latency = entered["at"] - released_at
+    print(f"woken {latency * 1000:.2f} ms after the release")
+    assert latency < 0.25, latency  # far below the 30 s lease and the 10 s wait
+    coordinator.release(entered["result"], "success")
+
+
+# -- semaphore --------------------------------------------------------------------------------
+
+
+def semaphore_rounds(url: str, prefix: str, worker: int, rounds: int, limit: int) -> list[Interval]:
+    coordinator = child_coordinator(url, prefix)
+    records = []
+    for round_ in range(rounds):
+        admitted = coordinator.admit_waiting(
+            [SemaphoreClaim("pool", limit=limit, ttl=10)], holder(f"w{worker}-{round_}"), 30
+        )
+        assert isinstance(admitted, Admitted), admitted
+        entered = time.monotonic_ns()
+        time.sleep(0.02)
+        left = time.monotonic_ns()
+        coordinator.release(admitted, "success")
+        records.append((entered, left))
+    return records
+
+
+def test_semaphore_concurrency_reaches_but_never_exceeds_the_limit(url: str, prefix: str) -> None:
+    limit = 3
+    results = run_processes(semaphore_rounds, [(url, prefix, w, 8, limit) for w in range(6)])
+    intervals = [interval for worker in results for interval in worker]
+    assert len(intervals) == 48
+    assert peak_concurrency(intervals) == limit
+
+
+def test_a_killed_semaphore_holder_returns_its_slot_after_the_lease(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    lease = 1.0
+    killed_at = kill_holder(url, prefix, [SemaphoreClaim("slots", limit=1, ttl=lease)])
+    claim = SemaphoreClaim("slots", limit=1, ttl=lease)
+    assert isinstance(coordinator.admit([claim], holder("next")), Refused)
+    admitted = coordinator.admit_waiting([claim], holder("next"), 5)
+    waited = time.monotonic() - killed_at
+    assert isinstance(admitted, Admitted)
+    assert 0.4 < waited < lease + 0.5, waited
+
+
+def test_a_semaphore_limit_change_applies_at_once(coordinator: Coordinator) -> None:
+    first = coordinator.admit([SemaphoreClaim("elastic", limit=1)], holder("a"))
+    assert isinstance(first, Admitted)
+    assert isinstance(coordinator.admit([SemaphoreClaim("elastic", limit=1)], holder("b")), Refused)
+    second = coordinator.admit([SemaphoreClaim("elastic", limit=2)], holder("b"))
+    assert isinstance(second, Admitted)
+    # and lowered: two are inside, so a limit of 2 (or 1) refuses a third at once
+    for limit in (2, 1):
+        refused = coordinator.admit([SemaphoreClaim("elastic", limit=limit)], holder("c"))
+        assert isinstance(refused, Refused) and refused.detail["held"] == 2
+
+
+# -- rate limit -------------------------------------------------------------------------------
+
+
+def rate_burst(
+    url: str, prefix: str, worker: int, windows: tuple[RateWindow, ...], seconds: float
+) -> list[int]:
+    """Take the rate limit as fast as it allows for ``seconds``; admission times in Redis µs."""
+    coordinator = child_coordinator(url, prefix)
+    claim = RateLimitClaim("burst", windows)
+    admitted_at = []
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        result = coordinator.admit_waiting([claim], holder(f"w{worker}"), stop - time.monotonic())
+        if isinstance(result, Admitted):
+            admitted_at.append(redis_micros(result.holds[0]))
+    return admitted_at
+
+
+def assert_no_window_exceeds(times_us: list[int], window: RateWindow) -> None:
+    """In sorted admissions, any ``limit + 1`` of them span at least the window."""
+    ordered = sorted(times_us)
+    window_us = round(window.seconds * 1_000_000)
+    for first, last in zip(ordered, ordered[window.limit :], strict=False):
+        assert last - first >= window_us, (window, first, last)
+
+
+def test_no_sliding_window_ever_admits_more_than_the_limit(url: str, prefix: str) -> None:
+    window = RateWindow(seconds=0.25, limit=5, label="0.25")
+    results = run_processes(rate_burst, [(url, prefix, w, (window,), 1.5) for w in range(4)])
+    admissions = [t for worker in results for t in worker]
+    assert_no_window_exceeds(admissions, window)
+    # and the limit is actually used, not starved: about 5 per 0.25 s over 1.5 s
+    assert len(admissions) >= 25, len(admissions)
+
+
+def test_two_windows_are_checked_and_charged_together(url: str, prefix: str) -> None:
+    windows = rate_limit.windows_from(limits={0.2: 3, 1: 5})
+    results = run_processes(rate_burst, [(url, prefix, w, windows, 1.6) for w in range(3)])
+    admissions = [t for worker in results for t in worker]
+    for window in windows:
+        assert_no_window_exceeds(admissions, window)
+    # the 1 s window is the binding one: 5 in the first second, more after it slides
+    assert 6 <= len(admissions) <= 10, len(admissions)
+
+
+def test_rate_limit_retry_after_is_exact_to_the_window_edge(coordinator: Coordinator) -> None:
+    window = RateWindow(seconds=1.0, limit=3, label="second")
+    claim = RateLimitClaim("exact", (window,))
+    firsts = []
+    for n in range(3):
+        admitted = coordinator.admit([claim], holder(f"h{n}"))
+        assert isinstance(admitted, Admitted)
+        firsts.append(redis_micros(admitted.holds[0]))
+        time.sleep(0.05)
+    refused = coordinator.admit([claim], holder("late"))
+    assert isinstance(refused, Refused) and refused.retry_after is not None
+    seconds, micros = refused.detail["time"].split(".")
+    refused_at = int(seconds) * 1_000_000 + int(micros)
+    expected = (firsts[0] + 1_000_000 - refused_at) / 1_000_000
+    assert abs(refused.retry_after - expected) < 0.002, (refused.retry_after, expected)
+
+    time.sleep(max(refused.retry_after - 0.05, 0))
+    assert isinstance(coordinator.admit([claim], holder("early")), Refused)  # edge not reached
+    time.sleep(0.06)
+    assert isinstance(coordinator.admit([claim], holder("on-time")), Admitted)
+
+
+# -- period -------------------------------------------------------------------------------------
+
+
+def period_racer(url: str, prefix: str, worker: int) -> str:
+    coordinator = child_coordinator(url, prefix)
+    claims: list[Claim] = [PeriodClaim("nightly", "day"), LockClaim("nightly", ttl=10)]
+    result = coordinator.admit_waiting(claims, holder(f"w{worker}"), 20)
+    if isinstance(result, PeriodHit):
+        return "skipped"
+    assert isinstance(result, Admitted), result
+    time.sleep(0.05)
+    coordinator.release(result, "success")
+    return "ran"
+
+
+def test_period_runs_once_per_bucket_among_concurrent_processes(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    outcomes = run_processes(period_racer, [(url, prefix, w) for w in range(5)])
+    assert sorted(outcomes) == ["ran"] + ["skipped"] * 4
+    assert state.period_marked("nightly", "day", client=coordinator.client)
+
+
+# -- ordered lock ------------------------------------------------------------------------------
+
+
+def ordered_turn(
+    url: str, prefix: str, position: OrderedPosition, start_delay: float
+) -> tuple[int, int, int]:
+    coordinator = child_coordinator(url, prefix)
+    time.sleep(start_delay)
+    claim = OrderedLockClaim("line", position, poison_pill_timeout=30)
+    admitted = coordinator.admit_waiting([claim], holder(f"n{position.nonce}"), 30)
+    assert isinstance(admitted, Admitted), admitted
+    entered = time.monotonic_ns()
+    time.sleep(0.01)
+    left = time.monotonic_ns()
+    coordinator.release(admitted, "success")
+    return entered, left, position.nonce
+
+
+def test_ordered_lock_passes_concurrent_holders_in_nonce_order(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    positions = [coordinator.assign_position("line", holder(f"n{n}")) for n in range(6)]
+    # started in reverse order, so arrival order at Redis is not the nonce order
+    args = [(url, prefix, p, 0.03 * (5 - i)) for i, p in enumerate(positions)]
+    turns = sorted(run_processes(ordered_turn, args))
+    assert [nonce for _, _, nonce in turns] == [p.nonce for p in positions]
+    assert overlapping([(entered, left) for entered, left, _ in turns]) == []
+
+
+def test_a_dead_ordered_head_is_passed_over_after_the_poison_pill_timeout(
+    url: str, prefix: str, coordinator: Coordinator
+) -> None:
+    timeout = 1.0
+    dead = coordinator.assign_position("dead-line", holder("dead"))
+    alive = coordinator.assign_position("dead-line", holder("alive"))
+    head = OrderedLockClaim("dead-line", dead, poison_pill_timeout=timeout)
+    # the head is admitted and heartbeats from its renewal thread, then is killed mid-run
+    killed_at = kill_holder(url, prefix, [head])
+    claim = OrderedLockClaim("dead-line", alive, poison_pill_timeout=timeout)
+    refused = coordinator.admit([claim], holder("alive"))
+    assert isinstance(refused, Refused) and refused.detail["head"] == dead.nonce
+    admitted = coordinator.admit_waiting([claim], holder("alive"), 5)
+    waited = time.monotonic() - killed_at
+    assert isinstance(admitted, Admitted)
+    # last heartbeat was at most timeout/3 before the kill
+    assert 0.5 < waited < timeout + 0.5, waited
+    line = state.ordered_state("dead-line", client=coordinator.client)
+    assert (line.last_completed, line.in_flight) == (1, alive.nonce)
+
+
+# -- one round trip -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_redis() -> Iterator[Any]:
+    """A Redis server of this test alone, so INFO commandstats counts only our commands.
+    (Under /tmp: a unix socket path must stay short.)"""
+    folder = Path(tempfile.mkdtemp(prefix="reactor-stats-", dir="/tmp"))
+    embedded.ensure_server(folder)
+    try:
+        yield get_client(embedded.url(folder))
+    finally:
+        embedded.stop_server(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def command_calls(client: Any) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name: int(values["calls"]) for name, values in stats.items()}
+
+
+def test_five_primitives_cost_one_script_call_to_admit_and_one_to_release(
+    private_redis: Any,
+) -> None:
+    coordinator = Coordinator(client=private_redis, prefix="stats")
+    position = coordinator.assign_position("acct:1", holder("h"))
+
+    def claims() -> list[Claim]:
+        windows = rate_limit.windows_from(limits={"second": 100, "hour": 1000})
+        return [
+            OrderedLockClaim("acct:1", position),
+            PeriodClaim("acct:1", 3600),
+            LockClaim("acct:1"),
+            SemaphoreClaim("acct:1", limit=2),
+            RateLimitClaim("acct:1", windows),
+        ]
+
+    warm = coordinator.admit(claims(), holder("h"))  # loads the scripts (SCRIPT LOAD once)
+    assert isinstance(warm, Admitted)
+    coordinator.release(warm, "retry")
+
+    # client side: every command redis-py sends goes through execute_command (one round trip)
+    sent: list[str] = []
+    send = private_redis.execute_command
+
+    def counting(*args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]))
+        return send(*args, **options)
+
+    private_redis.execute_command = counting
+    try:
+        before = command_calls(private_redis)
+        sent.clear()
+        admitted = coordinator.admit(claims(), holder("h"))
+        admit_sent = list(sent)
+        after_admit = command_calls(private_redis)
+        sent.clear()
+        assert isinstance(admitted, Admitted) and len(admitted.holds) == 5
+        coordinator.release(admitted, "success")
+        release_sent = list(sent)
+        after_release = command_calls(private_redis)
+    finally:
+        del private_redis.execute_command
+
+    def evalsha(a: dict[str, int], b: dict[str, int]) -> int:
+        return b.get("cmdstat_evalsha", 0) - a.get("cmdstat_evalsha", 0)
+
+    # server side: Redis executed exactly one EVALSHA for each (INFO itself excluded)
+    assert evalsha(before, after_admit) == 1
+    assert evalsha(after_admit, after_release) == 1
+    assert after_release.get("cmdstat_eval", 0) == before.get("cmdstat_eval", 0)
+    assert admit_sent == ["EVALSHA"] and release_sent == ["EVALSHA"]

@@ -1,0 +1,662 @@
+"""Step-scoped coordination (the core feature), with real Redis and real parallelism.
+
+Every scenario runs twice: with class steps and with inline ``@step`` methods.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from reactor_app import (
+    Failure,
+    Reactor,
+    Step,
+    Success,
+    from_input,
+    from_result,
+    step,
+    value,
+    with_lock,
+    with_ordered_lock,
+    with_period,
+    with_rate_limit,
+    with_semaphore,
+)
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Holder, LockClaim, Refused
+from reactor_app.coordination.lock import lock_state
+from reactor_app.exceptions import (
+    CoordinationKeyError,
+    CoordinationUnavailable,
+    LockAcquisitionError,
+    RateLimitExceeded,
+)
+from reactor_app.models import CoordinationEvent, StepRun
+from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FORMS = ["class", "inline"]
+TRACE: list[tuple[str, str, int, int]] = []  # (step, execution, start_ns, end_ns)
+
+
+def account_key(args: dict[str, Any]) -> str:
+    return f"acct:{args['account_id']}"
+
+
+def traced(name: str, args: dict[str, Any], context: Any, seconds: float) -> None:
+    start = now_ns()
+    time.sleep(seconds)
+    TRACE.append((name, context.execution_id, start, now_ns()))
+
+
+def build_payment(
+    form: str,
+    *,
+    lock_options: dict[str, Any] | None = None,
+    body: float = 0.004,
+    edge: float = 0.01,
+    fail_notify: bool = False,
+) -> type[Reactor]:
+    """PaymentReactor: audit -> charge (step-level lock on the account) -> notify."""
+    options = {"ttl": 30, "wait": 60, **(lock_options or {})}
+
+    class AuditStep(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            traced("audit", args, context, edge)
+            return Success("audited")
+
+    class NotifyStep(Step):
+        inputs = ("charge", "channel")
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            traced("notify", args, context, edge)
+            if fail_notify:
+                raise RuntimeError("notify failed")
+            return Success("sent")
+
+    if form == "class":
+
+        @with_lock(account_key, **options)
+        class ChargeStep(Step):
+            inputs = ("account_id", "amount")
+
+            def run(self, args: dict[str, Any], context: Any) -> Any:
+                traced("charge", args, context, body)
+                return Success({"charged": args["amount"], "token": context.fencing_token()})
+
+            def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
+                traced("charge.undo", args, context, body)
+
+        class PaymentReactor(Reactor):
+            inputs = ("account_id", "amount")
+            audit = step(AuditStep, account_id=from_input("account_id"))
+            charge = step(
+                ChargeStep, account_id=from_input("account_id"), amount=from_input("amount")
+            )
+            notify = step(NotifyStep, charge=from_result("charge"), channel=value("email"))
+
+        PaymentReactor.step_form = ChargeStep  # type: ignore[attr-defined]
+        return PaymentReactor
+
+    class InlinePaymentReactor(Reactor):
+        inputs = ("account_id", "amount")
+        audit = step(AuditStep, account_id=from_input("account_id"))
+
+        @step(account_id=from_input("account_id"), amount=from_input("amount"))
+        @with_lock(account_key, **options)
+        def charge(self, args: dict[str, Any], context: Any) -> Any:
+            traced("charge", args, context, body)
+            return Success({"charged": args["amount"], "token": context.fencing_token()})
+
+        @charge.undo
+        def undo_charge(self, result: Any, args: dict[str, Any], context: Any) -> None:
+            traced("charge.undo", args, context, body)
+
+        notify = step(NotifyStep, charge=from_result("charge"), channel=value("email"))
+
+    return InlinePaymentReactor
+
+
+def _payment_worker(form: str, account: int, runs: int) -> list[tuple[str, str, int, int]]:
+    TRACE.clear()
+    reactor = build_payment(form)
+    for index in range(runs):
+        result = reactor.run(account_id=account, amount=index)
+        assert result.ok, result.error
+    return list(TRACE)
+
+
+def _by_step(trace: list[tuple[str, str, int, int]], name: str) -> list[tuple[str, int, int]]:
+    return [
+        (execution, start, end) for step_name, execution, start, end in trace if step_name == name
+    ]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_sc001_sc002_same_account_charge_never_overlaps(form: str) -> None:
+    traces = run_in_processes(_payment_worker, [(form, 1, 50)] * 4)
+    trace = [entry for chunk in traces for entry in chunk]
+    charges = _by_step(trace, "charge")
+    assert len(charges) == 200
+    assert overlaps(charges) == []  # SC-001
+    # SC-002: the unlocked steps of the same executions did run concurrently.
+    assert max_concurrency(_by_step(trace, "audit")) >= 2
+    assert max_concurrency(_by_step(trace, "notify")) >= 2
+    assert not lock_state("acct:1").held
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_sc002_different_accounts_overlap_everywhere(form: str) -> None:
+    traces = run_in_processes(_payment_worker, [(form, account, 15) for account in (1, 2, 3, 4)])
+    trace = [entry for chunk in traces for entry in chunk]
+    for name in ("audit", "charge", "notify"):
+        assert max_concurrency(_by_step(trace, name)) >= 2, name
+
+
+def _hold_in_thread(
+    reactor: type[Reactor], gate: threading.Event, release: threading.Event, **inputs: Any
+) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        from django.db import connection
+
+        try:
+            box["result"] = reactor.run(**inputs)
+        finally:
+            box["returned_ns"] = now_ns()
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, box
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("ending", ["success", "failure", "exception"])
+def test_sc003_key_is_free_at_once_after_every_outcome(form: str, ending: str) -> None:
+    entered = threading.Event()
+    proceed = threading.Event()
+    stamps: dict[str, int] = {}
+
+    def body(self: Any, args: dict[str, Any], context: Any) -> Any:
+        if args["role"] == "holder":
+            entered.set()
+            proceed.wait(10)
+            stamps["holder_exit"] = now_ns()
+            if ending == "failure":
+                return Failure("declined", retryable=False)
+            if ending == "exception":
+                raise RuntimeError("boom")
+            return Success("ok")
+        stamps["waiter_enter"] = now_ns()
+        return Success("ok")
+
+    decorator = with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=10)
+    if form == "class":
+        step_class = decorator(
+            type("Charge", (Step,), {"run": body, "inputs": ("account_id", "role")})
+        )
+
+        class R(Reactor):
+            inputs = ("account_id", "role")
+            charge = step(step_class, account_id=from_input("account_id"), role=from_input("role"))
+    else:
+
+        class R(Reactor):  # type: ignore[no-redef]
+            inputs = ("account_id", "role")
+            charge = step(account_id=from_input("account_id"), role=from_input("role"))(
+                decorator(body)
+            )
+
+    holder, holder_box = _hold_in_thread(R, entered, proceed, account_id=7, role="holder")
+    assert entered.wait(10)
+    waiter, waiter_box = _hold_in_thread(R, entered, proceed, account_id=7, role="waiter")
+    time.sleep(0.2)
+    assert "waiter_enter" not in stamps  # it is waiting on the held key
+    proceed.set()
+    holder.join(10)
+    waiter.join(10)
+    assert holder_box["result"].ok is (ending == "success")
+    assert waiter_box["result"].ok, waiter_box["result"].error
+    gap_ms = (stamps["waiter_enter"] - stamps["holder_exit"]) / 1e6
+    # The waiter is woken by the release, not by polling: it enters a few ms after the body.
+    assert 0 <= gap_ms < 150, gap_ms
+    assert not lock_state("acct:7").held
+
+
+def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait() -> None:
+    seen: dict[str, Any] = {}
+
+    @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)
+    class Inner(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            state = lock_state("acct:5")
+            seen["count_inside"] = state.count
+            seen["other"] = Coordinator().admit(
+                [LockClaim(key="acct:5", ttl=5)], Holder(owner="someone-else")
+            )
+            return Success("ok")
+
+    @with_lock(lambda inputs: f"acct:{inputs['account_id']}", ttl=30, wait=0)
+    class Outer(Reactor):
+        inputs = ("account_id",)
+        work = step(Inner, account_id=from_input("account_id"))
+
+        @step(after=from_result("work"))
+        def after_step(self, args: dict[str, Any], context: Any) -> Any:
+            seen["count_after_step"] = lock_state("acct:5").count
+            return Success("done")
+
+    result = Outer.run(account_id=5)
+    assert result.ok, result.error  # with wait=0 a self-wait would have failed
+    assert seen["count_inside"] == 2
+    assert isinstance(seen["other"], Refused)
+    assert seen["count_after_step"] == 1  # the step's nested hold is gone, the reactor's stays
+    assert not lock_state("acct:5").held
+
+
+def test_step_call_from_a_step_body_reenters_the_execution_hold() -> None:
+    @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)
+    class Ledger(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(lock_state("acct:9").count)
+
+    @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)
+    class Charge(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            nested = Ledger.call(account_id=args["account_id"], context=context)
+            return Success(nested.value)
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        charge = step(Charge, account_id=from_input("account_id"))
+
+    result = R.run(account_id=9)
+    assert result.ok, result.error
+    assert result.value["charge"] == 2
+    # Without the execution's context, a direct call is its own owner and meets contention.
+    blocker = Coordinator().admit([LockClaim(key="acct:9", ttl=5)], Holder(owner="other"))
+    try:
+        outcome = Ledger.call(account_id=9)
+        assert isinstance(outcome, Failure)
+        assert isinstance(outcome.error, LockAcquisitionError)
+    finally:
+        Coordinator().release(blocker, "success")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
+    reactor = build_payment(form, fail_notify=True)
+    seen: dict[str, Any] = {}
+    original_traced = globals()["traced"]
+
+    def spy(name: str, args: dict[str, Any], context: Any, seconds: float) -> None:
+        if name == "charge.undo":
+            state = lock_state("acct:3")
+            seen["state"] = state
+            seen["intruder"] = Coordinator().admit(
+                [LockClaim(key="acct:3", ttl=5)], Holder(owner="intruder")
+            )
+        original_traced(name, args, context, seconds)
+
+    globals()["traced"] = spy
+    try:
+        result = reactor.run(account_id=3, amount=1)
+    finally:
+        globals()["traced"] = original_traced
+    assert not result.ok
+    state = seen["state"]
+    assert state.held and state.owner == result.execution_id and state.step == "charge"
+    assert isinstance(seen["intruder"], Refused)  # nobody can enter charge during its undo
+    assert not lock_state("acct:3").held
+
+
+def test_sc009_compensation_that_cannot_acquire_is_reported() -> None:
+    @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0, rollback_wait=0.3)
+    class Charge(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success("charged")
+
+        def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
+            raise AssertionError("must not run without the lock")
+
+    intruder: dict[str, Any] = {}
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        charge = step(Charge, account_id=from_input("account_id"))
+
+        @step(after=from_result("charge"))
+        def seize(self, args: dict[str, Any], context: Any) -> Any:
+            intruder["hold"] = Coordinator().admit(
+                [LockClaim(key="acct:4", ttl=30)], Holder(owner="intruder")
+            )
+            raise RuntimeError("later step failed")
+
+    try:
+        result = R.run(account_id=4)
+    finally:
+        Coordinator().release(intruder["hold"], "success")
+    assert not result.ok
+    assert result.rollback_failures == [
+        {
+            "step": "charge",
+            "kind": "undo",
+            "reason": "coordination_unavailable",
+            "key": "acct:4",
+            "primitive": "lock",
+            "error": result.rollback_failures[0]["error"],
+        }
+    ]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("bad", ["none", "empty", "raises"])
+def test_sc011_uncomputable_key_never_runs_the_work(form: str, bad: str) -> None:
+    ran: list[str] = []
+
+    def key(args: dict[str, Any]) -> Any:
+        if bad == "raises":
+            raise KeyError("account_id")
+        return None if bad == "none" else ""
+
+    def body(self: Any, args: dict[str, Any], context: Any) -> Any:
+        ran.append("body")
+        return Success("ok")
+
+    if form == "class":
+        step_class = with_lock(key)(type("K", (Step,), {"run": body}))
+
+        class R(Reactor):
+            charge = step(step_class)
+    else:
+
+        class R(Reactor):  # type: ignore[no-redef]
+            charge = step()(with_lock(key)(body))
+
+    result = R.run()
+    assert ran == []
+    assert isinstance(result.error, CoordinationKeyError)
+    assert result.error.step == "charge"
+    assert "charge" in result.error.message
+    assert (
+        ("KeyError" in result.error.message)
+        if bad == "raises"
+        else ("returned" in result.error.message)
+    )
+
+
+def test_synchronous_contention_fails_names_step_and_undoes_prior_steps() -> None:
+    undone: list[str] = []
+
+    class First(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success("first")
+
+        def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
+            undone.append("first")
+
+    @with_lock(lambda a: f"acct:{a['account_id']}", wait=0.2)
+    class Charge(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            raise AssertionError("must not run")
+
+        def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> None:
+            undone.append("charge-compensated")
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        first = step(First)
+        charge = step(Charge, account_id=from_input("account_id"))
+
+    blocker = Coordinator().admit([LockClaim(key="acct:2", ttl=30)], Holder(owner="other"))
+    try:
+        started = time.monotonic()
+        result = R.run(account_id=2)
+        waited = time.monotonic() - started
+    finally:
+        Coordinator().release(blocker, "success")
+    assert isinstance(result.error, LockAcquisitionError)
+    assert (result.error.reactor, result.error.step, result.error.key, result.error.primitive) == (
+        R.path(),
+        "charge",
+        "acct:2",
+        "lock",
+    )
+    assert "charge" in result.error.message and "acct:2" in result.error.message
+    assert undone == ["first"]  # the contended step is not compensated
+    assert waited >= 0.2
+    failed = CoordinationEvent.objects.filter(kind="acquisition_failed", key="acct:2").get()
+    assert failed.step == "charge"
+
+
+def test_events_carry_primitive_key_and_owning_step() -> None:
+    reactor = build_payment("class")
+    result = reactor.run(account_id=11, amount=1)
+    assert result.ok
+    events = list(CoordinationEvent.objects.filter(key="acct:11").order_by("at", "id"))
+    assert [e.kind for e in events] == ["acquired", "released"]
+    for event in events:
+        assert (event.primitive, event.step, event.owner) == ("lock", "charge", result.execution_id)
+        assert str(event.execution_id) == result.execution_id
+    assert events[0].token == result.value["charge"]["token"]
+
+
+def test_fencing_tokens_strictly_increase_per_fresh_acquisition() -> None:
+    reactor = build_payment("inline")
+    tokens = [reactor.run(account_id=12, amount=i).value["charge"]["token"] for i in range(5)]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 5
+
+
+# -- the other primitives at step level -----------------------------------------------------------
+
+
+def test_semaphore_at_step_level_reaches_but_never_exceeds_limit() -> None:
+    @with_semaphore(lambda a: f"pool:{a['pool']}", limit=2, wait=30)
+    class Work(Step):
+        inputs = ("pool",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            traced("work", args, context, 0.05)
+            return Success("ok")
+
+    class R(Reactor):
+        inputs = ("pool",)
+        work = step(Work, pool=from_input("pool"))
+
+    TRACE.clear()
+    threads = [threading.Thread(target=_run_closing, args=(R, {"pool": "a"})) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    intervals = _by_step(TRACE, "work")
+    assert len(intervals) == 6
+    assert max_concurrency(intervals) == 2
+
+
+def _run_closing(reactor: type[Reactor], inputs: dict[str, Any]) -> None:
+    from django.db import connection
+
+    try:
+        result = reactor.run(**inputs)
+        assert result.ok, result.error
+    finally:
+        connection.close()
+
+
+def test_rate_limit_at_step_level_and_not_applied_to_rollback() -> None:
+    undone: list[int] = []
+
+    @with_rate_limit(lambda a: f"api:{a['tenant']}", limit=3, period="minute")
+    class Call(Step):
+        inputs = ("tenant", "n")
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(args["n"])
+
+        def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
+            undone.append(result)
+
+    class R(Reactor):
+        inputs = ("tenant", "n", "fail")
+        call = step(Call, tenant=from_input("tenant"), n=from_input("n"))
+
+        @step(fail=from_input("fail"), after=from_result("call"))
+        def maybe_fail(self, args: dict[str, Any], context: Any) -> Any:
+            return Failure("later failure", retryable=False) if args["fail"] else Success("ok")
+
+    results = [R.run(tenant="t", n=i, fail=(i == 2)) for i in range(4)]
+    assert [r.ok for r in results] == [True, True, False, False]
+    assert undone == [2]  # the third run's undo ran although the budget was spent
+    refused = results[3].error
+    assert isinstance(refused, RateLimitExceeded)
+    assert refused.step == "call" and refused.key == "api:t"
+    assert 0 < refused.retry_after <= 60
+
+
+def test_period_at_step_level_skips_the_step_and_the_workflow_continues() -> None:
+    ran: list[str] = []
+
+    @with_period(lambda a: f"digest:{a['user']}", every="hour")
+    class Digest(Step):
+        inputs = ("user", "fail")
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            ran.append("digest")
+            return Failure("smtp down", retryable=False) if args["fail"] else Success("sent")
+
+    class R(Reactor):
+        inputs = ("user", "fail")
+        digest = step(Digest, user=from_input("user"), fail=from_input("fail"))
+
+        @step(after=from_result("digest"))
+        def after(self, args: dict[str, Any], context: Any) -> Any:
+            ran.append("after")
+            return Success(args["after"])
+
+    failed = R.run(user="u1", fail=True)
+    assert not failed.ok  # a failed run does not mark the bucket...
+    first = R.run(user="u1", fail=False)  # ...so this one runs
+    second = R.run(user="u1", fail=False)
+    assert first.ok and second.ok
+    assert ran == ["digest", "digest", "after", "after"]
+    assert second.value["after"] is None  # the skipped step's value flowed on
+    skipped = StepRun.objects.get(execution_id=second.execution_id, step="digest")
+    assert (skipped.status, skipped.detail["reason"]) == ("skipped", "period")
+
+
+def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the_line() -> None:
+    entered: list[int] = []
+
+    @with_ordered_lock(lambda a: f"seq:{a['stream']}", poison_pill_timeout=30)
+    class Apply(Step):
+        inputs = ("stream", "n")
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            entered.append(args["n"])
+            time.sleep(0.08)
+            return Failure("bad event", retryable=False) if args["n"] == 3 else Success(args["n"])
+
+    class R(Reactor):
+        inputs = ("stream", "n")
+        apply = step(Apply, stream=from_input("stream"), n=from_input("n"))
+
+    results: dict[int, Any] = {}
+
+    def arrive(n: int) -> None:
+        from django.db import connection
+
+        time.sleep(n * 0.03)  # arrival order = n
+        try:
+            results[n] = R.run(stream="s", n=n)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=arrive, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert entered == [0, 1, 2, 3]  # in position order; after 3 failed, the line stopped
+    assert [results[n].ok for n in range(4)] == [True, True, True, False]
+    for n in (4, 5):
+        assert results[n].ok
+        run = StepRun.objects.get(execution_id=results[n].execution_id, step="apply")
+        assert run.detail["reason"] == "ordered_lock_chain_failed"
+
+
+def test_redis_unreachable_fails_the_step_and_the_work_never_runs(settings: Any) -> None:
+    ran: list[str] = []
+
+    @with_lock(lambda a: "acct:down")
+    class Charge(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            ran.append("body")
+            return Success("ok")
+
+    class R(Reactor):
+        charge = step(Charge)
+
+    settings.REACTOR_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    result = R.run()
+    assert ran == []
+    assert isinstance(result.error, CoordinationUnavailable)
+    assert result.error.step == "charge"
+
+
+def test_a_step_declaring_nothing_takes_no_hold() -> None:
+    class Plain(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(context.fencing_token())
+
+    class R(Reactor):
+        plain = step(Plain)
+
+    assert not Plain.declares_coordination()
+    result = R.run()
+    assert result.value == {"plain": None}
+    assert not CoordinationEvent.objects.exists()
+
+
+def test_introspection_inheritance_and_replacement() -> None:
+    @with_lock(lambda a: "k1", ttl=10)
+    @with_semaphore(lambda a: "s", limit=2)
+    class Base(Step):
+        pass
+
+    @with_lock(lambda a: "k2", ttl=20)
+    class Child(Base):
+        pass
+
+    assert Base.declares_coordination()
+    assert [d.primitive for d in Child.coordination_declarations()] == ["lock", "semaphore"]
+    assert Child.lock_config.ttl == 20 and Base.lock_config.ttl == 10
+    assert Child.semaphore_config.limit == 2
+
+    class R(Reactor):
+        @step()
+        @with_period(lambda a: "p", every="day")
+        def inline(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(None)
+
+    assert R.steps["inline"].period_config.every == "day"
+    assert R.steps["inline"].declares_coordination()

@@ -1,0 +1,579 @@
+"""Unit tests of the coordination layer against a real Redis (no fakes, no mocked clocks).
+
+They need no Django database. Redis is ``REACTOR_TEST_REDIS_URL`` if set, else the configured
+coordination Redis (``REDIS_URL`` / the embedded server). Each test works under its own key
+prefix and deletes only the keys under it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+import reactor_app.coordination
+from reactor_app.coordination import embedded, ordered_lock, period, rate_limit, state
+from reactor_app.coordination.admission import Coordinator, refusal_error
+from reactor_app.coordination.claims import (
+    Admitted,
+    ChainFailed,
+    Holder,
+    LockClaim,
+    OrderedLockClaim,
+    PeriodClaim,
+    PeriodHit,
+    RateLimitClaim,
+    RateWindow,
+    Refused,
+    SemaphoreClaim,
+)
+from reactor_app.coordination.redis import (
+    STATUSES,
+    Status,
+    get_client,
+    hash_slot,
+    key,
+    redis_url,
+    script_sources,
+    scripts_for,
+    split_key,
+)
+from reactor_app.coordination.renewal import Renewal
+from reactor_app.exceptions import (
+    ConfigurationError,
+    CoordinationUnavailable,
+    LeaseLost,
+    LockAcquisitionError,
+    OrderedLockWaitError,
+    RateLimitExceeded,
+    SemaphoreAcquisitionError,
+)
+
+ALICE = Holder(owner="alice", execution_id="exec-a", step="charge", reactor="shop.Payment")
+BOB = Holder(owner="bob", execution_id="exec-b", step="charge", reactor="shop.Payment")
+
+
+@pytest.fixture(scope="module")
+def url() -> str:
+    return os.environ.get("REACTOR_TEST_REDIS_URL") or redis_url()
+
+
+@pytest.fixture
+def prefix(url: str) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    with override_settings(REACTOR_KEY_PREFIX=name):
+        yield name
+    client = get_client(url)
+    doomed = list(client.scan_iter(match=f"{name}:*", count=1000))
+    if doomed:
+        client.delete(*doomed)
+
+
+@pytest.fixture
+def coordinator(url: str, prefix: str) -> Coordinator:
+    return Coordinator(client=get_client(url), prefix=prefix)
+
+
+def one_window(seconds: float, limit: int) -> tuple[RateWindow, ...]:
+    return rate_limit.windows_from(limit=limit, period=seconds)
+
+
+# -- package, keys, status table ------------------------------------------------------------
+
+
+def test_lua_scripts_load_from_the_package_resources() -> None:
+    folder = resources.files("reactor_app.coordination").joinpath("lua")
+    files = {entry.name for entry in folder.iterdir() if entry.name.endswith(".lua")}
+    operations = {name[: -len(".lua")] for name in files if not name.startswith("_")}
+    assert {"admit", "release", "extend", "heartbeat", "ordered_position", "force_release"} <= (
+        operations
+    )
+    sources = script_sources()
+    assert set(sources) == operations
+    for name, source in sources.items():
+        # every operation opens with its contract and has its fragments spliced in
+        assert source.startswith(f"--[[ {name}.lua"), name
+        assert "Returns" in source, name
+        assert not re.search(r"^-- @include", source, re.MULTILINE), name
+        assert "local function redis_now" in source or name == "period_bucket", name
+
+
+def test_lua_files_are_declared_package_data() -> None:
+    import tomllib
+    from pathlib import Path
+
+    project = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    package_data = tomllib.loads(project.read_text())["tool"]["setuptools"]["package-data"]
+    assert "coordination/lua/*.lua" in package_data["reactor_app"]
+
+
+def test_lua_scripts_load_from_a_zipped_package(tmp_path: Path) -> None:
+    """No filesystem paths: the scripts load through importlib.resources even from a zip."""
+    source_root = Path(reactor_app.coordination.__file__).resolve().parents[2]
+    archive = tmp_path / "packaged.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("reactor_app/__init__.py", "")  # the package root without the DSL
+        for name in ("conf.py", "exceptions.py"):
+            bundle.write(source_root / "reactor_app" / name, f"reactor_app/{name}")
+        coordination = source_root / "reactor_app" / "coordination"
+        for path in sorted(coordination.rglob("*")):
+            if path.suffix in (".py", ".lua"):
+                bundle.write(path, str(path.relative_to(source_root)))
+    probe = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]);"
+        "from reactor_app.coordination import redis;"
+        "print(json.dumps([redis.__file__, sorted(redis.script_sources())]))"
+    )
+    site_packages = [p for p in sys.path if p.endswith("site-packages")]
+    completed = subprocess.run(
+        [sys.executable, "-c", probe, str(archive)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(site_packages)},
+    )
+    module_file, operations = json.loads(completed.stdout)
+    assert module_file.startswith(str(archive))
+    assert operations == sorted(script_sources())
+
+
+def test_key_layout_keeps_every_key_of_a_user_key_in_one_hash_slot() -> None:
+    assert key("lock", "acct:1", prefix="p") == "p:lock:{acct:1}"
+    assert key("lock", "acct:1", "fence", prefix="p") == "p:lock:{acct:1}:fence"
+    # braces in a user key would move the hash tag: they are escaped, reversibly
+    braced = key("lock", "a{b}%c", prefix="p")
+    assert braced == "p:lock:{a%7Bb%7D%25c}"
+    assert split_key(braced, "lock", prefix="p") == "a{b}%c"
+    assert split_key("p:lock:{acct:1}:fence", "lock", prefix="p") is None
+
+    from reactor_app.coordination import lock, semaphore
+
+    position = ordered_lock.OrderedPosition(nonce=1, epoch=1)
+    claims: list[Any] = [
+        LockClaim("acct:1"),
+        SemaphoreClaim("acct:1", limit=2),
+        RateLimitClaim("acct:1", one_window(1, 3) + one_window(60, 100)),
+        PeriodClaim("acct:1", "hour"),
+        OrderedLockClaim("acct:1", position),
+    ]
+    modules = {"lock": lock, "semaphore": semaphore, "rate_limit": rate_limit}
+    modules.update({"period": period, "ordered_lock": ordered_lock})
+    names = [name for c in claims for name in modules[c.primitive].admit_keys(c, "p")]
+    assert len({hash_slot(name) for name in names}) == 1
+    assert all("{acct:1}" in name for name in names)
+
+
+def test_status_table_covers_every_code() -> None:
+    assert set(STATUSES) == set(Status)
+    assert STATUSES[Status.LOCKED].error is LockAcquisitionError
+    assert STATUSES[Status.RATE_LIMITED].error is RateLimitExceeded
+    assert STATUSES[Status.LOST].error is LeaseLost
+
+
+# -- lock -----------------------------------------------------------------------------------
+
+
+def test_lock_is_reentrant_counts_nesting_and_frees_at_the_outermost_release(
+    coordinator: Coordinator,
+) -> None:
+    claim = LockClaim("acct:1", ttl=30)
+    outer = coordinator.admit([claim], ALICE)
+    inner = coordinator.admit([LockClaim("acct:1", ttl=5)], ALICE)
+    assert isinstance(outer, Admitted) and isinstance(inner, Admitted)
+    assert outer.holds[0].fresh and not inner.holds[0].fresh
+    assert inner.holds[0].token == outer.holds[0].token
+    snapshot = state.lock_state("acct:1", client=coordinator.client)
+    assert (snapshot.owner, snapshot.count, snapshot.step) == ("alice", 2, "charge")
+    assert snapshot.ttl is not None and snapshot.ttl > 25  # re-entry never shortens the lease
+
+    refused = coordinator.admit([claim], BOB)
+    assert isinstance(refused, Refused)
+    assert refused.blocker is not None and refused.blocker["owner"] == "alice"
+    assert refused.blocker["execution"] == "exec-a" and refused.blocker["step"] == "charge"
+    assert 25 < (refused.retry_after or 0) <= 30
+
+    assert coordinator.release(inner, "success").freed == []
+    assert state.lock_state("acct:1", client=coordinator.client).count == 1
+    assert isinstance(coordinator.admit([claim], BOB), Refused)
+    assert coordinator.release(outer, "success").freed == [("lock", "acct:1")]
+    assert not state.lock_state("acct:1", client=coordinator.client).held
+
+    again = coordinator.admit([claim], BOB)
+    assert isinstance(again, Admitted)
+    assert again.holds[0].token == (outer.holds[0].token or 0) + 1  # fencing survives release
+    coordinator.release(again, "success")
+
+
+def test_release_by_a_non_owner_is_reported_not_applied(coordinator: Coordinator) -> None:
+    held = coordinator.admit([LockClaim("acct:2")], ALICE)
+    assert isinstance(held, Admitted)
+    impostor = Admitted(holds=held.holds, holder=BOB)
+    assert coordinator.release(impostor, "success").not_held == [("lock", "acct:2")]
+    assert state.lock_state("acct:2", client=coordinator.client).held
+    coordinator.release(held, "success")
+
+
+def test_refusal_errors_name_reactor_step_and_key(coordinator: Coordinator) -> None:
+    held = coordinator.admit([LockClaim("acct:3", ttl=20)], ALICE)
+    refused = coordinator.admit([LockClaim("acct:3")], BOB)
+    assert isinstance(held, Admitted) and isinstance(refused, Refused)
+    error = refusal_error(refused, "shop.Payment", "charge")
+    assert isinstance(error, LockAcquisitionError)
+    assert (error.reactor, error.step, error.key, error.primitive) == (  # type: ignore[attr-defined]
+        "shop.Payment",
+        "charge",
+        "acct:3",
+        "lock",
+    )
+    assert "shop.Payment" in error.message and "'charge'" in error.message
+    assert "'acct:3'" in error.message and error.retry_after  # type: ignore[attr-defined]
+    coordinator.release(held, "success")
+
+    full = coordinator.admit([SemaphoreClaim("pool", limit=1)], ALICE)
+    refused = coordinator.admit([SemaphoreClaim("pool", limit=1)], BOB)
+    assert isinstance(full, Admitted) and isinstance(refused, Refused)
+    error = refusal_error(refused, "R", "s")
+    assert isinstance(error, SemaphoreAcquisitionError) and error.limit == 1  # type: ignore[attr-defined]
+
+    claim = RateLimitClaim("api", one_window(60, 1))
+    assert isinstance(coordinator.admit([claim], ALICE), Admitted)
+    refused = coordinator.admit([claim], BOB)
+    assert isinstance(refused, Refused)
+    error = refusal_error(refused, "R", "s")
+    assert isinstance(error, RateLimitExceeded)
+    assert (error.limit, error.period) == (1, "minute")  # type: ignore[attr-defined]
+
+
+# -- admission is all-or-nothing ------------------------------------------------------------
+
+
+def five_claims(user_key: str, position: ordered_lock.OrderedPosition, limit: int = 1) -> list:
+    return [
+        RateLimitClaim(user_key, one_window(60, 10)),
+        SemaphoreClaim(user_key, limit=limit),
+        LockClaim(user_key, ttl=10),
+        PeriodClaim(user_key, "hour"),
+        OrderedLockClaim(user_key, position, poison_pill_timeout=30),
+    ]
+
+
+@pytest.mark.parametrize("atomic", [None, False], ids=["one-call", "one-by-one"])
+def test_nothing_is_taken_unless_everything_is(
+    coordinator: Coordinator, atomic: bool | None
+) -> None:
+    coordinator = Coordinator(client=coordinator.client, prefix=coordinator.prefix, atomic=atomic)
+    blocker = coordinator.admit([SemaphoreClaim("k", limit=1)], BOB)
+    assert isinstance(blocker, Admitted)
+    position = coordinator.assign_position("k", ALICE)
+    refused = coordinator.admit(five_claims("k", position), ALICE)
+    assert isinstance(refused, Refused) and refused.claim.primitive == "semaphore"
+    client = coordinator.client
+    assert not state.lock_state("k", client=client).held  # the lock was not taken (or given back)
+    assert state.rate_limit_count("k", "minute", client=client) == 0  # nor the rate charged
+    assert state.ordered_state("k", client=client).in_flight is None
+
+    coordinator.release(blocker, "success")
+    admitted = coordinator.admit(five_claims("k", position), ALICE)
+    assert isinstance(admitted, Admitted)
+    assert [h.claim.primitive for h in admitted.holds] == [
+        "ordered_lock",
+        "period",
+        "lock",
+        "semaphore",
+        "rate_limit",
+    ]
+    assert state.rate_limit_count("k", "minute", client=client) == 1
+    released = coordinator.release(admitted, "success")
+    assert set(released.freed) == {("lock", "k"), ("semaphore", "k"), ("ordered_lock", "k")}
+    assert released.marked == [("period", "k")]
+
+
+def test_period_hit_completes_the_ordered_position(coordinator: Coordinator) -> None:
+    done = coordinator.admit([PeriodClaim("daily", "day")], ALICE)
+    assert isinstance(done, Admitted)
+    coordinator.release(done, "success")
+    position = coordinator.assign_position("daily", BOB)
+    claims = [OrderedLockClaim("daily", position), PeriodClaim("daily", "day")]
+    hit = coordinator.admit(claims, BOB)
+    assert isinstance(hit, PeriodHit) and hit.marked_by == "exec-a"
+    # a skipped step is a terminal outcome for its place in line
+    assert state.ordered_state("daily", client=coordinator.client).last_completed == position.nonce
+
+
+# -- period -----------------------------------------------------------------------------------
+
+
+def test_period_marks_only_on_success_with_the_execution(coordinator: Coordinator) -> None:
+    claim = PeriodClaim("report:1", "hour")
+    first = coordinator.admit([claim], ALICE)
+    assert isinstance(first, Admitted)
+    assert coordinator.release(first, "failure").marked == []
+    assert state.period_marked("report:1", "hour", client=coordinator.client) is None
+    second = coordinator.admit([claim], BOB)
+    assert isinstance(second, Admitted)  # a failed run does not use the bucket up
+    coordinator.release(second, "success")
+    assert state.period_marked("report:1", "hour", client=coordinator.client) == "exec-b"
+    hit = coordinator.admit([claim], ALICE)
+    assert isinstance(hit, PeriodHit) and hit.marked_by == "exec-b"
+    # another bucket size is another dedup window
+    assert isinstance(coordinator.admit([PeriodClaim("report:1", 7)], ALICE), Admitted)
+
+
+def test_validate_every() -> None:
+    assert period.validate_every("Hour") == "hour"
+    assert period.validate_every(90) == 90
+    assert period.validate_every(60.0) == 60
+    for bad in ("fortnight", 0, -5, 1.5, True, None, [1]):
+        with pytest.raises(ValueError, match="every"):
+            period.validate_every(bad)
+
+
+MOMENTS = [
+    "1970-01-01T00:00:00",
+    "1999-12-31T23:59:59",
+    "2000-02-29T12:00:00",
+    "2023-01-01T00:00:00",  # a Sunday: ISO week began 2022-12-26
+    "2024-02-29T23:59:59",
+    "2024-03-01T00:00:00",
+    "2024-12-30T08:00:00",  # ISO week 1 of 2025
+    "2100-03-01T00:00:01",
+    "2026-09-10T17:42:13",
+]
+
+
+def test_lua_calendar_buckets_match_python_datetime(coordinator: Coordinator) -> None:
+    for text in MOMENTS:
+        at = datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+        for every in (*period.UNITS, 7, 900):
+            lua = period.current_bucket(every, at=at, client=coordinator.client)
+            assert lua == period.bucket_bounds(every, at), (text, every)
+            assert lua[0] <= at < lua[1]
+    monday = datetime(2023, 1, 1, tzinfo=UTC).timestamp()
+    start, end = period.current_bucket("week", at=monday, client=coordinator.client)
+    assert datetime.fromtimestamp(start, UTC).isoformat() == "2022-12-26T00:00:00+00:00"
+    assert end - start == 7 * 86400
+
+
+# -- rate limit --------------------------------------------------------------------------------
+
+
+def test_parse_period_and_windows() -> None:
+    assert rate_limit.parse_period("minute") == 60.0
+    assert rate_limit.parse_period(2.5) == 2.5
+    with pytest.raises(ValueError, match="fortnight"):
+        rate_limit.parse_period("fortnight")
+    windows = rate_limit.windows_from(limits={"minute": 100, "second": 3})
+    assert [(w.seconds, w.limit, w.label) for w in windows] == [
+        (1.0, 3, "second"),
+        (60.0, 100, "minute"),
+    ]
+    with pytest.raises(ValueError):
+        rate_limit.windows_from(limit=0, period="second")
+
+
+def test_named_limits_resolve_from_settings() -> None:
+    limits = {
+        "stripe": {"limit": 100, "period": "second"},
+        "mail": {"limits": {"second": 3, "minute": 100}, "strategy": "fixed"},
+    }
+    with override_settings(REACTOR_RATE_LIMITS=limits):
+        assert rate_limit.named_windows("stripe") == (RateWindow(1.0, 100, "second"),)
+        assert [w.limit for w in rate_limit.named_windows("mail")] == [3, 100]
+        assert rate_limit.named_claim("mail").strategy == "fixed"
+        with pytest.raises(ConfigurationError, match="unknown named rate limit 'sms'"):
+            rate_limit.named_windows("sms")
+
+
+def test_fixed_window_strategy_counts_and_refuses(coordinator: Coordinator) -> None:
+    claim = RateLimitClaim("bulk", one_window(3600, 2), strategy="fixed")
+    for holder in (ALICE, BOB):
+        assert isinstance(coordinator.admit([claim], holder), Admitted)
+    refused = coordinator.admit([claim], ALICE)
+    assert isinstance(refused, Refused) and refused.claim.primitive == "rate_limit"
+    assert 0 < (refused.retry_after or 0) <= 3600  # until the epoch-aligned hour ends
+    client = coordinator.client
+    assert state.rate_limit_count("bulk", "hour", strategy="fixed", client=client) == 2
+
+
+# -- semaphore ----------------------------------------------------------------------------------
+
+
+def test_semaphore_is_reentrant_one_slot_per_owner(coordinator: Coordinator) -> None:
+    outer = coordinator.admit([SemaphoreClaim("pool", limit=2)], ALICE)
+    inner = coordinator.admit([SemaphoreClaim("pool", limit=2)], ALICE)
+    assert isinstance(outer, Admitted) and isinstance(inner, Admitted)
+    snapshot = state.semaphore_state("pool", 2, client=coordinator.client)
+    assert (snapshot.held, snapshot.available, snapshot.holders[0].count) == (1, 1, 2)
+    coordinator.release(inner, "success")
+    assert state.semaphore_state("pool", client=coordinator.client).held == 1
+    assert coordinator.release(outer, "success").freed == [("semaphore", "pool")]
+    assert state.semaphore_state("pool", client=coordinator.client).held == 0
+
+
+# -- ordered lock ------------------------------------------------------------------------------
+
+
+def test_ordered_lock_strict_chain_fails_after_a_failure_until_reset(
+    coordinator: Coordinator,
+) -> None:
+    positions = [coordinator.assign_position("line", h) for h in (ALICE, BOB, ALICE)]
+    assert [p.nonce for p in positions] == [1, 2, 3]
+    claims = [OrderedLockClaim("line", p, poison_pill_timeout=30) for p in positions]
+
+    assert isinstance(coordinator.admit([claims[1]], BOB), Refused)  # not its turn
+    first = coordinator.admit([claims[0]], ALICE)
+    assert isinstance(first, Admitted)
+    coordinator.release(first, "failure")
+    chain = coordinator.admit([claims[2]], ALICE)  # not even the head: the line is stopped
+    assert isinstance(chain, ChainFailed) and chain.first_failed == 1
+    chain = coordinator.admit([claims[1]], BOB)
+    assert isinstance(chain, ChainFailed)
+    snapshot = state.ordered_state("line", client=coordinator.client)
+    assert (snapshot.last_completed, snapshot.first_failed, snapshot.head) == (3, 1, None)
+
+    epoch = coordinator.reset("line")
+    assert epoch > positions[0].epoch
+    stale = coordinator.admit([claims[1]], BOB)
+    assert isinstance(stale, Refused) and stale.detail["stale"] and stale.detail["stale_epoch"]
+    assert isinstance(refusal_error(stale, "R", "s"), OrderedLockWaitError)
+    fresh = coordinator.assign_position("line", BOB)
+    assert fresh.nonce == 1 and fresh.epoch == epoch
+    assert isinstance(coordinator.admit([OrderedLockClaim("line", fresh)], BOB), Admitted)
+
+
+def test_ordered_lock_retry_keeps_the_position_and_skip_passes_the_head(
+    coordinator: Coordinator,
+) -> None:
+    first, second = (coordinator.assign_position("q", h) for h in (ALICE, BOB))
+    head = coordinator.admit([OrderedLockClaim("q", first)], ALICE)
+    assert isinstance(head, Admitted)
+    coordinator.release(head, "retry")
+    assert state.ordered_state("q", client=coordinator.client).last_completed == 0
+    peeked = coordinator.peek("q")
+    assert peeked is not None and (peeked.nonce, peeked.owner) == (1, "alice")
+    assert coordinator.skip("q") == 1
+    assert isinstance(coordinator.admit([OrderedLockClaim("q", second)], BOB), Admitted)
+    stale = coordinator.admit([OrderedLockClaim("q", first)], ALICE)
+    assert isinstance(stale, Refused) and stale.detail["stale"]  # skipped: re-assign
+
+
+def test_non_strict_ordered_lock_continues_after_a_failure(coordinator: Coordinator) -> None:
+    first, second = (coordinator.assign_position("loose", h) for h in (ALICE, BOB))
+    head = coordinator.admit([OrderedLockClaim("loose", first, strict=False)], ALICE)
+    assert isinstance(head, Admitted)
+    coordinator.release(head, "failure")
+    assert isinstance(
+        coordinator.admit([OrderedLockClaim("loose", second, strict=False)], BOB), Admitted
+    )
+
+
+# -- parked waiters, force release, renewal ---------------------------------------------------
+
+
+def test_release_returns_the_parked_waiter_registered_by_the_refusal(
+    coordinator: Coordinator,
+) -> None:
+    claim = LockClaim("acct:9", ttl=30)
+    held = coordinator.admit([claim], ALICE)
+    assert isinstance(held, Admitted)
+    assert isinstance(coordinator.admit([claim], BOB, waiter_id="exec-b"), Refused)
+    coordinator.register_waiter(claim, "exec-c")
+    assert coordinator.waiters(claim) == ["exec-b", "exec-c"]
+    released = coordinator.release(held, "success")
+    assert released.woken == ["exec-b"] and list(released) == ["exec-b"]
+    bob = coordinator.admit([claim], BOB, waiter_id="exec-b")
+    assert isinstance(bob, Admitted)
+    assert coordinator.waiters(claim) == ["exec-c"]
+    assert coordinator.release(bob, "success").woken == ["exec-c"]
+
+
+def test_force_release_frees_whatever_the_nesting(coordinator: Coordinator) -> None:
+    claim = LockClaim("stuck", ttl=60)
+    for _ in range(3):
+        assert isinstance(coordinator.admit([claim], ALICE), Admitted)
+    assert coordinator.force_release("lock", "stuck", owner="bob").released == []
+    assert coordinator.force_release("lock", "stuck").released == ["alice"]
+    assert isinstance(coordinator.admit([claim], BOB), Admitted)
+    for holder in (ALICE, BOB):
+        coordinator.admit([SemaphoreClaim("slots", limit=5)], holder)
+    assert coordinator.force_release("semaphore", "slots", owner="alice").released == ["alice"]
+    assert [h.owner for h in state.semaphore_state("slots", client=coordinator.client).holders] == [
+        "bob"
+    ]
+
+
+def test_live_holds_are_attributed(coordinator: Coordinator) -> None:
+    coordinator.admit([LockClaim("acct:{7}", ttl=30)], ALICE)
+    coordinator.admit([SemaphoreClaim("pool", limit=3, ttl=30)], BOB)
+    holds = state.live_holds(client=coordinator.client)
+    assert [(h["primitive"], h["key"], h["owner"]) for h in holds] == [
+        ("lock", "acct:{7}", "alice"),
+        ("semaphore", "pool", "bob"),
+    ]
+    lock_hold = holds[0]
+    assert lock_hold["step"] == "charge" and lock_hold["execution"] == "exec-a"
+    assert lock_hold["reactor"] == "shop.Payment" and lock_hold["token"] == 1
+    assert lock_hold["count"] == 1 and 25 < lock_hold["ttl_left"] <= 30
+    assert abs(lock_hold["acquired_at"] - time.time()) < 60
+
+
+def test_renewal_reports_a_lost_lease(coordinator: Coordinator) -> None:
+    held = coordinator.admit([LockClaim("lease", ttl=0.6)], ALICE)
+    assert isinstance(held, Admitted)
+    lost: list[LeaseLost] = []
+    extended: list[tuple[str, int]] = []
+    renewal = Renewal(
+        held,
+        coordinator=coordinator,
+        on_lost=lost.append,
+        on_extended=lambda key_, ms: extended.append((key_, ms)),
+    ).start()
+    try:
+        time.sleep(0.5)
+        assert renewal.lost is None and extended and extended[0][0] == "lease"
+        coordinator.force_release("lock", "lease")
+        deadline = time.monotonic() + 2
+        while renewal.lost is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        started = time.monotonic()
+        renewal.stop()
+        assert time.monotonic() - started < 0.5  # stop() wakes the thread, no sleep to finish
+    assert renewal.lost is not None and lost == [renewal.lost]
+    assert renewal.lost.key == "lease" and renewal.lost.token == 1  # type: ignore[attr-defined]
+    with pytest.raises(LeaseLost):
+        renewal.raise_if_lost()
+
+
+# -- unreachable Redis ----------------------------------------------------------------------
+
+
+def test_unreachable_redis_is_coordination_unavailable(tmp_path: Any) -> None:
+    for dead in ("redis://127.0.0.1:1/0", embedded.url(tmp_path / "nowhere")):
+        coordinator = Coordinator(client=get_client(dead), prefix="dead")
+        with pytest.raises(CoordinationUnavailable) as caught:
+            coordinator.admit([LockClaim("acct:1")], ALICE)
+        assert caught.value.cause is not None  # type: ignore[attr-defined]
+        assert caught.value.key == "acct:1"  # type: ignore[attr-defined]
+        with pytest.raises(CoordinationUnavailable):
+            state.lock_state("acct:1", client=coordinator.client, prefix="dead")
+
+
+def test_scripts_are_registered_per_client(url: str) -> None:
+    client = get_client(url)
+    assert scripts_for(client) is scripts_for(client)
+    assert set(scripts_for(client).names) == set(script_sources())
