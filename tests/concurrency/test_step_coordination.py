@@ -660,3 +660,32 @@ def test_introspection_inheritance_and_replacement() -> None:
 
     assert R.steps["inline"].period_config.every == "day"
     assert R.steps["inline"].declares_coordination()
+
+
+
+def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line() -> None:
+    from reactor_app import Skipped
+    from reactor_app.coordination.ordered_lock import ordered_state
+    from reactor_app.coordination.period import period_marked
+
+    calls: list[int] = []
+
+    @with_ordered_lock(lambda a: f"seq:{a['stream']}", poison_pill_timeout=30, wait=5)
+    @with_period(lambda a: f"once:{a['stream']}", every="day")
+    class Apply(Step):
+        inputs = ("stream", "n")
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            calls.append(args["n"])
+            return Skipped(reason="not ready") if args["n"] == 0 else Success(args["n"])
+
+    class R(Reactor):
+        inputs = ("stream", "n")
+        apply = step(Apply, stream=from_input("stream"), n=from_input("n"))
+
+    assert R.run(stream="s", n=0).ok
+    assert period_marked("once:s", "day") is None  # only a success marks the bucket
+    assert R.run(stream="s", n=1).value["apply"] == 1  # so the next run does the work
+    assert calls == [0, 1]
+    assert ordered_state("seq:s").first_failed is None
+    assert period_marked("once:s", "day") is not None
