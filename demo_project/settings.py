@@ -78,7 +78,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": SQLITE_PATH,
+            "NAME": str(SQLITE_PATH),
             "OPTIONS": {
                 "timeout": 30,
                 "transaction_mode": "IMMEDIATE",
@@ -98,11 +98,10 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REDIS_URL = os.environ.get("REDIS_URL") or None
+REACTOR_REDIS_URL: str | None = REDIS_URL  # None: the embedded server
 if REDIS_URL:
-    REACTOR_REDIS_URL = REDIS_URL
     CELERY_BROKER_URL = REDIS_URL
 else:
-    REACTOR_REDIS_URL = None  # the embedded server
     REACTOR_EMBEDDED_REDIS_DIR = str(STATE_DIR)
     CELERY_BROKER_URL = embedded.broker_url(STATE_DIR)
 

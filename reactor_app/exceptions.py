@@ -55,85 +55,85 @@ def _jsonable(value: Any) -> Any:
 class DefinitionError(ReactorError):
     """The reactor or step definition is invalid."""
 
-    field_names = ("owner", "option")
+    field_names: ClassVar[tuple[str, ...]] = ("owner", "option")
 
 
 class ConfigurationError(ReactorError):
     """A REACTOR_* setting is invalid."""
 
-    field_names = ("setting",)
+    field_names: ClassVar[tuple[str, ...]] = ("setting",)
 
 
 class InputValidationError(ReactorError):
     """The inputs or arguments did not validate."""
 
-    field_names = ("reactor", "step", "field_errors")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "field_errors")
 
 
 class ArgumentResolutionError(ReactorError):
     """A step argument could not be resolved."""
 
-    field_names = ("reactor", "step", "argument", "source")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "argument", "source")
 
 
 class StepFailed(ReactorError):
     """A step failed."""
 
-    field_names = ("reactor", "step", "cause")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause")
 
 
 class RetriesExhausted(StepFailed):
     """A step failed on every attempt."""
 
-    field_names = ("reactor", "step", "cause", "attempts")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause", "attempts")
 
 
 class CompensationFailed(ReactorError):
     """A step's compensation failed."""
 
-    field_names = ("reactor", "step", "cause")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause")
 
 
 class UndoFailed(ReactorError):
     """A step's undo failed."""
 
-    field_names = ("reactor", "step", "cause")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause")
 
 
 class ExecutionNotResumable(ReactorError):
     """The execution is not waiting at that interrupt."""
 
-    field_names = ("execution_id", "step", "status")
+    field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
 
 
 class CoordinationError(ReactorError):
     """Coordination refused or could not run the work."""
 
-    field_names = ("reactor", "step", "key", "primitive")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive")
 
 
 class LockAcquisitionError(CoordinationError):
     """The lock is held by another execution."""
 
-    field_names = ("reactor", "step", "key", "primitive", "retry_after", "holder")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "retry_after", "holder")
 
 
 class SemaphoreAcquisitionError(CoordinationError):
     """Every slot of the semaphore is taken."""
 
-    field_names = ("reactor", "step", "key", "primitive", "retry_after", "limit")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "retry_after", "limit")
 
 
 class RateLimitExceeded(CoordinationError):
     """The rate limit is exhausted for the current window."""
 
-    field_names = ("reactor", "step", "key", "primitive", "retry_after", "limit", "period")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "retry_after", "limit", "period")
 
 
 class OrderedLockWaitError(CoordinationError):
     """An earlier position of the ordered lock has not finished."""
 
-    field_names = (
+    field_names: ClassVar[tuple[str, ...]] = (
         "reactor",
         "step",
         "key",
@@ -147,28 +147,28 @@ class OrderedLockWaitError(CoordinationError):
 class CoordinationKeyError(CoordinationError):
     """The coordination key function raised or returned nothing."""
 
-    field_names = ("reactor", "step", "key", "primitive", "cause")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
 
 
 class ContentionCeilingExceeded(CoordinationError):
     """The step was parked on contention more times than REACTOR_CONTENTION_CEILING allows."""
 
-    field_names = ("reactor", "step", "key", "primitive", "attempts")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "attempts")
 
 
 class HandOffRefused(CoordinationError):
     """Handing this work to another process would deadlock on a key the execution holds."""
 
-    field_names = ("reactor", "step", "key", "primitive", "holder")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "holder")
 
 
 class CoordinationUnavailable(CoordinationError):
     """The coordination store is unreachable; the protected work did not run."""
 
-    field_names = ("reactor", "step", "key", "primitive", "cause")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
 
 
 class LeaseLost(CoordinationError):
     """The lock's lease could not be renewed; the key may now belong to someone else."""
 
-    field_names = ("reactor", "step", "key", "primitive", "token")
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "token")

@@ -91,14 +91,12 @@ class InlineStep(Step):
         return type(self).function(context.reactor_instance, args, context)
 
     def compensate(self, error: BaseException, args: dict[str, Any], context: StepContext) -> Any:
-        if type(self).compensate_function is not None:
-            return type(self).compensate_function(context.reactor_instance, error, args, context)
-        return None
+        hook = type(self).compensate_function
+        return None if hook is None else hook(context.reactor_instance, error, args, context)
 
     def undo(self, result: Any, args: dict[str, Any], context: StepContext) -> Any:
-        if type(self).undo_function is not None:
-            return type(self).undo_function(context.reactor_instance, result, args, context)
-        return None
+        hook = type(self).undo_function
+        return None if hook is None else hook(context.reactor_instance, result, args, context)
 
     @classmethod
     def has_compensate(cls) -> bool:
