@@ -5,7 +5,7 @@ A 3-step reactor (audit → charge → notify, each step sleeping the same ``--s
 run is the critical section); variant B declares it on the ``charge`` step. ``--processes``
 forked processes run ``--executions`` executions in all on one account, both variants in the
 same run, and the script prints executions/second and the B/A ratio. With equal step durations
-the critical section shrinks to a third, so the ratio tends towards 3× as concurrency grows
+the critical section shrinks to a third, so the ratio tends towards 3x as concurrency grows
 (fewer processes than steps cap it lower).
 
     python bench/step_vs_reactor_lock.py [--executions 120] [--processes 4] [--step-ms 20]

@@ -115,19 +115,41 @@ class CoordinationError(ReactorError):
 class LockAcquisitionError(CoordinationError):
     """The lock is held by another execution."""
 
-    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "retry_after", "holder")
+    field_names: ClassVar[tuple[str, ...]] = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "retry_after",
+        "holder",
+    )
 
 
 class SemaphoreAcquisitionError(CoordinationError):
     """Every slot of the semaphore is taken."""
 
-    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "retry_after", "limit")
+    field_names: ClassVar[tuple[str, ...]] = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "retry_after",
+        "limit",
+    )
 
 
 class RateLimitExceeded(CoordinationError):
     """The rate limit is exhausted for the current window."""
 
-    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "retry_after", "limit", "period")
+    field_names: ClassVar[tuple[str, ...]] = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "retry_after",
+        "limit",
+        "period",
+    )
 
 
 class OrderedLockWaitError(CoordinationError):

@@ -38,11 +38,12 @@ class FakeClock:
 
 Clock = SystemClock | FakeClock
 
-_current: ContextVar[Clock] = ContextVar("reactor_clock", default=SystemClock())
+_SYSTEM_CLOCK = SystemClock()
+_current: ContextVar[Clock | None] = ContextVar("reactor_clock", default=None)
 
 
 def current_clock() -> Clock:
-    return _current.get()
+    return _current.get() or _SYSTEM_CLOCK
 
 
 @contextlib.contextmanager

@@ -142,7 +142,7 @@ class StepContext:
     lease_lost: list[BaseException] = field(default_factory=list)
 
     def fencing_token(self, key: str | None = None) -> int | None:
-        """The fencing token of the innermost lock covering this work (or of the lock on ``key``)."""
+        """Fencing token of the innermost lock covering this work (or of the lock on ``key``)."""
         for gate in reversed(self.gates):
             token = gate.token_for(key)
             if token is not None:
