@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,39 @@ class ExecutionQuerySet(models.QuerySet):
             parent__isnull=True,
         )
 
+    def with_status(self, status: str | None) -> ExecutionQuerySet:
+        return self.filter(status=status) if status else self
+
+    def of_reactor(self, reactor: str | None) -> ExecutionQuerySet:
+        """By dotted path, or by class name alone (``PaymentReactor``)."""
+        if not reactor:
+            return self
+        return self.filter(models.Q(reactor=reactor) | models.Q(reactor__endswith=f".{reactor}"))
+
+    def created_between(
+        self, after: datetime | None = None, before: datetime | None = None
+    ) -> ExecutionQuerySet:
+        qs = self
+        if after is not None:
+            qs = qs.filter(created_at__gte=after)
+        if before is not None:
+            qs = qs.filter(created_at__lte=before)
+        return qs
+
+    def statuses_of(self, ids: Any) -> dict[str, str]:
+        """``{execution id: status}`` of those ids that name executions (others are ignored:
+        a live hold may belong to a ``Step.call`` or to another database's execution)."""
+        valid = set()
+        for value in ids:
+            try:
+                valid.add(uuid.UUID(str(value)))
+            except ValueError:
+                continue
+        if not valid:
+            return {}
+        rows = self.filter(pk__in=valid).values_list("pk", "status")
+        return {str(pk): status for pk, status in rows}
+
     def search_key(self, key: str) -> ExecutionQuerySet:
         """Executions that contended on, or recorded coordination events for, ``key``."""
         return self.filter(
@@ -71,6 +105,32 @@ class ContentionStateQuerySet(models.QuerySet):
     def for_key(self, key: str) -> ContentionStateQuerySet:
         return self.filter(key=key)
 
+    def matching(
+        self,
+        *,
+        key: str | None = None,
+        primitive: str | None = None,
+        step: str | None = None,
+        reactor: str | None = None,
+    ) -> ContentionStateQuerySet:
+        """The operator filters of the contention listing (each one optional)."""
+        qs = self
+        if key:
+            qs = qs.filter(key=key)
+        if primitive:
+            qs = qs.filter(primitive=primitive)
+        if step is not None:
+            qs = qs.filter(step=step)
+        if reactor:
+            qs = qs.filter(
+                models.Q(execution__reactor=reactor)
+                | models.Q(execution__reactor__endswith=f".{reactor}")
+            )
+        return qs
+
+    def newest_first(self) -> ContentionStateQuerySet:
+        return self.order_by("-updated_at", "-id")
+
 
 class CoordinationEventQuerySet(models.QuerySet):
     def for_key(self, key: str) -> CoordinationEventQuerySet:
@@ -86,3 +146,43 @@ class CoordinationEventQuerySet(models.QuerySet):
 
     def timeline(self, key: str, start: datetime, end: datetime) -> CoordinationEventQuerySet:
         return self.for_key(key).between(start, end).order_by("at", "id")
+
+    def opened_before(self, key: str, start: datetime) -> CoordinationEventQuerySet:
+        """Acquisitions and parks of ``key`` made before ``start`` whose bars may reach into a
+        timeline beginning at ``start`` (a hold taken 2 h ago and still running)."""
+        return self.for_key(key).filter(at__lt=start).order_by("-at", "-id")
+
+    def matching(
+        self,
+        *,
+        key: str | None = None,
+        execution: Any = None,
+        kind: str | None = None,
+        primitive: str | None = None,
+        step: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> CoordinationEventQuerySet:
+        """The operator filters of the event listing (each one optional)."""
+        qs = self.between(since, until)
+        if key:
+            qs = qs.filter(key=key)
+        if execution:
+            qs = qs.filter(execution_id=execution)
+        if kind:
+            qs = qs.filter(kind=kind)
+        if primitive:
+            qs = qs.filter(primitive=primitive)
+        if step is not None:
+            qs = qs.filter(step=step)
+        return qs
+
+    def recent_keys(self, since: datetime, limit: int = 50) -> list[tuple[str, str]]:
+        """``(primitive, key)`` pairs seen since ``since``, most recently active first."""
+        rows = (
+            self.filter(at__gte=since)
+            .values("primitive", "key")
+            .annotate(last=models.Max("at"))
+            .order_by("-last")[:limit]
+        )
+        return [(row["primitive"], row["key"]) for row in rows]

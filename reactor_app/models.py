@@ -181,3 +181,34 @@ class CoordinationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.primitive} {self.key}"
+
+
+# -- admin anchors ----------------------------------------------------------------------------
+# Proxies (no tables) that give the admin an entry of its own for a question operators ask:
+# "which executions are parked, and on what?" and "who holds what right now?".
+
+
+class ParkedExecution(ContentionState):
+    """A parked execution and why it waits (the admin lists only executions still parked)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "parked execution"
+        verbose_name_plural = "parked executions"
+
+
+class Coordination(CoordinationEvent):
+    """Anchor of the admin's Coordination page (live Redis state) and of operator permissions.
+
+    ``force_release`` guards every operator action that changes live coordination state:
+    force-releasing a hold and skipping or resetting an ordered lock.
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = "coordination"
+        verbose_name_plural = "coordination"
+        default_permissions = ("view",)
+        permissions = [
+            ("force_release", "Can force-release holds and skip or reset ordered locks"),
+        ]

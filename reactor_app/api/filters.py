@@ -1,0 +1,104 @@
+"""Query parameters of the API, validated by serializers (one per listing).
+
+A serializer rather than ad-hoc parsing gives three things at once: a 400 naming the parameter
+and the accepted values, typed values for the managers' filter methods, and the OpenAPI
+description of the parameters (drf-spectacular reads the same classes). Blank values mean
+"no filter", as an HTML form submits them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+
+from reactor_app.api.live import HOLDING_PRIMITIVES, LEVELS, PRIMITIVES
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+
+
+def _choice(choices: Any, what: str, help_text: str) -> serializers.ChoiceField:
+    values = [c[0] if isinstance(c, tuple) else c for c in choices]
+    return serializers.ChoiceField(
+        choices=values,
+        required=False,
+        allow_blank=True,
+        help_text=help_text,
+        error_messages={
+            "invalid_choice": f'"{{input}}" is not a known {what}; use one of: ' + ", ".join(values)
+        },
+    )
+
+
+def _text(help_text: str) -> serializers.CharField:
+    return serializers.CharField(
+        required=False, allow_blank=True, max_length=512, help_text=help_text
+    )
+
+
+def _moment(help_text: str) -> serializers.DateTimeField:
+    return serializers.DateTimeField(
+        required=False,
+        help_text=help_text + " (ISO 8601, e.g. 2025-01-31T12:00:00Z)",
+        error_messages={
+            "invalid": "not a date-time; use ISO 8601 such as 2025-01-31T12:00:00Z",
+        },
+    )
+
+
+class QueryParameters(serializers.Serializer):
+    """Base: ``parse`` validates ``request.query_params`` and drops blank values."""
+
+    #: pairs of fields that must be in order (start, end)
+    ranges: tuple[tuple[str, str], ...] = ()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for start, end in self.ranges:
+            if attrs.get(start) and attrs.get(end) and attrs[start] > attrs[end]:
+                raise ValidationError({start: [f"{start} must not be later than {end}"]})
+        return attrs
+
+    @classmethod
+    def parse(cls, request: Request) -> dict[str, Any]:
+        serializer = cls(data=request.query_params)
+        serializer.is_valid(raise_exception=True)
+        return {k: v for k, v in serializer.validated_data.items() if v not in ("", None)}
+
+
+class ExecutionFilters(QueryParameters):
+    status = _choice(ExecutionStatus.choices, "status", "only executions in this status")
+    reactor = _text("dotted path of the reactor class, or its class name")
+    created_after = _moment("created at or after")
+    created_before = _moment("created at or before")
+
+    ranges = (("created_after", "created_before"),)
+
+
+class HoldFilters(QueryParameters):
+    key = _text("exact coordination key, e.g. acct:1")
+    primitive = _choice(HOLDING_PRIMITIVES, "holding primitive", "lock or semaphore")
+    step = _text("only holds taken by this step (by step name)")
+    level = _choice(LEVELS, "level", "step-level or reactor-level holds")
+    execution = serializers.UUIDField(
+        required=False, help_text="only holds of this execution (its id)"
+    )
+
+
+class EventFilters(QueryParameters):
+    key = _text("exact coordination key")
+    execution = serializers.UUIDField(required=False, help_text="execution id")
+    kind = _choice(CoordinationEventKind.choices, "event kind", "event kind")
+    primitive = _choice(PRIMITIVES, "primitive", "coordination primitive")
+    step = _text("step name")
+    since = _moment("at or after")
+    until = _moment("at or before")
+
+    ranges = (("since", "until"),)
+
+
+class ContentionFilters(QueryParameters):
+    key = _text("exact coordination key the execution is parked on")
+    primitive = _choice(PRIMITIVES, "primitive", "primitive the execution is parked on")
+    step = _text("parked step name")
+    reactor = _text("dotted path of the reactor class, or its class name")

@@ -1,0 +1,192 @@
+"""Response shapes of the API.
+
+Executions and events are ORM rows; holds are live Redis state (plain serializers over the
+dicts of ``live``); contention rows carry the blocker snapshot taken when the execution parked.
+Every shape says what an operator needs without a second request: the step (``None`` for a
+reactor-level hold), the key, the holder and, for a parked execution, why it waits.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
+from reactor_app.status import ExecutionStatus
+
+
+class StepRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = StepRun
+        fields = ("step", "kind", "attempt", "status", "started_at", "finished_at", "error")
+
+
+class ExecutionSerializer(serializers.ModelSerializer):
+    reactor_name = serializers.CharField(read_only=True)
+    parked = serializers.SerializerMethodField(
+        help_text="waiting on contention: not a failure, the execution will resume"
+    )
+
+    class Meta:
+        model = Execution
+        fields: tuple[str, ...] = (
+            "id",
+            "reactor",
+            "reactor_name",
+            "status",
+            "parked",
+            "current_step",
+            "root",
+            "parent",
+            "correlation_id",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        )
+
+    def get_parked(self, obj: Execution) -> bool:
+        return obj.status == ExecutionStatus.PARKED
+
+
+class BlockerSerializer(serializers.Serializer):
+    """Who held the key when the execution parked (a snapshot, not live state)."""
+
+    owner = serializers.CharField(allow_null=True)
+    execution = serializers.CharField(allow_null=True)
+    step = serializers.CharField(allow_null=True, help_text="None: a reactor-level hold")
+    reactor = serializers.CharField(allow_null=True, required=False)
+    since = serializers.DateTimeField(allow_null=True, help_text="when the holder acquired")
+    ttl = serializers.FloatField(
+        allow_null=True, help_text="seconds the hold had left when the execution parked"
+    )
+
+
+def blocker_data(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored blocker snapshot with ``since`` as a datetime (stored as epoch seconds or
+    ISO text, depending on who wrote it)."""
+    if not raw:
+        return None
+    since = raw.get("since")
+    if isinstance(since, int | float):
+        since = datetime.fromtimestamp(since, tz=UTC)
+    elif isinstance(since, str):
+        since = parse_datetime(since)
+    ttl = raw.get("ttl", raw.get("ttl_left"))
+    return {
+        "owner": raw.get("owner"),
+        "execution": raw.get("execution") or None,
+        "step": raw.get("step") or None,
+        "reactor": raw.get("reactor") or None,
+        "since": since,
+        "ttl": float(ttl) if isinstance(ttl, int | float) else None,
+    }
+
+
+class ContentionSerializer(serializers.ModelSerializer):
+    """A parked execution: the step that could not be admitted and why."""
+
+    execution_status = serializers.CharField(source="execution.status", read_only=True)
+    reactor = serializers.CharField(source="execution.reactor", read_only=True)
+    level = serializers.SerializerMethodField()
+    blocker = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ContentionState
+        fields = (
+            "id",
+            "execution",
+            "execution_status",
+            "reactor",
+            "level",
+            "step",
+            "primitive",
+            "key",
+            "attempts",
+            "next_attempt_at",
+            "blocker",
+            "updated_at",
+        )
+
+    def get_level(self, obj: ContentionState) -> str:
+        return "step" if obj.step else "reactor"
+
+    @extend_schema_field(BlockerSerializer(allow_null=True))
+    def get_blocker(self, obj: ContentionState) -> dict[str, Any] | None:
+        data = blocker_data(obj.blocker)
+        return BlockerSerializer(data).data if data else None
+
+
+class ExecutionDetailSerializer(ExecutionSerializer):
+    step_runs = StepRunSerializer(many=True, read_only=True)
+    contention = serializers.SerializerMethodField(
+        help_text="why the execution is parked (empty unless parked)"
+    )
+
+    class Meta(ExecutionSerializer.Meta):
+        fields = (
+            *ExecutionSerializer.Meta.fields,
+            "inputs",
+            "result",
+            "rollback_failures",
+            "step_runs",
+            "contention",
+        )
+
+    @extend_schema_field(ContentionSerializer(many=True))
+    def get_contention(self, obj: Execution) -> list[dict[str, Any]]:
+        if obj.status != ExecutionStatus.PARKED:
+            return []
+        rows = obj.contention.select_related("execution").order_by("id")
+        return list(ContentionSerializer(rows, many=True).data)
+
+
+class CoordinationEventSerializer(serializers.ModelSerializer):
+    level = serializers.SerializerMethodField()
+
+    class Meta:
+        model = CoordinationEvent
+        fields = (
+            "id",
+            "at",
+            "kind",
+            "primitive",
+            "key",
+            "level",
+            "step",
+            "reactor",
+            "execution",
+            "owner",
+            "token",
+            "detail",
+        )
+
+    def get_level(self, obj: CoordinationEvent) -> str:
+        return "step" if obj.step else "reactor"
+
+
+class HoldSerializer(serializers.Serializer):
+    """One live hold, read from Redis, attributed to the step (or reactor) that took it."""
+
+    primitive = serializers.CharField()
+    key = serializers.CharField()
+    level = serializers.ChoiceField(choices=["step", "reactor"])
+    step = serializers.CharField(allow_null=True, help_text="None: a reactor-level hold")
+    owner = serializers.CharField(help_text="root execution id (or a Step.call id)")
+    execution = serializers.CharField(allow_null=True)
+    execution_status = serializers.CharField(allow_null=True, required=False)
+    reactor = serializers.CharField(allow_null=True)
+    acquired_at = serializers.DateTimeField(allow_null=True)
+    ttl_left = serializers.FloatField(allow_null=True, help_text="seconds")
+    count = serializers.IntegerField(help_text="nesting count (re-entrant holds)")
+    token = serializers.IntegerField(allow_null=True, help_text="fencing token (locks)")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """A 400/503 body: ``{"<parameter>": ["message"]}`` or ``{"detail": "message"}``."""
+
+    detail = serializers.CharField(required=False)

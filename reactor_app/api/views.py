@@ -1,0 +1,178 @@
+"""API views: read-only listings of executions, live holds, coordination events and contention.
+
+Listings validate their query parameters first (``filters``), so a bad parameter is a 400
+before any query runs; the managers own the queries. Holds come from Redis on every request
+(``live``): an unreachable Redis is a 503 saying so, never a 500 or an empty list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import status, viewsets
+from rest_framework.exceptions import APIException
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from reactor_app.api import live
+from reactor_app.api.filters import ContentionFilters, EventFilters, ExecutionFilters, HoldFilters
+from reactor_app.api.pagination import ReactorPagination
+from reactor_app.api.permissions import configured_permissions
+from reactor_app.api.serializers import (
+    ContentionSerializer,
+    CoordinationEventSerializer,
+    ErrorSerializer,
+    ExecutionDetailSerializer,
+    ExecutionSerializer,
+    HoldSerializer,
+)
+from reactor_app.exceptions import CoordinationUnavailable
+from reactor_app.models import ContentionState, CoordinationEvent, Execution
+
+UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+
+BAD_PARAMETERS = OpenApiResponse(ErrorSerializer, description="an invalid query parameter")
+NOT_ALLOWED = OpenApiResponse(ErrorSerializer, description="not authenticated, or not staff")
+
+
+class CoordinationStoreUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "the coordination Redis is unreachable; live holds cannot be read"
+    default_code = "coordination_unavailable"
+
+
+class ReactorAPIMixin:
+    """Shared by every view: configured permissions, bounded pagination."""
+
+    pagination_class = ReactorPagination
+    request: Request
+
+    def get_permissions(self) -> list[BasePermission]:
+        return configured_permissions()
+
+    @property
+    def schema_only(self) -> bool:
+        # drf-spectacular instantiates views with a fake request to describe them
+        return bool(getattr(self, "swagger_fake_view", False))
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List executions",
+        parameters=[ExecutionFilters],
+        responses={200: ExecutionSerializer(many=True), 400: BAD_PARAMETERS, 403: NOT_ALLOWED},
+    ),
+    retrieve=extend_schema(
+        summary="One execution with its step runs and, when parked, why",
+        responses={200: ExecutionDetailSerializer, 403: NOT_ALLOWED},
+    ),
+)
+class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self) -> Any:
+        executions = Execution.objects.all()
+        if self.schema_only:
+            return executions.none()
+        if self.action == "list":
+            filters = ExecutionFilters.parse(self.request)
+            executions = (
+                executions.with_status(filters.get("status"))
+                .of_reactor(filters.get("reactor"))
+                .created_between(filters.get("created_after"), filters.get("created_before"))
+            )
+        else:
+            executions = executions.prefetch_related("step_runs")
+        # a total order, so pages never overlap or skip rows
+        return executions.order_by("-created_at", "-id")
+
+    def get_serializer_class(self) -> Any:
+        return ExecutionDetailSerializer if self.action == "retrieve" else ExecutionSerializer
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Live holds (from Redis), each attributed to its step or to the reactor level",
+        parameters=[HoldFilters],
+        responses={
+            200: HoldSerializer(many=True),
+            400: BAD_PARAMETERS,
+            403: NOT_ALLOWED,
+            503: OpenApiResponse(ErrorSerializer, description="Redis unreachable"),
+        },
+    ),
+)
+class HoldViewSet(ReactorAPIMixin, viewsets.GenericViewSet):
+    serializer_class = HoldSerializer
+
+    def get_queryset(self) -> Any:  # pragma: no cover - holds are not ORM rows
+        return Execution.objects.none()
+
+    def list(self, request: Request) -> Response:
+        filters = HoldFilters.parse(request)
+        if "execution" in filters:
+            filters["execution"] = str(filters["execution"])
+        try:
+            holds = live.live_holds(**filters)
+        except CoordinationUnavailable as exc:
+            raise CoordinationStoreUnavailable(exc.message) from exc
+        page = self.paginate_queryset(holds)
+        rows = page if page is not None else holds
+        statuses = Execution.objects.statuses_of([h["execution"] for h in rows])
+        for hold in rows:
+            hold["execution_status"] = statuses.get(hold["execution"] or "")
+        data = HoldSerializer(rows, many=True).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Coordination events (acquired, released, parked, forced release, ...)",
+        parameters=[EventFilters],
+        responses={
+            200: CoordinationEventSerializer(many=True),
+            400: BAD_PARAMETERS,
+            403: NOT_ALLOWED,
+        },
+    ),
+    retrieve=extend_schema(summary="One coordination event"),
+)
+class EventViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = CoordinationEventSerializer
+    lookup_value_regex = r"[0-9]+"
+
+    def get_queryset(self) -> Any:
+        events = CoordinationEvent.objects.all()
+        if self.schema_only:
+            return events.none()
+        if self.action == "list":
+            filters = EventFilters.parse(self.request)
+            events = events.matching(**filters)
+        return events.order_by("-at", "-id")
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Parked executions and what blocks them (parked is never a failure)",
+        parameters=[ContentionFilters],
+        responses={
+            200: ContentionSerializer(many=True),
+            400: BAD_PARAMETERS,
+            403: NOT_ALLOWED,
+        },
+    ),
+    retrieve=extend_schema(summary="One parked execution's contention record"),
+)
+class ContentionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = ContentionSerializer
+    lookup_value_regex = r"[0-9]+"
+
+    def get_queryset(self) -> Any:
+        rows = ContentionState.objects.active()
+        if self.schema_only:
+            return rows.none()
+        if self.action == "list":
+            rows = rows.matching(**ContentionFilters.parse(self.request))
+        return rows.newest_first()

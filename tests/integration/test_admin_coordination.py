@@ -1,0 +1,375 @@
+"""The admin's operator views: Coordination page, timeline, parked executions, staff actions.
+
+Live holds are real (a reactor waits inside its step in a thread, real Redis). SC-010: the
+operator sees the step, the key and the holder; a parked execution reads as parked, not failed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import (
+    Holder,
+    LockClaim,
+    PeriodClaim,
+    RateLimitClaim,
+    RateWindow,
+    SemaphoreClaim,
+)
+from reactor_app.coordination.renewal import Renewal
+from reactor_app.coordination.state import lock_state, ordered_state
+from reactor_app.exceptions import LeaseLost
+from reactor_app.models import ContentionState, CoordinationEvent, Execution
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from tests.api import users
+from tests.api.holding import FragileReactor, PaymentReactor, ShopSyncReactor, running
+
+# the shared user fixtures (tests/api/users.py), bound here so pytest finds them
+plain_user, plain_client = users.plain_user, users.plain_client
+staff_user, staff_client = users.staff_user, users.staff_client
+operator_user, operator_client = users.operator_user, users.operator_client
+
+COORDINATION = "/admin/reactor_app/coordination/"
+FORCE_RELEASE = COORDINATION + "force-release/"
+TIMELINE = COORDINATION + "timeline/"
+
+
+def text(response: Any) -> str:
+    assert response.status_code == 200, response.status_code
+    return response.content.decode()
+
+
+def row_of(html: str, key: str) -> str:
+    """The ``<tr>`` of the holds table whose data-key is ``key``."""
+    match = re.search(rf'<tr class="hold[^"]*" data-key="{re.escape(key)}".*?</tr>', html, re.S)
+    assert match, f"no hold row for {key}"
+    return match.group(0)
+
+
+def make_execution(status: str, **fields: Any) -> Execution:
+    fields.setdefault("reactor", "demo_project.shop.reactors.PaymentReactor")
+    return Execution.objects.start(inputs={"account_id": 9}, status=status, **fields)
+
+
+# -- the Coordination page --------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coordination_page_shows_step_key_and_holder(staff_client: Client) -> None:
+    with (
+        running(PaymentReactor, "admin-step", account_id=11) as payment,
+        running(ShopSyncReactor, "admin-reactor", shop_id=5) as shop,
+    ):
+        html = text(staff_client.get(COORDINATION))
+
+        step_row = row_of(html, "acct:11")
+        assert "<code>charge</code>" in step_row
+        assert 'data-step="charge"' in step_row
+        change_url = reverse("admin:reactor_app_execution_change", args=[payment.execution_id])
+        assert f'href="{change_url}"' in step_row
+        assert "reactor-level-step" in step_row
+        assert f"{TIMELINE}?key=acct%3A11" in step_row
+
+        reactor_row = row_of(html, "shop:5")
+        assert "<em>reactor</em>" in reactor_row and "reactor-level-reactor" in reactor_row
+        shop_url = reverse("admin:reactor_app_execution_change", args=[shop.execution_id])
+        assert f'href="{shop_url}"' in reactor_row
+        assert re.search(r"<strong>1</strong> step-level, <strong>1</strong> reactor-level", html)
+
+        # the holder's execution page names the key and the step in its events
+        execution_page = text(staff_client.get(change_url))
+        assert "acct:11" in execution_page and "charge" in execution_page
+    payment.finish()
+    shop.finish()
+    assert "No live holds." in text(staff_client.get(COORDINATION))
+
+
+@pytest.mark.django_db
+def test_coordination_page_is_linked_from_the_app_index(staff_client: Client) -> None:
+    html = text(staff_client.get("/admin/reactor_app/"))
+    assert f'href="{COORDINATION}"' in html
+    assert "Parked executions" in html
+
+
+@pytest.mark.django_db
+def test_coordination_page_needs_staff(plain_client: Client, client: Client) -> None:
+    for refused in (plain_client, client):
+        response = refused.get(COORDINATION)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+@pytest.mark.django_db
+def test_inspect_rate_limit_period_and_ordered_lock(staff_client: Client) -> None:
+    coordinator = Coordinator()
+    holder = Holder(owner="op-test", step="report")
+    window = RateWindow(seconds=60, limit=5, label="minute")
+    for _ in range(3):
+        admitted = coordinator.admit([RateLimitClaim("api:9", (window,))], holder)
+        coordinator.release(admitted, "success")
+    marked = coordinator.admit([PeriodClaim("digest:9", "hour")], holder)
+    coordinator.release(marked, "success")
+    for owner in ("first", "second"):
+        coordinator.assign_position("line:9", Holder(owner=owner, step="ship"))
+
+    def inspect(primitive: str, key: str) -> str:
+        return text(staff_client.get(COORDINATION, {"primitive": primitive, "key": key}))
+
+    rate = inspect("rate_limit", "api:9")
+    assert re.search(r"<td>minute</td><td>3</td>", rate)
+    period = inspect("period", "digest:9")
+    assert re.search(r"<td>hour</td><td>op-test</td>", period)
+    ordered = inspect("ordered_lock", "line:9")
+    assert re.search(r"Head \(may run now\)</th><td>1</td>", ordered)
+    assert re.search(r"Next position to assign</th><td>3</td>", ordered)
+
+
+# -- timeline ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_timeline_draws_holds_and_parks_of_a_key(staff_client: Client) -> None:
+    with running(PaymentReactor, "admin-timeline", account_id=12) as payment:
+        pass
+    assert payment.outcome["result"].ok
+    parked = make_execution(ExecutionStatus.PARKED)
+    CoordinationEvent.objects.create(
+        execution=parked,
+        step="charge",
+        primitive="lock",
+        key="acct:12",
+        kind=CoordinationEventKind.PARKED,
+        owner=str(parked.pk),
+        at=timezone.now() - timedelta(seconds=1),
+    )
+    html = text(staff_client.get(TIMELINE, {"key": "acct:12", "minutes": 15}))
+    start = html.index('<svg xmlns="http://www.w3.org/2000/svg" class="reactor-timeline"')
+    svg = html[start : html.index("</svg>", start)]
+    assert svg.count('class="bar hold"') == 1
+    assert svg.count('class="bar park"') == 1
+    assert "lock · step charge" in svg
+    assert payment.execution_id[:8] in svg
+    assert 'id="timeline-key">acct:12<' in html
+    assert "acquired" in html and "released" in html  # the event table
+
+    assert "no holds or parks" in text(staff_client.get(TIMELINE, {"key": "nothing:here"}))
+    bad = text(staff_client.get(TIMELINE, {"key": "acct:12", "minutes": "0"}))
+    assert 'class="reactor-timeline"' not in bad and "errorlist" in bad
+
+
+# -- parked executions: never a failure --------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_parked_execution_reads_as_parked_with_its_blocker(staff_client: Client) -> None:
+    holder = make_execution(ExecutionStatus.RUNNING, current_step="charge")
+    parked = make_execution(ExecutionStatus.PARKED, current_step="charge")
+    contention = ContentionState.objects.create(
+        execution=parked,
+        step="charge",
+        primitive="lock",
+        key="acct:13",
+        attempts=3,
+        next_attempt_at=timezone.now() + timedelta(seconds=5),
+        blocker={
+            "owner": str(holder.pk),
+            "execution": str(holder.pk),
+            "step": "charge",
+            "since": timezone.now().timestamp() - 4,
+            "ttl": 26.0,
+        },
+    )
+    parked_list = text(staff_client.get("/admin/reactor_app/parkedexecution/"))
+    holder_url = reverse("admin:reactor_app_execution_change", args=[holder.pk])
+    parked_url = reverse("admin:reactor_app_execution_change", args=[parked.pk])
+    assert f'href="{parked_url}"' in parked_list
+    assert f'href="{holder_url}"' in parked_list  # the blocker, linked
+    assert "acct:13" in parked_list and "<code>charge</code>" in parked_list
+    assert "reactor-status-parked" in parked_list and "TTL left 2" in parked_list
+
+    failed = text(staff_client.get("/admin/reactor_app/execution/", {"status__exact": "failed"}))
+    assert str(parked.pk) not in failed
+    parked_only = text(
+        staff_client.get("/admin/reactor_app/execution/", {"status__exact": "parked"})
+    )
+    assert str(parked.pk) in parked_only and "reactor-status-parked" in parked_only
+    detail = text(staff_client.get(parked_url))
+    assert "not a failure" in detail and "lock acct:13 (charge)" in detail
+    why = text(staff_client.get(f"/admin/reactor_app/parkedexecution/{contention.pk}/change/"))
+    assert f'href="{holder_url}"' in why and "was 26.0s when it parked" in why
+
+
+@pytest.mark.django_db
+def test_execution_search_by_key_and_by_id(staff_client: Client) -> None:
+    keyed = make_execution(ExecutionStatus.SUCCEEDED)
+    other = make_execution(ExecutionStatus.SUCCEEDED)
+    CoordinationEvent.objects.create(
+        execution=keyed,
+        primitive="lock",
+        key="acct:14",
+        kind="acquired",
+        owner=str(keyed.pk),
+        at=timezone.now(),
+    )
+    found = text(staff_client.get("/admin/reactor_app/execution/", {"q": "acct:14"}))
+    assert str(keyed.pk) in found and str(other.pk) not in found
+    by_id = text(staff_client.get("/admin/reactor_app/execution/", {"q": str(other.pk)[:8]}))
+    assert str(other.pk) in by_id and str(keyed.pk) not in by_id
+
+
+# -- staff actions ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_force_release_is_refused_without_staff_or_permission(
+    plain_client: Client, staff_client: Client, client: Client
+) -> None:
+    with running(PaymentReactor, "admin-refuse", account_id=15) as payment:
+        params = {"primitive": "lock", "key": "acct:15"}
+        for anonymous_or_plain in (client, plain_client):
+            response = anonymous_or_plain.post(FORCE_RELEASE, params)
+            assert response.status_code == 302 and "/admin/login/" in response["Location"]
+        # staff, but without reactor_app.force_release
+        assert staff_client.get(FORCE_RELEASE, params).status_code == 403
+        assert staff_client.post(FORCE_RELEASE, params).status_code == 403
+        assert lock_state("acct:15").execution == payment.execution_id
+        assert "force release" not in text(staff_client.get(COORDINATION))
+    assert not CoordinationEvent.objects.filter(kind=CoordinationEventKind.FORCED_RELEASE).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_force_release_by_an_operator_frees_the_key_and_the_holder_loses_its_lease(
+    operator_client: Client,
+) -> None:
+    with running(FragileReactor, "admin-force", account_id=16) as fragile:
+        page = text(operator_client.get(COORDINATION))
+        assert "force release" in row_of(page, "lease:16")
+        params = {"primitive": "lock", "key": "lease:16", "owner": fragile.execution_id}
+        confirm = text(operator_client.get(FORCE_RELEASE, params))
+        assert "LeaseLost" in confirm and fragile.execution_id in confirm
+        assert lock_state("lease:16").held  # GET changed nothing
+
+        response = operator_client.post(FORCE_RELEASE, params)
+        assert response.status_code == 302
+        assert not lock_state("lease:16").held
+
+        # the holder's next renewal finds the lock gone: LeaseLost at its next checkpoint
+        assert fragile.gate.lost.wait(5), "the holder never noticed"
+        assert isinstance(fragile.gate.seen["lost"], LeaseLost)
+    result = fragile.outcome["result"]
+    assert result.status == "failed" and isinstance(result.error, LeaseLost)
+
+    audit = CoordinationEvent.objects.get(kind=CoordinationEventKind.FORCED_RELEASE)
+    assert (audit.key, audit.primitive, audit.step) == ("lease:16", "lock", "work")
+    assert str(audit.execution_id) == fragile.execution_id
+    assert audit.owner == fragile.execution_id
+    assert audit.token == fragile.gate.seen["token"]
+    assert audit.detail["by"] == "operator"
+    assert CoordinationEvent.objects.filter(
+        kind=CoordinationEventKind.LEASE_LOST, key="lease:16"
+    ).exists()
+
+
+@pytest.mark.django_db
+def test_force_released_hold_reports_lease_lost_at_the_next_renewal(
+    operator_client: Client,
+) -> None:
+    """The same claim at the coordination layer: a renewal after a forced release is lost."""
+    coordinator = Coordinator()
+    holder = Holder(owner="holder-1", step="charge")
+    admitted = coordinator.admit([LockClaim("acct:17", ttl=30)], holder)
+    assert lock_state("acct:17").held
+
+    response = operator_client.post(FORCE_RELEASE, {"primitive": "lock", "key": "acct:17"})
+    assert response.status_code == 302
+
+    renewal = Renewal(admitted, coordinator=coordinator, interval=0.02).start()
+    deadline = time.monotonic() + 5
+    while renewal.lost is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    renewal.stop()
+    assert isinstance(renewal.lost, LeaseLost)
+    assert renewal.lost.key == "acct:17"
+    event = CoordinationEvent.objects.get(kind=CoordinationEventKind.FORCED_RELEASE)
+    assert event.owner == "holder-1" and event.step == "charge"
+
+
+@pytest.mark.django_db
+def test_ordered_lock_skip_and_reset(
+    operator_client: Client, staff_client: Client, plain_client: Client
+) -> None:
+    coordinator = Coordinator()
+    first = make_execution(ExecutionStatus.PARKED)
+    coordinator.assign_position(
+        "line:18", Holder(owner=str(first.pk), execution_id=str(first.pk), step="ship")
+    )
+    coordinator.assign_position("line:18", Holder(owner="second", step="ship"))
+    skip, reset = COORDINATION + "ordered-skip/", COORDINATION + "ordered-reset/"
+
+    assert plain_client.post(skip, {"key": "line:18"}).status_code == 302
+    assert staff_client.post(skip, {"key": "line:18"}).status_code == 403
+    assert ordered_state("line:18").last_completed == 0
+
+    confirm = text(operator_client.get(skip, {"key": "line:18"}))
+    assert "position 1" in confirm and "Yes, I\u2019m sure" in confirm
+    assert operator_client.post(skip, {"key": "line:18"}).status_code == 302
+    assert ordered_state("line:18").last_completed == 1
+    skipped = CoordinationEvent.objects.get(kind=CoordinationEventKind.ORDERED_SKIPPED)
+    assert skipped.detail["nonce"] == 1 and skipped.execution_id == first.pk
+    assert skipped.step == "ship" and skipped.detail["by"] == "operator"
+
+    assert operator_client.post(reset, {"key": "line:18"}).status_code == 302
+    after = ordered_state("line:18")
+    assert after.positions == [] and after.head is None
+    audit = CoordinationEvent.objects.get(kind=CoordinationEventKind.ORDERED_RESET)
+    assert audit.detail["previous"]["waiting"] == [2] and audit.detail["by"] == "operator"
+
+    # the dashboard lists the key among recently active ones, with its line state
+    page = text(operator_client.get(COORDINATION))
+    assert 'data-key="line:18"' in page and "ordered-skip/?key=line%3A18" in page
+
+
+@pytest.mark.django_db
+def test_semaphore_occupancy_and_releasing_one_slot(operator_client: Client) -> None:
+    coordinator = Coordinator()
+    first = make_execution(ExecutionStatus.RUNNING)
+    second = make_execution(ExecutionStatus.RUNNING)
+    for execution in (first, second):
+        holder = Holder(owner=str(execution.pk), execution_id=str(execution.pk), step="export")
+        admitted = coordinator.admit([SemaphoreClaim("pool:19", limit=3)], holder)
+        assert admitted.holds
+
+    page = text(operator_client.get(COORDINATION))
+    occupancy = page[page.index('id="semaphores"') : page.index('id="inspect"')]
+    assert re.search(r"pool:19</td><td>2</td>", occupancy)
+    inspected = text(
+        operator_client.get(COORDINATION, {"primitive": "semaphore", "key": "pool:19", "limit": 3})
+    )
+    assert "2 held of 3 (1 free)" in inspected
+    api = operator_client.get("/api/reactor/holds/", {"primitive": "semaphore"}).json()
+    assert {h["execution"] for h in api["results"]} == {str(first.pk), str(second.pk)}
+    assert {h["step"] for h in api["results"]} == {"export"}
+
+    params = {"primitive": "semaphore", "key": "pool:19", "owner": str(first.pk)}
+    assert operator_client.post(FORCE_RELEASE, params).status_code == 302
+    remaining = operator_client.get("/api/reactor/holds/", {"key": "pool:19"}).json()
+    assert [h["execution"] for h in remaining["results"]] == [str(second.pk)]
+    audit = CoordinationEvent.objects.get(kind=CoordinationEventKind.FORCED_RELEASE)
+    assert (audit.primitive, audit.execution_id, audit.step) == ("semaphore", first.pk, "export")
+
+
+@pytest.mark.django_db
+def test_pages_say_when_redis_is_unreachable(staff_client: Client, settings: Any) -> None:
+    settings.REACTOR_REDIS_URL = "redis://127.0.0.1:1/0"
+    page = text(staff_client.get(COORDINATION))
+    assert "Coordination store unreachable" in page
+    timeline_page = text(staff_client.get(TIMELINE, {"key": "acct:1"}))
+    assert "Coordination store unreachable" in timeline_page
