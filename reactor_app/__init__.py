@@ -13,7 +13,7 @@ from reactor_app.dsl.coordination import (
     with_rate_limit,
     with_semaphore,
 )
-from reactor_app.dsl.kinds import compose, map_step
+from reactor_app.dsl.kinds import async_reactor, async_step, compose, interrupt, map_step
 from reactor_app.dsl.outcome import Failure, Halt, Skipped, Success
 from reactor_app.dsl.reactor import Reactor
 from reactor_app.dsl.retries import Retries
@@ -31,10 +31,13 @@ __all__ = [
     "Skipped",
     "Step",
     "Success",
+    "async_reactor",
+    "async_step",
     "compose",
     "element",
     "from_input",
     "from_result",
+    "interrupt",
     "map_step",
     "step",
     "value",

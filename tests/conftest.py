@@ -4,10 +4,11 @@
   ``REDIS_URL`` must answer; under ``CI`` a silent one ends the run with a clear message (a
   coordination test is never skipped in CI for want of Redis). Without ``REDIS_URL`` the
   embedded Redis server is started (or reused) here, so its failure is reported once, first.
-* **A key space per test.** ``redis_prefix`` (autouse) gives every test its own
-  ``REACTOR_KEY_PREFIX`` and afterwards deletes that prefix's keys, and only those, from the
-  coordination Redis — so tests never see each other's holds, and a shared Redis (CI's database
-  15, a developer's embedded server) is left as it was found.
+* **A key space per test.** ``redis_prefix`` (autouse) is the ``reactor_key_space`` fixture of
+  ``reactor_app.testing.pytest_plugin``: every test gets its own ``REACTOR_KEY_PREFIX`` and
+  afterwards that prefix's keys, and only those, are deleted from the coordination Redis — so
+  tests never see each other's holds, and a shared Redis (CI's database 15, a developer's
+  embedded server) is left as it was found.
 * **Child processes see what the test sees.** ``subprocess_env()`` is the environment for a
   ``python``/``celery`` process started by a test: same test database, same Redis, same key
   prefix. Such tests need ``transactional_db`` (a child cannot see a test's open transaction).
@@ -15,25 +16,19 @@
 
 from __future__ import annotations
 
-import itertools
 import os
-import secrets
 import socket
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: seconds a service gets to answer the session-start check
 SERVICE_CHECK_TIMEOUT = 5.0
-
-_RUN_TOKEN = secrets.token_hex(2)  # tells apart two runs that happen to get the same pid
-_prefix_numbers = itertools.count(1)
-
 
 # --------------------------------------------------------------------------------------------
 # Session start: the services answer
@@ -143,64 +138,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # A key space per test
 # --------------------------------------------------------------------------------------------
 
-
-def new_key_prefix() -> str:
-    """A ``REACTOR_KEY_PREFIX`` no other test (of this or a concurrent run) uses."""
-    return f"rt-{os.getpid()}-{_RUN_TOKEN}-{next(_prefix_numbers)}"
-
-
-def delete_prefixed_keys(client: Any, prefix: str) -> int:
-    """Delete every key under ``<prefix>:`` (SCAN + UNLINK, never KEYS/FLUSHDB); the count."""
-    from reactor_app.coordination.redis import glob_escape
-
-    deleted = 0
-    batch: list[str] = []
-    for name in client.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
-        batch.append(name)
-        if len(batch) >= 500:
-            deleted += client.unlink(*batch)
-            batch.clear()
-    if batch:
-        deleted += client.unlink(*batch)
-    return deleted
-
-
-def _suite_redis_url() -> str | None:
-    """The URL of the suite's coordination Redis as configured now, without connecting."""
-    from django.conf import settings
-
-    configured = getattr(settings, "REACTOR_REDIS_URL", None)
-    if configured:
-        return str(configured)
-    directory = getattr(settings, "REACTOR_EMBEDDED_REDIS_DIR", None)
-    if not directory:
-        return None
-    from reactor_app.coordination import embedded
-
-    return embedded.url(directory)
+# The plugin (enabled in the top-level conftest.py) owns the key-space machinery; these names
+# stay importable from here for the suite's own helpers.
+__all__ = ["delete_prefixed_keys", "new_key_prefix"]
 
 
 @pytest.fixture(autouse=True)
-def redis_prefix(settings: Any) -> Iterator[str]:
-    """This test's ``REACTOR_KEY_PREFIX``; its keys are deleted after the test."""
-    # Resolved before the test runs: a test may point REACTOR_REDIS_URL elsewhere (even at a
-    # dead server) and that override is still in force when this fixture tears down.
-    url = _suite_redis_url()
-    prefix = new_key_prefix()
-    settings.REACTOR_KEY_PREFIX = prefix
-    yield prefix
-    # Cheap for tests that never touched Redis: without the client module loaded, nothing in
-    # this process can have written a key under this prefix.
-    if url is None or "reactor_app.coordination.redis" not in sys.modules:
-        return
-    from reactor_app.coordination.redis import get_client
+def redis_prefix(reactor_key_space: str) -> str:
+    """This test's ``REACTOR_KEY_PREFIX``; its keys are deleted after the test.
 
-    try:
-        delete_prefixed_keys(get_client(url), prefix)
-    except Exception as exc:  # a test that stopped the suite's Redis must not fail teardown
-        import warnings
-
-        warnings.warn(f"could not clean Redis keys under {prefix!r}: {exc}", stacklevel=1)
+    The plugin's ``reactor_key_space``, made autouse for the whole suite (set through
+    pytest-django's ``settings``, resolved before the test so a test that re-points
+    ``REACTOR_REDIS_URL`` still has its keys cleaned from the suite's Redis).
+    """
+    return reactor_key_space
 
 
 # --------------------------------------------------------------------------------------------

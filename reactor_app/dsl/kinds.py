@@ -1,16 +1,21 @@
-"""Step kinds beyond a plain step: composed reactors and mapped steps.
+"""Step kinds beyond a plain step: composed, mapped, asynchronous and interrupt steps.
 
 ``compose(ChildReactor, **arguments)`` runs a child reactor inside this execution tree (same
 root owner, fully part of rollback). ``map_step(StepOrReactor, over=source, **arguments)`` runs
 once per element of ``over``; ``element()`` reads the current element, and each iteration is
 coordinated on its own arguments.
+
+``async_step(StepClass, ...)`` and ``async_reactor(ChildReactor, ...)`` hand work to a Celery
+worker (``engine.dispatch``); ``interrupt(...)`` pauses the execution until it is resumed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from reactor_app.dsl.arguments import Source
+from reactor_app.dsl.coordination import Declaration
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.exceptions import DefinitionError
 
@@ -88,3 +93,179 @@ def map_step(
             option="over",
         )
     return MapSpec(target, over, arguments, where)
+
+
+# --------------------------------------------------------------------------------------------
+# Kinds that leave the process: async_step, async_reactor; and the interrupt that pauses.
+
+
+class AsyncStepSpec(StepSpec):
+    """``async_step``: the step body runs in its own Celery task (its own execution row).
+
+    The dispatcher takes no coordination: the task takes the step's holds in the worker, owned
+    by the task's own execution id. The step's result is read when a later step needs it (a
+    synchronous caller blocks for up to ``result_timeout`` seconds; a worker parks).
+    """
+
+    kind: ClassVar[str] = "async_step"
+
+    def __init__(
+        self, target: Any, arguments: dict[str, Any], where: Any, result_timeout: float
+    ) -> None:
+        super().__init__(target, arguments, where)
+        self.result_timeout = result_timeout
+
+
+class AsyncReactorSpec(StepSpec):
+    """``async_reactor``: an independent child execution of another reactor, on a worker.
+
+    Independent: its own owner, its own holds and its own rollback — the parent's rollback
+    does not undo it. Its value becomes this step's result, read like an ``async_step``'s.
+    """
+
+    kind: ClassVar[str] = "async_reactor"
+
+    def __init__(
+        self, target: Any, arguments: dict[str, Any], where: Any, result_timeout: float
+    ) -> None:
+        super().__init__(target, arguments, where)
+        self.result_timeout = result_timeout
+
+    def step_class(self) -> type[Step] | None:
+        return None
+
+    def check(self, reactor: type[Reactor]) -> None:
+        super().check(reactor)
+        # the same rule as compose: the arguments must be the child's inputs
+        where = f"{reactor.__qualname__}.{self.name}"
+        unknown = sorted(set(self.arguments) - set(self.target.inputs))
+        if unknown:
+            raise DefinitionError(
+                f"{where}: {self.target.__qualname__} has inputs {tuple(self.target.inputs)} but "
+                f"is given {unknown}",
+                owner=where,
+                option=unknown[0],
+            )
+
+
+class InterruptSpec(StepSpec):
+    """``interrupt``: pause the execution until ``Reactor.resume(...)`` supplies a payload.
+
+    Nothing runs at an interrupt, so there is nothing to coordinate: declaring a primitive on
+    one raises ``DefinitionError``. Reactor-level holds are released across the pause and
+    re-taken when the execution resumes.
+    """
+
+    kind: ClassVar[str] = "interrupt"
+
+    def __init__(
+        self,
+        correlation_id: Callable[[dict[str, Any]], Any] | None,
+        timeout: float | None,
+        where: Any,
+    ) -> None:
+        super().__init__(None, {}, where)
+        self.correlation_id = correlation_id
+        self.timeout = timeout
+
+    def step_class(self) -> type[Step] | None:
+        return None
+
+    def add_declaration(self, declaration: Declaration) -> None:
+        raise DefinitionError(
+            f"{declaration.primitive} cannot be declared on an interrupt step: nothing runs at "
+            "an interrupt, so there is no work to protect. Declare it on the reactor instead "
+            f"(@with_{declaration.primitive}(...) on the Reactor class): reactor-level holds "
+            "are released across the pause and re-taken on resume",
+            owner=self.name or "interrupt", option=declaration.primitive,
+        )
+
+    def compute_correlation_id(self, inputs: dict[str, Any]) -> str:
+        if self.correlation_id is None:
+            return ""
+        value = self.correlation_id(inputs)
+        return "" if value is None else str(value)
+
+
+#: seconds a synchronous reader waits for an async step's or reactor's result by default
+DEFAULT_RESULT_TIMEOUT = 300.0
+
+
+def _result_timeout(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise DefinitionError(
+            f"{where}: result_timeout must be a number of seconds > 0, got {value!r}",
+            option="result_timeout",
+        )
+    return float(value)
+
+
+def async_step(
+    target: Any,
+    /,
+    *,
+    where: Any = None,
+    result_timeout: float = DEFAULT_RESULT_TIMEOUT,
+    **arguments: Any,
+) -> AsyncStepSpec:
+    """Run ``target`` (a Step subclass) in its own Celery task; see ``AsyncStepSpec``.
+
+    ``result_timeout`` bounds how long a synchronous caller blocks on the result.
+    """
+    if not (isinstance(target, type) and issubclass(target, Step)):
+        hint = " (use async_reactor(...) for a reactor)" if _is_reactor(target) else ""
+        raise DefinitionError(
+            f"async_step() takes a Step subclass, got {target!r}{hint}", option="target"
+        )
+    return AsyncStepSpec(
+        target, arguments, where, _result_timeout("async_step", result_timeout)
+    )
+
+
+def async_reactor(
+    child: Any,
+    /,
+    *,
+    where: Any = None,
+    result_timeout: float = DEFAULT_RESULT_TIMEOUT,
+    **arguments: Any,
+) -> AsyncReactorSpec:
+    """Run ``child`` (a Reactor subclass) as an independent execution on a worker."""
+    if not _is_reactor(child):
+        raise DefinitionError(
+            f"async_reactor() takes a Reactor subclass, got {child!r}; use async_step() for a "
+            "Step",
+            option="target",
+        )
+    return AsyncReactorSpec(
+        child, arguments, where, _result_timeout("async_reactor", result_timeout)
+    )
+
+
+def interrupt(
+    *,
+    correlation_id: Callable[[dict[str, Any]], Any] | None = None,
+    timeout: float | None = None,
+    where: Any = None,
+) -> InterruptSpec:
+    """Pause the execution here until ``Reactor.resume(execution_id, step=..., payload=...)``.
+
+    ``correlation_id`` (a function of the reactor's inputs) names the pause for
+    ``Reactor.resume_by_correlation``; ``timeout`` (seconds, default: none) makes the sweeper
+    fail the interrupt step — and roll the execution back — when no resume came in time. The
+    payload of the resume becomes this step's result.
+    """
+    if correlation_id is not None and not callable(correlation_id):
+        raise DefinitionError(
+            "interrupt(correlation_id=...) takes a function of the reactor's inputs, e.g. "
+            f"lambda inputs: f\"order:{{inputs['order_id']}}\", got {correlation_id!r}",
+            option="correlation_id",
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
+        raise DefinitionError(
+            f"interrupt(timeout=...) must be a number of seconds > 0 or None, got {timeout!r}",
+            option="timeout",
+        )
+    return InterruptSpec(correlation_id, None if timeout is None else float(timeout), where)

@@ -17,6 +17,7 @@ from reactor_app.exceptions import DefinitionError
 
 if TYPE_CHECKING:
     from reactor_app.engine.result import Result
+    from reactor_app.models import Execution
 
 
 class Reactor(Coordinated):
@@ -79,7 +80,42 @@ class Reactor(Coordinated):
 
     @classmethod
     def run(cls, **inputs: Any) -> Result:
-        """Run the reactor in this process and return its ``Result``."""
+        """Run the reactor in this process and return its ``Result``.
+
+        A ``background = True`` reactor is handed to a worker at once (``status ==
+        "handed_off"``); ``background = "after:<step>"`` runs up to that step here.
+        """
         from reactor_app.engine.executor import run_reactor
 
         return run_reactor(cls, inputs)
+
+    @classmethod
+    def run_async(cls, **inputs: Any) -> Execution:
+        """Run the reactor on a Celery worker; returns the (pending) ``Execution`` row.
+
+        The row is committed before the task is sent. ``execution.wait(timeout)`` blocks until
+        it is finished and returns its ``Result``.
+        """
+        from reactor_app.engine.dispatch import run_async
+
+        return run_async(cls, inputs)
+
+    @classmethod
+    def resume(cls, execution_id: Any, *, step: str | None = None, payload: Any = None) -> Result:
+        """Continue an execution paused at interrupt ``step``; ``payload`` is its result.
+
+        Inline (or on a worker for a ``background`` reactor: ``status == "handed_off"``).
+        Raises ``ExecutionNotResumable`` if it is not waiting there — e.g. a second resume.
+        """
+        from reactor_app.engine.dispatch import resume
+
+        return resume(cls, execution_id, step=step, payload=payload)
+
+    @classmethod
+    def resume_by_correlation(
+        cls, correlation_id: str, *, step: str | None = None, payload: Any = None
+    ) -> Result:
+        """``resume`` the execution of this reactor paused under ``correlation_id``."""
+        from reactor_app.engine.dispatch import resume_by_correlation
+
+        return resume_by_correlation(cls, correlation_id, step=step, payload=payload)

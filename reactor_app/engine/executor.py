@@ -1,39 +1,69 @@
 """The executor: runs a reactor's plan for one execution.
 
 Main loop of ``ExecutionRun.execute`` (one execution; a composed child runs the same loop with
-the root's owner and held-key registry)::
+the root's owner and held-key registry). ``mode="sync"`` runs in the caller's process;
+``mode="worker"`` is a Celery delivery (``engine.dispatch``), which parks instead of waiting::
 
-    1. Mark the execution running (or resuming) and emit ``execution_started``.
-    2. Enter the reactor-level gate with the reactor's inputs: the ordered-lock position is
-       assigned now; a marked period bucket or a failed strict chain halts the run (nothing
-       runs); contention waits then fails (synchronous) or parks (worker).
+    1. Mark the execution running and emit ``execution_started`` — or ``execution_resumed``
+       when it ran before (a park, an interrupt, a hand-off, a redelivery after a crash).
+    2. Enter the reactor-level gate with the reactor's inputs (again on every pass: a resume
+       is a coordinated entry point): the ordered-lock position is assigned on the first pass
+       and reused; a marked period bucket or a failed strict chain halts the run; contention
+       waits then fails (sync) or parks (worker, counted against the contention ceiling; past
+       it → failed). A failure here rolls back steps completed on earlier passes.
     3. For each step of the plan from the checkpoint ``state.next_index``:
-         a. ``where`` false → record the step skipped, move on (no arguments, no holds).
-         b. resolve and validate arguments (failure → step failed, nothing held).
-         c. run it by kind: a step through the runner (retries, step gate, compensation),
-            ``compose`` as a child execution of this loop, ``map_step`` once per element.
-         d. completed → store the result, append to the rollback log, checkpoint.
+         a. if it reads the result of an ``async_step``/``async_reactor`` still running:
+            sync → block for it (up to its ``result_timeout``); worker → park until the child
+            ends (the child's delivery wakes this one). A failed child fails this step.
+         b. ``where`` false → record the step skipped, move on (no arguments, no holds).
+         c. resolve and validate arguments (failure → step failed, nothing held).
+         d. run it by kind: a step through the runner (retries, step gate, compensation),
+            ``compose`` as a child execution of this loop, ``map_step`` once per element,
+            ``async_step``/``async_reactor`` → hand-off guard (a key this execution holds →
+            ``HandOffRefused``, nothing created or enqueued), then a child execution row and,
+            after commit, its task (→ dispatched: checkpoint, move on without a result),
+            ``interrupt`` → its resume payload if one came, else pause.
+         e. completed → store the result, append to the rollback log, checkpoint.
             skipped   → store the value (never undone), checkpoint.
             halted    → stop cleanly: no rollback.
-            parked    → persist, give back the step's holds (keep ordered positions), return.
-            failed    → undo the rollback log newest first, collect rollback failures, fail.
-    4. The value is the ``returns`` step's result, else a dict of every result.
-    5. In ``finally``: release the reactor-level gate (outcome decides period mark / cursor).
+            parked    → count the park (ceiling exceeded → failed), persist, return; the
+                        unit's own holds were given back (ordered positions kept).
+            interrupted → persist the correlation id, return (holds released below).
+            failed    → wait for running async children, then undo the rollback log newest
+                        first, collect rollback failures, fail.
+         f. sync mode, ``background = "after:<this step>"`` → hand off: return; the
+            caller enqueues the execution and a worker continues from the checkpoint.
+    4. Wait for (sync) or park on (worker) async children not read yet. The value is the
+       ``returns`` step's result, else a dict of every result.
+    5. In ``finally``: release the reactor-level gate — ``park`` for parked, interrupted and
+       handed-off passes (holds given back, ordered position kept), else the outcome decides
+       period mark / cursor.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.arguments import PathError, Scope
-from reactor_app.dsl.kinds import ComposeSpec, MapSpec
+from reactor_app.dsl.kinds import (
+    AsyncReactorSpec,
+    AsyncStepSpec,
+    ComposeSpec,
+    InterruptSpec,
+    MapSpec,
+)
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.context import CompletedStep, ExecutionState, HeldKeys, to_json
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
-from reactor_app.engine.result import Result
+from reactor_app.engine.result import Result, error_from_dict
 from reactor_app.engine.rollback import roll_back, undo_record
 from reactor_app.engine.runner import (
     StepOutcome,
@@ -42,15 +72,17 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
+from reactor_app.engine.worker import ClaimLost, guard_hand_off, note_park
 from reactor_app.exceptions import (
     ArgumentResolutionError,
+    ConfigurationError,
     CoordinationError,
     InputValidationError,
     ReactorError,
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
+from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 
 if TYPE_CHECKING:
@@ -92,6 +124,11 @@ class ExecutionRun:
         self.instance = reactor()
         self.gates: list[Gate] = list(parent.gates) if parent else []
         self.children: dict[str, ExecutionRun] = {}
+        #: worker mode: seconds until the parked execution is requeued (set by ``note_park``)
+        self.requeue_in: float | None = None
+        #: called before every checkpoint; a delivery checks its claim there
+        self.on_persist: Callable[[], None] | None = parent.on_persist if parent else None
+        self.last_end: RunEnd | None = None
 
     # -- identities -----------------------------------------------------------------------
 
@@ -112,9 +149,17 @@ class ExecutionRun:
     def park_on_contention(self) -> bool:
         return self.mode == "worker"
 
+    @property
+    def waiter_id(self) -> str | None:
+        """The id a parked unit registers on the contended key: the execution whose task a
+        release re-enqueues (the root of this tree). None outside workers."""
+        return self.root.execution_id if self.park_on_contention else None
+
     # -- persistence ----------------------------------------------------------------------
 
     def persist(self, **fields: Any) -> None:
+        if self.on_persist is not None:
+            self.on_persist()
         self.execution.context = self.state.to_json()
         self.execution.heartbeat_at = timezone.now()
         for name, value in fields.items():
@@ -141,7 +186,7 @@ class ExecutionRun:
     # -- the main loop --------------------------------------------------------------------
 
     def execute(self) -> RunEnd:
-        resuming = self.execution.status in (ExecutionStatus.PARKED, ExecutionStatus.INTERRUPTED)
+        resuming = self.execution.started_at is not None
         now = timezone.now()
         self.persist(status=ExecutionStatus.RUNNING, started_at=self.execution.started_at or now)
         emit_engine(
@@ -150,15 +195,47 @@ class ExecutionRun:
         )
         gate: Gate | None = None
         end: RunEnd | None = None
+        abandoned = False
         try:
             gate, end = self._enter_reactor_gate()
             if end is None:
                 end = self._run_steps()
             return end
+        except ClaimLost:
+            abandoned = True  # another delivery may run it now: give back, decide nothing
+            raise
         finally:
             if gate is not None:
-                gate.exit(_release_outcome(end))
+                gate.exit("park" if abandoned else _release_outcome(end))
                 self.gates.remove(gate)
+
+    def execute_async_step(self) -> RunEnd:
+        """The body of an ``async_step`` task: one unit, holds owned by this execution's id."""
+        name = self.state.extra["dispatch"]["step"]
+        spec = self.reactor.steps[name]
+        step_class = spec.step_class()
+        assert step_class is not None
+        resuming = self.execution.started_at is not None
+        self.persist(
+            status=ExecutionStatus.RUNNING,
+            started_at=self.execution.started_at or timezone.now(),
+            current_step=name,
+        )
+        emit_engine(
+            EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
+            self.execution,
+        )
+        outcome = self._run_unit(spec, step_class, dict(self.inputs), name)
+        if outcome.status in ("completed", "skipped"):
+            self.state.extra["skipped"] = outcome.status == "skipped"
+            return RunEnd("succeeded", value=outcome.value)
+        if outcome.status == "halted":
+            return RunEnd("halted", reason=outcome.reason)
+        if outcome.status == "parked":
+            return RunEnd("parked", park=outcome.park)
+        return RunEnd(
+            "failed", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+        )
 
     def _enter_reactor_gate(self) -> tuple[Gate | None, RunEnd | None]:
         declarations = self.reactor.declarations()
@@ -175,18 +252,30 @@ class ExecutionRun:
                 held_keys=self.held_keys,
                 positions=self.state.ordered,
                 position_slot="",
+                waiter_id=self.waiter_id,
             ),
         )
         try:
             skip = gate.enter(wait=declarations.wait_seconds(), park=self.park_on_contention)
         except ParkRequested as parked:
-            return None, RunEnd("parked", park=parked)
-        except CoordinationError as error:
-            return None, RunEnd("failed", error=error)
+            ceiling = note_park(self, "", parked)
+            if ceiling is None:
+                return None, RunEnd("parked", park=parked)
+            return None, self._fail_at_gate(ceiling)
+        except (CoordinationError, ConfigurationError) as error:
+            return None, self._fail_at_gate(error)
         if isinstance(skip, Skip):
             return None, RunEnd("halted", reason=skip.reason)
         self.gates.append(gate)
         return gate, None
+
+    def _fail_at_gate(self, error: ReactorError) -> RunEnd:
+        """The reactor gate refused on a later pass (resume, hand-off, redelivery): steps that
+        completed on earlier passes are rolled back as for any failure."""
+        failures: list[dict[str, Any]] = []
+        if self.state.completed or self.state.extra.get("async"):
+            failures = self._settle_children() + roll_back(self)
+        return RunEnd("failed", error=error, rollback_failures=failures)
 
     def _run_steps(self) -> RunEnd:
         plan = self.reactor.plan
@@ -194,22 +283,47 @@ class ExecutionRun:
             name = plan.order[self.state.next_index]
             spec = plan.specs[name]
             self.execution.current_step = name
-            outcome = self._run_spec(spec)
+            readers_of = plan.dependencies.get(name, frozenset())
+            outcome = self._await_children(readers_of) or self._run_spec(spec)
+            if outcome.status == "dispatched":
+                continue  # checkpointed with the child; its result is read later
             if outcome.status in ("completed", "skipped"):
                 self.state.results[name] = outcome.value
                 if outcome.record is not None:
                     self.state.completed.append(outcome.record)
                 self.state.next_index += 1
                 self.persist(current_step=name)
+                if self._hands_off_after(name):
+                    return RunEnd("handed_off")
                 continue
             if outcome.status == "halted":
                 return RunEnd("halted", reason=outcome.reason)
             if outcome.status == "parked":
                 return RunEnd("parked", park=outcome.park)
+            if outcome.status == "interrupted":
+                return RunEnd("interrupted", reason=outcome.reason)
             failures = list(outcome.rollback_failures)
+            failures.extend(self._settle_children())
             failures.extend(roll_back(self))
             return RunEnd("failed", error=outcome.error, rollback_failures=failures)
+        awaited = self._await_children(None)
+        if awaited is not None:
+            if awaited.status == "parked":
+                return RunEnd("parked")
+            if awaited.status == "halted":
+                return RunEnd("halted", reason=awaited.reason)
+            failures = self._settle_children() + roll_back(self)
+            return RunEnd("failed", error=awaited.error, rollback_failures=failures)
         return RunEnd("succeeded", value=self._value())
+
+    def _hands_off_after(self, name: str) -> bool:
+        """``background = "after:<name>"`` in the caller's process: the rest goes to a worker."""
+        return (
+            self.mode == "sync"
+            and self.parent is None
+            and self.reactor.background == f"after:{name}"
+            and self.state.next_index < len(self.reactor.plan.order)
+        )
 
     def _value(self) -> Any:
         if self.reactor.returns is not None:
@@ -234,12 +348,16 @@ class ExecutionRun:
                 f"{type(exc).__name__}: {exc}",
                 reactor=self.reactor_path, step=spec.name, cause=exc,
             ))
+        if isinstance(spec, InterruptSpec):
+            return self._run_interrupt(spec)
         if isinstance(spec, MapSpec):
             return self._run_map(spec)
         try:
             args = resolve_arguments(spec, self._scope(), self.reactor_path)
         except ArgumentResolutionError as error:
             return StepOutcome("failed", error=error)
+        if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec)):
+            return self._dispatch_child(spec, args)
         if isinstance(spec, ComposeSpec):
             return self._run_child(spec.target, args, label=spec.name)
         step_class = spec.step_class()
@@ -262,7 +380,13 @@ class ExecutionRun:
             position_slot=label,
         )
         outcome = runner.execute(park=self.park_on_contention)
-        if outcome.status == "parked":
+        if outcome.status == "parked" and outcome.park is not None:
+            ceiling = note_park(self, label, outcome.park)
+            if ceiling is not None:
+                StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
+                    EngineEvent.STEP_FAILED, error=ceiling.as_dict(), body_started=False
+                )
+                return StepOutcome("failed", error=ceiling)
             self._record_park(label, outcome.park)
         return outcome
 
@@ -372,6 +496,178 @@ class ExecutionRun:
         )
         return StepOutcome("completed", value=progress["values"], record=record)
 
+    # -- interrupts -----------------------------------------------------------------------
+
+    def _run_interrupt(self, spec: InterruptSpec) -> StepOutcome:
+        """The resume payload is the step's result; without one the execution pauses here."""
+        entries = self.state.extra.setdefault("interrupts", {})
+        entry = entries.get(spec.name)
+        recorder = StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1)
+        if self.parent is not None:
+            return StepOutcome("failed", error=StepFailed(
+                f"interrupt {spec.name!r} of {self.reactor_path} is inside a composed reactor, "
+                "which cannot pause the execution it belongs to: run the child with "
+                "async_reactor(...) (its own execution, resumable by id) or move the interrupt "
+                "to the outer reactor",
+                reactor=self.reactor_path, step=spec.name,
+            ))
+        if entry and "payload" in entry:
+            recorder.finished(EngineEvent.STEP_SUCCEEDED, resumed=True)
+            return StepOutcome("completed", value=entry["payload"])
+        if entry and entry.get("timed_out"):
+            error = StepFailed(
+                f"interrupt {spec.name!r} of {self.reactor_path} was not resumed within "
+                f"{spec.timeout}s",
+                reactor=self.reactor_path, step=spec.name,
+            )
+            recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict())
+            return StepOutcome("failed", error=error)
+        try:
+            correlation_id = spec.compute_correlation_id(self.inputs)
+        except Exception as exc:
+            return StepOutcome("failed", error=StepFailed(
+                f"the correlation_id function of interrupt {spec.name!r} of {self.reactor_path} "
+                f"raised {type(exc).__name__}: {exc}",
+                reactor=self.reactor_path, step=spec.name, cause=exc,
+            ))
+        now = timezone.now()
+        entries[spec.name] = {
+            "since": now.isoformat(),
+            "correlation_id": correlation_id,
+            "deadline": (now + timedelta(seconds=spec.timeout)).isoformat()
+            if spec.timeout
+            else None,
+        }
+        self.execution.correlation_id = correlation_id
+        return StepOutcome("interrupted", reason=spec.name)
+
+    # -- async children ---------------------------------------------------------------------
+
+    def _dispatch_child(
+        self, spec: AsyncStepSpec | AsyncReactorSpec, args: dict[str, Any]
+    ) -> StepOutcome:
+        """Create the child execution and enqueue it after commit; nothing held is handed on."""
+        from reactor_app.engine.dispatch import enqueue_on_commit
+
+        if isinstance(spec, AsyncStepSpec):
+            step_class = spec.step_class()
+            assert step_class is not None
+            try:
+                validate_arguments(step_class, args, self.reactor_path, spec.name)
+            except InputValidationError as invalid:
+                return StepOutcome("failed", error=invalid)
+            reactor_path, kind = self.reactor_path, "async_step"
+        else:
+            wrong_inputs = input_errors(spec.target, args)
+            if wrong_inputs is not None:
+                return StepOutcome("failed", error=wrong_inputs)
+            reactor_path, kind = spec.target.path(), "async_reactor"
+        try:
+            guard_hand_off(self, spec, args)
+        except CoordinationError as refused:  # HandOffRefused, or a key function that raised
+            StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1).finished(
+                EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
+            )
+            return StepOutcome("failed", error=refused)
+        child_id = uuid.uuid4()
+        context = ExecutionState()
+        context.extra["worker"] = True
+        context.extra["dispatch"] = {"kind": kind, "step": spec.name}
+        with transaction.atomic():
+            Execution.objects.start(
+                id=child_id,
+                reactor=reactor_path,
+                inputs=to_json(args),
+                parent=self.execution,
+                # an async step belongs to this tree; an async reactor is a tree of its own
+                root_id=self.root.execution.id if kind == "async_step" else child_id,
+                status=ExecutionStatus.PENDING,
+                heartbeat_at=timezone.now(),
+                context=context.to_json(),
+            )
+            self.state.extra.setdefault("async", {})[spec.name] = {
+                "child": str(child_id),
+                "kind": kind,
+                "args": to_json(args),
+                "timeout": spec.result_timeout,
+            }
+            self.state.next_index += 1
+            self.persist(current_step=spec.name)
+            enqueue_on_commit(child_id)
+        return StepOutcome("dispatched")
+
+    def _await_children(self, names: frozenset[str] | None) -> StepOutcome | None:
+        """Read the results of pending async children among ``names`` (None: all of them).
+
+        None when every one is settled and succeeded; else the outcome for the reader: parked
+        (worker, a child still running), failed (a child failed, or timed out) or halted.
+        """
+        pending = self.state.extra.get("async") or {}
+        for name in [n for n in pending if names is None or n in names]:
+            entry = pending[name]
+            child = Execution.objects.filter(pk=entry["child"]).first()
+            if child is not None and child.status not in TERMINAL_STATUSES:
+                if self.park_on_contention:
+                    return StepOutcome("parked", reason=f"awaiting {name}")
+                child = _block_on(child, float(entry["timeout"]))
+            outcome = self._settle_child(name, entry, child)
+            if outcome is not None:
+                return outcome
+        return None
+
+    def _settle_child(
+        self, name: str, entry: dict[str, Any], child: Execution | None
+    ) -> StepOutcome | None:
+        if child is None or child.status not in TERMINAL_STATUSES:
+            status = child.status if child is not None else "missing"
+            return StepOutcome("failed", error=StepFailed(
+                f"{entry['kind']} {name!r} of {self.reactor_path} did not finish within "
+                f"{entry['timeout']}s (child execution {entry['child']} is {status})",
+                reactor=self.reactor_path, step=name,
+            ))
+        self.state.extra["async"].pop(name)
+        if child.status == ExecutionStatus.SUCCEEDED:
+            self.state.results[name] = child.result
+            skipped = (child.context or {}).get("skipped")
+            if entry["kind"] == "async_step" and not skipped:
+                # an async step is part of this saga: undone if a later step fails
+                self.state.completed.append(CompletedStep(
+                    step=name, kind="step", args=entry["args"], result=child.result,
+                    child_execution=entry["child"],
+                ))
+            self.persist()
+            return None
+        self.persist()
+        if child.status == ExecutionStatus.HALTED:
+            return StepOutcome("halted", reason=(child.context or {}).get("halt_reason"))
+        error = error_from_dict(child.error)
+        if not isinstance(error, ReactorError):
+            error = StepFailed(
+                f"{entry['kind']} {name!r} of {self.reactor_path} failed",
+                reactor=self.reactor_path, step=name,
+            )
+        return StepOutcome("failed", error=error)
+
+    def _settle_children(self) -> list[dict[str, Any]]:
+        """Before a rollback: wait for running async steps so that their successes are undone
+        too (rollback never parks, so a worker blocks here as well)."""
+        failures: list[dict[str, Any]] = []
+        pending = self.state.extra.get("async") or {}
+        for name in list(pending):
+            entry = pending[name]
+            child = Execution.objects.filter(pk=entry["child"]).first()
+            if child is not None and child.status not in TERMINAL_STATUSES:
+                child = _block_on(child, float(entry["timeout"]))
+            if child is None or child.status not in TERMINAL_STATUSES:
+                failures.append({
+                    "step": name, "kind": "undo", "reason": "async_child_unfinished",
+                    "child_execution": entry["child"],
+                })
+                pending.pop(name)
+                continue
+            self._settle_child(name, entry, child)
+        return failures
+
     # -- ending ---------------------------------------------------------------------------
 
     def finish(self, end: RunEnd) -> None:
@@ -396,8 +692,25 @@ class ExecutionRun:
             )
             emit_engine(EngineEvent.EXECUTION_FAILED, self.execution, error=end.error)
         elif end.status == "parked":
+            if self.requeue_in is not None:
+                requeue_at = now + timedelta(seconds=self.requeue_in)
+                self.state.extra["requeue_at"] = requeue_at.isoformat()
+            # names this park's countdown requeue, so that one left over from an earlier park
+            # (the execution was woken and parked again meanwhile) is recognised and dropped
+            self.state.extra["requeue_token"] = uuid.uuid4().hex
             self.persist(status=ExecutionStatus.PARKED)
             emit_engine(EngineEvent.EXECUTION_PARKED, self.execution)
+        elif end.status == "interrupted":
+            self.persist(
+                status=ExecutionStatus.INTERRUPTED,
+                correlation_id=self.execution.correlation_id,
+                current_step=end.reason or self.execution.current_step,
+            )
+            emit_engine(EngineEvent.EXECUTION_INTERRUPTED, self.execution, step=end.reason)
+        elif end.status == "handed_off":
+            # the worker that picks it up emits execution_resumed
+            self.state.extra["worker"] = True
+            self.persist(status=ExecutionStatus.PENDING)
 
     def result(self, end: RunEnd) -> Result:
         return Result(
@@ -413,7 +726,24 @@ class ExecutionRun:
 def _release_outcome(end: RunEnd | None) -> str:
     if end is None or end.status == "failed":
         return "failure"
-    return {"succeeded": "success", "halted": "halt", "parked": "park"}.get(end.status, "failure")
+    return {
+        "succeeded": "success",
+        "halted": "halt",
+        # the execution is not over: give the holds back, keep the ordered position
+        "parked": "park",
+        "interrupted": "park",
+        "handed_off": "park",
+    }.get(end.status, "failure")
+
+
+def _block_on(child: Execution, timeout: float) -> Execution:
+    """A synchronous reader of an async child's result: poll its row until it is terminal or
+    ``timeout`` runs out (the child runs on a worker; there is nothing to subscribe to)."""
+    deadline = time.monotonic() + timeout
+    while child.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
+        time.sleep(0.05)
+        child.refresh_from_db()
+    return child
 
 
 def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidationError | None:
@@ -432,7 +762,12 @@ def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidat
 
 
 def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
-    """``Reactor.run``: create the execution row and run it to the end in this process."""
+    """``Reactor.run``: create the execution row and run it to the end in this process (or, for
+    ``background = True``, hand the whole run to a worker)."""
+    if reactor.background is True:
+        from reactor_app.engine.dispatch import hand_off_new
+
+        return hand_off_new(reactor, inputs)
     error = input_errors(reactor, inputs)
     execution = Execution.objects.start(
         reactor=reactor.path(),
@@ -443,7 +778,15 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     )
     if error is not None:
         return Result(status=ExecutionStatus.FAILED, error=error, execution_id=str(execution.id))
-    run = ExecutionRun(reactor, execution, inputs)
+    return run_inline(ExecutionRun(reactor, execution, inputs))
+
+
+def run_inline(run: ExecutionRun) -> Result:
+    """One pass in this process; a ``background = "after:..."`` hand-off enqueues the rest."""
     end = run.execute()
     run.finish(end)
+    if end.status == "handed_off":
+        from reactor_app.engine.dispatch import enqueue_on_commit
+
+        enqueue_on_commit(run.execution.id)
     return run.result(end)

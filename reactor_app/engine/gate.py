@@ -68,6 +68,9 @@ class GateScope:
     #: the execution's persisted ordered-lock positions (None: assign a fresh one each time)
     positions: dict[str, dict[str, Any]] | None = None
     position_slot: str = ""
+    #: a parked worker's id: registered on the refusing key in the same atomic admission, so
+    #: the release that frees the key returns it to be re-enqueued at once (None: no parking)
+    waiter_id: str | None = None
 
 
 def get_coordinator() -> Coordinator:
@@ -147,7 +150,9 @@ class Gate:
         holder = self._holder()
         for _ in range(2):  # a second round only after re-assigning a stale ordered position
             try:
-                if park or not wait:
+                if park:
+                    answer = self.coordinator.admit(claims, holder, waiter_id=self.scope.waiter_id)
+                elif not wait:
                     answer = self.coordinator.admit(claims, holder)
                 else:
                     answer = self.coordinator.admit_waiting(claims, holder, wait)
@@ -232,7 +237,8 @@ class Gate:
             return []
         woken: list[str] = []
         try:
-            woken = list(self.coordinator.release(admitted, outcome) or [])
+            released = self.coordinator.release(admitted, outcome)
+            woken = list(getattr(released, "woken", None) or [])
         except CoordinationUnavailable:
             # The work already ran; the holds lapse with their TTLs. Never hide it.
             logger.exception("could not release %s; holds will expire by TTL", self.claims)
@@ -243,6 +249,11 @@ class Gate:
             self._event(CoordinationEventKind.RELEASED, claim, token=hold.token, outcome=outcome)
         if outcome in ("success", "failure"):
             self.forget_position()
+        if woken:
+            # Parked executions waited for exactly this release: re-enqueue them now.
+            from reactor_app.engine.dispatch import wake
+
+            wake(woken)
         return woken
 
     # -- helpers --------------------------------------------------------------------------

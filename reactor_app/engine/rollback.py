@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 from reactor_app.dsl.step import Step
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, GateScope
-from reactor_app.exceptions import CoordinationError, CompensationFailed, UndoFailed
+from reactor_app.exceptions import (
+    CompensationFailed,
+    ConfigurationError,
+    CoordinationError,
+    UndoFailed,
+)
 from reactor_app.status import EngineEvent, StepRunKind
 from reactor_app.tracking import StepRecorder
 
@@ -59,14 +64,14 @@ def run_rollback_hook(
         wait = max(d.effective_rollback_wait for d in declarations)  # type: ignore[attr-defined]
         try:
             gate.enter(wait=wait, park=False)  # rollback never parks
-        except CoordinationError as error:
+        except (CoordinationError, ConfigurationError) as error:
             return [
                 {
                     "step": label,
                     "kind": kind,
                     "reason": "coordination_unavailable",
-                    "key": error.key,  # type: ignore[attr-defined]
-                    "primitive": error.primitive,  # type: ignore[attr-defined]
+                    "key": getattr(error, "key", None),
+                    "primitive": getattr(error, "primitive", None),
                     "error": error.as_dict(),
                 }
             ]

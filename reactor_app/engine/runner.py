@@ -19,6 +19,7 @@ from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip, fresh_owner
 from reactor_app.exceptions import (
     ArgumentResolutionError,
+    ConfigurationError,
     CoordinationError,
     InputValidationError,
     ReactorError,
@@ -151,6 +152,7 @@ class UnitRunner:
                 held_keys=self.held_keys,
                 positions=run.state.ordered if run else None,
                 position_slot=self.position_slot,
+                waiter_id=run.waiter_id if run else None,
             ),
             record_events=run is not None,
         )
@@ -193,9 +195,9 @@ class UnitRunner:
                     skip = gate.enter(wait=self.wait, park=park)
                 except ParkRequested as parked:
                     return StepOutcome("parked", park=parked)
-                except CoordinationError as error:
-                    # Contention (or an uncomputable key, or Redis down): the body never ran,
-                    # so there is nothing to compensate.
+                except (CoordinationError, ConfigurationError) as error:
+                    # Contention, an uncomputable key, an unknown named limit or Redis down:
+                    # the body never ran, so there is nothing to compensate.
                     self._record_refusal(attempt, error)
                     return StepOutcome("failed", error=error)
                 if isinstance(skip, Skip):
@@ -213,7 +215,8 @@ class UnitRunner:
                 except Exception as exc:
                     outcome = Failure(exc)
                 if isinstance(outcome, (Success, Skipped, Halt)):
-                    release_as = "success"
+                    # Only a success marks a period bucket; a skip or halt is still terminal.
+                    release_as = "success" if isinstance(outcome, Success) else "halt"
                     return self._finish_ok(outcome, recorder)
                 if outcome.retryable and attempt < self.max_attempts:
                     release_as = "retry"

@@ -1,0 +1,508 @@
+"""Celery dispatch: handing executions to workers, and running them there (DESIGN §5).
+
+Everything that crosses the process boundary goes through here:
+
+* ``run_async`` / ``hand_off_new`` persist an execution and enqueue it **after commit**
+  (``transaction.on_commit``): a task carries the execution id only, never inputs or state.
+* ``deliver`` is the body of the ``reactor_app.run_execution`` task. It first takes the
+  **execution claim** — a Redis lock on the execution id owned by this delivery, with a TTL
+  renewed from a daemon thread while it runs — so two deliveries never run one execution at
+  once. A delivery that finds the claim taken exits; if the execution is not finished it looks
+  again when the claim would lapse (its holder may have been killed). With ``acks_late`` and
+  ``reject_on_worker_lost`` a killed worker's task is redelivered, and the engine continues from
+  the execution's last checkpoint (``state.next_index`` is persisted after every step).
+* Parking: a pass that ends ``parked`` is requeued with ``apply_async(countdown=...)`` at the
+  delay ``engine.worker.note_park`` chose — never with Celery's ``retry``, which would spend
+  ``max_retries`` on contention. ``wake`` re-enqueues parked waiters at once when a release
+  frees their key (the gate calls it); the countdown requeue stays as the safety net and
+  duplicate deliveries are harmless thanks to the claim. A countdown requeue carries a token
+  naming its park, so one left over from an earlier park is dropped rather than counted as
+  another contention attempt.
+* ``resume`` / ``resume_by_correlation`` continue an interrupted execution (inline, or on a
+  worker for a background reactor); a second resume of the same interrupt is refused.
+* ``sweep`` re-enqueues worker executions whose heartbeat is older than
+  ``REACTOR_SWEEP_AFTER`` and whose claim is free, and times out interrupts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings as django_settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.coordination.redis import key as redis_key
+from reactor_app.engine.context import ExecutionState, to_json
+from reactor_app.engine.executor import ExecutionRun, RunEnd, input_errors, run_inline
+from reactor_app.engine.result import Result
+from reactor_app.engine.worker import ClaimLost
+from reactor_app.exceptions import ExecutionNotResumable
+from reactor_app.models import Execution
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.tracking import record_coordination
+
+if TYPE_CHECKING:
+    from reactor_app.dsl.reactor import Reactor
+
+logger = logging.getLogger(__name__)
+
+#: statuses a delivery may (continue to) run
+RUNNABLE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING, ExecutionStatus.PARKED)
+#: seconds a delivery waits for a claim held by another delivery before giving up; covers a
+#: wake that arrives while the parking delivery is still letting go of its claim
+CLAIM_WAIT = 2.0
+
+
+def claim_ttl() -> float:
+    """``REACTOR_EXECUTION_CLAIM_TTL``: seconds a silent delivery keeps its claim (default 30)."""
+    return float(getattr(django_settings, "REACTOR_EXECUTION_CLAIM_TTL", 30.0))
+
+
+# --------------------------------------------------------------------------------------------
+# the execution claim
+
+
+class ExecutionClaim:
+    """A Redis lock on one execution id, owned by one delivery, renewed while it runs."""
+
+    def __init__(
+        self, execution_id: Any, owner: str, *, ttl: float | None = None, client: Any = None
+    ) -> None:
+        self.client = client or get_client()
+        self.name = redis_key("claim", str(execution_id))
+        self.ttl = ttl if ttl is not None else claim_ttl()
+        self.owner = owner
+        self.lost = False
+        self._lock = self.client.lock(self.name, timeout=self.ttl, thread_local=False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, wait: float = 0.0) -> bool:
+        with unavailable_on_connection_error(key=self.name, primitive="claim"):
+            return bool(
+                self._lock.acquire(
+                    blocking=wait > 0, blocking_timeout=wait or None, token=self.owner
+                )
+            )
+
+    def start_renewal(self) -> None:
+        self._thread = threading.Thread(
+            target=self._renew, name=f"reactor-claim-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _renew(self) -> None:
+        from redis.exceptions import LockError
+
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self._lock.reacquire()
+            except LockError:
+                self.lost = True
+                logger.error("the claim %s was lost; another delivery may run it", self.name)
+                return
+            except Exception:  # Redis briefly unreachable: keep trying until the TTL decides
+                logger.warning("could not renew the claim %s", self.name, exc_info=True)
+
+    def check(self) -> None:
+        """Raise ``ClaimLost`` if renewal found the claim gone (called at every checkpoint)."""
+        if self.lost:
+            raise ClaimLost(f"the claim {self.name} lapsed; stopping this delivery")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self._lock.release()
+        except Exception:  # lapsed or Redis unreachable: the TTL frees it either way
+            logger.debug("claim %s was not released by its owner", self.name, exc_info=True)
+
+    def ttl_left(self) -> float:
+        with unavailable_on_connection_error(key=self.name, primitive="claim"):
+            ms = self.client.pttl(self.name)
+        return max(float(ms), 0.0) / 1000 if ms and ms > 0 else 0.0
+
+    @classmethod
+    def is_held(cls, execution_id: Any, client: Any = None) -> bool:
+        client = client or get_client()
+        with unavailable_on_connection_error(primitive="claim"):
+            return bool(client.exists(redis_key("claim", str(execution_id))))
+
+
+def delivery_owner(task_id: str | None) -> str:
+    """The claim owner of one delivery: where it runs, which task, and a fresh nonce."""
+    return f"{socket.gethostname()}:{os.getpid()}:{task_id or '-'}:{uuid.uuid4().hex[:8]}"
+
+
+# --------------------------------------------------------------------------------------------
+# enqueueing
+
+
+def enqueue(
+    execution_id: Any, *, countdown: float | None = None, requeue_token: str | None = None
+) -> None:
+    """Send the execution's task to ``REACTOR_CELERY_QUEUE`` (identities only: the execution
+    id, and for a park's own requeue the token naming that park)."""
+    from reactor_app.tasks import run_execution
+
+    options: dict[str, Any] = {"queue": reactor_settings.CELERY_QUEUE}
+    if countdown is not None and countdown > 0:
+        options["countdown"] = countdown
+    kwargs = {"requeue_token": requeue_token} if requeue_token else {}
+    run_execution.apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
+
+
+def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> None:
+    """Enqueue once the current transaction commits, so a worker always finds the row."""
+    transaction.on_commit(lambda: enqueue(execution_id, countdown=countdown))
+
+
+def wake(waiter_ids: Iterable[str]) -> None:
+    """Re-enqueue parked waiters at once (a release freed their key). Failures only log: the
+    countdown requeue of each waiter is the safety net."""
+    for waiter in waiter_ids:
+        try:
+            uuid.UUID(str(waiter))
+        except ValueError:
+            logger.warning("ignoring woken waiter %r: not an execution id", waiter)
+            continue
+        try:
+            enqueue(waiter)
+        except Exception:
+            logger.exception("could not wake %s; its backoff requeue will", waiter)
+
+
+def _worker_context(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    state = ExecutionState()
+    state.extra["worker"] = True
+    state.extra.update(extra or {})
+    return state.to_json()
+
+
+def run_async(reactor: type[Reactor], inputs: dict[str, Any]) -> Execution:
+    """``Reactor.run_async``: persist a pending execution, enqueue it after commit, return it.
+
+    Invalid inputs give a ``failed`` execution that is never enqueued. Inputs are stored as
+    JSON: the worker sees them as JSON data.
+    """
+    error = input_errors(reactor, inputs)
+    now = timezone.now()
+    with transaction.atomic():
+        execution = Execution.objects.start(
+            reactor=reactor.path(),
+            inputs=to_json(inputs),
+            status=ExecutionStatus.FAILED if error else ExecutionStatus.PENDING,
+            error=error.as_dict() if error else None,
+            finished_at=now if error else None,
+            heartbeat_at=now,
+            context=_worker_context(),
+        )
+        if error is None:
+            enqueue_on_commit(execution.id)
+    return execution
+
+
+def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
+    """``run()`` of a ``background = True`` reactor: the whole run goes to a worker."""
+    execution = run_async(reactor, inputs)
+    if execution.status == ExecutionStatus.FAILED:
+        return execution.to_result()
+    return Result(status="handed_off", execution_id=str(execution.id))
+
+
+# --------------------------------------------------------------------------------------------
+# delivering
+
+
+def deliver(
+    execution_id: str, *, task_id: str | None = None, requeue_token: str | None = None
+) -> dict[str, Any]:
+    """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
+
+    ``requeue_token`` marks the countdown requeue of one park; it is dropped when the execution
+    has parked again since (that newer park has its own requeue), so leftover requeues never
+    pile up into extra contention attempts.
+    """
+    summary: dict[str, Any] = {"execution_id": execution_id}
+    execution = Execution.objects.filter(pk=execution_id).first()
+    if execution is None:
+        return {**summary, "outcome": "missing"}
+    if execution.status not in RUNNABLE:
+        return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+    if _stale_requeue(execution, requeue_token):
+        return {**summary, "outcome": "stale_requeue", "status": execution.status}
+    claim = ExecutionClaim(execution_id, delivery_owner(task_id))
+    if not claim.acquire(wait=CLAIM_WAIT):
+        execution.refresh_from_db()
+        if execution.status in (ExecutionStatus.PENDING, ExecutionStatus.RUNNING):
+            # Running elsewhere — or its delivery was killed and the claim has yet to lapse.
+            enqueue(execution_id, countdown=claim.ttl_left() + 0.5)
+        return {**summary, "outcome": "claimed_elsewhere", "status": execution.status}
+    run: ExecutionRun | None = None
+    try:
+        claim.start_renewal()
+        execution.refresh_from_db()
+        if execution.status not in RUNNABLE or _stale_requeue(execution, requeue_token):
+            return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+        run = _run_pass(execution, claim)
+    except ClaimLost:
+        logger.warning("delivery of %s stopped: its claim lapsed", execution_id)
+        return {**summary, "outcome": "claim_lost"}
+    finally:
+        claim.release()
+    return {**summary, **_follow_up(run)}
+
+
+def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
+    if requeue_token is None or execution.status != ExecutionStatus.PARKED:
+        return False
+    return (execution.context or {}).get("requeue_token") != requeue_token
+
+
+def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
+    from reactor_app.dsl.registry import lookup
+
+    was_parked = execution.status == ExecutionStatus.PARKED
+    run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs), mode="worker")
+    run.on_persist = claim.check
+    if was_parked:
+        _record_resumed(run)
+    marker = run.state.extra.get("dispatch") or {}
+    end = run.execute_async_step() if marker.get("kind") == "async_step" else run.execute()
+    run.finish(end)
+    run.last_end = end
+    return run
+
+
+def _record_resumed(run: ExecutionRun) -> None:
+    parked_on = run.state.extra.pop("parked_on", None)
+    if not parked_on or not parked_on.get("key"):
+        return
+    record_coordination(
+        CoordinationEventKind.RESUMED,
+        primitive=parked_on["primitive"],
+        key=parked_on["key"],
+        owner=run.owner,
+        step=parked_on.get("step") or None,
+        reactor=run.reactor_path,
+        execution_id=parked_on.get("execution") or run.execution_id,
+    )
+
+
+def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
+    """After the claim is let go: requeue a parked execution, wake a waiting parent."""
+    if run is None:
+        return {}
+    execution = run.execution
+    end: RunEnd | None = run.last_end
+    if execution.status == ExecutionStatus.PARKED:
+        delay = run.requeue_in
+        if delay is None:  # waiting on an async child, which wakes us when it ends
+            delay = reactor_settings.CONTENTION_BACKOFF[1]
+        enqueue(execution.id, countdown=delay, requeue_token=run.state.extra.get("requeue_token"))
+        return {"outcome": "parked", "status": execution.status, "requeue_in": round(delay, 3)}
+    marker = run.state.extra.get("dispatch") or {}
+    if execution.is_terminal and marker and execution.parent_id:
+        parent_waits = Execution.objects.filter(
+            pk=execution.parent_id, status=ExecutionStatus.PARKED
+        ).exists()
+        if parent_waits:
+            enqueue(execution.parent_id)
+    return {"outcome": end.status if end else execution.status, "status": execution.status}
+
+
+# --------------------------------------------------------------------------------------------
+# resuming interrupts
+
+
+def resume(reactor: type[Reactor], execution_id: Any, *, step: str | None, payload: Any) -> Result:
+    """Continue an interrupted execution with ``payload`` as the interrupt step's result.
+
+    Inline, unless the reactor is ``background`` (then on a worker: ``handed_off``). The status
+    change is made under a row lock, so of two concurrent resumes exactly one wins; the other
+    (and any later one) gets ``ExecutionNotResumable``.
+    """
+    from reactor_app.dsl.registry import lookup
+
+    background = reactor.background is True
+    claim: ExecutionClaim | None = None
+    if not background:
+        claim = ExecutionClaim(execution_id, delivery_owner("resume"))
+        if not claim.acquire(wait=CLAIM_WAIT):
+            raise ExecutionNotResumable(
+                f"execution {execution_id} is being run by another process",
+                execution_id=str(execution_id),
+                step=step,
+                status=None,
+            )
+    try:
+        execution = _take_interrupt(reactor, execution_id, step, payload, background)
+        if background:
+            return Result(status="handed_off", execution_id=str(execution.id))
+        assert claim is not None
+        claim.start_renewal()
+        run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs))
+        run.on_persist = claim.check
+        return run_inline(run)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _take_interrupt(
+    reactor: type[Reactor], execution_id: Any, step: str | None, payload: Any, background: bool
+) -> Execution:
+    from reactor_app.dsl.reactor import Reactor as BaseReactor
+
+    with transaction.atomic():
+        execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
+        if execution is None:
+            raise ExecutionNotResumable(
+                f"there is no execution {execution_id}",
+                execution_id=str(execution_id),
+                step=step,
+                status=None,
+            )
+        if reactor is not BaseReactor and execution.reactor != reactor.path():
+            raise ExecutionNotResumable(
+                f"execution {execution_id} is a run of {execution.reactor}, not {reactor.path()}",
+                execution_id=str(execution_id),
+                step=step,
+                status=execution.status,
+            )
+        waiting_at = execution.current_step
+        state = ExecutionState.from_json(execution.context)
+        entry = state.extra.get("interrupts", {}).get(waiting_at)
+        refusal = None
+        if execution.status != ExecutionStatus.INTERRUPTED or entry is None:
+            refusal = f"it is {execution.status}, not waiting at an interrupt"
+        elif step is not None and step != waiting_at:
+            refusal = f"it waits at interrupt {waiting_at!r}, not {step!r}"
+        elif "payload" in entry:
+            refusal = f"interrupt {waiting_at!r} was already resumed"
+        elif _deadline_passed(entry, timezone.now()):
+            refusal = f"interrupt {waiting_at!r} timed out"
+        if refusal is not None:
+            raise ExecutionNotResumable(
+                f"execution {execution_id} cannot be resumed: {refusal}",
+                execution_id=str(execution_id),
+                step=step or waiting_at,
+                status=execution.status,
+            )
+        now = timezone.now()
+        entry["payload"] = to_json(payload)
+        entry["resumed_at"] = now.isoformat()
+        if background:
+            state.extra["worker"] = True
+        execution.context = state.to_json()
+        execution.status = ExecutionStatus.PENDING if background else ExecutionStatus.RUNNING
+        execution.heartbeat_at = now
+        execution.save(update_fields=["context", "status", "heartbeat_at", "updated_at"])
+        if background:
+            enqueue_on_commit(execution.id)
+    return execution
+
+
+def resume_by_correlation(
+    reactor: type[Reactor], correlation_id: str, *, step: str | None, payload: Any
+) -> Result:
+    """Resume the (oldest) execution of ``reactor`` paused under ``correlation_id``."""
+    from reactor_app.dsl.reactor import Reactor as BaseReactor
+
+    waiting = Execution.objects.waiting_on_interrupt(str(correlation_id))
+    if reactor is not BaseReactor:
+        waiting = waiting.filter(reactor=reactor.path())
+    if step is not None:
+        waiting = waiting.filter(current_step=step)
+    execution = waiting.order_by("created_at").first()
+    if execution is None:
+        raise ExecutionNotResumable(
+            f"no execution of {reactor.path()} waits at an interrupt with correlation id "
+            f"{correlation_id!r}",
+            execution_id=None,
+            step=step,
+            status=None,
+            correlation_id=str(correlation_id),
+        )
+    return resume(reactor, execution.id, step=step, payload=payload)
+
+
+def _deadline_passed(entry: dict[str, Any], now: datetime) -> bool:
+    deadline = parse_datetime(entry.get("deadline") or "")
+    return deadline is not None and deadline <= now
+
+
+# --------------------------------------------------------------------------------------------
+# sweeping
+
+
+def sweep(now: datetime | None = None) -> list[str]:
+    """Re-enqueue worker executions whose delivery vanished; time out overdue interrupts.
+
+    An execution is abandoned when its heartbeat is older than ``REACTOR_SWEEP_AFTER`` and its
+    claim is free (a live delivery renews the claim however long its step runs). A parked
+    execution is abandoned only once its own requeue is overdue by the same margin. Returns
+    the ids enqueued.
+    """
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=reactor_settings.SWEEP_AFTER)
+    enqueued: list[str] = []
+    candidates = Execution.objects.filter(
+        status__in=RUNNABLE, heartbeat_at__lt=stale, context__worker=True
+    ).only("id", "status", "heartbeat_at", "context")
+    for execution in candidates.iterator():
+        if execution.status == ExecutionStatus.PARKED:
+            requeue_at = parse_datetime((execution.context or {}).get("requeue_at") or "")
+            if requeue_at is not None and requeue_at > stale:
+                continue
+        if ExecutionClaim.is_held(execution.id):
+            continue
+        # compare-and-set on the heartbeat: of two sweepers only one enqueues
+        won = Execution.objects.filter(pk=execution.pk, heartbeat_at=execution.heartbeat_at).update(
+            heartbeat_at=now
+        )
+        if won:
+            enqueue(execution.id)
+            enqueued.append(str(execution.id))
+    interrupted = Execution.objects.filter(status=ExecutionStatus.INTERRUPTED).only(
+        "id", "context", "current_step"
+    )
+    for execution in interrupted.iterator():
+        entry = (execution.context or {}).get("interrupts", {}).get(execution.current_step)
+        overdue = bool(entry) and "payload" not in entry and _deadline_passed(entry, now)
+        if overdue and _time_out_interrupt(execution.id, now):
+            enqueued.append(str(execution.id))
+    return enqueued
+
+
+def _time_out_interrupt(execution_id: Any, now: datetime) -> bool:
+    """Mark the interrupt timed out and hand the execution to a worker, which fails the
+    interrupt step and rolls back."""
+    with transaction.atomic():
+        execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
+        if execution is None or execution.status != ExecutionStatus.INTERRUPTED:
+            return False
+        state = ExecutionState.from_json(execution.context)
+        entry = state.extra.get("interrupts", {}).get(execution.current_step)
+        if not entry or "payload" in entry or not _deadline_passed(entry, now):
+            return False
+        entry["timed_out"] = True
+        state.extra["worker"] = True
+        execution.context = state.to_json()
+        execution.status = ExecutionStatus.PENDING
+        execution.heartbeat_at = now
+        execution.save(update_fields=["context", "status", "heartbeat_at", "updated_at"])
+        enqueue_on_commit(execution.id)
+    return True

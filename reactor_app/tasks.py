@@ -1,0 +1,44 @@
+"""Celery tasks: thin shells around ``engine.dispatch`` (DESIGN §5).
+
+Payloads carry identities only — an execution id — and the execution is committed before its
+task is sent. ``acks_late`` + ``reject_on_worker_lost``: a task whose worker dies is
+redelivered, and the execution claim makes a duplicate delivery harmless. Contention never
+goes through Celery's ``retry`` (it would spend ``max_retries``): a parked execution is
+re-sent with ``apply_async(countdown=...)``. Return values land in django-celery-results.
+
+``sweep`` is meant to run periodically; add it to the beat schedule, e.g.::
+
+    CELERY_BEAT_SCHEDULE = {"reactor-sweep": reactor_app.tasks.SWEEP_SCHEDULE}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+#: a beat entry for ``sweep`` every 60 seconds
+SWEEP_SCHEDULE: dict[str, Any] = {"task": "reactor_app.sweep", "schedule": 60.0}
+
+
+@shared_task(
+    name="reactor_app.run_execution",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def run_execution(self: Any, execution_id: str, requeue_token: str | None = None) -> dict[str, Any]:
+    """Run (or continue) one execution on this worker. ``requeue_token`` names the park a
+    countdown requeue belongs to (see ``engine.dispatch.deliver``)."""
+    from reactor_app.engine.dispatch import deliver
+
+    return deliver(execution_id, task_id=self.request.id, requeue_token=requeue_token)
+
+
+@shared_task(name="reactor_app.sweep", acks_late=True)
+def sweep() -> dict[str, Any]:
+    """Re-enqueue executions whose worker vanished; time out overdue interrupts."""
+    from reactor_app.engine.dispatch import sweep as sweep_executions
+
+    requeued = sweep_executions()
+    return {"requeued": requeued}

@@ -1,0 +1,53 @@
+"""Testing helpers for projects that use ``reactor_app`` (and for its own test suite).
+
+* ``coordination_state()`` — live coordination state (locks, semaphores, rate limits, period
+  marks, ordered locks) read through the coordination layer's own readers;
+* ``assert_*`` — assertions on that state whose failure messages describe what was found;
+* ``reactor_app.testing.pytest_plugin`` — fixtures for a real Redis, a clean key space per
+  test and a real Celery worker process (``pytest_plugins = [...]`` in your conftest);
+* ``WorkerProcess`` — start and stop a real ``celery -A <app> worker`` from Python.
+
+Everything here reads; nothing changes coordination state.
+"""
+
+from __future__ import annotations
+
+from reactor_app.testing.assertions import (
+    assert_held_by_step,
+    assert_locked,
+    assert_not_locked,
+    assert_ordered_lock,
+    assert_period_marked,
+    assert_period_not_marked,
+    assert_rate_limit_count,
+    assert_semaphore_count,
+    assert_token_greater,
+)
+from reactor_app.testing.state import (
+    CoordinationState,
+    LockState,
+    OrderedLockState,
+    SemaphoreHolder,
+    SemaphoreState,
+    coordination_state,
+)
+from reactor_app.testing.workers import WorkerProcess
+
+__all__ = [
+    "CoordinationState",
+    "LockState",
+    "OrderedLockState",
+    "SemaphoreHolder",
+    "SemaphoreState",
+    "WorkerProcess",
+    "assert_held_by_step",
+    "assert_locked",
+    "assert_not_locked",
+    "assert_ordered_lock",
+    "assert_period_marked",
+    "assert_period_not_marked",
+    "assert_rate_limit_count",
+    "assert_semaphore_count",
+    "assert_token_greater",
+    "coordination_state",
+]

@@ -1,0 +1,305 @@
+"""pytest plugin of ``reactor_app``: a real Redis, a clean key space per test, real workers.
+
+Enable it in your top-level ``conftest.py``::
+
+    pytest_plugins = ["reactor_app.testing.pytest_plugin"]
+
+Fixtures:
+
+* ``reactor_redis`` (session) — a redis-py client of the coordination Redis: the configured
+  ``REACTOR_REDIS_URL``, else the embedded server (started if nothing answers yet). A Redis
+  that does not answer fails the test under ``CI`` and skips it elsewhere.
+* ``reactor_key_space`` (function) — a ``REACTOR_KEY_PREFIX`` no other test uses, set for the
+  test (through pytest-django's ``settings`` when available); afterwards every key under it,
+  and only those, is deleted (``SCAN`` + ``UNLINK``, never ``FLUSHDB``), so tests never see
+  each other's holds and a shared Redis is left as it was found. Request it (or mark it
+  ``autouse`` in your conftest) in every test that coordinates.
+* ``celery_worker_process`` (module) — a real ``celery -A <app> worker`` subprocess using the
+  test database, the coordination Redis, a queue of its own and a key prefix of its own; tests
+  that request it get that prefix and queue through ``reactor_key_space``. The app is the ini
+  option ``reactor_celery_app`` (default: the package of ``DJANGO_SETTINGS_MODULE``). Override
+  the module-scoped fixtures ``celery_worker_settings`` (a dict of settings for the worker *and*
+  the test, e.g. ``{"REACTOR_CONTENTION_BACKOFF": [0.2, 1.0]}``) and
+  ``celery_worker_concurrency`` to tune it. Tests using it need
+  ``@pytest.mark.django_db(transaction=True)``: the worker cannot see an open transaction.
+
+Nothing from Django or ``reactor_app`` is imported at module level: pytest imports plugins
+before pytest-django has configured Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from reactor_app.testing.workers import WorkerProcess
+
+
+#: seconds a configured Redis gets to answer PING
+PING_TIMEOUT = 5.0
+
+# pid + a random token: two concurrent runs (or xdist workers) never share a prefix
+_RUN_TOKEN = secrets.token_hex(2)
+_prefix_numbers = itertools.count(1)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "reactor_celery_app",
+        "Celery app of the workers celery_worker_process starts (celery -A <app>); "
+        "default: the package of DJANGO_SETTINGS_MODULE",
+        default="",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# helpers (importable: the project's own conftest and tools reuse them)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def new_key_prefix(stem: str = "rt") -> str:
+    """A ``REACTOR_KEY_PREFIX`` no other test (of this or a concurrent run) uses."""
+    return f"{stem}-{os.getpid()}-{_RUN_TOKEN}-{next(_prefix_numbers)}"
+
+
+def delete_prefixed_keys(client: Any, prefix: str) -> int:
+    """Delete every key under ``<prefix>:`` (SCAN + UNLINK, never KEYS/FLUSHDB); the count."""
+    from reactor_app.coordination.redis import glob_escape
+
+    deleted = 0
+    batch: list[str] = []
+    for name in client.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
+        batch.append(name)
+        if len(batch) >= 500:
+            deleted += client.unlink(*batch)
+            batch.clear()
+    if batch:
+        deleted += client.unlink(*batch)
+    return deleted
+
+
+def configured_redis_url() -> str | None:
+    """The coordination Redis URL as configured now, without connecting or starting anything
+    (None when neither a URL nor an embedded-server folder is configured)."""
+    from reactor_app.conf import reactor_settings
+
+    if reactor_settings.REDIS_URL:
+        return reactor_settings.REDIS_URL
+    directory = reactor_settings.EMBEDDED_REDIS_DIR
+    if not directory:
+        return None
+    from reactor_app.coordination import embedded
+
+    return embedded.url(directory)
+
+
+def apply_settings(request: pytest.FixtureRequest, values: dict[str, Any]) -> None:
+    """Set Django settings for the current test: through pytest-django's ``settings`` fixture
+    when it exists (so its own overrides unwind in order), else ``override_settings``."""
+    if not values:
+        return
+    try:
+        settings = request.getfixturevalue("settings")
+    except pytest.FixtureLookupError:
+        from django.test import override_settings
+
+        override = override_settings(**values)
+        override.enable()
+        request.addfinalizer(override.disable)
+        return
+    for name, value in values.items():
+        setattr(settings, name, value)
+
+
+def default_celery_app(config: pytest.Config) -> str:
+    configured = str(config.getini("reactor_celery_app") or "").strip()
+    if configured:
+        return configured
+    settings_module = os.environ.get("DJANGO_SETTINGS_MODULE", "")
+    if not settings_module:
+        raise pytest.UsageError(
+            "celery_worker_process needs the Celery app: set the ini option "
+            "reactor_celery_app = <package> (the -A of `celery -A <package> worker`)"
+        )
+    return settings_module.split(".", 1)[0]
+
+
+def worker_environment(*, settings: dict[str, Any], rootdir: Path) -> dict[str, str]:
+    """The environment of a worker process that must see what the current test sees: the
+    project's settings plus ``settings``, and the test database of every configured alias."""
+    from django.db import connections
+
+    from reactor_app.testing.workers import settings_environment
+
+    databases: dict[str, str] = {}
+    for alias in connections:
+        connection = connections[alias]
+        name = str(connection.settings_dict["NAME"])
+        if connection.vendor == "sqlite" and (
+            name == ":memory:" or "mode=memory" in name or not name
+        ):
+            raise pytest.UsageError(
+                f"database {alias!r} is an in-memory SQLite database, which a worker process "
+                "cannot share: give it a file, e.g. DATABASES['default']['TEST'] = "
+                "{'NAME': BASE_DIR / 'test-db.sqlite3'}"
+            )
+        databases[alias] = name
+    env = settings_environment(settings, databases=databases)
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (str(rootdir), env.get("PYTHONPATH", "")) if part
+    )
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="session")
+def reactor_redis() -> Any:
+    """A redis-py client of the coordination Redis (configured, else the embedded server)."""
+    from reactor_app.coordination.redis import get_client, redis_url
+
+    try:
+        url = redis_url()  # starts the embedded server when no URL is configured
+        client = get_client(url)
+        client.ping()
+    except Exception as exc:
+        message = f"the coordination Redis does not answer: {type(exc).__name__}: {exc}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return client
+
+
+@dataclass
+class CeleryWorker:
+    """The worker of ``celery_worker_process``: its process, queue, key prefix and the
+    settings it shares with the tests that use it."""
+
+    process: WorkerProcess
+    queue: str
+    prefix: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def log(self, tail: int = 80) -> str:
+        return self.process.log(tail)
+
+
+@pytest.fixture(scope="module")
+def celery_worker_settings() -> dict[str, Any]:
+    """Settings the module's worker and its tests share (override in a module or conftest)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def celery_worker_concurrency() -> int:
+    """Child processes of the module's worker (prefork pool)."""
+    return 2
+
+
+@pytest.fixture(scope="module")
+def celery_worker_process(
+    request: pytest.FixtureRequest,
+    django_db_setup: Any,
+    django_db_blocker: Any,
+    celery_worker_settings: dict[str, Any],
+    celery_worker_concurrency: int,
+) -> Iterator[CeleryWorker]:
+    """A real Celery worker for the test module; see the module docstring."""
+    token = secrets.token_hex(4)
+    queue = f"reactor-test-{token}"
+    prefix = new_key_prefix("rw")
+    from reactor_app.conf import reactor_settings
+
+    shared = {
+        "REACTOR_CELERY_QUEUE": queue,
+        "CELERY_TASK_DEFAULT_QUEUE": queue,
+        "REACTOR_KEY_PREFIX": prefix,
+        **celery_worker_settings,
+    }
+    # what the worker must agree on with the test process even if settings changed at runtime
+    worker_only = {
+        "REACTOR_REDIS_URL": reactor_settings.REDIS_URL,
+        "REACTOR_EMBEDDED_REDIS_DIR": reactor_settings.EMBEDDED_REDIS_DIR,
+    }
+    with django_db_blocker.unblock():
+        env = worker_environment(
+            settings={**worker_only, **shared}, rootdir=request.config.rootpath
+        )
+    from reactor_app.testing.workers import WorkerProcess
+
+    process = WorkerProcess(
+        default_celery_app(request.config),
+        queues=(queue,),
+        concurrency=celery_worker_concurrency,
+        name=queue,
+        env=env,
+        cwd=request.config.rootpath,
+        keep_log=bool(os.environ.get("REACTOR_KEEP_WORKER_LOGS")),
+    )
+    try:
+        process.start()
+    except Exception as exc:
+        pytest.fail(f"could not start a celery worker: {exc}", pytrace=False)
+    worker = CeleryWorker(process=process, queue=queue, prefix=prefix, settings=shared)
+    try:
+        yield worker
+    finally:
+        process.stop()
+        from reactor_app.testing.workers import delete_broker_queue
+
+        delete_broker_queue(queue)
+        if process.keep_log:
+            print(f"worker log kept at {process.log_path}")
+        with contextlib.suppress(Exception):
+            from reactor_app.coordination.redis import get_client
+
+            delete_prefixed_keys(get_client(), prefix)
+
+
+@pytest.fixture
+def reactor_key_space(request: pytest.FixtureRequest) -> Iterator[str]:
+    """This test's ``REACTOR_KEY_PREFIX``; every key under it is deleted after the test.
+
+    In a test that uses ``celery_worker_process`` it is the worker's prefix (and the test
+    sends to the worker's queue), since a running worker cannot change its settings.
+    """
+    worker: CeleryWorker | None = None
+    if "celery_worker_process" in request.fixturenames:
+        worker = request.getfixturevalue("celery_worker_process")
+        if not worker.alive():
+            pytest.fail(f"the celery worker died:\n{worker.log()}", pytrace=False)
+    prefix = worker.prefix if worker else new_key_prefix()
+    # Resolved before the test runs: a test may point REACTOR_REDIS_URL elsewhere (even at a
+    # dead server), and that override is still in force when this fixture tears down.
+    url = configured_redis_url()
+    apply_settings(request, {**(worker.settings if worker else {}), "REACTOR_KEY_PREFIX": prefix})
+    yield prefix
+    # Cheap for tests that never touched Redis: without the client module loaded, nothing in
+    # this process can have written a key under this prefix.
+    if url is None or "reactor_app.coordination.redis" not in sys.modules:
+        return
+    from reactor_app.coordination.redis import get_client
+
+    try:
+        delete_prefixed_keys(get_client(url), prefix)
+    except Exception as exc:  # a test that stopped the Redis must not fail its teardown
+        warnings.warn(f"could not clean Redis keys under {prefix!r}: {exc}", stacklevel=1)

@@ -1,0 +1,45 @@
+"""Helpers of the worker tests: polling, overlap detection, broker queue length."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout: float, interval: float = 0.05, message: str = ""
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(message or f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def overlapping(intervals: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs of recorded ``{start, end}`` intervals that overlap (touching ends do not)."""
+    ordered = sorted(intervals, key=lambda i: i["start"])
+    found = []
+    for index, current in enumerate(ordered):
+        for other in ordered[index + 1 :]:
+            if other["start"] >= current["end"]:
+                break
+            found.append((current, other))
+    return found
+
+
+def queue_length(queue: str) -> int:
+    """Messages waiting in ``queue`` on the Celery broker (kombu's Redis list)."""
+    from demo_project.celery import app
+
+    with app.connection_for_write() as connection:
+        return int(connection.default_channel.client.llen(queue))

@@ -1,0 +1,234 @@
+"""Worker-backed executions with real Celery workers: contention parks, crash safety, sweeping.
+
+Claims SC-004 (contention costs zero compensations), SC-005 (the worker path is protected like
+the in-process one), SC-008 (a killed holder frees the key, the execution is redelivered and
+completes), the contention ceiling, and uncapped ordered-lock waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+from django_celery_results.models import TaskResult
+
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Holder, LockClaim, OrderedLockClaim
+from reactor_app.coordination.lock import lock_state
+from reactor_app.engine.dispatch import ExecutionClaim
+from reactor_app.exceptions import ContentionCeilingExceeded
+from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
+from reactor_app.status import CoordinationEventKind, ExecutionStatus, StepRunKind, StepRunStatus
+from tests.worker.helpers import overlapping, wait_until
+from tests.worker.reactors import CrashReactor, OrderedReactor, PaymentReactor, records
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+WORKER_SETTINGS = {
+    "REACTOR_CONTENTION_BACKOFF": [0.3, 1.0],
+    "REACTOR_CONTENTION_CEILING": 6,
+    # a killed delivery's claim lapses quickly; longer than the crash test's lock TTL (2 s), so
+    # the test can watch the lock free before the redelivery re-enters it
+    "REACTOR_EXECUTION_CLAIM_TTL": 6,
+    "REACTOR_SWEEP_AFTER": 3,
+}
+
+
+def test_run_async_runs_on_a_worker_and_wait_returns_the_result(worker: Any) -> None:
+    execution = PaymentReactor.run_async(account_id=1, hold=0.01)
+    assert execution.status == ExecutionStatus.PENDING
+
+    result = execution.wait(timeout=30)
+
+    assert result.ok, result.error
+    assert result.value == {"charged": 1}
+    assert {r["pid"] for r in records("charge")} != {os.getpid()}
+    # results go to django-celery-results too
+    task = wait_until(
+        lambda: TaskResult.objects.filter(result__contains=str(execution.id)).first(), 10
+    )
+    assert task.status == "SUCCESS"
+    assert '"succeeded"' in task.result
+
+
+def test_contention_parks_then_completes_without_compensation(worker: Any) -> None:
+    """SC-004: two worker executions on one step-lock key both complete; the second parked."""
+    first = PaymentReactor.run_async(account_id=7, hold=1.0)
+    wait_until(lambda: records("enter:charge"), 20, message="the first never entered charge")
+    second = PaymentReactor.run_async(account_id=7, hold=0.05)
+
+    assert first.wait(timeout=30).ok
+    assert second.wait(timeout=30).ok
+
+    contention = ContentionState.objects.get(execution=second, step="charge")
+    assert contention.primitive == "lock"
+    assert contention.key == "acct:7"
+    assert contention.attempts >= 1
+    assert contention.blocker["owner"] == str(first.id)
+    kinds = set(
+        CoordinationEvent.objects.filter(execution=second, key="acct:7").values_list(
+            "kind", flat=True
+        )
+    )
+    assert {CoordinationEventKind.PARKED, CoordinationEventKind.RESUMED} <= kinds
+    # zero compensations or undos, anywhere
+    assert not StepRun.objects.exclude(kind=StepRunKind.RUN).exists()
+    assert records("rollback") == []
+    # parks did not consume retries: one attempt ran the body, and it was the first attempt
+    ran = StepRun.objects.filter(execution=second, step="charge").exclude(
+        status=StepRunStatus.PARKED
+    )
+    assert [(r.attempt, r.status) for r in ran] == [(1, StepRunStatus.SUCCEEDED)]
+    assert (
+        StepRun.objects.filter(execution=second, step="charge", status=StepRunStatus.PARKED).count()
+        == contention.attempts
+    )
+    parked = Execution.objects.get(pk=second.pk)
+    assert parked.error is None and parked.rollback_failures == []
+
+
+def test_same_key_step_bodies_never_overlap_through_workers(worker: Any) -> None:
+    """SC-005: several executions on one key, two worker processes: zero overlaps."""
+    executions = [PaymentReactor.run_async(account_id=5, hold=0.15) for _ in range(6)]
+    for execution in executions:
+        assert execution.wait(timeout=90).ok
+
+    charges = [r for r in records("charge")]
+    assert len(charges) == 6
+    assert overlapping(charges) == []
+    assert len({r["pid"] for r in records("audit")}) >= 2, "only one worker process ran"
+    # every fresh acquisition got a higher fencing token
+    tokens = [r["token"] for r in sorted(charges, key=lambda r: r["start"])]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 6
+
+
+def test_contention_ceiling_turns_the_park_into_a_failure(worker: Any) -> None:
+    holder = Holder(owner="test-holder")
+    coordinator = Coordinator()
+    held = coordinator.admit([LockClaim("acct:99", ttl=60)], holder)
+    try:
+        execution = PaymentReactor.run_async(account_id=99, hold=0.01)
+        result = execution.wait(timeout=60)
+    finally:
+        coordinator.release(held, "success")
+
+    assert result.status == ExecutionStatus.FAILED
+    assert isinstance(result.error, ContentionCeilingExceeded)
+    assert result.error.attempts == 7  # the seventh refusal is past the ceiling of 6
+    assert result.error.key == "acct:99" and result.error.step == "charge"
+    assert "7 times" in result.error.message
+    # the step that ran before is undone as for any failure; the contended one never ran
+    assert [r["step"] for r in records("rollback")] == ["audit"]
+    assert not StepRun.objects.filter(
+        execution=execution, step="charge", status=StepRunStatus.SUCCEEDED
+    ).exists()
+
+
+def test_ordered_lock_waits_are_not_capped(worker: Any) -> None:
+    coordinator = Coordinator()
+    holder = Holder(owner="test-head")
+    position = coordinator.assign_position("line:1", holder, 600)
+    head = OrderedLockClaim("line:1", position, poison_pill_timeout=3, strict=False)
+    admitted = coordinator.admit([head], holder)
+    stop = threading.Event()
+
+    def keep_head_alive() -> None:
+        while not stop.wait(0.5):
+            coordinator.heartbeat(head)
+
+    beating = threading.Thread(target=keep_head_alive, daemon=True)
+    beating.start()
+    try:
+        execution = OrderedReactor.run_async(key=1)
+        ceiling = WORKER_SETTINGS["REACTOR_CONTENTION_CEILING"]
+        wait_until(
+            lambda: ContentionState.objects.filter(
+                execution=execution, attempts__gt=ceiling + 1
+            ).exists(),
+            40,
+            message="the ordered wait did not park past the ceiling",
+        )
+        execution.refresh_from_db()
+        assert execution.status == ExecutionStatus.PARKED
+    finally:
+        stop.set()
+        beating.join()
+        coordinator.release(admitted, "success")
+
+    result = execution.wait(timeout=30)
+    assert result.ok, result.error
+    assert ContentionState.objects.get(execution=execution).primitive == "ordered_lock"
+
+
+def test_killed_holder_frees_the_key_and_the_execution_completes(worker: Any) -> None:
+    """SC-008: SIGKILL the worker process inside a locked step; no operator action."""
+    execution = CrashReactor.run_async(key="k1")
+    entered = wait_until(lambda: records("enter:fragile"), 30)[0]
+    assert lock_state("crash:k1").held
+    os.kill(entered["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    # the lock's TTL (2 s) lapses: the key frees by itself
+    wait_until(lambda: not lock_state("crash:k1").held, 10, message="the key never freed")
+    freed_after = time.monotonic() - killed_at
+
+    # acks_late + reject_on_worker_lost: the task is redelivered; once the dead delivery's
+    # claim lapses, the execution continues from its checkpoint and completes
+    result = execution.wait(timeout=60)
+    assert result.ok, result.error
+    assert result.value["fragile"] == {"entry": 2}
+    assert freed_after < 4
+    # "before" completed before the crash and was not run again (its checkpoint held)
+    assert len([r for r in records("audit") if r["execution"] == str(execution.id)]) == 1
+    runs = records("fragile")
+    assert [r["entry"] for r in runs] == [2]  # the killed entry never finished
+    assert runs[0]["pid"] != entered["pid"]
+    assert runs[0]["start"] > entered["start"]
+
+
+def test_sweeper_requeues_an_execution_whose_worker_vanished(worker: Any) -> None:
+    """A running execution whose heartbeat is stale and whose claim is free is re-enqueued."""
+    from reactor_app.engine.context import ExecutionState
+    from reactor_app.engine.dispatch import _worker_context
+
+    stale = timezone.now() - timedelta(seconds=60)
+    state = ExecutionState.from_json(_worker_context())
+    state.next_index = 1  # "audit" already done by the vanished worker
+    state.results["audit"] = "audited"
+    execution = Execution.objects.start(
+        reactor=PaymentReactor.path(),
+        inputs={"account_id": 3, "hold": 0.01},
+        status=ExecutionStatus.RUNNING,
+        started_at=stale,
+        heartbeat_at=stale,
+        context=state.to_json(),
+    )
+    held = Execution.objects.start(
+        reactor=PaymentReactor.path(),
+        inputs={"account_id": 4, "hold": 0.01},
+        status=ExecutionStatus.RUNNING,
+        started_at=stale,
+        heartbeat_at=stale,
+        context=_worker_context(),
+    )
+    live_claim = ExecutionClaim(held.id, "a-live-delivery", ttl=30)
+    assert live_claim.acquire()
+    try:
+        call_command("reactor_sweep")
+        result = execution.wait(timeout=30)
+        assert result.ok, result.error
+        # continued from its checkpoint: audit did not run again
+        assert [r for r in records("audit") if r["execution"] == str(execution.id)] == []
+        # the one whose claim is held (a live delivery) was left alone
+        held.refresh_from_db()
+        assert held.status == ExecutionStatus.RUNNING
+    finally:
+        live_claim.release()
+        Execution.objects.filter(pk=held.pk).update(status=ExecutionStatus.FAILED)

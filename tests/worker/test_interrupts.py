@@ -1,0 +1,167 @@
+"""Interrupts: pause, resume (inline and on a worker), refusals, timeouts, definition checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from reactor_app import Reactor, from_input, interrupt, step, with_lock
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Holder, LockClaim
+from reactor_app.coordination.lock import lock_state
+from reactor_app.engine.dispatch import sweep
+from reactor_app.exceptions import DefinitionError, ExecutionNotResumable
+from reactor_app.models import CoordinationEvent, Execution
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from tests.worker.reactors import (
+    ApprovalReactor,
+    BackgroundApprovalReactor,
+    PrepareStep,
+    TimedApprovalReactor,
+    records,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def test_interrupt_pauses_and_resume_continues_inline() -> None:
+    paused = ApprovalReactor.run(order_id=1)
+
+    assert paused.status == ExecutionStatus.INTERRUPTED
+    execution = Execution.objects.get(pk=paused.execution_id)
+    assert execution.correlation_id == "order:1"
+    assert execution.current_step == "approval"
+    # the reactor-level lock is not held across the pause
+    assert not lock_state("order:1").held
+
+    result = ApprovalReactor.resume(paused.execution_id, step="approval", payload={"by": "ann"})
+
+    assert result.ok, result.error
+    assert result.value == {"applied": {"by": "ann"}}
+    assert len(records("prepare")) == 1  # the step before the pause did not run again
+    # resume is a coordinated entry point: the reactor lock was taken again, then released
+    acquired = CoordinationEvent.objects.filter(
+        key="order:1", kind=CoordinationEventKind.ACQUIRED, step=""
+    )
+    assert acquired.count() == 2
+    assert not lock_state("order:1").held
+
+
+def test_a_second_resume_is_refused() -> None:
+    paused = ApprovalReactor.run(order_id=2)
+    assert ApprovalReactor.resume(paused.execution_id, step="approval", payload=1).ok
+
+    with pytest.raises(ExecutionNotResumable) as refused:
+        ApprovalReactor.resume(paused.execution_id, step="approval", payload=2)
+
+    assert refused.value.execution_id == paused.execution_id
+    assert refused.value.status == ExecutionStatus.SUCCEEDED
+    assert len(records("apply")) == 1
+
+
+def test_concurrent_resumes_one_wins() -> None:
+    paused = ApprovalReactor.run(order_id=3)
+    outcomes: list[Any] = []
+
+    def resume(payload: int) -> None:
+        from django.db import connections
+
+        try:
+            outcomes.append(
+                ApprovalReactor.resume(paused.execution_id, step="approval", payload=payload)
+            )
+        except ExecutionNotResumable as exc:
+            outcomes.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=resume, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(type(o).__name__ for o in outcomes) == ["ExecutionNotResumable", "Result"]
+    assert len(records("apply")) == 1
+
+
+def test_resume_by_correlation_id_and_wrong_step() -> None:
+    paused = ApprovalReactor.run(order_id=4)
+
+    with pytest.raises(ExecutionNotResumable, match="waits at interrupt 'approval'"):
+        ApprovalReactor.resume(paused.execution_id, step="prepare", payload=None)
+    with pytest.raises(ExecutionNotResumable):
+        ApprovalReactor.resume_by_correlation("order:nope", step="approval", payload=None)
+
+    result = ApprovalReactor.resume_by_correlation("order:4", step="approval", payload="yes")
+    assert result.ok and result.value == {"applied": "yes"}
+
+
+def test_resume_waits_for_the_reactor_lock_then_fails_synchronously(settings: Any) -> None:
+    """Resume re-takes reactor-level coordination; held elsewhere → the sync contention error."""
+    paused = ApprovalReactor.run(order_id=5)
+    coordinator = Coordinator()
+    held = coordinator.admit([LockClaim("order:5", ttl=30)], Holder(owner="someone-else"))
+    try:
+        result = ApprovalReactor.resume(paused.execution_id, step="approval", payload=1)
+    finally:
+        coordinator.release(held, "success")
+    assert result.status == ExecutionStatus.FAILED
+    assert result.error.key == "order:5"
+    assert [r["step"] for r in records("rollback")] == []  # PrepareStep has no undo
+
+
+@pytest.mark.worker
+def test_background_interrupt_pauses_and_resumes_on_a_worker(worker: Any) -> None:
+    handed = BackgroundApprovalReactor.run(order_id=6)
+    assert handed.status == "handed_off"
+    execution = Execution.objects.get(pk=handed.execution_id)
+    paused = execution.wait(timeout=30)
+    assert paused.status == ExecutionStatus.INTERRUPTED
+
+    resumed = BackgroundApprovalReactor.resume_by_correlation(
+        "bg-order:6", step="approval", payload={"ok": True}
+    )
+    assert resumed.status == "handed_off"
+    with pytest.raises(ExecutionNotResumable):
+        BackgroundApprovalReactor.resume(execution.id, step="approval", payload={"ok": False})
+
+    final = execution.wait(timeout=30)
+    assert final.ok, final.error
+    assert final.value == {"applied": {"ok": True}}
+
+
+@pytest.mark.worker
+def test_an_interrupt_past_its_timeout_is_failed_by_the_sweeper(worker: Any) -> None:
+    paused = TimedApprovalReactor.run(order_id=7)
+    assert paused.status == ExecutionStatus.INTERRUPTED
+    time.sleep(1.1)
+
+    assert paused.execution_id in sweep(now=timezone.now() + timedelta(seconds=1))
+
+    execution = Execution.objects.get(pk=paused.execution_id)
+    final = execution.wait(timeout=30)
+    assert final.status == ExecutionStatus.FAILED
+    assert "not resumed within 1.0s" in final.error.message
+    assert [r["step"] for r in records("rollback")] == ["audit"]  # rolled back
+    with pytest.raises(ExecutionNotResumable):
+        TimedApprovalReactor.resume(paused.execution_id, step="approval", payload=1)
+
+
+def test_coordination_on_an_interrupt_step_is_refused_at_definition() -> None:
+    with pytest.raises(DefinitionError) as refused:
+
+        class Bad(Reactor):
+            inputs = ("order_id",)
+
+            prepare = step(PrepareStep, account_id=from_input("order_id"))
+            approval = with_lock(lambda args: "k")(interrupt())
+
+    message = refused.value.message
+    assert "interrupt step" in message
+    assert "Reactor class" in message and "reactor-level" in message
