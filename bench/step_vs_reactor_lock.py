@@ -83,8 +83,9 @@ def _worker(variant: str, account: str, runs: int, step_seconds: float) -> int:
 
 def measure(variant: str, executions: int, processes: int, step_seconds: float) -> float:
     account = uuid.uuid4().hex[:8]
-    share = [executions // processes + (1 if i < executions % processes else 0)
-             for i in range(processes)]
+    share = [
+        executions // processes + (1 if i < executions % processes else 0) for i in range(processes)
+    ]
     connections.close_all()
     context = multiprocessing.get_context("fork")
     started = time.perf_counter()

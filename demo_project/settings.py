@@ -125,6 +125,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_RESULT_EXTENDED = True  # task names and arguments on django-celery-results rows
+# The sweeper re-enqueues executions whose worker vanished (run `celery -A demo_project beat`).
+CELERY_BEAT_SCHEDULE = {"reactor-sweep": {"task": "reactor_app.sweep", "schedule": 60.0}}
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -97,6 +97,17 @@ class ReactorSettings:
         )
 
     @property
+    def EXECUTION_CLAIM_TTL(self) -> float:
+        """Seconds a silent worker delivery keeps its claim on an execution."""
+        value = self._get("EXECUTION_CLAIM_TTL", 30.0)
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigurationError(
+                "REACTOR_EXECUTION_CLAIM_TTL must be a number of seconds > 0",
+                setting="EXECUTION_CLAIM_TTL",
+            )
+        return float(value)
+
+    @property
     def SWEEP_AFTER(self) -> float:
         """Seconds without a heartbeat after which the sweeper re-enqueues a running execution."""
         return float(self._get("SWEEP_AFTER", 120.0))

@@ -44,7 +44,8 @@ class ComposeSpec(StepSpec):
             raise DefinitionError(
                 f"{where}: {self.target.__qualname__} has inputs {tuple(self.target.inputs)} but "
                 f"is given {unknown}",
-                owner=where, option=unknown[0],
+                owner=where,
+                option=unknown[0],
             )
 
 
@@ -177,7 +178,8 @@ class InterruptSpec(StepSpec):
             "an interrupt, so there is no work to protect. Declare it on the reactor instead "
             f"(@with_{declaration.primitive}(...) on the Reactor class): reactor-level holds "
             "are released across the pause and re-taken on resume",
-            owner=self.name or "interrupt", option=declaration.primitive,
+            owner=self.name or "interrupt",
+            option=declaration.primitive,
         )
 
     def compute_correlation_id(self, inputs: dict[str, Any]) -> str:
@@ -217,9 +219,7 @@ def async_step(
         raise DefinitionError(
             f"async_step() takes a Step subclass, got {target!r}{hint}", option="target"
         )
-    return AsyncStepSpec(
-        target, arguments, where, _result_timeout("async_step", result_timeout)
-    )
+    return AsyncStepSpec(target, arguments, where, _result_timeout("async_step", result_timeout))
 
 
 def async_reactor(
@@ -233,8 +233,7 @@ def async_reactor(
     """Run ``child`` (a Reactor subclass) as an independent execution on a worker."""
     if not _is_reactor(child):
         raise DefinitionError(
-            f"async_reactor() takes a Reactor subclass, got {child!r}; use async_step() for a "
-            "Step",
+            f"async_reactor() takes a Reactor subclass, got {child!r}; use async_step() for a Step",
             option="target",
         )
     return AsyncReactorSpec(

@@ -38,7 +38,8 @@ class Reactor(Coordinated):
             raise DefinitionError(
                 f"{cls.__qualname__}.inputs must be a tuple of names, e.g. ('account_id',), "
                 f"not the string {cls.inputs!r}",
-                owner=cls.__qualname__, option="inputs",
+                owner=cls.__qualname__,
+                option="inputs",
             )
         cls.inputs = tuple(cls.inputs)
         specs: dict[str, StepSpec] = {}
@@ -60,17 +61,19 @@ class Reactor(Coordinated):
         if isinstance(value, bool):
             return
         if isinstance(value, str) and value.startswith("after:"):
-            step = value[len("after:"):]
+            step = value[len("after:") :]
             if step in cls.steps:
                 return
             raise DefinitionError(
                 f"{cls.__qualname__}.background = {value!r} names no step "
                 f"(steps: {', '.join(cls.steps) or 'none'})",
-                owner=cls.__qualname__, option="background",
+                owner=cls.__qualname__,
+                option="background",
             )
         raise DefinitionError(
             f"{cls.__qualname__}.background must be True, False or 'after:<step>', got {value!r}",
-            owner=cls.__qualname__, option="background",
+            owner=cls.__qualname__,
+            option="background",
         )
 
     @classmethod

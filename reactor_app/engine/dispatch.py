@@ -35,7 +35,6 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -66,7 +65,7 @@ CLAIM_WAIT = 2.0
 
 def claim_ttl() -> float:
     """``REACTOR_EXECUTION_CLAIM_TTL``: seconds a silent delivery keeps its claim (default 30)."""
-    return float(getattr(django_settings, "REACTOR_EXECUTION_CLAIM_TTL", 30.0))
+    return reactor_settings.EXECUTION_CLAIM_TTL
 
 
 # --------------------------------------------------------------------------------------------

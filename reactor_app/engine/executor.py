@@ -164,9 +164,7 @@ class ExecutionRun:
         self.execution.heartbeat_at = timezone.now()
         for name, value in fields.items():
             setattr(self.execution, name, value)
-        self.execution.save(
-            update_fields=["context", "heartbeat_at", "updated_at", *fields.keys()]
-        )
+        self.execution.save(update_fields=["context", "heartbeat_at", "updated_at", *fields.keys()])
 
     def child_run(self, execution_id: str) -> ExecutionRun | None:
         if execution_id in self.children:
@@ -188,7 +186,11 @@ class ExecutionRun:
     def execute(self) -> RunEnd:
         resuming = self.execution.started_at is not None
         now = timezone.now()
-        self.persist(status=ExecutionStatus.RUNNING, started_at=self.execution.started_at or now)
+        self.persist(
+            status=ExecutionStatus.RUNNING,
+            started_at=self.execution.started_at or now,
+            current_step=self._resume_point() or self.execution.current_step,
+        )
         emit_engine(
             EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
             self.execution,
@@ -292,7 +294,8 @@ class ExecutionRun:
                 if outcome.record is not None:
                     self.state.completed.append(outcome.record)
                 self.state.next_index += 1
-                self.persist(current_step=name)
+                # current_step is where the execution is (or resumes): the next step to run.
+                self.persist(current_step=self._resume_point() or name)
                 if self._hands_off_after(name):
                     return RunEnd("handed_off")
                 continue
@@ -315,6 +318,10 @@ class ExecutionRun:
             failures = self._settle_children() + roll_back(self)
             return RunEnd("failed", error=awaited.error, rollback_failures=failures)
         return RunEnd("succeeded", value=self._value())
+
+    def _resume_point(self) -> str | None:
+        order = self.reactor.plan.order
+        return order[self.state.next_index] if self.state.next_index < len(order) else None
 
     def _hands_off_after(self, name: str) -> bool:
         """``background = "after:<name>"`` in the caller's process: the rest goes to a worker."""
@@ -343,11 +350,16 @@ class ExecutionRun:
                 )
                 return StepOutcome("skipped", reason="where")
         except Exception as exc:
-            return StepOutcome("failed", error=StepFailed(
-                f"where= of step {spec.name!r} of {self.reactor_path} raised "
-                f"{type(exc).__name__}: {exc}",
-                reactor=self.reactor_path, step=spec.name, cause=exc,
-            ))
+            return StepOutcome(
+                "failed",
+                error=StepFailed(
+                    f"where= of step {spec.name!r} of {self.reactor_path} raised "
+                    f"{type(exc).__name__}: {exc}",
+                    reactor=self.reactor_path,
+                    step=spec.name,
+                    cause=exc,
+                ),
+            )
         if isinstance(spec, InterruptSpec):
             return self._run_interrupt(spec)
         if isinstance(spec, MapSpec):
@@ -364,7 +376,9 @@ class ExecutionRun:
         assert step_class is not None
         return self._run_unit(spec, step_class, args, spec.name)
 
-    def _run_unit(self, spec: StepSpec, step_class: Any, args: dict[str, Any], label: str) -> StepOutcome:
+    def _run_unit(
+        self, spec: StepSpec, step_class: Any, args: dict[str, Any], label: str
+    ) -> StepOutcome:
         try:
             validate_arguments(step_class, args, self.reactor_path, label)
         except InputValidationError as error:
@@ -396,7 +410,9 @@ class ExecutionRun:
             key=park.refused.claim.key if park else None,
         )
 
-    def _run_child(self, reactor: type[Reactor], inputs: dict[str, Any], *, label: str) -> StepOutcome:
+    def _run_child(
+        self, reactor: type[Reactor], inputs: dict[str, Any], *, label: str
+    ) -> StepOutcome:
         known = self.state.extra.setdefault("children", {})
         child: ExecutionRun | None = None
         if label in known:
@@ -420,7 +436,10 @@ class ExecutionRun:
         if end.status == "succeeded":
             known.pop(label, None)
             record = CompletedStep(
-                step=label, kind="compose", args=to_json(inputs), result=end.value,
+                step=label,
+                kind="compose",
+                args=to_json(inputs),
+                result=end.value,
                 child_execution=child.execution_id,
             )
             return StepOutcome("completed", value=end.value, record=record)
@@ -430,26 +449,35 @@ class ExecutionRun:
             known.pop(label, None)
             return StepOutcome("halted", reason=end.reason)
         known.pop(label, None)
-        return StepOutcome(
-            "failed", error=end.error, rollback_failures=list(end.rollback_failures)
-        )
+        return StepOutcome("failed", error=end.error, rollback_failures=list(end.rollback_failures))
 
     def _run_map(self, spec: MapSpec) -> StepOutcome:
         try:
             items = spec.over.resolve(self._scope())
         except PathError as exc:
-            return StepOutcome("failed", error=ArgumentResolutionError(
-                f"map_step {spec.name!r} of {self.reactor_path}: over={spec.over.describe()}: {exc}",
-                reactor=self.reactor_path, step=spec.name, argument="over",
-                source=spec.over.describe(),
-            ))
+            return StepOutcome(
+                "failed",
+                error=ArgumentResolutionError(
+                    f"map_step {spec.name!r} of {self.reactor_path}: "
+                    f"over={spec.over.describe()}: {exc}",
+                    reactor=self.reactor_path,
+                    step=spec.name,
+                    argument="over",
+                    source=spec.over.describe(),
+                ),
+            )
         if not isinstance(items, (list, tuple)):
-            return StepOutcome("failed", error=ArgumentResolutionError(
-                f"map_step {spec.name!r} of {self.reactor_path}: over={spec.over.describe()} "
-                f"must be a list, got {type(items).__name__}",
-                reactor=self.reactor_path, step=spec.name, argument="over",
-                source=spec.over.describe(),
-            ))
+            return StepOutcome(
+                "failed",
+                error=ArgumentResolutionError(
+                    f"map_step {spec.name!r} of {self.reactor_path}: over={spec.over.describe()} "
+                    f"must be a list, got {type(items).__name__}",
+                    reactor=self.reactor_path,
+                    step=spec.name,
+                    argument="over",
+                    source=spec.over.describe(),
+                ),
+            )
         progress = self.state.extra.setdefault("map_progress", {}).setdefault(
             spec.name, {"elements": [], "values": [], "index": 0}
         )
@@ -458,7 +486,9 @@ class ExecutionRun:
             label = f"{spec.name}[{index}]"
             try:
                 args = resolve_arguments(
-                    spec, self._scope(items[index], with_element=True), self.reactor_path,
+                    spec,
+                    self._scope(items[index], with_element=True),
+                    self.reactor_path,
                     default_to_inputs=not spec.is_reactor,
                 )
             except ArgumentResolutionError as error:
@@ -504,13 +534,17 @@ class ExecutionRun:
         entry = entries.get(spec.name)
         recorder = StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1)
         if self.parent is not None:
-            return StepOutcome("failed", error=StepFailed(
-                f"interrupt {spec.name!r} of {self.reactor_path} is inside a composed reactor, "
-                "which cannot pause the execution it belongs to: run the child with "
-                "async_reactor(...) (its own execution, resumable by id) or move the interrupt "
-                "to the outer reactor",
-                reactor=self.reactor_path, step=spec.name,
-            ))
+            return StepOutcome(
+                "failed",
+                error=StepFailed(
+                    f"interrupt {spec.name!r} of {self.reactor_path} is inside a composed reactor, "
+                    "which cannot pause the execution it belongs to: run the child with "
+                    "async_reactor(...) (its own execution, resumable by id) or move the interrupt "
+                    "to the outer reactor",
+                    reactor=self.reactor_path,
+                    step=spec.name,
+                ),
+            )
         if entry and "payload" in entry:
             recorder.finished(EngineEvent.STEP_SUCCEEDED, resumed=True)
             return StepOutcome("completed", value=entry["payload"])
@@ -518,18 +552,25 @@ class ExecutionRun:
             error = StepFailed(
                 f"interrupt {spec.name!r} of {self.reactor_path} was not resumed within "
                 f"{spec.timeout}s",
-                reactor=self.reactor_path, step=spec.name,
+                reactor=self.reactor_path,
+                step=spec.name,
             )
             recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict())
             return StepOutcome("failed", error=error)
         try:
             correlation_id = spec.compute_correlation_id(self.inputs)
         except Exception as exc:
-            return StepOutcome("failed", error=StepFailed(
-                f"the correlation_id function of interrupt {spec.name!r} of {self.reactor_path} "
-                f"raised {type(exc).__name__}: {exc}",
-                reactor=self.reactor_path, step=spec.name, cause=exc,
-            ))
+            return StepOutcome(
+                "failed",
+                error=StepFailed(
+                    f"the correlation_id function of interrupt {spec.name!r} of "
+                    f"{self.reactor_path} "
+                    f"raised {type(exc).__name__}: {exc}",
+                    reactor=self.reactor_path,
+                    step=spec.name,
+                    cause=exc,
+                ),
+            )
         now = timezone.now()
         entries[spec.name] = {
             "since": now.isoformat(),
@@ -620,21 +661,30 @@ class ExecutionRun:
     ) -> StepOutcome | None:
         if child is None or child.status not in TERMINAL_STATUSES:
             status = child.status if child is not None else "missing"
-            return StepOutcome("failed", error=StepFailed(
-                f"{entry['kind']} {name!r} of {self.reactor_path} did not finish within "
-                f"{entry['timeout']}s (child execution {entry['child']} is {status})",
-                reactor=self.reactor_path, step=name,
-            ))
+            return StepOutcome(
+                "failed",
+                error=StepFailed(
+                    f"{entry['kind']} {name!r} of {self.reactor_path} did not finish within "
+                    f"{entry['timeout']}s (child execution {entry['child']} is {status})",
+                    reactor=self.reactor_path,
+                    step=name,
+                ),
+            )
         self.state.extra["async"].pop(name)
         if child.status == ExecutionStatus.SUCCEEDED:
             self.state.results[name] = child.result
             skipped = (child.context or {}).get("skipped")
             if entry["kind"] == "async_step" and not skipped:
                 # an async step is part of this saga: undone if a later step fails
-                self.state.completed.append(CompletedStep(
-                    step=name, kind="step", args=entry["args"], result=child.result,
-                    child_execution=entry["child"],
-                ))
+                self.state.completed.append(
+                    CompletedStep(
+                        step=name,
+                        kind="step",
+                        args=entry["args"],
+                        result=child.result,
+                        child_execution=entry["child"],
+                    )
+                )
             self.persist()
             return None
         self.persist()
@@ -644,7 +694,8 @@ class ExecutionRun:
         if not isinstance(error, ReactorError):
             error = StepFailed(
                 f"{entry['kind']} {name!r} of {self.reactor_path} failed",
-                reactor=self.reactor_path, step=name,
+                reactor=self.reactor_path,
+                step=name,
             )
         return StepOutcome("failed", error=error)
 
@@ -659,10 +710,14 @@ class ExecutionRun:
             if child is not None and child.status not in TERMINAL_STATUSES:
                 child = _block_on(child, float(entry["timeout"]))
             if child is None or child.status not in TERMINAL_STATUSES:
-                failures.append({
-                    "step": name, "kind": "undo", "reason": "async_child_unfinished",
-                    "child_execution": entry["child"],
-                })
+                failures.append(
+                    {
+                        "step": name,
+                        "kind": "undo",
+                        "reason": "async_child_unfinished",
+                        "child_execution": entry["child"],
+                    }
+                )
                 pending.pop(name)
                 continue
             self._settle_child(name, entry, child)
@@ -675,7 +730,9 @@ class ExecutionRun:
         now = timezone.now()
         if end.status == "succeeded":
             self.persist(
-                status=ExecutionStatus.SUCCEEDED, result=to_json(end.value), finished_at=now,
+                status=ExecutionStatus.SUCCEEDED,
+                result=to_json(end.value),
+                finished_at=now,
                 current_step="",
             )
             emit_engine(EngineEvent.EXECUTION_SUCCEEDED, self.execution, value=end.value)
@@ -749,15 +806,15 @@ def _block_on(child: Execution, timeout: float) -> Execution:
 def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidationError | None:
     """Missing or unexpected inputs of a run, as one structured error."""
     field_errors = {name: "required" for name in reactor.inputs if name not in inputs}
-    field_errors.update(
-        {name: "unexpected input" for name in inputs if name not in reactor.inputs}
-    )
+    field_errors.update({name: "unexpected input" for name in inputs if name not in reactor.inputs})
     if not field_errors:
         return None
     described = ", ".join(f"{k}: {v}" for k, v in field_errors.items())
     return InputValidationError(
         f"invalid inputs for {reactor.__qualname__}: {described}",
-        reactor=reactor.path(), step=None, field_errors=field_errors,
+        reactor=reactor.path(),
+        step=None,
+        field_errors=field_errors,
     )
 
 

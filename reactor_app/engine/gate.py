@@ -24,8 +24,10 @@ from reactor_app.coordination.claims import (
     Claim,
     Holder,
     OrderedPosition,
+    Outcome,
     PeriodHit,
     Refused,
+    SemaphoreClaim,
 )
 from reactor_app.dsl.coordination import Declaration, OrderedLockDeclaration
 from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
@@ -109,7 +111,9 @@ class Gate:
     def compute_claims(self) -> list[Claim]:
         """Keys first (a bad key function fails here, before anything is taken)."""
         reactor, step = self.scope.reactor, self.scope.step
-        keyed = [(d, d.compute_key(self.args, reactor=reactor, step=step)) for d in self.declarations]
+        keyed = [
+            (d, d.compute_key(self.args, reactor=reactor, step=step)) for d in self.declarations
+        ]
         claims = []
         for declaration, key in keyed:
             position = None
@@ -174,14 +178,15 @@ class Gate:
             return Skip("ordered_lock_chain_failed", answer.claim.key)
         assert isinstance(answer, Refused)
         error = self.coordinator.refusal_error(answer, self.scope.reactor, self.scope.step)
+        if park:
+            # A park is its own event (recorded with the ContentionState row), never a failure.
+            raise ParkRequested(answer, error)
         self._event(
             CoordinationEventKind.ACQUISITION_FAILED,
             answer.claim,
             retry_after=answer.retry_after,
             blocker=answer.blocker,
         )
-        if park:
-            raise ParkRequested(answer, error)
         raise error
 
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
@@ -204,8 +209,13 @@ class Gate:
                 self.scope.held_keys.push(
                     claim.primitive, claim.key, self.scope.step, getattr(claim, "limit", None)
                 )
+            limit = {"limit": claim.limit} if isinstance(claim, SemaphoreClaim) else {}
             self._event(
-                CoordinationEventKind.ACQUIRED, claim, token=hold.token, reentrant=not hold.fresh
+                CoordinationEventKind.ACQUIRED,
+                claim,
+                token=hold.token,
+                reentrant=not hold.fresh,
+                **limit,
             )
         self.keep_alive = self.coordinator.keep_alive(
             admitted, on_lost=self._on_lost, on_extended=self._on_extended
@@ -215,16 +225,16 @@ class Gate:
         error.reactor = self.scope.reactor  # type: ignore[attr-defined]
         error.step = self.scope.step  # type: ignore[attr-defined]
         self.lost.append(error)
-        self.deferred_events.append(
-            (CoordinationEventKind.LEASE_LOST, {"key": error.key, "token": error.token})
-        )
+        detail = {"key": getattr(error, "key", None), "token": getattr(error, "token", None)}
+        self.deferred_events.append((CoordinationEventKind.LEASE_LOST, detail))
 
     def _on_extended(self, key: str, ttl_ms: int) -> None:
-        self.deferred_events.append((CoordinationEventKind.EXTENDED, {"key": key, "ttl_ms": ttl_ms}))
+        detail = {"key": key, "ttl_ms": ttl_ms}
+        self.deferred_events.append((CoordinationEventKind.EXTENDED, detail))
 
     # -- leaving --------------------------------------------------------------------------
 
-    def exit(self, outcome: str) -> list[str]:
+    def exit(self, outcome: Outcome) -> list[str]:
         """Release what was admitted (one call, reverse order). Returns woken waiter ids."""
         if self.keep_alive is not None:
             self.keep_alive.stop()

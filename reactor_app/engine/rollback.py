@@ -86,9 +86,9 @@ def run_rollback_hook(
             step_name=label,
             attempt=1,
             reactor=run.reactor if run else None,
-            reactor_instance=run.instance if run else (
-                parent_context.reactor_instance if parent_context else None
-            ),
+            reactor_instance=run.instance
+            if run
+            else (parent_context.reactor_instance if parent_context else None),
             inputs=run.inputs if run else {},
             owner=owner,
             gates=[*(run.gates if run else []), *([gate] if gate else [])],
@@ -101,7 +101,9 @@ def run_rollback_hook(
             error_class = CompensationFailed if kind == StepRunKind.COMPENSATE else UndoFailed
             error = error_class(
                 f"{kind} of step {label!r} of {reactor} raised {type(exc).__name__}: {exc}",
-                reactor=reactor, step=label, cause=exc,
+                reactor=reactor,
+                step=label,
+                cause=exc,
             )
             if recorder:
                 recorder.finished(failed_event, error=error.as_dict())
@@ -134,8 +136,9 @@ def undo_record(run: ExecutionRun, record: CompletedStep) -> list[dict[str, Any]
                 failures.extend(_undo_child(run, element["child_execution"]))
             elif spec is not None and spec.step_class() is not None:
                 failures.extend(
-                    _undo_step(run, spec.step_class(), element["label"], element["args"],
-                               element["result"])
+                    _undo_step(
+                        run, spec.step_class(), element["label"], element["args"], element["result"]
+                    )
                 )
         return failures
     if spec is None or spec.step_class() is None:

@@ -66,7 +66,10 @@ def resolve_arguments(
         except PathError as exc:
             raise ArgumentResolutionError(
                 f"step {spec.name!r} of {reactor}: argument {name!r} = {source.describe()}: {exc}",
-                reactor=reactor, step=spec.name, argument=name, source=source.describe(),
+                reactor=reactor,
+                step=spec.name,
+                argument=name,
+                source=source.describe(),
             ) from exc
     return args
 
@@ -79,7 +82,9 @@ def validate_arguments(
         raise InputValidationError(
             f"step {step!r}{f' of {reactor}' if reactor else ''} is missing inputs "
             f"{', '.join(missing)}",
-            reactor=reactor, step=step, field_errors={name: "required" for name in missing},
+            reactor=reactor,
+            step=step,
+            field_errors={name: "required" for name in missing},
         )
 
 
@@ -98,7 +103,10 @@ def failure_error(
     if attempts > 1:
         return RetriesExhausted(
             f"step {step!r} of {reactor} failed after {attempts} attempts: {text}",
-            reactor=reactor, step=step, cause=cause, attempts=attempts,
+            reactor=reactor,
+            step=step,
+            cause=cause,
+            attempts=attempts,
         )
     return StepFailed(
         f"step {step!r} of {reactor} failed: {text}", reactor=reactor, step=step, cause=cause
@@ -164,9 +172,9 @@ class UnitRunner:
             gates.append(gate)
         return StepContext(
             execution_id=run.execution_id if run else (parent.execution_id if parent else None),
-            root_execution_id=run.root.execution_id if run else (
-                parent.root_execution_id if parent else None
-            ),
+            root_execution_id=run.root.execution_id
+            if run
+            else (parent.root_execution_id if parent else None),
             step_name=self.label,
             attempt=attempt,
             reactor=run.reactor if run else None,
@@ -239,7 +247,9 @@ class UnitRunner:
         if isinstance(outcome, Success):
             if recorder:
                 recorder.finished(EngineEvent.STEP_SUCCEEDED)
-            record = CompletedStep(step=self.label, kind="step", args=self.args, result=outcome.value)
+            record = CompletedStep(
+                step=self.label, kind="step", args=self.args, result=outcome.value
+            )
             return StepOutcome("completed", value=outcome.value, record=record)
         if isinstance(outcome, Skipped):
             if recorder:
@@ -311,4 +321,3 @@ def call_step(
     if outcome.status == "halted":
         return Halt(outcome.reason)
     return Failure(outcome.error, retryable=False)
-

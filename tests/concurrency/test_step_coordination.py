@@ -662,7 +662,6 @@ def test_introspection_inheritance_and_replacement() -> None:
     assert R.steps["inline"].declares_coordination()
 
 
-
 def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line() -> None:
     from reactor_app import Skipped
     from reactor_app.coordination.ordered_lock import ordered_state

@@ -451,3 +451,20 @@ def test_step_call_runs_directly() -> None:
     failed = Recorder.call()
     assert isinstance(failed, Failure)
     assert isinstance(failed.error, InputValidationError)
+
+
+def test_current_step_names_the_step_that_is_running() -> None:
+    seen: list[str] = []
+
+    class Look(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            seen.append(Execution.objects.get(pk=context.execution_id).current_step)
+            return Success(None)
+
+    class R(Reactor):
+        first = step(Look)
+        second = step(Look)
+
+    result = R.run()
+    assert seen == ["first", "second"]
+    assert Execution.objects.get(pk=result.execution_id).current_step == ""
