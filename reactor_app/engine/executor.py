@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.kinds import (
     AsyncReactorSpec,
@@ -780,17 +781,20 @@ class ExecutionRun:
         )
 
 
-def _release_outcome(end: RunEnd | None) -> str:
+def _release_outcome(end: RunEnd | None) -> ReleaseOutcome:
     if end is None or end.status == "failed":
         return "failure"
-    return {
-        "succeeded": "success",
-        "halted": "halt",
-        # the execution is not over: give the holds back, keep the ordered position
-        "parked": "park",
-        "interrupted": "park",
-        "handed_off": "park",
-    }.get(end.status, "failure")
+    return _RELEASE_OUTCOMES.get(end.status, "failure")
+
+
+_RELEASE_OUTCOMES: dict[str, ReleaseOutcome] = {
+    "succeeded": "success",
+    "halted": "halt",
+    # the execution is not over: give the holds back, keep the ordered position
+    "parked": "park",
+    "interrupted": "park",
+    "handed_off": "park",
+}
 
 
 def _block_on(child: Execution, timeout: float) -> Execution:

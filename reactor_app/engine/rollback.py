@@ -99,15 +99,15 @@ def run_rollback_hook(
             call(context)
         except Exception as exc:
             error_class = CompensationFailed if kind == StepRunKind.COMPENSATE else UndoFailed
-            error = error_class(
+            failure = error_class(
                 f"{kind} of step {label!r} of {reactor} raised {type(exc).__name__}: {exc}",
                 reactor=reactor,
                 step=label,
                 cause=exc,
             )
             if recorder:
-                recorder.finished(failed_event, error=error.as_dict())
-            return [{"step": label, "kind": kind, "reason": "error", "error": error.as_dict()}]
+                recorder.finished(failed_event, error=failure.as_dict())
+            return [{"step": label, "kind": kind, "reason": "error", "error": failure.as_dict()}]
         if recorder:
             recorder.finished(succeeded_event)
         return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
 from reactor_app.dsl.step import Step, StepSpec
@@ -203,15 +204,15 @@ class UnitRunner:
                     skip = gate.enter(wait=self.wait, park=park)
                 except ParkRequested as parked:
                     return StepOutcome("parked", park=parked)
-                except (CoordinationError, ConfigurationError) as error:
+                except (CoordinationError, ConfigurationError) as refusal:
                     # Contention, an uncomputable key, an unknown named limit or Redis down:
                     # the body never ran, so there is nothing to compensate.
-                    self._record_refusal(attempt, error)
-                    return StepOutcome("failed", error=error)
+                    self._record_refusal(attempt, refusal)
+                    return StepOutcome("failed", error=refusal)
                 if isinstance(skip, Skip):
                     self._record_skip(attempt, skip.reason, key=skip.key)
                     return StepOutcome("skipped", reason=skip.reason)
-            release_as = "failure"
+            release_as: ReleaseOutcome = "failure"
             try:
                 recorder = self._recorder(StepRunKind.RUN, attempt)
                 if recorder:
@@ -228,16 +229,16 @@ class UnitRunner:
                     return self._finish_ok(outcome, recorder)
                 if outcome.retryable and attempt < self.max_attempts:
                     release_as = "retry"
-                    error = failure_error(outcome, self.reactor, self.label, 1)
+                    retried = failure_error(outcome, self.reactor, self.label, 1)
                     if recorder:
-                        recorder.finished(EngineEvent.STEP_RETRIED, error=error.as_dict())
+                        recorder.finished(EngineEvent.STEP_RETRIED, error=retried.as_dict())
                     delay = policy.delay_after(attempt)
                 else:
-                    error = failure_error(outcome, self.reactor, self.label, attempt)
+                    final = failure_error(outcome, self.reactor, self.label, attempt)
                     if recorder:
-                        recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict())
+                        recorder.finished(EngineEvent.STEP_FAILED, error=final.as_dict())
                     failures = self._compensate(instance, outcome.exception(), context)
-                    return StepOutcome("failed", error=error, rollback_failures=failures)
+                    return StepOutcome("failed", error=final, rollback_failures=failures)
             finally:
                 if gate is not None:
                     gate.exit(release_as)
@@ -265,7 +266,7 @@ class UnitRunner:
         if recorder:
             recorder.finished(EngineEvent.STEP_SKIPPED, reason=reason, **detail)
 
-    def _record_refusal(self, attempt: int, error: CoordinationError) -> None:
+    def _record_refusal(self, attempt: int, error: CoordinationError | ConfigurationError) -> None:
         recorder = self._recorder(StepRunKind.RUN, attempt)
         if recorder:
             recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict(), body_started=False)
