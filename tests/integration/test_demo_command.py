@@ -1,0 +1,89 @@
+"""``manage.py demo_step_lock`` end to end (SC-013), as a user runs it.
+
+The command runs as a subprocess against the test database and the suite's Redis (in this
+test's key space); it starts its own Celery worker processes, runs every path and must report
+every claim passed, with a timeline per key, a JSON report and the HTML file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+PATHS = ["serialized", "contended", "compensated", "period", "rate_limit"]
+
+
+def run_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "demo_step_lock", *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_every_claim_of_the_demo_passes(
+    subprocess_env: Callable[..., dict[str, str]], tmp_path: Path, reactor_redis: Any
+) -> None:
+    # reactor_redis: this test uses the coordination Redis (through its child processes), so
+    # its key space is cleaned afterwards like any other test's
+    html = tmp_path / "timeline.html"
+    done = run_demo(subprocess_env(), "--json", "--executions", "2", "--output", str(html))
+
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    report = json.loads(done.stdout)  # stdout is exactly the JSON document
+    failed = [
+        (path["name"], claim["claim"], claim["evidence"])
+        for path in report["paths"]
+        for claim in path["claims"]
+        if not claim["passed"]
+    ]
+    assert report["ok"] and not failed, failed
+    assert [path["name"] for path in report["paths"]] == PATHS
+    assert report["workers"]["started_here"] and report["workers"]["processes"] == 2
+    for path in report["paths"]:
+        assert path["claims"], path["name"]
+        assert path["executions"], path["name"]
+        for key in path["keys"]:
+            assert path["timeline"][key], f"{path['name']}: no timeline for {key}"
+
+    contended = next(p for p in report["paths"] if p["name"] == "contended")
+    events = {row["event"] for row in contended["timeline"][contended["keys"][0]]}
+    assert {"acquired", "released", "parked", "resumed"} <= events
+    compensated = next(p for p in report["paths"] if p["name"] == "compensated")
+    rows = compensated["timeline"][compensated["keys"][0]]
+    assert any(row["event"] == "undo_began" for row in rows)
+    assert any(r["event"] == "released" and "rollback" in r["text"] for r in rows)
+
+    assert "every claim passed" in done.stderr  # progress and summary go to stderr
+    page = html.read_text()
+    assert "every claim passed" in page and page.count("<svg") >= 5
+    assert (tmp_path / "worker-1.log").exists()  # worker logs sit next to the page
+
+
+def test_no_worker_without_a_running_worker_says_what_to_do(
+    subprocess_env: Callable[..., dict[str, str]], tmp_path: Path
+) -> None:
+    env = subprocess_env()
+    done = run_demo(env, "--no-worker", "--output", str(tmp_path / "t.html"))
+
+    assert done.returncode != 0
+    assert "no Celery worker consumes the queue" in done.stderr
+
+
+def test_bad_executions_is_refused(subprocess_env: Callable[..., dict[str, str]]) -> None:
+    done = run_demo(subprocess_env(), "--executions", "1")
+    assert done.returncode != 0
+    assert "--executions must be between 2 and 10" in done.stderr
