@@ -24,7 +24,6 @@ from reactor_app import (
 )
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim
-from reactor_app.coordination.lock import lock_state
 from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationKeyError,
@@ -33,6 +32,7 @@ from reactor_app.exceptions import (
     LockAcquisitionError,
 )
 from reactor_app.models import StepRun
+from reactor_app.testing import assert_not_locked, coordination_state
 from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -208,7 +208,7 @@ def test_composed_child_with_the_same_key_reenters() -> None:
 
     class Peek(Step):
         def run(self, args: dict[str, Any], context: Any) -> Any:
-            seen["count"] = lock_state("acct:21").count
+            seen["count"] = coordination_state().lock("acct:21").count
             return Success(None)
 
     @with_lock(lambda inputs: f"acct:{inputs['account_id']}", wait=0)
@@ -223,13 +223,13 @@ def test_composed_child_with_the_same_key_reenters() -> None:
 
         @step(after=from_result("child"))
         def after(self, args: dict[str, Any], context: Any) -> Any:
-            seen["after_child"] = lock_state("acct:21").count
+            seen["after_child"] = coordination_state().lock("acct:21").count
             return Success(None)
 
     result = Parent.run(account_id=21)
     assert result.ok, result.error
     assert seen == {"count": 2, "after_child": 1}
-    assert not lock_state("acct:21").held
+    assert_not_locked("acct:21")
 
 
 def test_key_function_errors_and_bad_options() -> None:

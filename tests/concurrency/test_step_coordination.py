@@ -28,7 +28,6 @@ from reactor_app import (
 )
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim, Refused
-from reactor_app.coordination.lock import lock_state
 from reactor_app.exceptions import (
     CoordinationKeyError,
     CoordinationUnavailable,
@@ -36,6 +35,7 @@ from reactor_app.exceptions import (
     RateLimitExceeded,
 )
 from reactor_app.models import CoordinationEvent, StepRun
+from reactor_app.testing import assert_locked, assert_not_locked, coordination_state
 from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -149,7 +149,7 @@ def test_sc001_sc002_same_account_charge_never_overlaps(form: str) -> None:
     # SC-002: the unlocked steps of the same executions did run concurrently.
     assert max_concurrency(_by_step(trace, "audit")) >= 2
     assert max_concurrency(_by_step(trace, "notify")) >= 2
-    assert not lock_state("acct:1").held
+    assert_not_locked("acct:1")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -229,7 +229,7 @@ def test_sc003_key_is_free_at_once_after_every_outcome(form: str, ending: str) -
     gap_ms = (stamps["waiter_enter"] - stamps["holder_exit"]) / 1e6
     # The waiter is woken by the release, not by polling: it enters a few ms after the body.
     assert 0 <= gap_ms < 150, gap_ms
-    assert not lock_state("acct:7").held
+    assert_not_locked("acct:7")
 
 
 def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait() -> None:
@@ -240,7 +240,7 @@ def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait() -> None:
         inputs = ("account_id",)
 
         def run(self, args: dict[str, Any], context: Any) -> Any:
-            state = lock_state("acct:5")
+            state = coordination_state().lock("acct:5")
             seen["count_inside"] = state.count
             seen["other"] = Coordinator().admit(
                 [LockClaim(key="acct:5", ttl=5)], Holder(owner="someone-else")
@@ -254,7 +254,7 @@ def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait() -> None:
 
         @step(after=from_result("work"))
         def after_step(self, args: dict[str, Any], context: Any) -> Any:
-            seen["count_after_step"] = lock_state("acct:5").count
+            seen["count_after_step"] = coordination_state().lock("acct:5").count
             return Success("done")
 
     result = Outer.run(account_id=5)
@@ -262,7 +262,7 @@ def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait() -> None:
     assert seen["count_inside"] == 2
     assert isinstance(seen["other"], Refused)
     assert seen["count_after_step"] == 1  # the step's nested hold is gone, the reactor's stays
-    assert not lock_state("acct:5").held
+    assert_not_locked("acct:5")
 
 
 def test_step_call_from_a_step_body_reenters_the_execution_hold() -> None:
@@ -271,7 +271,7 @@ def test_step_call_from_a_step_body_reenters_the_execution_hold() -> None:
         inputs = ("account_id",)
 
         def run(self, args: dict[str, Any], context: Any) -> Any:
-            return Success(lock_state("acct:9").count)
+            return Success(coordination_state().lock("acct:9").count)
 
     @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)
     class Charge(Step):
@@ -306,8 +306,10 @@ def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
 
     def spy(name: str, args: dict[str, Any], context: Any, seconds: float) -> None:
         if name == "charge.undo":
-            state = lock_state("acct:3")
-            seen["state"] = state
+            seen["state"] = coordination_state().lock("acct:3")
+            seen["locked"] = assert_locked(
+                "acct:3", by_step="charge", by_execution=context.execution_id
+            )
             seen["intruder"] = Coordinator().admit(
                 [LockClaim(key="acct:3", ttl=5)], Holder(owner="intruder")
             )
@@ -321,8 +323,9 @@ def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
     assert not result.ok
     state = seen["state"]
     assert state.held and state.owner == result.execution_id and state.step == "charge"
+    assert seen["locked"].count == 1
     assert isinstance(seen["intruder"], Refused)  # nobody can enter charge during its undo
-    assert not lock_state("acct:3").held
+    assert_not_locked("acct:3")
 
 
 def test_sc009_compensation_that_cannot_acquire_is_reported() -> None:
@@ -664,8 +667,11 @@ def test_introspection_inheritance_and_replacement() -> None:
 
 def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line() -> None:
     from reactor_app import Skipped
-    from reactor_app.coordination.ordered_lock import ordered_state
-    from reactor_app.coordination.period import period_marked
+    from reactor_app.testing import (
+        assert_ordered_lock,
+        assert_period_marked,
+        assert_period_not_marked,
+    )
 
     calls: list[int] = []
 
@@ -683,8 +689,8 @@ def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line()
         apply = step(Apply, stream=from_input("stream"), n=from_input("n"))
 
     assert R.run(stream="s", n=0).ok
-    assert period_marked("once:s", "day") is None  # only a success marks the bucket
+    assert_period_not_marked("once:s", "day")  # only a success marks the bucket
     assert R.run(stream="s", n=1).value["apply"] == 1  # so the next run does the work
     assert calls == [0, 1]
-    assert ordered_state("seq:s").first_failed is None
-    assert period_marked("once:s", "day") is not None
+    assert_ordered_lock("seq:s", first_failed=None)
+    assert_period_marked("once:s", "day")
