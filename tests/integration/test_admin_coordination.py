@@ -26,10 +26,15 @@ from reactor_app.coordination.claims import (
     SemaphoreClaim,
 )
 from reactor_app.coordination.renewal import Renewal
-from reactor_app.coordination.state import lock_state, ordered_state
 from reactor_app.exceptions import LeaseLost
 from reactor_app.models import ContentionState, CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.testing import (
+    assert_locked,
+    assert_not_locked,
+    assert_ordered_lock,
+    coordination_state,
+)
 from tests.api import users
 from tests.api.holding import FragileReactor, PaymentReactor, ShopSyncReactor, running
 
@@ -240,7 +245,7 @@ def test_force_release_is_refused_without_staff_or_permission(
         # staff, but without reactor_app.force_release
         assert staff_client.get(FORCE_RELEASE, params).status_code == 403
         assert staff_client.post(FORCE_RELEASE, params).status_code == 403
-        assert lock_state("acct:15").execution == payment.execution_id
+        assert_locked("acct:15", by_execution=payment.execution_id)
         assert "force release" not in text(staff_client.get(COORDINATION))
     assert not CoordinationEvent.objects.filter(kind=CoordinationEventKind.FORCED_RELEASE).exists()
 
@@ -255,11 +260,11 @@ def test_force_release_by_an_operator_frees_the_key_and_the_holder_loses_its_lea
         params = {"primitive": "lock", "key": "lease:16", "owner": fragile.execution_id}
         confirm = text(operator_client.get(FORCE_RELEASE, params))
         assert "LeaseLost" in confirm and fragile.execution_id in confirm
-        assert lock_state("lease:16").held  # GET changed nothing
+        assert_locked("lease:16")  # GET changed nothing
 
         response = operator_client.post(FORCE_RELEASE, params)
         assert response.status_code == 302
-        assert not lock_state("lease:16").held
+        assert_not_locked("lease:16")
 
         # the holder's next renewal finds the lock gone: LeaseLost at its next checkpoint
         assert fragile.gate.lost.wait(5), "the holder never noticed"
@@ -286,7 +291,7 @@ def test_force_released_hold_reports_lease_lost_at_the_next_renewal(
     coordinator = Coordinator()
     holder = Holder(owner="holder-1", step="charge")
     admitted = coordinator.admit([LockClaim("acct:17", ttl=30)], holder)
-    assert lock_state("acct:17").held
+    assert_locked("acct:17")
 
     response = operator_client.post(FORCE_RELEASE, {"primitive": "lock", "key": "acct:17"})
     assert response.status_code == 302
@@ -316,18 +321,18 @@ def test_ordered_lock_skip_and_reset(
 
     assert plain_client.post(skip, {"key": "line:18"}).status_code == 302
     assert staff_client.post(skip, {"key": "line:18"}).status_code == 403
-    assert ordered_state("line:18").last_completed == 0
+    assert_ordered_lock("line:18", last_completed=0)
 
     confirm = text(operator_client.get(skip, {"key": "line:18"}))
     assert "position 1" in confirm and "Yes, I\u2019m sure" in confirm
     assert operator_client.post(skip, {"key": "line:18"}).status_code == 302
-    assert ordered_state("line:18").last_completed == 1
+    assert_ordered_lock("line:18", last_completed=1)
     skipped = CoordinationEvent.objects.get(kind=CoordinationEventKind.ORDERED_SKIPPED)
     assert skipped.detail["nonce"] == 1 and skipped.execution_id == first.pk
     assert skipped.step == "ship" and skipped.detail["by"] == "operator"
 
     assert operator_client.post(reset, {"key": "line:18"}).status_code == 302
-    after = ordered_state("line:18")
+    after = coordination_state().ordered_lock("line:18")
     assert after.positions == [] and after.head is None
     audit = CoordinationEvent.objects.get(kind=CoordinationEventKind.ORDERED_RESET)
     assert audit.detail["previous"]["waiting"] == [2] and audit.detail["by"] == "operator"
