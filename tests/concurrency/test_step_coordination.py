@@ -1,6 +1,7 @@
 """Step-scoped coordination (the core feature), with real Redis and real parallelism.
 
-Every scenario runs twice: with class steps and with inline ``@step`` methods.
+Every scenario runs twice, with class steps and with inline ``@step`` methods (``FORMS``,
+``coordinated_step``); only ``Step.call`` re-entrancy is class-only by nature.
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ from reactor_app.exceptions import (
     RateLimitExceeded,
 )
 from reactor_app.models import CoordinationEvent, StepRun
-from reactor_app.testing import assert_locked, assert_not_locked, coordination_state
+from reactor_app.testing import (
+    assert_locked,
+    assert_not_locked,
+    assert_ordered_lock,
+    assert_period_marked,
+    coordination_state,
+)
 from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,6 +129,47 @@ def build_payment(
         notify = step(NotifyStep, charge=from_result("charge"), channel=value("email"))
 
     return InlinePaymentReactor
+
+
+def coordinated_step(
+    form: str,
+    decorators: list[Any],
+    run: Any,
+    *,
+    inputs: tuple[str, ...] = (),
+    undo: Any = None,
+    compensate: Any = None,
+    **arguments: Any,
+) -> Any:
+    """A step for a reactor body, declared as a ``Step`` subclass or as an inline ``@step``
+    method, with the same coordination ``decorators``, body and rollback hooks."""
+    if form == "class":
+        attrs: dict[str, Any] = {
+            "inputs": inputs,
+            "run": lambda self, args, context: run(args, context),
+        }
+        if undo is not None:
+            attrs["undo"] = lambda self, result, args, context: undo(result, args, context)
+        if compensate is not None:
+            attrs["compensate"] = lambda self, error, args, context: compensate(
+                error, args, context
+            )
+        step_class: Any = type("CoordinatedStep", (Step,), attrs)
+        for decorator in reversed(decorators):
+            step_class = decorator(step_class)
+        return step(step_class, **arguments)
+
+    def body(self: Any, args: dict[str, Any], context: Any) -> Any:
+        return run(args, context)
+
+    for decorator in reversed(decorators):
+        body = decorator(body)
+    spec = step(inputs=inputs, **arguments)(body)
+    if undo is not None:
+        spec.undo(lambda self, result, args, context: undo(result, args, context))
+    if compensate is not None:
+        spec.compensate(lambda self, error, args, context: compensate(error, args, context))
+    return spec
 
 
 def _payment_worker(form: str, account: int, runs: int) -> list[tuple[str, str, int, int]]:
@@ -232,25 +280,27 @@ def test_sc003_key_is_free_at_once_after_every_outcome(form: str, ending: str) -
     assert_not_locked("acct:7")
 
 
-def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait(form: str) -> None:
     seen: dict[str, Any] = {}
 
-    @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)
-    class Inner(Step):
-        inputs = ("account_id",)
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            state = coordination_state().lock("acct:5")
-            seen["count_inside"] = state.count
-            seen["other"] = Coordinator().admit(
-                [LockClaim(key="acct:5", ttl=5)], Holder(owner="someone-else")
-            )
-            return Success("ok")
+    def inner(args: dict[str, Any], context: Any) -> Any:
+        seen["count_inside"] = coordination_state().lock("acct:5").count
+        seen["other"] = Coordinator().admit(
+            [LockClaim(key="acct:5", ttl=5)], Holder(owner="someone-else")
+        )
+        return Success("ok")
 
     @with_lock(lambda inputs: f"acct:{inputs['account_id']}", ttl=30, wait=0)
     class Outer(Reactor):
         inputs = ("account_id",)
-        work = step(Inner, account_id=from_input("account_id"))
+        work = coordinated_step(
+            form,
+            [with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)],
+            inner,
+            inputs=("account_id",),
+            account_id=from_input("account_id"),
+        )
 
         @step(after=from_result("work"))
         def after_step(self, args: dict[str, Any], context: Any) -> Any:
@@ -328,22 +378,23 @@ def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
     assert_not_locked("acct:3")
 
 
-def test_sc009_compensation_that_cannot_acquire_is_reported() -> None:
-    @with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0, rollback_wait=0.3)
-    class Charge(Step):
-        inputs = ("account_id",)
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            return Success("charged")
-
-        def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
-            raise AssertionError("must not run without the lock")
-
+@pytest.mark.parametrize("form", FORMS)
+def test_sc009_compensation_that_cannot_acquire_is_reported(form: str) -> None:
     intruder: dict[str, Any] = {}
+
+    def never_undo(result: Any, args: dict[str, Any], context: Any) -> None:
+        raise AssertionError("must not run without the lock")
 
     class R(Reactor):
         inputs = ("account_id",)
-        charge = step(Charge, account_id=from_input("account_id"))
+        charge = coordinated_step(
+            form,
+            [with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0, rollback_wait=0.3)],
+            lambda args, context: Success("charged"),
+            inputs=("account_id",),
+            undo=never_undo,
+            account_id=from_input("account_id"),
+        )
 
         @step(after=from_result("charge"))
         def seize(self, args: dict[str, Any], context: Any) -> Any:
@@ -405,7 +456,8 @@ def test_sc011_uncomputable_key_never_runs_the_work(form: str, bad: str) -> None
     )
 
 
-def test_synchronous_contention_fails_names_step_and_undoes_prior_steps() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_synchronous_contention_fails_names_step_and_undoes_prior_steps(form: str) -> None:
     undone: list[str] = []
 
     class First(Step):
@@ -415,20 +467,20 @@ def test_synchronous_contention_fails_names_step_and_undoes_prior_steps() -> Non
         def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
             undone.append("first")
 
-    @with_lock(lambda a: f"acct:{a['account_id']}", wait=0.2)
-    class Charge(Step):
-        inputs = ("account_id",)
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            raise AssertionError("must not run")
-
-        def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> None:
-            undone.append("charge-compensated")
+    def must_not_run(args: dict[str, Any], context: Any) -> Any:
+        raise AssertionError("must not run")
 
     class R(Reactor):
         inputs = ("account_id",)
         first = step(First)
-        charge = step(Charge, account_id=from_input("account_id"))
+        charge = coordinated_step(
+            form,
+            [with_lock(lambda a: f"acct:{a['account_id']}", wait=0.2)],
+            must_not_run,
+            inputs=("account_id",),
+            compensate=lambda error, args, context: undone.append("charge-compensated"),
+            account_id=from_input("account_id"),
+        )
 
     blocker = Coordinator().admit([LockClaim(key="acct:2", ttl=30)], Holder(owner="other"))
     try:
@@ -451,8 +503,9 @@ def test_synchronous_contention_fails_names_step_and_undoes_prior_steps() -> Non
     assert failed.step == "charge"
 
 
-def test_events_carry_primitive_key_and_owning_step() -> None:
-    reactor = build_payment("class")
+@pytest.mark.parametrize("form", FORMS)
+def test_events_carry_primitive_key_and_owning_step(form: str) -> None:
+    reactor = build_payment(form)
     result = reactor.run(account_id=11, amount=1)
     assert result.ok
     events = list(CoordinationEvent.objects.filter(key="acct:11").order_by("at", "id"))
@@ -463,8 +516,9 @@ def test_events_carry_primitive_key_and_owning_step() -> None:
     assert events[0].token == result.value["charge"]["token"]
 
 
-def test_fencing_tokens_strictly_increase_per_fresh_acquisition() -> None:
-    reactor = build_payment("inline")
+@pytest.mark.parametrize("form", FORMS)
+def test_fencing_tokens_strictly_increase_per_fresh_acquisition(form: str) -> None:
+    reactor = build_payment(form)
     tokens = [reactor.run(account_id=12, amount=i).value["charge"]["token"] for i in range(5)]
     assert tokens == sorted(tokens) and len(set(tokens)) == 5
 
@@ -472,18 +526,21 @@ def test_fencing_tokens_strictly_increase_per_fresh_acquisition() -> None:
 # -- the other primitives at step level -----------------------------------------------------------
 
 
-def test_semaphore_at_step_level_reaches_but_never_exceeds_limit() -> None:
-    @with_semaphore(lambda a: f"pool:{a['pool']}", limit=2, wait=30)
-    class Work(Step):
-        inputs = ("pool",)
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            traced("work", args, context, 0.05)
-            return Success("ok")
+@pytest.mark.parametrize("form", FORMS)
+def test_semaphore_at_step_level_reaches_but_never_exceeds_limit(form: str) -> None:
+    def work_body(args: dict[str, Any], context: Any) -> Any:
+        traced("work", args, context, 0.05)
+        return Success("ok")
 
     class R(Reactor):
         inputs = ("pool",)
-        work = step(Work, pool=from_input("pool"))
+        work = coordinated_step(
+            form,
+            [with_semaphore(lambda a: f"pool:{a['pool']}", limit=2, wait=30)],
+            work_body,
+            inputs=("pool",),
+            pool=from_input("pool"),
+        )
 
     TRACE.clear()
     threads = [threading.Thread(target=_run_closing, args=(R, {"pool": "a"})) for _ in range(6)]
@@ -506,22 +563,21 @@ def _run_closing(reactor: type[Reactor], inputs: dict[str, Any]) -> None:
         connection.close()
 
 
-def test_rate_limit_at_step_level_and_not_applied_to_rollback() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_rate_limit_at_step_level_and_not_applied_to_rollback(form: str) -> None:
     undone: list[int] = []
-
-    @with_rate_limit(lambda a: f"api:{a['tenant']}", limit=3, period="minute")
-    class Call(Step):
-        inputs = ("tenant", "n")
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            return Success(args["n"])
-
-        def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
-            undone.append(result)
 
     class R(Reactor):
         inputs = ("tenant", "n", "fail")
-        call = step(Call, tenant=from_input("tenant"), n=from_input("n"))
+        call = coordinated_step(
+            form,
+            [with_rate_limit(lambda a: f"api:{a['tenant']}", limit=3, period="minute")],
+            lambda args, context: Success(args["n"]),
+            inputs=("tenant", "n"),
+            undo=lambda result, args, context: undone.append(result),
+            tenant=from_input("tenant"),
+            n=from_input("n"),
+        )
 
         @step(fail=from_input("fail"), after=from_result("call"))
         def maybe_fail(self, args: dict[str, Any], context: Any) -> Any:
@@ -536,20 +592,24 @@ def test_rate_limit_at_step_level_and_not_applied_to_rollback() -> None:
     assert 0 < refused.retry_after <= 60
 
 
-def test_period_at_step_level_skips_the_step_and_the_workflow_continues() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_period_at_step_level_skips_the_step_and_the_workflow_continues(form: str) -> None:
     ran: list[str] = []
 
-    @with_period(lambda a: f"digest:{a['user']}", every="hour")
-    class Digest(Step):
-        inputs = ("user", "fail")
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            ran.append("digest")
-            return Failure("smtp down", retryable=False) if args["fail"] else Success("sent")
+    def digest_body(args: dict[str, Any], context: Any) -> Any:
+        ran.append("digest")
+        return Failure("smtp down", retryable=False) if args["fail"] else Success("sent")
 
     class R(Reactor):
         inputs = ("user", "fail")
-        digest = step(Digest, user=from_input("user"), fail=from_input("fail"))
+        digest = coordinated_step(
+            form,
+            [with_period(lambda a: f"digest:{a['user']}", every="hour")],
+            digest_body,
+            inputs=("user", "fail"),
+            user=from_input("user"),
+            fail=from_input("fail"),
+        )
 
         @step(after=from_result("digest"))
         def after(self, args: dict[str, Any], context: Any) -> Any:
@@ -567,21 +627,52 @@ def test_period_at_step_level_skips_the_step_and_the_workflow_continues() -> Non
     assert (skipped.status, skipped.detail["reason"]) == ("skipped", "period")
 
 
-def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the_line() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_period_is_not_applied_to_rollback(form: str) -> None:
+    undone: list[str] = []
+
+    class R(Reactor):
+        inputs = ("user",)
+        digest = coordinated_step(
+            form,
+            [with_period(lambda a: f"welcome:{a['user']}", every="day")],
+            lambda args, context: Success("sent"),
+            inputs=("user",),
+            undo=lambda result, args, context: undone.append(result),
+            user=from_input("user"),
+        )
+
+        @step(after=from_result("digest"))
+        def boom(self, args: dict[str, Any], context: Any) -> Any:
+            raise RuntimeError("later step failed")
+
+    result = R.run(user="u2")
+    assert not result.ok
+    assert_period_marked("welcome:u2", "day")  # the step succeeded and marked its bucket...
+    assert undone == ["sent"]  # ...and its undo still ran: a marked bucket never blocks cleanup
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the_line(
+    form: str,
+) -> None:
     entered: list[int] = []
 
-    @with_ordered_lock(lambda a: f"seq:{a['stream']}", poison_pill_timeout=30)
-    class Apply(Step):
-        inputs = ("stream", "n")
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            entered.append(args["n"])
-            time.sleep(0.08)
-            return Failure("bad event", retryable=False) if args["n"] == 3 else Success(args["n"])
+    def apply_body(args: dict[str, Any], context: Any) -> Any:
+        entered.append(args["n"])
+        time.sleep(0.08)
+        return Failure("bad event", retryable=False) if args["n"] == 3 else Success(args["n"])
 
     class R(Reactor):
         inputs = ("stream", "n")
-        apply = step(Apply, stream=from_input("stream"), n=from_input("n"))
+        apply = coordinated_step(
+            form,
+            [with_ordered_lock(lambda a: f"seq:{a['stream']}", poison_pill_timeout=30)],
+            apply_body,
+            inputs=("stream", "n"),
+            stream=from_input("stream"),
+            n=from_input("n"),
+        )
 
     results: dict[int, Any] = {}
 
@@ -605,19 +696,19 @@ def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the
         assert results[n].ok
         run = StepRun.objects.get(execution_id=results[n].execution_id, step="apply")
         assert run.detail["reason"] == "ordered_lock_chain_failed"
+    assert_ordered_lock("seq:s", first_failed=4)
 
 
-def test_redis_unreachable_fails_the_step_and_the_work_never_runs(settings: Any) -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_redis_unreachable_fails_the_step_and_the_work_never_runs(form: str, settings: Any) -> None:
     ran: list[str] = []
 
-    @with_lock(lambda a: "acct:down")
-    class Charge(Step):
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            ran.append("body")
-            return Success("ok")
-
     class R(Reactor):
-        charge = step(Charge)
+        charge = coordinated_step(
+            form,
+            [with_lock(lambda a: "acct:down")],
+            lambda args, context: ran.append("body") or Success("ok"),
+        )
 
     settings.REACTOR_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     result = R.run()
@@ -665,28 +756,30 @@ def test_introspection_inheritance_and_replacement() -> None:
     assert R.steps["inline"].declares_coordination()
 
 
-def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line(form: str) -> None:
     from reactor_app import Skipped
-    from reactor_app.testing import (
-        assert_ordered_lock,
-        assert_period_marked,
-        assert_period_not_marked,
-    )
+    from reactor_app.testing import assert_period_not_marked
 
     calls: list[int] = []
 
-    @with_ordered_lock(lambda a: f"seq:{a['stream']}", poison_pill_timeout=30, wait=5)
-    @with_period(lambda a: f"once:{a['stream']}", every="day")
-    class Apply(Step):
-        inputs = ("stream", "n")
-
-        def run(self, args: dict[str, Any], context: Any) -> Any:
-            calls.append(args["n"])
-            return Skipped(reason="not ready") if args["n"] == 0 else Success(args["n"])
+    def apply_body(args: dict[str, Any], context: Any) -> Any:
+        calls.append(args["n"])
+        return Skipped(reason="not ready") if args["n"] == 0 else Success(args["n"])
 
     class R(Reactor):
         inputs = ("stream", "n")
-        apply = step(Apply, stream=from_input("stream"), n=from_input("n"))
+        apply = coordinated_step(
+            form,
+            [
+                with_ordered_lock(lambda a: f"seq:{a['stream']}", poison_pill_timeout=30, wait=5),
+                with_period(lambda a: f"once:{a['stream']}", every="day"),
+            ],
+            apply_body,
+            inputs=("stream", "n"),
+            stream=from_input("stream"),
+            n=from_input("n"),
+        )
 
     assert R.run(stream="s", n=0).ok
     assert_period_not_marked("once:s", "day")  # only a success marks the bucket
