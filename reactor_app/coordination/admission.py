@@ -440,8 +440,16 @@ class Coordinator:
 
     # -- renewal --------------------------------------------------------------------------
 
-    def extend(self, holds: Sequence[Hold], owner: str) -> Extended:
-        """Renew the leases of lock and semaphore ``holds`` (one call); see extend.lua."""
+    def extend(
+        self, holds: Sequence[Hold], owner: str, *, renew: Callable[[Hold], bool] | None = None
+    ) -> Extended:
+        """Renew the leases of lock and semaphore ``holds`` (one call); see extend.lua.
+
+        ``renew`` picks the holds whose lease is renewed; the others are only checked (still
+        held by ``owner`` with their token, lease not expired) and keep the lease they have.
+        By default every hold is renewed. A hold re-adopted after a park (``Gate.enter``) uses
+        this: a lock declared without ``auto_extend`` must not outlive its TTL because of it.
+        """
         items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
         if not items:
             return Extended()
@@ -460,6 +468,8 @@ class Coordinator:
                     "p": h.claim.primitive,
                     "n": len(g),
                     **PRIMITIVES[h.claim.primitive].extend_spec(h, owner),
+                    # a lease of 0 ms never lengthens one: extend.lua only checks the hold
+                    **({} if renew is None or renew(h) else {"ttl_ms": 0}),
                 }
                 for h, g in zip(batch_holds, batch_groups, strict=True)
             ]

@@ -49,6 +49,11 @@ class CompletedStep:
     elements: list[dict[str, Any]] = field(default_factory=list)  # map: one per iteration
 
 
+#: ``ExecutionState.extra`` key: the reactor-level lock/semaphore holds an execution kept when it
+#: parked on a worker (``Gate.suspend``), re-adopted by its next delivery (``Gate.enter``)
+KEPT_HOLDS = "kept_holds"
+
+
 @dataclass
 class ExecutionState:
     results: dict[str, Any] = field(default_factory=dict)

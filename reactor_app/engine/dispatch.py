@@ -10,7 +10,10 @@ Everything that crosses the process boundary goes through here:
   once. A delivery that finds the claim taken exits; if the execution is not finished it looks
   again when the claim would lapse (its holder may have been killed). With ``acks_late`` and
   ``reject_on_worker_lost`` a killed worker's task is redelivered, and the engine continues from
-  the execution's last checkpoint (``state.next_index`` is persisted after every step).
+  the execution's last checkpoint (``state.next_index`` is persisted after every step). A
+  delivery that finds the execution still ``running`` once it holds the claim is taking over
+  from a dead delivery: it first drops the holds that one left (``engine.worker.
+  drop_stale_holds``), so the redelivery does not re-enter them as an extra nesting level.
 * Parking: a pass that ends ``parked`` is requeued with ``apply_async(countdown=...)`` at the
   delay ``engine.worker.note_park`` chose — never with Celery's ``retry``, which would spend
   ``max_retries`` on contention. ``wake`` re-enqueues parked waiters at once when a release
@@ -45,7 +48,7 @@ from reactor_app.coordination.redis import key as redis_key
 from reactor_app.engine.context import ExecutionState, to_json
 from reactor_app.engine.executor import ExecutionRun, RunEnd, input_errors, run_inline
 from reactor_app.engine.result import Result
-from reactor_app.engine.worker import ClaimLost
+from reactor_app.engine.worker import ClaimLost, drop_stale_holds
 from reactor_app.exceptions import ExecutionNotResumable
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
@@ -274,8 +277,13 @@ def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
     from reactor_app.dsl.registry import lookup
 
     was_parked = execution.status == ExecutionStatus.PARKED
+    # Still "running" although this delivery now holds the claim: the delivery that set it
+    # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
+    taken_over = execution.status == ExecutionStatus.RUNNING
     run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs), mode="worker")
     run.on_persist = claim.check
+    if taken_over:
+        drop_stale_holds(run)
     if was_parked:
         _record_resumed(run)
     marker = run.state.extra.get("dispatch") or {}

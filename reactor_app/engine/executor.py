@@ -11,6 +11,12 @@ the root's owner and held-key registry). ``mode="sync"`` runs in the caller's pr
        and reused; a marked period bucket or a failed strict chain halts the run; contention
        waits then fails (sync) or parks (worker, counted against the contention ceiling; past
        it → failed). A failure here rolls back steps completed on earlier passes.
+       After a park in a step, the lock and semaphore holds kept across it
+       (``state.extra[KEPT_HOLDS]``, see 5.) are re-adopted instead of acquired again: checked
+       to be still ours, no nesting level, no new fencing token, a ``resumed`` event; only the
+       ordered gate and period check are admitted again (the rate limit stays charged). If a
+       kept hold lapsed or was force-released meanwhile: ``lease_lost``, the rest is given
+       back and the gate competes normally (worker → may park here, holding nothing).
     3. For each step of the plan from the checkpoint ``state.next_index``:
          a. if it reads the result of an ``async_step``/``async_reactor`` still running:
             sync → block for it (up to its ``result_timeout``); worker → park until the child
@@ -27,7 +33,8 @@ the root's owner and held-key registry). ``mode="sync"`` runs in the caller's pr
             skipped   → store the value (never undone), checkpoint.
             halted    → stop cleanly: no rollback.
             parked    → count the park (ceiling exceeded → failed), persist, return; the
-                        unit's own holds were given back (ordered positions kept).
+                        unit's own holds were given back (ordered positions kept); the
+                        reactor-level ones are kept (5.).
             interrupted → persist the correlation id, return (holds released below).
             failed    → wait for running async children, then undo the rollback log newest
                         first, collect rollback failures, fail.
@@ -35,9 +42,21 @@ the root's owner and held-key registry). ``mode="sync"`` runs in the caller's pr
             caller enqueues the execution and a worker continues from the checkpoint.
     4. Wait for (sync) or park on (worker) async children not read yet. The value is the
        ``returns`` step's result, else a dict of every result.
-    5. In ``finally``: release the reactor-level gate — ``park`` for parked, interrupted and
-       handed-off passes (holds given back, ordered position kept), else the outcome decides
-       period mark / cursor.
+    5. In ``finally``: leave the reactor-level gate (if it was entered on this pass):
+         parked (in a step, or waiting on an async child) → suspend: keep the lock and
+            semaphore holds without renewal and record them in ``state.extra[KEPT_HOLDS]``
+            (persisted by ``finish``), so the "exclusive" workflow stays exclusive while it
+            sleeps (DESIGN §2.8); the rest is released with ``park`` (ordered position kept).
+            A TTL still bounds the kept hold: a park longer than it lets the key go (2.).
+         interrupted, handed off, or the delivery lost its claim → release with ``park``:
+            nothing is held across the pause; the resume re-takes the holds (a fresh
+            acquisition).
+         terminal → release; the outcome decides period mark / cursor. Rollback runs before
+            this, under the (adopted or acquired) holds.
+
+A delivery that takes over an execution left ``running`` by a dead delivery first drops the
+holds that delivery left behind (``engine.worker.drop_stale_holds``), so they are not re-entered
+as an extra nesting level.
 """
 
 from __future__ import annotations
@@ -62,7 +81,13 @@ from reactor_app.dsl.kinds import (
     MapSpec,
 )
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.context import CompletedStep, ExecutionState, HeldKeys, to_json
+from reactor_app.engine.context import (
+    KEPT_HOLDS,
+    CompletedStep,
+    ExecutionState,
+    HeldKeys,
+    to_json,
+)
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.result import Result, error_from_dict
 from reactor_app.engine.rollback import roll_back, undo_record
@@ -209,7 +234,13 @@ class ExecutionRun:
             raise
         finally:
             if gate is not None:
-                gate.exit("park" if abandoned else _release_outcome(end))
+                if not abandoned and end is not None and end.status == "parked":
+                    # DESIGN §2.8: a park keeps the outer reactor-level holds (see step 5.)
+                    kept = gate.suspend()
+                    if kept:
+                        self.state.extra[KEPT_HOLDS] = kept
+                else:
+                    gate.exit("park" if abandoned else _release_outcome(end))
                 self.gates.remove(gate)
 
     def execute_async_step(self) -> RunEnd:
@@ -241,6 +272,8 @@ class ExecutionRun:
         )
 
     def _enter_reactor_gate(self) -> tuple[Gate | None, RunEnd | None]:
+        # kept across the last park (step 5.); whatever happens below, they are dealt with now
+        kept = self.state.extra.pop(KEPT_HOLDS, None)
         declarations = self.reactor.declarations()
         if not declarations:
             return None, None
@@ -259,7 +292,9 @@ class ExecutionRun:
             ),
         )
         try:
-            skip = gate.enter(wait=declarations.wait_seconds(), park=self.park_on_contention)
+            skip = gate.enter(
+                wait=declarations.wait_seconds(), park=self.park_on_contention, adopt=kept
+            )
         except ParkRequested as parked:
             ceiling = note_park(self, "", parked)
             if ceiling is None:
@@ -790,7 +825,8 @@ def _release_outcome(end: RunEnd | None) -> ReleaseOutcome:
 _RELEASE_OUTCOMES: dict[str, ReleaseOutcome] = {
     "succeeded": "success",
     "halted": "halt",
-    # the execution is not over: give the holds back, keep the ordered position
+    # the execution is not over: give the holds back, keep the ordered position (a parked
+    # pass suspends its reactor gate instead, keeping its locks and semaphores: ``execute``)
     "parked": "park",
     "interrupted": "park",
     "handed_off": "park",

@@ -8,21 +8,36 @@ everything in one call when the work ends.
 Entering a gate has four answers: admitted (the work runs), a skip (period bucket marked,
 strict ordered chain failed), contention (synchronously: wait, then a ``CoordinationError``;
 in a worker: ``ParkRequested``), or ``CoordinationUnavailable`` when Redis cannot be reached.
+
+Leaving it is ``exit(outcome)`` — or, for a reactor-level gate whose execution parks on a
+worker, ``suspend()`` (DESIGN §2.8): the lock and semaphore holds are *kept* (renewal stops,
+nothing is released; the rest is given back with outcome ``park``, which keeps an ordered
+position) and described for the execution's state. The next delivery passes that description
+to ``enter(adopt=...)``, which re-adopts the holds without a second acquisition — no nesting
+level, no new fencing token, a ``resumed`` event instead of ``acquired`` — after checking they
+are still this owner's (``Coordinator.extend``), admits only what was given back (the ordered
+gate and the period check; the rate limit was charged by the admission being continued), and
+restarts keep-alive. A hold that lapsed or was force-released meanwhile is recorded as
+``lease_lost``, whatever is still held is given back, and the gate competes normally.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.coordination.claims import (
+    ADMISSION_ORDER,
+    AdmissionResult,
     Admitted,
     ChainFailed,
     Claim,
+    Hold,
     Holder,
+    LockClaim,
     OrderedPosition,
     Outcome,
     PeriodHit,
@@ -39,6 +54,11 @@ if TYPE_CHECKING:
     from reactor_app.engine.context import HeldKeys
 
 logger = logging.getLogger(__name__)
+
+#: what a reactor-level hold keeps across a worker park (``Gate.suspend``); everything else is
+#: given back with outcome ``park`` (an ordered position is kept by that outcome, a period check
+#: and a rate-limit charge have nothing to give back)
+KEPT_ACROSS_PARK = ("lock", "semaphore")
 
 
 @dataclass
@@ -148,26 +168,42 @@ class Gate:
             reactor=self.scope.reactor,
         )
 
-    def enter(self, *, wait: float | None, park: bool) -> Skip | None:
-        """Admit every claim or none. ``park``: contention raises ``ParkRequested``."""
+    def enter(
+        self,
+        *,
+        wait: float | None,
+        park: bool,
+        adopt: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Skip | None:
+        """Admit every claim or none. ``park``: contention raises ``ParkRequested``.
+
+        ``adopt``: the holds ``suspend()`` kept across a park (see the module docstring); they
+        are re-adopted if still ours, else the gate competes for everything as usual.
+        """
         claims = self.claims or self.compute_claims()
         holder = self._holder()
-        for _ in range(2):  # a second round only after re-assigning a stale ordered position
-            try:
-                if park:
-                    answer = self.coordinator.admit(claims, holder, waiter_id=self.scope.waiter_id)
-                elif not wait:
-                    answer = self.coordinator.admit(claims, holder)
-                else:
-                    answer = self.coordinator.admit_waiting(claims, holder, wait)
-            except CoordinationUnavailable as exc:
-                raise self._unavailable(exc) from exc
-            if isinstance(answer, Refused) and answer.detail.get("stale_epoch"):
-                self.forget_position()
-                self.claims = []
-                claims = self.compute_claims()
-                continue
-            break
+        adopted = self._verify_kept(claims, adopt) if adopt else []
+        if adopted:
+            kept = [hold.claim for hold in adopted]
+            # the rate limit was charged by the admission this one continues
+            answer = self._admit(
+                lambda c: c not in kept and c.primitive != "rate_limit",
+                holder,
+                wait=wait,
+                park=park,
+            )
+            if isinstance(answer, Admitted):
+                holds = sorted(
+                    [*answer.holds, *adopted],
+                    key=lambda hold: ADMISSION_ORDER.index(hold.claim.primitive),
+                )
+                self._admitted(Admitted(holds=holds, holder=holder), adopted=adopted)
+                return None
+            # The ordered gate or the period check refused the continuation: hold nothing
+            # while skipping, parking or failing, as a gate that was never entered would.
+            self._release(Admitted(holds=adopted, holder=holder), "park", tracked=False)
+        else:
+            answer = self._admit(lambda c: True, holder, wait=wait, park=park)
         if isinstance(answer, Admitted):
             self._admitted(answer)
             return None
@@ -189,6 +225,92 @@ class Gate:
         )
         raise error
 
+    def _admit(
+        self, wanted: Callable[[Claim], bool], holder: Holder, *, wait: float | None, park: bool
+    ) -> AdmissionResult:
+        """One admission of the claims ``wanted`` selects, re-assigning a stale ordered
+        position once."""
+        claims = [c for c in (self.claims or self.compute_claims()) if wanted(c)]
+        if not claims:
+            return Admitted(holds=[], holder=holder)
+        for _ in range(2):  # a second round only after re-assigning a stale ordered position
+            try:
+                if park:
+                    answer = self.coordinator.admit(claims, holder, waiter_id=self.scope.waiter_id)
+                elif not wait:
+                    answer = self.coordinator.admit(claims, holder)
+                else:
+                    answer = self.coordinator.admit_waiting(claims, holder, wait)
+            except CoordinationUnavailable as exc:
+                raise self._unavailable(exc) from exc
+            if isinstance(answer, Refused) and answer.detail.get("stale_epoch"):
+                self.forget_position()
+                self.claims = []
+                claims = [c for c in self.compute_claims() if wanted(c)]
+                continue
+            break
+        return answer
+
+    def _verify_kept(
+        self, claims: Sequence[Claim], kept: Sequence[Mapping[str, Any]]
+    ) -> list[Hold]:
+        """The kept holds, still ours, ready to adopt — or ``[]`` (all or nothing) after
+        recording the lapsed ones and giving back the rest.
+
+        A kept hold matches this gate's claim on the same primitive and key (the keys come
+        from the execution's inputs, so they do not change between deliveries) and is ours
+        while it names this owner (a lock also its fencing token) with its lease unexpired:
+        exactly what a renewal checks, so ``Coordinator.extend`` answers, renewing the leases
+        that auto-extend (a lock without ``auto_extend`` keeps its original deadline).
+        """
+        by_key: dict[tuple[str, str], Claim] = {
+            (c.primitive, c.key): c for c in claims if c.primitive in KEPT_ACROSS_PARK
+        }
+        holds: list[Hold] = []
+        strays: list[Hold] = []
+        for entry in kept:
+            primitive, key = str(entry.get("primitive")), str(entry.get("key"))
+            claim = by_key.get((primitive, key))
+            token = entry.get("token")
+            if claim is not None:
+                holds.append(Hold(claim=claim, fresh=True, token=token))
+            elif primitive in KEPT_ACROSS_PARK:
+                # The declarations changed between deliveries (a deploy): this gate no longer
+                # covers the key, so give the hold back rather than let it wait for its TTL.
+                stray: Claim = (
+                    LockClaim(key)
+                    if primitive == "lock"
+                    else SemaphoreClaim(key, limit=int(entry.get("limit") or 1))
+                )
+                strays.append(Hold(claim=stray, fresh=True, token=token))
+        holder = self._holder()
+        if strays:
+            self._release(Admitted(holds=strays, holder=holder), "park", tracked=False)
+        if not holds:
+            return []
+        try:
+            answer = self.coordinator.extend(
+                holds,
+                self.scope.owner,
+                renew=lambda h: not isinstance(h.claim, LockClaim) or h.claim.auto_extend,
+            )
+        except CoordinationUnavailable as exc:
+            raise self._unavailable(exc) from exc
+        if not answer.lost:
+            return holds
+        for hold, reason in answer.lost:
+            self._event(
+                CoordinationEventKind.LEASE_LOST,
+                hold.claim,
+                token=hold.token,
+                reason=reason,
+                during="park",
+            )
+        still_ours = [hold for hold in holds if any(hold is h for h in answer.extended)]
+        if still_ours:
+            self._release(Admitted(holds=still_ours, holder=holder), "park", tracked=False)
+        return []
+
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
         where = f"step {self.scope.step!r} of " if self.scope.step else "reactor "
         return CoordinationUnavailable(
@@ -201,7 +323,7 @@ class Gate:
             cause=getattr(exc, "cause", None) or exc.message,
         )
 
-    def _admitted(self, admitted: Admitted) -> None:
+    def _admitted(self, admitted: Admitted, *, adopted: Sequence[Hold] = ()) -> None:
         self.admitted = admitted
         for hold in admitted.holds:
             claim = hold.claim
@@ -210,6 +332,12 @@ class Gate:
                     claim.primitive, claim.key, self.scope.step, getattr(claim, "limit", None)
                 )
             limit = {"limit": claim.limit} if isinstance(claim, SemaphoreClaim) else {}
+            if any(hold is h for h in adopted):
+                # held since before the park: no second acquisition is recorded
+                self._event(
+                    CoordinationEventKind.RESUMED, claim, token=hold.token, adopted=True, **limit
+                )
+                continue
             self._event(
                 CoordinationEventKind.ACQUIRED,
                 claim,
@@ -236,6 +364,38 @@ class Gate:
 
     def exit(self, outcome: Outcome) -> list[str]:
         """Release what was admitted (one call, reverse order). Returns woken waiter ids."""
+        admitted = self._stop()
+        if admitted is None:
+            return []
+        return self._release(admitted, outcome)
+
+    def suspend(self) -> list[dict[str, Any]]:
+        """A reactor-level gate whose execution parks on a worker (DESIGN §2.8): keep the lock
+        and semaphore holds — renewal stops, nothing of them is released — and give back the
+        rest with outcome ``park``. Returns the kept holds as JSON data for the execution's
+        state, to pass to ``enter(adopt=...)`` on the next delivery."""
+        admitted = self._stop()
+        if admitted is None:
+            return []
+        kept = [h for h in admitted.holds if h.claim.primitive in KEPT_ACROSS_PARK]
+        rest = [h for h in admitted.holds if h.claim.primitive not in KEPT_ACROSS_PARK]
+        if rest:
+            self._release(Admitted(holds=rest, holder=admitted.holder), "park")
+        described = []
+        for hold in kept:
+            claim = hold.claim
+            if self.scope.held_keys is not None:
+                self.scope.held_keys.pop(claim.primitive, claim.key)  # this delivery is done
+            entry: dict[str, Any] = {"primitive": claim.primitive, "key": claim.key}
+            if hold.token is not None:
+                entry["token"] = hold.token
+            if isinstance(claim, SemaphoreClaim):
+                entry["limit"] = claim.limit
+            described.append(entry)
+        return described
+
+    def _stop(self) -> Admitted | None:
+        """Stop keep-alive, record what it deferred; hand over (and forget) the admission."""
         if self.keep_alive is not None:
             self.keep_alive.stop()
             self.keep_alive = None
@@ -243,8 +403,11 @@ class Gate:
         for kind, detail in self.deferred_events:
             self._event(kind, None, **detail)
         self.deferred_events.clear()
-        if admitted is None:
-            return []
+        return admitted
+
+    def _release(self, admitted: Admitted, outcome: Outcome, *, tracked: bool = True) -> list[str]:
+        """Release ``admitted``; ``tracked``: its holds are in the held-key registry (False for
+        kept holds given back before this delivery adopted them)."""
         woken: list[str] = []
         try:
             released = self.coordinator.release(admitted, outcome)
@@ -254,7 +417,8 @@ class Gate:
             logger.exception("could not release %s; holds will expire by TTL", self.claims)
         for hold in reversed(admitted.holds):
             claim = hold.claim
-            if self.scope.held_keys is not None and claim.primitive in ("lock", "semaphore"):
+            registered = tracked and claim.primitive in ("lock", "semaphore")
+            if self.scope.held_keys is not None and registered:
                 self.scope.held_keys.pop(claim.primitive, claim.key)
             self._event(CoordinationEventKind.RELEASED, claim, token=hold.token, outcome=outcome)
         if outcome in ("success", "failure"):

@@ -15,10 +15,15 @@
   or enqueued.
 * ``ClaimLost``: the delivery's claim on its execution lapsed, so another delivery may now be
   running it; the engine stops at the next checkpoint.
+* **Taking over after a crash**: holds belong to the root execution id, not to a delivery, so a
+  redelivery would re-enter the holds its killed predecessor left (one more nesting level) and,
+  releasing once, leave the key held until the TTL lapses. ``drop_stale_holds`` force-releases
+  them first.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterable
 from datetime import timedelta
@@ -27,11 +32,18 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
-from reactor_app.dsl.arguments import FromInput, Scope, Value
+from reactor_app.dsl.arguments import FromInput, PathError, Scope, Value
 from reactor_app.dsl.coordination import Declaration, LockDeclaration, SemaphoreDeclaration
-from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
+from reactor_app.dsl.kinds import (
+    AsyncReactorSpec,
+    AsyncStepSpec,
+    ComposeSpec,
+    InterruptSpec,
+    MapSpec,
+)
 from reactor_app.dsl.step import StepSpec
-from reactor_app.exceptions import ContentionCeilingExceeded, HandOffRefused
+from reactor_app.engine.context import KEPT_HOLDS
+from reactor_app.exceptions import ContentionCeilingExceeded, HandOffRefused, ReactorError
 from reactor_app.models import ContentionState
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -39,6 +51,8 @@ from reactor_app.tracking import record_coordination
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
     from reactor_app.engine.gate import ParkRequested
+
+logger = logging.getLogger(__name__)
 
 #: primitives whose refusal carries a useful "come back at" hint; a lock's or semaphore's
 #: hint is only the holder's lease, an upper bound, so those use the backoff instead
@@ -242,3 +256,121 @@ def guard_hand_off(run: ExecutionRun, spec: StepSpec, args: dict[str, Any]) -> N
             primitive=primitive,
             holder=holder,
         )
+
+
+# --------------------------------------------------------------------------------------------
+# taking over from a dead delivery
+
+
+def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
+    """Force-release the locks and semaphore slots a dead delivery of ``run`` left behind.
+
+    Called by a delivery that takes over an execution still ``running`` at claim time (its
+    previous delivery was killed mid-run, or lost its claim), before any admission. The holds
+    are owned by the root execution id — the same owner this delivery uses — so without this
+    the redelivery re-enters them (nesting count 2), releases once, and leaves the key held
+    until its TTL lapses. While this delivery holds the execution claim no other delivery of
+    the execution runs, so a hold this root owns on these keys is the dead one's.
+
+    Bounded to the keys computable here without running anything: the reactor-level claims
+    (from the inputs) and those of the unit at the resume point — the step at
+    ``state.next_index`` with arguments resolved as the runner would, the current iteration
+    of a ``map_step`` over a step, or an ``async_step`` task's own step. Not covered (these
+    lapse with their TTL, their auto-extend died with the process): holds inside a composed
+    child or a ``map_step`` over a reactor, and the re-taken holds of a compensate/undo that
+    was interrupted by the crash. Rate-limit charges and ordered positions need nothing: a
+    charge is spent, and the position is reused by the redelivery.
+
+    Caveat: if the predecessor is not dead but only lost its claim (renewal failed for a whole
+    claim TTL), it may still be inside the step; it finds its lease lost at its next renewal.
+    Returns the ``(primitive, key)`` pairs actually released; records a ``forced_release``
+    event (``detail={"reason": "redelivery"}``) for each and wakes their parked waiters.
+    """
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.engine.dispatch import wake
+
+    # a hold kept across an earlier park is the dead delivery's too: dropped below, not adopted
+    run.state.extra.pop(KEPT_HOLDS, None)
+    targets: list[tuple[str, str, str | None]] = []
+    reactor = run.reactor_path
+    for declaration in run.reactor.declarations().ordered():
+        if declaration.primitive in ("lock", "semaphore"):
+            targets.extend(_stale_key(declaration, run.inputs, reactor, None))
+    for label, spec, args in _resume_units(run):
+        for declaration in spec.declarations.ordered():
+            if declaration.primitive in ("lock", "semaphore"):
+                targets.extend(_stale_key(declaration, args, reactor, label))
+    coordinator = Coordinator()
+    released: list[tuple[str, str]] = []
+    woken: list[str] = []
+    for primitive, key, step in targets:
+        if (primitive, key) in released:
+            continue  # the same key at reactor and step level: one hold, already dropped
+        try:
+            outcome = coordinator.force_release(primitive, key, owner=run.owner)
+        except ReactorError:  # Redis unreachable: admission will report it
+            logger.warning("could not drop stale %s %r of %s", primitive, key, run.owner)
+            continue
+        if not outcome.released:
+            continue
+        released.append((primitive, key))
+        woken.extend(outcome.woken)
+        record_coordination(
+            CoordinationEventKind.FORCED_RELEASE,
+            primitive=primitive,
+            key=key,
+            owner=run.owner,
+            step=step,
+            reactor=reactor,
+            execution_id=run.execution_id,
+            reason="redelivery",
+        )
+    if woken:
+        wake(woken)
+    return released
+
+
+def _stale_key(
+    declaration: Declaration, args: dict[str, Any], reactor: str, step: str | None
+) -> list[tuple[str, str, str | None]]:
+    try:
+        key = declaration.compute_key(args, reactor=reactor, step=step)
+    except ReactorError:  # a key function that raises: the gate reports it, nothing was taken
+        return []
+    return [(declaration.primitive, key, step)]
+
+
+def _resume_units(run: ExecutionRun) -> list[tuple[str, StepSpec, dict[str, Any]]]:
+    """``(label, spec, arguments)`` of the unit the run resumes at, when it is a step."""
+    from reactor_app.engine.runner import resolve_arguments
+
+    marker = run.state.extra.get("dispatch") or {}
+    if marker.get("kind") == "async_step":
+        return [(marker["step"], run.reactor.steps[marker["step"]], dict(run.inputs))]
+    order = run.reactor.plan.order
+    if run.state.next_index >= len(order):
+        return []
+    spec = run.reactor.plan.specs[order[run.state.next_index]]
+    scope = Scope(run.inputs, run.state.results)
+    try:
+        if isinstance(spec, MapSpec):
+            if spec.is_reactor:
+                return []
+            items = spec.over.resolve(scope)
+            progress = (run.state.extra.get("map_progress") or {}).get(spec.name) or {}
+            index = int(progress.get("index", 0))
+            if not isinstance(items, (list, tuple)) or index >= len(items):
+                return []
+            args = resolve_arguments(
+                spec, Scope(run.inputs, run.state.results, items[index]), run.reactor_path
+            )
+            return [(f"{spec.name}[{index}]", spec, args)]
+        if isinstance(spec, (ComposeSpec, AsyncStepSpec, AsyncReactorSpec, InterruptSpec)):
+            # a composed child's holds: not covered; an async child owns its holds under its
+            # own id; an interrupt declares nothing
+            return []
+        if spec.step_class() is None:
+            return []
+        return [(spec.name, spec, resolve_arguments(spec, scope, run.reactor_path))]
+    except (PathError, ReactorError):  # the runner will report the bad argument
+        return []

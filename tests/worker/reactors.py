@@ -24,6 +24,7 @@ from reactor_app import (
     step,
     with_lock,
     with_ordered_lock,
+    with_semaphore,
 )
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.redis import get_client
@@ -124,6 +125,87 @@ class CrashReactor(Reactor):
 
     before = step(AuditStep, account_id=from_input("key"))
     fragile = step(FragileStep, key=from_input("key"))
+
+
+@with_lock(lambda args: f"crash-held:{args['key']}", ttl=30)
+class LongLeaseFragileStep(FragileStep):
+    """FragileStep whose lock outlives the killed delivery's claim (30 s vs the claim's 6 s):
+    the redelivery finds the dead delivery's hold still there."""
+
+
+@with_lock(lambda inputs: f"crash-outer:{inputs['key']}", ttl=30)
+class LongLeaseCrashReactor(Reactor):
+    inputs = ("key",)
+
+    before = step(AuditStep, account_id=from_input("key"))
+    fragile = step(LongLeaseFragileStep, key=from_input("key"))
+
+
+# --------------------------------------------------------------------------------------------
+# reactor-level holds kept across a park in a step (DESIGN §2.8)
+
+
+def exclusive_key(values: dict[str, Any]) -> str:
+    return f"excl:{values['key']}"
+
+
+@with_lock(lambda args: f"side:{args['side']}", ttl=30)
+class SideLockedStep(Step):
+    """A step lock on ``side:<side>`` inside the reactor-level ``excl:<key>``; records the
+    fencing token of the reactor-level lock it runs under."""
+
+    inputs = ("key", "side")
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        token = context.fencing_token(exclusive_key(args))
+        timed("side", context, 0.05, token=token)
+        return Success({"side": args["side"], "token": token})
+
+
+class FailingSideStep(SideLockedStep):
+    """The same step lock; its body fails (after the execution resumed from its park)."""
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        timed("side", context, 0.01, token=context.fencing_token(exclusive_key(args)))
+        raise RuntimeError("side effect refused")
+
+
+@with_lock(exclusive_key, ttl=30)
+class ExclusiveReactor(Reactor):
+    """ "This whole workflow is exclusive" per key, with a step lock of its own inside."""
+
+    inputs = ("key", "side")
+
+    audit = step(AuditStep, account_id=from_input("key"))
+    side = step(SideLockedStep, key=from_input("key"), side=from_input("side"))
+
+
+@with_lock(exclusive_key, ttl=0.5)
+class BriefLeaseReactor(Reactor):
+    """The same with a reactor-level lease shorter than the park (1-2 s in its test module)."""
+
+    inputs = ("key", "side")
+
+    audit = step(AuditStep, account_id=from_input("key"))
+    side = step(SideLockedStep, key=from_input("key"), side=from_input("side"))
+
+
+@with_semaphore(lambda inputs: f"pool:{inputs['key']}", limit=1, ttl=30)
+class PooledReactor(Reactor):
+    """A reactor-level semaphore slot instead of a lock."""
+
+    inputs = ("key", "side")
+
+    audit = step(AuditStep, account_id=from_input("key"))
+    side = step(SideLockedStep, key=from_input("key"), side=from_input("side"))
+
+
+@with_lock(exclusive_key, ttl=30)
+class ExclusiveFailingReactor(Reactor):
+    inputs = ("key", "side")
+
+    audit = step(AuditStep, account_id=from_input("key"))
+    side = step(FailingSideStep, key=from_input("key"), side=from_input("side"))
 
 
 # --------------------------------------------------------------------------------------------

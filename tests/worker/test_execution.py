@@ -2,7 +2,8 @@
 
 Claims SC-004 (contention costs zero compensations), SC-005 (the worker path is protected like
 the in-process one), SC-008 (a killed holder frees the key, the execution is redelivered and
-completes), the contention ceiling, and uncapped ordered-lock waits.
+completes; a redelivery does not re-enter the holds its killed predecessor left), the
+contention ceiling, and uncapped ordered-lock waits.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from reactor_app.exceptions import ContentionCeilingExceeded
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, ExecutionStatus, StepRunKind, StepRunStatus
 from tests.worker.helpers import overlapping, wait_until
-from tests.worker.reactors import CrashReactor, OrderedReactor, PaymentReactor, records
+from tests.worker.reactors import (
+    CrashReactor,
+    LongLeaseCrashReactor,
+    OrderedReactor,
+    PaymentReactor,
+    records,
+)
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -148,15 +155,20 @@ def test_ordered_lock_waits_are_not_capped(worker: Any) -> None:
     try:
         execution = OrderedReactor.run_async(key=1)
         ceiling = WORKER_SETTINGS["REACTOR_CONTENTION_CEILING"]
+        # the ContentionState row is written just before the pass persists "parked", so
+        # wait for both rather than read the status in between
         wait_until(
-            lambda: ContentionState.objects.filter(
-                execution=execution, attempts__gt=ceiling + 1
-            ).exists(),
+            lambda: (
+                ContentionState.objects.filter(
+                    execution=execution, attempts__gt=ceiling + 1
+                ).exists()
+                and Execution.objects.filter(
+                    pk=execution.pk, status=ExecutionStatus.PARKED
+                ).exists()
+            ),
             40,
             message="the ordered wait did not park past the ceiling",
         )
-        execution.refresh_from_db()
-        assert execution.status == ExecutionStatus.PARKED
     finally:
         stop.set()
         beating.join()
@@ -191,6 +203,40 @@ def test_killed_holder_frees_the_key_and_the_execution_completes(worker: Any) ->
     assert [r["entry"] for r in runs] == [2]  # the killed entry never finished
     assert runs[0]["pid"] != entered["pid"]
     assert runs[0]["start"] > entered["start"]
+
+
+def test_a_redelivery_drops_the_holds_its_killed_predecessor_left(worker: Any) -> None:
+    """Holds belong to the root execution, not to a delivery: a redelivery must not re-enter
+    the ones a killed delivery left (a 30 s lease outlives the 6 s claim), or the keys stay
+    held after the execution completes, until their TTL lapses."""
+    execution = LongLeaseCrashReactor.run_async(key="k2")
+    entered = wait_until(lambda: records("enter:fragile"), 30)[0]
+    step_lock, outer_lock = lock_state("crash-held:k2"), lock_state("crash-outer:k2")
+    assert (step_lock.owner, step_lock.count) == (str(execution.id), 1)
+    assert (outer_lock.owner, outer_lock.count) == (str(execution.id), 1)
+    os.kill(entered["pid"], signal.SIGKILL)
+
+    result = execution.wait(timeout=60)
+    assert result.ok, result.error
+    assert result.value["fragile"] == {"entry": 2}
+    # right after completion, both keys are free: nothing left over at a nesting level
+    assert not lock_state("crash-held:k2").held
+    assert not lock_state("crash-outer:k2").held
+    dropped = CoordinationEvent.objects.filter(
+        execution=execution, kind=CoordinationEventKind.FORCED_RELEASE
+    )
+    assert sorted((e.key, e.step, e.owner, e.detail["reason"]) for e in dropped) == [
+        ("crash-held:k2", "fragile", str(execution.id), "redelivery"),
+        ("crash-outer:k2", "", str(execution.id), "redelivery"),
+    ]
+    # the redelivery took both keys afresh, with newer fencing tokens
+    acquired = CoordinationEvent.objects.filter(
+        execution=execution, kind=CoordinationEventKind.ACQUIRED, key="crash-held:k2"
+    ).order_by("at")
+    assert [e.detail["reentrant"] for e in acquired] == [False, False]
+    assert acquired[1].token > acquired[0].token
+    (run,) = records("fragile")
+    assert run["pid"] != entered["pid"]
 
 
 def test_sweeper_requeues_an_execution_whose_worker_vanished(worker: Any) -> None:

@@ -8,10 +8,11 @@ KEYS — one group per item, in the order of ARGV[1]:
   lock      (1): hold hash
   semaphore (2): leases zset (owner -> lease expiry ms), holders hash
 ARGV[1]  items json: [{p = "lock" | "semaphore", n = key count, owner, token? (locks),
-                       ttl_ms (the lease to grant from now)}]
+                       ttl_ms (the lease to grant from now; 0 = only check that the hold is
+                       still ours, leaving its lease as it is)}]
 
 Returns {status, json}:
-  0 OK    {extended = [item indexes, 0-based], ttl_ms = [granted lease per extended item]}
+  0 OK    {extended = [item indexes, 0-based], ttl_ms = [lease left per extended item]}
   8 LOST  {lost = [{index, reason = "released" | "owner" | "token" | "expired"}],
            extended = [...]} — the other items were still renewed
 ]]

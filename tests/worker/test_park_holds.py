@@ -1,0 +1,332 @@
+"""Reactor-level holds across a park in a step (DESIGN §2.8, contracts §5 last bullet).
+
+A worker execution that parks on a *step* keeps its reactor-level lock while it sleeps — so an
+"exclusive" workflow stays exclusive — and re-adopts it on resume without a second acquisition
+(no nesting level, no new fencing token, a ``resumed`` event instead of ``acquired``). A hold
+that lapsed while parked is competed for normally. Rollback after the resume, and a contention
+ceiling reached after it, still release the adopted hold.
+
+The worker's park backoff is 1-2 s for a first park (base 2 s, equal jitter), longer than the
+0.5 s reactor-level lease of ``BriefLeaseReactor``: that lease lapses before any redelivery.
+The tests release the step lock they hold through ``wake`` (as a gate's release would), so the
+parked execution resumes at once rather than at its backoff.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim
+from reactor_app.coordination.lock import lock_state
+from reactor_app.coordination.semaphore import semaphore_state
+from reactor_app.engine.context import KEPT_HOLDS
+from reactor_app.engine.dispatch import deliver, wake
+from reactor_app.exceptions import ContentionCeilingExceeded
+from reactor_app.models import ContentionState, CoordinationEvent, Execution
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from tests.worker.helpers import wait_until
+from tests.worker.reactors import (
+    BriefLeaseReactor,
+    ExclusiveFailingReactor,
+    ExclusiveReactor,
+    PooledReactor,
+    records,
+)
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+WORKER_SETTINGS = {"REACTOR_CONTENTION_BACKOFF": [2.0, 4.0], "REACTOR_CONTENTION_CEILING": 10}
+
+Kind = CoordinationEventKind
+
+
+def hold_lock(key: str) -> Admitted:
+    """Take ``key`` as someone outside every execution."""
+    admitted = Coordinator().admit([LockClaim(key, ttl=60)], Holder(owner="test-holder"))
+    assert isinstance(admitted, Admitted), admitted
+    return admitted
+
+
+def release_and_wake(admitted: Admitted) -> None:
+    """Release as a gate does: the parked waiters of the freed key are re-enqueued now."""
+    wake(Coordinator().release(admitted, "success").woken)
+
+
+def events(execution: Any, key: str, kind: str) -> list[CoordinationEvent]:
+    return list(
+        CoordinationEvent.objects.filter(execution=execution, key=key, kind=kind).order_by("at")
+    )
+
+
+def adopted(execution: Any, key: str) -> list[CoordinationEvent]:
+    """``resumed`` events of a kept hold re-adopted by the gate (a delivery that resumes from
+    a park at the gate itself records ``resumed`` on that key too, with no token)."""
+    return [e for e in events(execution, key, Kind.RESUMED) if e.detail.get("adopted")]
+
+
+def ran(label: str, execution: Any) -> list[dict[str, Any]]:
+    return [r for r in records(label) if r["execution"] == str(execution.id)]
+
+
+class LockSampler:
+    """Reads ``lock_state(key)`` every few ms on a thread: the highest nesting count seen."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.max_count = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            state = lock_state(self.key)
+            self.samples += 1
+            self.max_count = max(self.max_count, state.count)
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_a_park_in_a_step_keeps_the_reactor_lock_and_resumes_without_reacquiring(
+    worker: Any,
+) -> None:
+    outer = "excl:1"
+    step_lock = hold_lock("side:1")
+    with LockSampler(outer) as sampler:
+        try:
+            first = ExclusiveReactor.run_async(key=1, side=1)
+            wait_until(
+                lambda: (
+                    Execution.objects.filter(pk=first.pk, status=ExecutionStatus.PARKED).exists()
+                    and ContentionState.objects.filter(execution=first, step="side").exists()
+                ),
+                30,
+                message="the first execution never parked on its step lock",
+            )
+            acquired = events(first, outer, Kind.ACQUIRED)
+            assert len(acquired) == 1
+            token = acquired[0].token
+            # parked, yet still the holder of the reactor-level lock, at nesting level 1
+            parked = lock_state(outer)
+            assert parked.held and parked.owner == str(first.id)
+            assert (parked.count, parked.token, parked.step) == (1, token, None)
+
+            # another execution of the exclusive workflow cannot start its run meanwhile
+            second = ExclusiveReactor.run_async(key=1, side=2)
+            wait_until(
+                lambda: ContentionState.objects.filter(execution=second, step="").exists(),
+                30,
+                message="the second execution did not park on the reactor-level lock",
+            )
+            contention = ContentionState.objects.get(execution=second, step="")
+            assert (contention.primitive, contention.key) == ("lock", outer)
+            assert contention.blocker["owner"] == str(first.id)
+            assert ran("audit", second) == []
+
+            # a backoff redelivery of the first (1-2 s) re-adopts the lock and parks again
+            # on the step lock, still holding it
+            wait_until(
+                lambda: adopted(first, outer),
+                30,
+                message="the first execution was not redelivered while parked",
+            )
+            assert lock_state(outer).owner == str(first.id)
+            assert ran("audit", second) == []
+        finally:
+            release_and_wake(step_lock)
+
+        assert first.wait(timeout=30).ok
+        assert second.wait(timeout=30).ok
+
+    assert sampler.samples > 10
+    assert sampler.max_count == 1  # never re-entered: one nesting level throughout
+    # one acquisition for the whole first run; every redelivery re-adopted it
+    assert len(events(first, outer, Kind.ACQUIRED)) == 1
+    resumed = adopted(first, outer)
+    assert len(resumed) >= 2  # the backoff redelivery and the final one
+    assert {e.token for e in resumed} == {token}
+    assert len(events(first, outer, Kind.RESUMED)) == len(resumed)
+    released = events(first, outer, Kind.RELEASED)
+    assert [e.token for e in released] == [token]
+    # the step ran under the same fencing token as the first acquisition
+    (side,) = ran("side", first)
+    assert side["token"] == token
+    # and in order: the second's run started after the first's ended
+    (second_audit,) = ran("audit", second)
+    assert second_audit["start"] > side["end"]
+    second_token = events(second, outer, Kind.ACQUIRED)[0].token
+    assert second_token > token
+    assert not lock_state(outer).held
+
+
+def test_a_reactor_lock_that_lapsed_while_parked_is_competed_for_again(worker: Any) -> None:
+    outer = "excl:2"
+    step_lock = hold_lock("side:2")
+    try:
+        execution = BriefLeaseReactor.run_async(key=2, side=2)
+        wait_until(
+            lambda: ContentionState.objects.filter(execution=execution, step="side").exists(),
+            30,
+            message="the execution never parked on its step lock",
+        )
+        # nothing renews a kept hold: its 0.5 s lease lapses before the 1-2 s redelivery
+        wait_until(lambda: not lock_state(outer).held, 10, message="the kept lock never lapsed")
+        first_token = events(execution, outer, Kind.ACQUIRED)[0].token
+    finally:
+        release_and_wake(step_lock)
+
+    result = execution.wait(timeout=30)
+    assert result.ok, result.error
+    lost = events(execution, outer, Kind.LEASE_LOST)
+    assert lost and lost[0].detail["reason"] == "released"
+    assert lost[0].detail["during"] == "park"
+    # competed for normally: a fresh acquisition with a newer token, which the step ran under
+    tokens = [e.token for e in events(execution, outer, Kind.ACQUIRED)]
+    assert len(tokens) == 2 and tokens[0] == first_token and tokens[1] > first_token
+    assert ran("side", execution)[0]["token"] == tokens[1]
+    assert not lock_state(outer).held
+
+
+def test_a_failure_after_the_resume_rolls_back_and_releases_the_adopted_lock(
+    worker: Any,
+) -> None:
+    outer = "excl:3"
+    step_lock = hold_lock("side:3")
+    try:
+        execution = ExclusiveFailingReactor.run_async(key=3, side=3)
+        wait_until(
+            lambda: ContentionState.objects.filter(execution=execution, step="side").exists(),
+            30,
+            message="the execution never parked on its step lock",
+        )
+        assert lock_state(outer).owner == str(execution.id)
+    finally:
+        release_and_wake(step_lock)
+
+    result = execution.wait(timeout=30)
+    assert result.status == ExecutionStatus.FAILED
+    assert "side effect refused" in result.error.message
+    # the audit step was undone under the adopted lock, which was then released
+    assert [r["step"] for r in records("rollback")] == ["audit"]
+    token = events(execution, outer, Kind.ACQUIRED)[0].token
+    assert len(events(execution, outer, Kind.ACQUIRED)) == 1
+    assert [e.token for e in adopted(execution, outer)] == [token]
+    released = events(execution, outer, Kind.RELEASED)
+    assert [(e.token, e.detail["outcome"]) for e in released] == [(token, "failure")]
+    assert not lock_state(outer).held
+
+
+# --------------------------------------------------------------------------------------------
+# the same, one delivery at a time in this process (``deliver`` is the task body), for the
+# cases whose timing a worker would make slow: a ceiling reached after a resume, a kept hold
+# force-released by an operator
+
+
+@pytest.fixture
+def in_process(settings: Any) -> Iterator[None]:
+    """Deliveries run here; what they enqueue goes to a queue nobody reads."""
+    settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
+    settings.REACTOR_CONTENTION_BACKOFF = [0.01, 0.02]
+    yield
+
+
+def test_a_ceiling_reached_after_a_resume_releases_the_adopted_lock(
+    in_process: None, settings: Any
+) -> None:
+    settings.REACTOR_CONTENTION_CEILING = 1
+    outer = "excl:4"
+    step_lock = hold_lock("side:4")
+    try:
+        execution = ExclusiveReactor.run_async(key=4, side=4)
+        assert deliver(str(execution.id))["outcome"] == "parked"
+        execution.refresh_from_db()
+        assert execution.context[KEPT_HOLDS] == [
+            {"primitive": "lock", "key": outer, "token": lock_state(outer).token}
+        ]
+        assert lock_state(outer).owner == str(execution.id)
+
+        # the second refusal of the step is past the ceiling of 1: failed, rolled back
+        assert deliver(str(execution.id))["outcome"] == "failed"
+    finally:
+        Coordinator().release(step_lock, "success")
+
+    execution.refresh_from_db()
+    assert execution.status == ExecutionStatus.FAILED
+    assert execution.error["type"] == ContentionCeilingExceeded.__name__
+    assert [r["step"] for r in records("rollback")] == ["audit"]
+    token = events(execution, outer, Kind.ACQUIRED)[0].token
+    assert len(events(execution, outer, Kind.ACQUIRED)) == 1
+    assert [e.token for e in adopted(execution, outer)] == [token]
+    assert [e.detail["outcome"] for e in events(execution, outer, Kind.RELEASED)] == ["failure"]
+    assert not lock_state(outer).held
+    assert KEPT_HOLDS not in execution.context
+
+
+def test_a_kept_lock_force_released_while_parked_is_competed_for_again(
+    in_process: None,
+) -> None:
+    outer = "excl:5"
+    step_lock = hold_lock("side:5")
+    try:
+        execution = ExclusiveReactor.run_async(key=5, side=5)
+        assert deliver(str(execution.id))["outcome"] == "parked"
+        first_token = lock_state(outer).token
+        assert Coordinator().force_release("lock", outer).released == [str(execution.id)]
+        # an operator's action meanwhile: someone else takes the key
+        other = hold_lock(outer)
+        assert deliver(str(execution.id))["outcome"] == "parked"  # now on the reactor lock
+        contention = ContentionState.objects.get(execution=execution, step="")
+        assert contention.key == outer and contention.blocker["owner"] == "test-holder"
+        Coordinator().release(other, "success")
+
+        # competes normally: a fresh acquisition, then parks on the step lock again
+        assert deliver(str(execution.id))["outcome"] == "parked"
+        assert lock_state(outer).owner == str(execution.id)
+        assert lock_state(outer).token > first_token
+    finally:
+        Coordinator().release(step_lock, "success")
+
+    assert deliver(str(execution.id))["outcome"] == "succeeded"
+    # the kept lock was found in another owner's hands: recorded, then competed for
+    lost = events(execution, outer, Kind.LEASE_LOST)
+    assert [(e.token, e.detail["reason"]) for e in lost] == [(first_token, "owner")]
+    tokens = [e.token for e in events(execution, outer, Kind.ACQUIRED)]
+    assert tokens[0] == first_token and len(tokens) == 2 and tokens[1] > first_token
+    assert [e.token for e in adopted(execution, outer)] == [tokens[1]]
+    assert not lock_state(outer).held
+
+
+def test_a_reactor_semaphore_slot_is_kept_across_a_park_and_readopted(in_process: None) -> None:
+    pool = "pool:6"
+    step_lock = hold_lock("side:6")
+    try:
+        execution = PooledReactor.run_async(key=6, side=6)
+        assert deliver(str(execution.id))["outcome"] == "parked"
+        parked = semaphore_state(pool, 1)
+        assert [h.owner for h in parked.holders] == [str(execution.id)]
+        assert (parked.holders[0].count, parked.available) == (1, 0)
+        # the slot is taken: another run of the pooled workflow parks at its gate
+        other = PooledReactor.run_async(key=6, side=7)
+        assert deliver(str(other.id))["outcome"] == "parked"
+        assert ContentionState.objects.get(execution=other, step="").key == pool
+        assert ran("audit", other) == []
+    finally:
+        release_and_wake(step_lock)
+
+    assert deliver(str(execution.id))["outcome"] == "succeeded"
+    assert len(events(execution, pool, Kind.ACQUIRED)) == 1
+    assert [e.detail["limit"] for e in adopted(execution, pool)] == [1]
+    assert semaphore_state(pool, 1).held == 0
+    assert deliver(str(other.id))["outcome"] == "succeeded"
