@@ -19,9 +19,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.reactor-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-# Checks `make test` runs before pytest. format-check and mypy are in `make lint`; add them
-# here once the whole tree passes them.
-TEST_CHECKS ?= ruff-check
+# Checks `make test` runs before pytest (the same as `make lint`).
+TEST_CHECKS ?= ruff-check format-check mypy
 PYTEST_ARGS ?= --durations=15
 
 export DJANGO_SETTINGS_MODULE ?= demo_project.settings
@@ -80,14 +79,13 @@ test: install $(if $(CI),browser-deps)
 pytest: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Each benchmark prints its figures with the peers measured in the same run (docs/benchmarks.md).
+BENCHMARKS ?= bench/lock_latency.py bench/step_vs_reactor_lock.py bench/celery_contention.py
+
 bench: install migrate
-	@if [ -f bench/__main__.py ]; then \
-		$(BIN)/python -m bench $(BENCH_ARGS); \
-	else \
-		shopt -s nullglob; files=(bench/bench_*.py); \
-		if [ $${#files[@]} -eq 0 ]; then echo "no benchmarks in bench/ yet"; exit 0; fi; \
-		for file in "$${files[@]}"; do echo "== $$file"; $(BIN)/python "$$file" $(BENCH_ARGS) || exit $$?; done; \
-	fi
+	@for file in $(BENCHMARKS); do \
+		echo "== $$file"; $(BIN)/python "$$file" $(BENCH_ARGS) || exit $$?; \
+	done
 
 # --- checks ------------------------------------------------------------------------------
 

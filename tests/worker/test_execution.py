@@ -22,11 +22,11 @@ from django_celery_results.models import TaskResult
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim, OrderedLockClaim
-from reactor_app.coordination.lock import lock_state
 from reactor_app.engine.dispatch import ExecutionClaim
 from reactor_app.exceptions import ContentionCeilingExceeded
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, ExecutionStatus, StepRunKind, StepRunStatus
+from reactor_app.testing import assert_locked, assert_not_locked, coordination_state
 from tests.worker.helpers import overlapping, wait_until
 from tests.worker.reactors import (
     CrashReactor,
@@ -183,12 +183,14 @@ def test_killed_holder_frees_the_key_and_the_execution_completes(worker: Any) ->
     """SC-008: SIGKILL the worker process inside a locked step; no operator action."""
     execution = CrashReactor.run_async(key="k1")
     entered = wait_until(lambda: records("enter:fragile"), 30)[0]
-    assert lock_state("crash:k1").held
+    assert_locked("crash:k1")
     os.kill(entered["pid"], signal.SIGKILL)
     killed_at = time.monotonic()
 
     # the lock's TTL (2 s) lapses: the key frees by itself
-    wait_until(lambda: not lock_state("crash:k1").held, 10, message="the key never freed")
+    wait_until(
+        lambda: not coordination_state().lock("crash:k1").held, 10, message="the key never freed"
+    )
     freed_after = time.monotonic() - killed_at
 
     # acks_late + reject_on_worker_lost: the task is redelivered; once the dead delivery's
@@ -211,7 +213,10 @@ def test_a_redelivery_drops_the_holds_its_killed_predecessor_left(worker: Any) -
     held after the execution completes, until their TTL lapses."""
     execution = LongLeaseCrashReactor.run_async(key="k2")
     entered = wait_until(lambda: records("enter:fragile"), 30)[0]
-    step_lock, outer_lock = lock_state("crash-held:k2"), lock_state("crash-outer:k2")
+    step_lock, outer_lock = (
+        coordination_state().lock("crash-held:k2"),
+        coordination_state().lock("crash-outer:k2"),
+    )
     assert (step_lock.owner, step_lock.count) == (str(execution.id), 1)
     assert (outer_lock.owner, outer_lock.count) == (str(execution.id), 1)
     os.kill(entered["pid"], signal.SIGKILL)
@@ -220,8 +225,8 @@ def test_a_redelivery_drops_the_holds_its_killed_predecessor_left(worker: Any) -
     assert result.ok, result.error
     assert result.value["fragile"] == {"entry": 2}
     # right after completion, both keys are free: nothing left over at a nesting level
-    assert not lock_state("crash-held:k2").held
-    assert not lock_state("crash-outer:k2").held
+    assert_not_locked("crash-held:k2")
+    assert_not_locked("crash-outer:k2")
     dropped = CoordinationEvent.objects.filter(
         execution=execution, kind=CoordinationEventKind.FORCED_RELEASE
     )

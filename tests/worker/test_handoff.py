@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from reactor_app.coordination.lock import lock_state
 from reactor_app.exceptions import HandOffRefused
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, ExecutionStatus, StepRunKind
+from reactor_app.testing import assert_not_locked
 from tests.worker.helpers import queue_length
 from tests.worker.reactors import (
     AfterFirstReactor,
@@ -71,7 +71,7 @@ def test_deadlocking_async_step_is_refused_at_dispatch(unconsumed_queue: str) ->
     )
     # the step before it is undone as for any failure; the outer lock is released
     assert [r["execution"] for r in records("prepare")] == [result.execution_id]
-    assert not lock_state("acct:1").held
+    assert_not_locked("acct:1")
 
 
 def test_deadlocking_async_reactor_is_refused_at_dispatch(unconsumed_queue: str) -> None:

@@ -13,11 +13,11 @@ from django.utils import timezone
 from reactor_app import Reactor, from_input, interrupt, step, with_lock
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim
-from reactor_app.coordination.lock import lock_state
 from reactor_app.engine.dispatch import sweep
 from reactor_app.exceptions import DefinitionError, ExecutionNotResumable
 from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.testing import assert_not_locked
 from tests.worker.reactors import (
     ApprovalReactor,
     BackgroundApprovalReactor,
@@ -37,7 +37,7 @@ def test_interrupt_pauses_and_resume_continues_inline() -> None:
     assert execution.correlation_id == "order:1"
     assert execution.current_step == "approval"
     # the reactor-level lock is not held across the pause
-    assert not lock_state("order:1").held
+    assert_not_locked("order:1")
 
     result = ApprovalReactor.resume(paused.execution_id, step="approval", payload={"by": "ann"})
 
@@ -49,7 +49,7 @@ def test_interrupt_pauses_and_resume_continues_inline() -> None:
         key="order:1", kind=CoordinationEventKind.ACQUIRED, step=""
     )
     assert acquired.count() == 2
-    assert not lock_state("order:1").held
+    assert_not_locked("order:1")
 
 
 def test_a_second_resume_is_refused() -> None:

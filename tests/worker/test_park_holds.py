@@ -23,13 +23,12 @@ import pytest
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-from reactor_app.coordination.lock import lock_state
-from reactor_app.coordination.semaphore import semaphore_state
 from reactor_app.engine.context import KEPT_HOLDS
 from reactor_app.engine.dispatch import deliver, wake
 from reactor_app.exceptions import ContentionCeilingExceeded
 from reactor_app.models import ContentionState, CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.testing import assert_not_locked, coordination_state
 from tests.worker.helpers import wait_until
 from tests.worker.reactors import (
     BriefLeaseReactor,
@@ -75,7 +74,7 @@ def ran(label: str, execution: Any) -> list[dict[str, Any]]:
 
 
 class LockSampler:
-    """Reads ``lock_state(key)`` every few ms on a thread: the highest nesting count seen."""
+    """Reads ``coordination_state().lock(key)`` every few ms on a thread: the highest count."""
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -86,7 +85,7 @@ class LockSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
-            state = lock_state(self.key)
+            state = coordination_state().lock(self.key)
             self.samples += 1
             self.max_count = max(self.max_count, state.count)
 
@@ -119,7 +118,7 @@ def test_a_park_in_a_step_keeps_the_reactor_lock_and_resumes_without_reacquiring
             assert len(acquired) == 1
             token = acquired[0].token
             # parked, yet still the holder of the reactor-level lock, at nesting level 1
-            parked = lock_state(outer)
+            parked = coordination_state().lock(outer)
             assert parked.held and parked.owner == str(first.id)
             assert (parked.count, parked.token, parked.step) == (1, token, None)
 
@@ -142,7 +141,7 @@ def test_a_park_in_a_step_keeps_the_reactor_lock_and_resumes_without_reacquiring
                 30,
                 message="the first execution was not redelivered while parked",
             )
-            assert lock_state(outer).owner == str(first.id)
+            assert coordination_state().lock(outer).owner == str(first.id)
             assert ran("audit", second) == []
         finally:
             release_and_wake(step_lock)
@@ -168,7 +167,7 @@ def test_a_park_in_a_step_keeps_the_reactor_lock_and_resumes_without_reacquiring
     assert second_audit["start"] > side["end"]
     second_token = events(second, outer, Kind.ACQUIRED)[0].token
     assert second_token > token
-    assert not lock_state(outer).held
+    assert_not_locked(outer)
 
 
 def test_a_reactor_lock_that_lapsed_while_parked_is_competed_for_again(worker: Any) -> None:
@@ -182,7 +181,11 @@ def test_a_reactor_lock_that_lapsed_while_parked_is_competed_for_again(worker: A
             message="the execution never parked on its step lock",
         )
         # nothing renews a kept hold: its 0.5 s lease lapses before the 1-2 s redelivery
-        wait_until(lambda: not lock_state(outer).held, 10, message="the kept lock never lapsed")
+        wait_until(
+            lambda: not coordination_state().lock(outer).held,
+            10,
+            message="the kept lock never lapsed",
+        )
         first_token = events(execution, outer, Kind.ACQUIRED)[0].token
     finally:
         release_and_wake(step_lock)
@@ -196,7 +199,7 @@ def test_a_reactor_lock_that_lapsed_while_parked_is_competed_for_again(worker: A
     tokens = [e.token for e in events(execution, outer, Kind.ACQUIRED)]
     assert len(tokens) == 2 and tokens[0] == first_token and tokens[1] > first_token
     assert ran("side", execution)[0]["token"] == tokens[1]
-    assert not lock_state(outer).held
+    assert_not_locked(outer)
 
 
 def test_a_failure_after_the_resume_rolls_back_and_releases_the_adopted_lock(
@@ -211,7 +214,7 @@ def test_a_failure_after_the_resume_rolls_back_and_releases_the_adopted_lock(
             30,
             message="the execution never parked on its step lock",
         )
-        assert lock_state(outer).owner == str(execution.id)
+        assert coordination_state().lock(outer).owner == str(execution.id)
     finally:
         release_and_wake(step_lock)
 
@@ -225,7 +228,7 @@ def test_a_failure_after_the_resume_rolls_back_and_releases_the_adopted_lock(
     assert [e.token for e in adopted(execution, outer)] == [token]
     released = events(execution, outer, Kind.RELEASED)
     assert [(e.token, e.detail["outcome"]) for e in released] == [(token, "failure")]
-    assert not lock_state(outer).held
+    assert_not_locked(outer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,9 +256,9 @@ def test_a_ceiling_reached_after_a_resume_releases_the_adopted_lock(
         assert deliver(str(execution.id))["outcome"] == "parked"
         execution.refresh_from_db()
         assert execution.context[KEPT_HOLDS] == [
-            {"primitive": "lock", "key": outer, "token": lock_state(outer).token}
+            {"primitive": "lock", "key": outer, "token": coordination_state().lock(outer).token}
         ]
-        assert lock_state(outer).owner == str(execution.id)
+        assert coordination_state().lock(outer).owner == str(execution.id)
 
         # the second refusal of the step is past the ceiling of 1: failed, rolled back
         assert deliver(str(execution.id))["outcome"] == "failed"
@@ -270,7 +273,7 @@ def test_a_ceiling_reached_after_a_resume_releases_the_adopted_lock(
     assert len(events(execution, outer, Kind.ACQUIRED)) == 1
     assert [e.token for e in adopted(execution, outer)] == [token]
     assert [e.detail["outcome"] for e in events(execution, outer, Kind.RELEASED)] == ["failure"]
-    assert not lock_state(outer).held
+    assert_not_locked(outer)
     assert KEPT_HOLDS not in execution.context
 
 
@@ -282,7 +285,7 @@ def test_a_kept_lock_force_released_while_parked_is_competed_for_again(
     try:
         execution = ExclusiveReactor.run_async(key=5, side=5)
         assert deliver(str(execution.id))["outcome"] == "parked"
-        first_token = lock_state(outer).token
+        first_token = coordination_state().lock(outer).token
         assert Coordinator().force_release("lock", outer).released == [str(execution.id)]
         # an operator's action meanwhile: someone else takes the key
         other = hold_lock(outer)
@@ -293,8 +296,8 @@ def test_a_kept_lock_force_released_while_parked_is_competed_for_again(
 
         # competes normally: a fresh acquisition, then parks on the step lock again
         assert deliver(str(execution.id))["outcome"] == "parked"
-        assert lock_state(outer).owner == str(execution.id)
-        assert lock_state(outer).token > first_token
+        assert coordination_state().lock(outer).owner == str(execution.id)
+        assert coordination_state().lock(outer).token > first_token
     finally:
         Coordinator().release(step_lock, "success")
 
@@ -305,7 +308,7 @@ def test_a_kept_lock_force_released_while_parked_is_competed_for_again(
     tokens = [e.token for e in events(execution, outer, Kind.ACQUIRED)]
     assert tokens[0] == first_token and len(tokens) == 2 and tokens[1] > first_token
     assert [e.token for e in adopted(execution, outer)] == [tokens[1]]
-    assert not lock_state(outer).held
+    assert_not_locked(outer)
 
 
 def test_a_reactor_semaphore_slot_is_kept_across_a_park_and_readopted(in_process: None) -> None:
@@ -314,7 +317,7 @@ def test_a_reactor_semaphore_slot_is_kept_across_a_park_and_readopted(in_process
     try:
         execution = PooledReactor.run_async(key=6, side=6)
         assert deliver(str(execution.id))["outcome"] == "parked"
-        parked = semaphore_state(pool, 1)
+        parked = coordination_state().semaphore(pool, 1)
         assert [h.owner for h in parked.holders] == [str(execution.id)]
         assert (parked.holders[0].count, parked.available) == (1, 0)
         # the slot is taken: another run of the pooled workflow parks at its gate
@@ -328,5 +331,5 @@ def test_a_reactor_semaphore_slot_is_kept_across_a_park_and_readopted(in_process
     assert deliver(str(execution.id))["outcome"] == "succeeded"
     assert len(events(execution, pool, Kind.ACQUIRED)) == 1
     assert [e.detail["limit"] for e in adopted(execution, pool)] == [1]
-    assert semaphore_state(pool, 1).held == 0
+    assert coordination_state().semaphore(pool, 1).held == 0
     assert deliver(str(other.id))["outcome"] == "succeeded"
