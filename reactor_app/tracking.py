@@ -14,6 +14,7 @@ from django.utils import timezone
 from reactor_app import signals
 from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution, StepRun
+from reactor_app.serialization import to_json
 from reactor_app.status import EngineEvent, StepRunKind, StepRunStatus
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,23 @@ _STEP_EVENTS: dict[str, tuple[str, str | None]] = {
 }
 
 
+def _send(signal: Any, sender: type, payload: dict[str, Any]) -> None:
+    """Deliver a signal to every receiver; a receiver that raises is logged, not propagated.
+
+    Events are observations: a broken receiver must not break the protected work, leave a
+    hold taken without its release, or leave an execution half-finished.
+    """
+    for receiver, response in signal.send_robust(sender=sender, **payload):
+        if isinstance(response, Exception):
+            logger.error(
+                "receiver %r of %s raised %r",
+                receiver,
+                payload.get("kind"),
+                response,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
 def full_tracking() -> bool:
     return reactor_settings.TRACKING == "full"
 
@@ -41,8 +59,8 @@ def full_tracking() -> bool:
 def emit_engine(kind: str, execution: Execution, **payload: Any) -> None:
     """Send the signals of one engine event."""
     payload = {"kind": kind, "execution": execution, **payload}
-    signals.signal_for(kind).send(sender=Execution, **payload)
-    signals.engine_event.send(sender=Execution, **payload)
+    _send(signals.signal_for(kind), Execution, payload)
+    _send(signals.engine_event, Execution, payload)
 
 
 class StepRecorder:
@@ -69,7 +87,7 @@ class StepRecorder:
                 attempt=self.attempt,
                 status=StepRunStatus.STARTED,
                 started_at=timezone.now(),
-                detail=detail,
+                detail=to_json(detail),
             )
         emit_engine(started_kind, self.execution, step=self.step, attempt=self.attempt)
 
@@ -88,8 +106,8 @@ class StepRecorder:
                 )
             self.row.status = status or StepRunStatus.STARTED
             self.row.finished_at = now
-            self.row.error = error
-            self.row.detail = {**(self.row.detail or {}), **detail}
+            self.row.error = to_json(error)
+            self.row.detail = to_json({**(self.row.detail or {}), **detail})
             self.row.save()
         emit_engine(
             event, self.execution, step=self.step, attempt=self.attempt, error=error, **detail
@@ -106,7 +124,7 @@ class StepRecorder:
                 status=StepRunStatus.PARKED,
                 started_at=now,
                 finished_at=now,
-                detail=detail,
+                detail=to_json(detail),
             )
 
 
@@ -138,8 +156,8 @@ def record_coordination(
         "token": token,
         "detail": detail,
     }
-    signals.signal_for(kind).send(sender=CoordinationEvent, **payload)
-    signals.coordination_event.send(sender=CoordinationEvent, **payload)
+    _send(signals.signal_for(kind), CoordinationEvent, payload)
+    _send(signals.coordination_event, CoordinationEvent, payload)
     if not full_tracking():
         return
     try:
@@ -153,7 +171,7 @@ def record_coordination(
             owner=owner or "",
             token=token,
             at=timezone.now(),
-            detail=detail,
+            detail=to_json(detail),
         )
     except Exception:  # pragma: no cover - history must never break the protected work
         logger.exception("could not record coordination event %s for %s", kind, key)

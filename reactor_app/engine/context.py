@@ -8,33 +8,16 @@ and its composed children). ``StepContext`` is the ``context`` argument of step 
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.core.serializers.json import DjangoJSONEncoder
-
 from reactor_app.models import CONTEXT_SCHEMA_VERSION
+from reactor_app.serialization import to_json
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.gate import Gate
-
-
-class _Encoder(DjangoJSONEncoder):
-    def default(self, o: Any) -> Any:
-        try:
-            return super().default(o)
-        except TypeError:
-            # Results are kept as real objects in memory; the persisted copy of a value JSON
-            # cannot hold is its repr, which is enough for the admin and for a resume point.
-            return repr(o)
-
-
-def to_json(value: Any) -> Any:
-    """``value`` as plain JSON data (what the ORM will store)."""
-    return json.loads(json.dumps(value, cls=_Encoder))
 
 
 @dataclass
@@ -155,6 +138,10 @@ class StepContext:
         return None
 
     def checkpoint(self) -> None:
-        """Raise ``LeaseLost`` if a lock this work holds could not be renewed."""
+        """Raise ``LeaseLost`` if a lock covering this work — the step's own or an enclosing
+        reactor's — could not be renewed (the engine also checks after every body)."""
         if self.lease_lost:
             raise self.lease_lost[0]
+        for gate in reversed(self.gates):
+            if gate.lost:
+                raise gate.lost[0]

@@ -61,6 +61,7 @@ as an extra nesting level.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -113,6 +114,9 @@ from reactor_app.tracking import StepRecorder, emit_engine
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -232,6 +236,12 @@ class ExecutionRun:
         except ClaimLost:
             abandoned = True  # another delivery may run it now: give back, decide nothing
             raise
+        except Exception as exc:
+            # Not a step body (those become Failures): our own code, an argument value the ORM
+            # cannot store... Fail the run like any step failure instead of leaving the row
+            # "running" with its completed steps never undone.
+            end = self._unexpected(exc)
+            return end
         finally:
             if gate is not None:
                 if not abandoned and end is not None and end.status == "parked":
@@ -242,6 +252,25 @@ class ExecutionRun:
                 else:
                     gate.exit("park" if abandoned else _release_outcome(end))
                 self.gates.remove(gate)
+
+    def _unexpected(self, exc: Exception) -> RunEnd:
+        step = self.execution.current_step or None
+        logger.exception("unexpected error in %s at step %s", self.reactor_path, step)
+        error = StepFailed(
+            f"unexpected {type(exc).__name__} in {self.reactor_path}"
+            f"{f' at step {step!r}' if step else ''}: {exc}",
+            reactor=self.reactor_path,
+            step=step,
+            cause=exc,
+        )
+        try:
+            failures = self._settle_children() + roll_back(self)
+        except Exception as again:
+            logger.exception("rollback after an unexpected error failed too")
+            failures = [
+                {"step": step, "kind": "undo", "reason": "error", "error": {"message": str(again)}}
+            ]
+        return RunEnd("failed", error=error, rollback_failures=failures)
 
     def execute_async_step(self) -> RunEnd:
         """The body of an ``async_step`` task: one unit, holds owned by this execution's id."""
@@ -407,6 +436,9 @@ class ExecutionRun:
         if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec)):
             return self._dispatch_child(spec, args)
         if isinstance(spec, ComposeSpec):
+            if not spec.arguments:
+                # No arguments: the child receives the reactor inputs it declares.
+                args = {name: args[name] for name in spec.target.inputs if name in args}
             return self._run_child(spec.target, args, label=spec.name)
         step_class = spec.step_class()
         assert step_class is not None

@@ -353,12 +353,22 @@ class Gate:
         error.reactor = self.scope.reactor  # type: ignore[attr-defined]
         error.step = self.scope.step  # type: ignore[attr-defined]
         self.lost.append(error)
-        detail = {"key": getattr(error, "key", None), "token": getattr(error, "token", None)}
+        key = getattr(error, "key", None)
+        detail = {
+            "key": key,
+            "token": getattr(error, "token", None),
+            "primitive": getattr(error, "primitive", None) or self._primitive_of(key),
+        }
         self.deferred_events.append((CoordinationEventKind.LEASE_LOST, detail))
 
     def _on_extended(self, key: str, ttl_ms: int) -> None:
-        detail = {"key": key, "ttl_ms": ttl_ms}
+        detail = {"key": key, "ttl_ms": ttl_ms, "primitive": self._primitive_of(key)}
         self.deferred_events.append((CoordinationEventKind.EXTENDED, detail))
+
+    def _primitive_of(self, key: str | None) -> str:
+        """The primitive of the admitted hold on ``key`` (renewal callbacks only name the key)."""
+        holds = self.admitted.holds if self.admitted else []
+        return next((h.claim.primitive for h in holds if h.claim.key == key), "lock")
 
     # -- leaving --------------------------------------------------------------------------
 
@@ -439,7 +449,8 @@ class Gate:
         if not self.record_events:
             return
         key = detail.pop("key", None) or (claim.key if claim else "")
-        primitive = claim.primitive if claim else "lock"
+        primitive = claim.primitive if claim else detail.pop("primitive", None) or "lock"
+        detail.pop("primitive", None)
         token = detail.pop("token", None)
         record_coordination(
             kind,

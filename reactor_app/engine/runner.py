@@ -101,17 +101,16 @@ def failure_error(
             cause.reactor = reactor  # type: ignore[attr-defined]
         return cause
     text = f"{type(cause).__name__}: {cause}"
+    where = f"step {step!r} of {reactor}" if reactor else f"step {step!r}"
     if attempts > 1:
         return RetriesExhausted(
-            f"step {step!r} of {reactor} failed after {attempts} attempts: {text}",
+            f"{where} failed after {attempts} attempts: {text}",
             reactor=reactor,
             step=step,
             cause=cause,
             attempts=attempts,
         )
-    return StepFailed(
-        f"step {step!r} of {reactor} failed: {text}", reactor=reactor, step=step, cause=cause
-    )
+    return StepFailed(f"{where} failed: {text}", reactor=reactor, step=step, cause=cause)
 
 
 class UnitRunner:
@@ -199,21 +198,23 @@ class UnitRunner:
         while True:
             attempt += 1
             gate = self._gate()
-            if gate is not None:
-                try:
-                    skip = gate.enter(wait=self.wait, park=park)
-                except ParkRequested as parked:
-                    return StepOutcome("parked", park=parked)
-                except (CoordinationError, ConfigurationError) as refusal:
-                    # Contention, an uncomputable key, an unknown named limit or Redis down:
-                    # the body never ran, so there is nothing to compensate.
-                    self._record_refusal(attempt, refusal)
-                    return StepOutcome("failed", error=refusal)
-                if isinstance(skip, Skip):
-                    self._record_skip(attempt, skip.reason, key=skip.key)
-                    return StepOutcome("skipped", reason=skip.reason)
             release_as: ReleaseOutcome = "failure"
             try:
+                # Entering sits inside the try: whatever fails after an admission, the
+                # finally below gives the holds back (exit is a no-op when nothing was taken).
+                if gate is not None:
+                    try:
+                        skip = gate.enter(wait=self.wait, park=park)
+                    except ParkRequested as parked:
+                        return StepOutcome("parked", park=parked)
+                    except (CoordinationError, ConfigurationError) as refusal:
+                        # Contention, an uncomputable key, an unknown named limit or Redis
+                        # down: the body never ran, so there is nothing to compensate.
+                        self._record_refusal(attempt, refusal)
+                        return StepOutcome("failed", error=refusal)
+                    if isinstance(skip, Skip):
+                        self._record_skip(attempt, skip.reason, key=skip.key)
+                        return StepOutcome("skipped", reason=skip.reason)
                 recorder = self._recorder(StepRunKind.RUN, attempt)
                 if recorder:
                     recorder.started(args=self.args)
@@ -321,4 +322,8 @@ def call_step(
         return Skipped(outcome.value, reason=outcome.reason)
     if outcome.status == "halted":
         return Halt(outcome.reason)
-    return Failure(outcome.error, retryable=False)
+    error = outcome.error
+    if error is not None and outcome.rollback_failures:
+        # No execution row records them for a direct call: they travel on the error.
+        error.extra["rollback_failures"] = outcome.rollback_failures
+    return Failure(error, retryable=False)

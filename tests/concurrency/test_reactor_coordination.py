@@ -283,3 +283,55 @@ def test_redis_unreachable_at_reactor_level(settings: Any) -> None:
     result = ExclusiveReactor.run(account_id=1)
     assert isinstance(result.error, CoordinationUnavailable)
     assert not StepRun.objects.filter(execution_id=result.execution_id).exists()
+
+
+def test_a_lost_reactor_lease_reaches_the_step_at_its_checkpoint() -> None:
+    from reactor_app.exceptions import LeaseLost
+
+    class Long(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            Coordinator().force_release("lock", "lease:1")  # an operator takes the key away
+            time.sleep(0.5)  # renewals run every ttl/3 = 0.2 s and find the hold gone
+            context.checkpoint()
+            return Success("should not get here")
+
+    @with_lock(lambda inputs: "lease:1", ttl=0.6)
+    class Leased(Reactor):
+        work = step(Long)
+
+    result = Leased.run()
+    assert isinstance(result.error, LeaseLost)
+    assert result.error.key == "lease:1"
+
+
+def test_a_raising_coordination_receiver_never_strands_a_hold() -> None:
+    from reactor_app.signals import coordination_event
+
+    def broken(sender: Any, **payload: Any) -> None:
+        raise ValueError("receiver bug")
+
+    coordination_event.connect(broken, weak=False)
+    try:
+        result = ExclusiveReactor.run(account_id=31)
+    finally:
+        coordination_event.disconnect(broken)
+    assert result.ok, result.error
+    assert_not_locked("acct:31")
+
+
+def test_renewal_events_name_their_primitive() -> None:
+    from reactor_app.models import CoordinationEvent
+
+    class Slow(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            time.sleep(0.5)
+            return Success(None)
+
+    @with_semaphore(lambda inputs: "renewed-pool", limit=2, ttl=0.6)
+    class Pool(Reactor):
+        work = step(Slow)
+
+    assert Pool.run().ok
+    extended = CoordinationEvent.objects.filter(kind="extended", key="renewed-pool")
+    assert extended.exists()
+    assert set(extended.values_list("primitive", flat=True)) == {"semaphore"}

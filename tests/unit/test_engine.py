@@ -468,3 +468,86 @@ def test_current_step_names_the_step_that_is_running() -> None:
     result = R.run()
     assert seen == ["first", "second"]
     assert Execution.objects.get(pk=result.execution_id).current_step == ""
+
+
+def test_an_error_outside_any_step_body_fails_the_run_and_rolls_back() -> None:
+    class Unbuildable(Step):
+        def __init__(self) -> None:
+            raise RuntimeError("cannot build the step")
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(None)
+
+    class R(Reactor):
+        first = step(Flexible, name=value("first"))
+        second = step(Unbuildable)
+
+    result = R.run()
+    assert result.status == "failed"
+    assert isinstance(result.error, StepFailed)
+    assert "cannot build the step" in result.error.message and result.error.step == "second"
+    assert LOG == ["run:first", "undo:first"]
+    assert Execution.objects.get(pk=result.execution_id).status == "failed"
+
+
+def test_a_raising_signal_receiver_does_not_break_the_run(caplog: Any) -> None:
+    def broken(sender: Any, **payload: Any) -> None:
+        raise ValueError("receiver bug")
+
+    engine_event.connect(broken, weak=False)
+    try:
+        result = Chain.run(fail_at=None)
+    finally:
+        engine_event.disconnect(broken)
+    assert result.ok, result.error
+    assert "receiver bug" in caplog.text
+
+
+def test_values_json_cannot_hold_are_recorded_not_fatal() -> None:
+    from decimal import Decimal
+
+    class Amount(Step):
+        inputs = ("amount",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(args["amount"] * 2)
+
+    class R(Reactor):
+        inputs = ("amount",)
+        double = step(Amount, amount=from_input("amount"))
+
+    result = R.run(amount=Decimal("1.25"))
+    assert result.ok, result.error
+    assert result.value["double"] == Decimal("2.50")  # the real object, in this process
+    run = StepRun.objects.get(execution_id=result.execution_id)
+    assert run.detail["args"] == {"amount": "1.25"}
+
+
+def test_compose_without_arguments_passes_the_inputs_the_child_declares() -> None:
+    class Inner(Reactor):
+        inputs = ("tag",)
+        returns = "inner"
+        inner = step(Flexible, name=from_input("tag"))
+
+    class Outer(Reactor):
+        inputs = ("tag", "other")
+        child = compose(Inner)
+
+    result = Outer.run(tag="t1", other="ignored")
+    assert result.ok, result.error
+    assert result.value["child"]["name"] == "t1"
+
+
+def test_step_call_reports_a_failing_compensation_on_its_error() -> None:
+    class Breaks(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            raise RuntimeError("body failed")
+
+        def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> None:
+            raise RuntimeError("compensation failed")
+
+    outcome = Breaks.call()
+    assert isinstance(outcome, Failure)
+    assert outcome.error.message.startswith("step 'test_step_call_reports")
+    failures = outcome.error.fields()["rollback_failures"]
+    assert [(f["kind"], f["reason"]) for f in failures] == [("compensate", "error")]
