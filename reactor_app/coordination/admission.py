@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
@@ -341,17 +341,30 @@ class Coordinator:
         wait_seconds: float,
         *,
         waiter_id: str | None = None,
+        waits: Mapping[str, float] | None = None,
     ) -> AdmissionResult:
         """Admit, waiting up to ``wait_seconds`` for contention to clear (0 = one try).
 
-        Woken by the release's PUBLISH, or at the refusal's ``retry_after``; gives up with the
-        last ``Refused`` when the wait is spent. A stale ordered position is returned at once
-        (waiting cannot help: the caller must re-assign).
+        ``waits`` bounds the wait per refusing primitive (``{"lock": 0, "ordered_lock":
+        600}``): a lock declared with ``wait=0`` fails at once even when an ordered lock beside
+        it would wait its turn. Woken by the release's PUBLISH, or at the refusal's
+        ``retry_after``; gives up with the last ``Refused`` when the wait is spent. A stale
+        ordered position is returned at once (waiting cannot help: the caller must re-assign).
         """
         claims = list(claims)
-        deadline = time.monotonic() + max(wait_seconds, 0.0)
+        started = time.monotonic()
+        limits = dict(waits or {})
+
+        def deadline_for(refused: Refused) -> float:
+            allowed = min(wait_seconds, limits.get(refused.claim.primitive, wait_seconds))
+            return started + max(allowed, 0.0)
+
         result = self.admit(claims, holder, waiter_id=waiter_id)
-        if not isinstance(result, Refused) or wait_seconds <= 0 or result.detail.get("stale"):
+        if (
+            not isinstance(result, Refused)
+            or deadline_for(result) <= time.monotonic()
+            or result.detail.get("stale")
+        ):
             return result
         with unavailable_on_connection_error(
             key=result.claim.key, primitive=result.claim.primitive
@@ -362,11 +375,11 @@ class Coordinator:
             while True:
                 channel = self.wake_channel(result.claim)
                 if channel is not None and channel not in subscribed:
-                    self._subscribe(pubsub, channel, deadline)
+                    self._subscribe(pubsub, channel, deadline_for(result))
                     subscribed.add(channel)
                     # the release may have happened between the refusal and the subscription
                 else:
-                    remaining = deadline - time.monotonic()
+                    remaining = deadline_for(result) - time.monotonic()
                     if remaining <= 0:
                         return result
                     pause = remaining

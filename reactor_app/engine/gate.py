@@ -112,8 +112,16 @@ class Gate:
         *,
         coordinator: Coordinator | None = None,
         record_events: bool = True,
+        waits: Mapping[str, float] | None = None,
     ) -> None:
         self.declarations = list(declarations)
+        #: how long a synchronous caller waits for each primitive before failing (DESIGN
+        #: §2.3); rollback gates pass their ``rollback_wait`` values instead
+        self.waits = (
+            dict(waits)
+            if waits is not None
+            else {d.primitive: d.wait_seconds() for d in self.declarations}
+        )
         self.args = args
         self.scope = scope
         self.coordinator = coordinator or get_coordinator()
@@ -240,7 +248,7 @@ class Gate:
                 elif not wait:
                     answer = self.coordinator.admit(claims, holder)
                 else:
-                    answer = self.coordinator.admit_waiting(claims, holder, wait)
+                    answer = self.coordinator.admit_waiting(claims, holder, wait, waits=self.waits)
             except CoordinationUnavailable as exc:
                 raise self._unavailable(exc) from exc
             if isinstance(answer, Refused) and answer.detail.get("stale_epoch"):

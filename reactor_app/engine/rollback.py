@@ -49,6 +49,10 @@ def run_rollback_hook(
     declarations = step_class.declarations().for_rollback()
     gate = None
     if declarations:
+        rollback_waits = {
+            d.primitive: d.effective_rollback_wait  # type: ignore[attr-defined]
+            for d in declarations
+        }
         gate = Gate(
             declarations,
             args,
@@ -60,8 +64,9 @@ def run_rollback_hook(
                 held_keys=held_keys,
             ),
             record_events=run is not None,
+            waits=rollback_waits,
         )
-        wait = max(d.effective_rollback_wait for d in declarations)  # type: ignore[attr-defined]
+        wait = max(rollback_waits.values())
         try:
             gate.enter(wait=wait, park=False)  # rollback never parks
         except (CoordinationError, ConfigurationError) as error:

@@ -787,3 +787,33 @@ def test_a_body_that_skips_does_not_mark_the_period_and_does_not_stop_the_line(f
     assert calls == [0, 1]
     assert_ordered_lock("seq:s", first_failed=None)
     assert_period_marked("once:s", "day")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_each_primitive_waits_only_as_long_as_its_own_wait(form: str) -> None:
+    ran: list[str] = []
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        charge = coordinated_step(
+            form,
+            [
+                with_ordered_lock(lambda a: f"line:{a['account_id']}", poison_pill_timeout=30),
+                with_lock(lambda a: f"acct:{a['account_id']}", wait=0),
+            ],
+            lambda args, context: ran.append("body") or Success("ok"),
+            inputs=("account_id",),
+            account_id=from_input("account_id"),
+        )
+
+    blocker = Coordinator().admit([LockClaim(key="acct:41", ttl=30)], Holder(owner="other"))
+    try:
+        started = time.monotonic()
+        result = R.run(account_id=41)
+        waited = time.monotonic() - started
+    finally:
+        Coordinator().release(blocker, "success")
+    # The ordered lock would wait its turn for up to 30 s; the lock's wait=0 fails at once.
+    assert isinstance(result.error, LockAcquisitionError)
+    assert waited < 2, waited
+    assert ran == []
