@@ -127,7 +127,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_EXTENDED = True  # task names and arguments on django-celery-results rows
 # The sweeper re-enqueues executions whose worker vanished (run `celery -A demo_project beat`).
-CELERY_BEAT_SCHEDULE = {"reactor-sweep": {"task": "reactor_app.sweep", "schedule": 60.0}}
+CELERY_BEAT_SCHEDULE = {
+    "reactor-sweep": {
+        "task": "reactor_app.sweep",
+        "schedule": 60.0,
+        "options": {"queue": REACTOR_CELERY_QUEUE},
+    }
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

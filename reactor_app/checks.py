@@ -20,6 +20,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         "CONTENTION_CEILING",
         "CONTENTION_BACKOFF",
         "TRACKING",
+        "EXECUTION_CLAIM_TTL",
+        "SWEEP_AFTER",
+        "CELERY_QUEUE",
     ):
         try:
             getattr(reactor_settings, name)

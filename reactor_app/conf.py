@@ -78,7 +78,12 @@ class ReactorSettings:
 
     @property
     def CELERY_QUEUE(self) -> str:
-        return str(self._get("CELERY_QUEUE", "reactor"))
+        value = self._get("CELERY_QUEUE", "reactor")
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(
+                "REACTOR_CELERY_QUEUE must be a non-empty queue name", setting="CELERY_QUEUE"
+            )
+        return value
 
     @property
     def TRACKING(self) -> str:
@@ -110,7 +115,12 @@ class ReactorSettings:
     @property
     def SWEEP_AFTER(self) -> float:
         """Seconds without a heartbeat after which the sweeper re-enqueues a running execution."""
-        return float(self._get("SWEEP_AFTER", 120.0))
+        value = self._get("SWEEP_AFTER", 120.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(
+                "REACTOR_SWEEP_AFTER must be a number of seconds > 0", setting="SWEEP_AFTER"
+            )
+        return float(value)
 
 
 reactor_settings = ReactorSettings()

@@ -6,9 +6,10 @@ redelivered, and the execution claim makes a duplicate delivery harmless. Conten
 goes through Celery's ``retry`` (it would spend ``max_retries``): a parked execution is
 re-sent with ``apply_async(countdown=...)``. Return values land in django-celery-results.
 
-``sweep`` is meant to run periodically; add it to the beat schedule, e.g.::
+``sweep`` is meant to run periodically; add it to the beat schedule on the queue your workers
+consume (``REACTOR_CELERY_QUEUE``), e.g.::
 
-    CELERY_BEAT_SCHEDULE = {"reactor-sweep": reactor_app.tasks.SWEEP_SCHEDULE}
+    CELERY_BEAT_SCHEDULE = {"reactor-sweep": reactor_app.tasks.sweep_schedule(queue="reactor")}
 """
 
 from __future__ import annotations
@@ -17,8 +18,19 @@ from typing import Any
 
 from celery import shared_task
 
-#: a beat entry for ``sweep`` every 60 seconds
-SWEEP_SCHEDULE: dict[str, Any] = {"task": "reactor_app.sweep", "schedule": 60.0}
+
+def sweep_schedule(*, queue: str = "reactor", every: float = 60.0) -> dict[str, Any]:
+    """A beat entry running ``sweep`` every ``every`` seconds on ``queue``.
+
+    Beat sends to Celery's default queue unless told otherwise, and workers started with
+    ``-Q <REACTOR_CELERY_QUEUE>`` would never see it; settings cannot read the conf object
+    while they load, so the queue is passed in.
+    """
+    return {"task": "reactor_app.sweep", "schedule": every, "options": {"queue": queue}}
+
+
+#: a beat entry for ``sweep`` every 60 seconds on the default ``"reactor"`` queue
+SWEEP_SCHEDULE: dict[str, Any] = sweep_schedule()
 
 
 @shared_task(

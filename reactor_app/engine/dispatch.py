@@ -43,13 +43,21 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Holder
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 from reactor_app.coordination.redis import key as redis_key
 from reactor_app.engine.context import ExecutionState, to_json
-from reactor_app.engine.executor import ExecutionRun, RunEnd, input_errors, run_inline
+from reactor_app.engine.executor import (
+    REACTOR_SLOT,
+    ExecutionRun,
+    RunEnd,
+    input_errors,
+    run_inline,
+)
 from reactor_app.engine.result import Result
 from reactor_app.engine.worker import ClaimLost, drop_stale_holds
-from reactor_app.exceptions import ExecutionNotResumable
+from reactor_app.exceptions import ExecutionNotResumable, ReactorError
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.tracking import record_coordination
@@ -212,8 +220,38 @@ def run_async(reactor: type[Reactor], inputs: dict[str, Any]) -> Execution:
             context=_worker_context(),
         )
         if error is None:
+            _take_position_at_enqueue(reactor, inputs, execution)
             enqueue_on_commit(execution.id)
     return execution
+
+
+def _take_position_at_enqueue(
+    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
+) -> None:
+    """A reactor-level ordered lock orders runs by enqueue (DESIGN §1.4), so the position is
+    taken now: with several workers, the order in which deliveries start is not the order in
+    which runs were enqueued. The executor finds it under the reactor's slot and reuses it."""
+    declaration = reactor.ordered_lock_config
+    if declaration is None:
+        return
+    execution_id = str(execution.id)
+    try:
+        key = declaration.compute_key(inputs, reactor=reactor.path(), step=None)
+        position = Coordinator().assign_position(
+            key,
+            Holder(owner=execution_id, execution_id=execution_id, reactor=reactor.path()),
+            declaration.ttl,
+        )
+    except ReactorError:
+        return  # the worker's gate meets the same problem and fails the run with it
+    context = dict(execution.context or {})
+    context.setdefault("ordered", {})[REACTOR_SLOT] = {
+        "key": key,
+        "nonce": position.nonce,
+        "epoch": position.epoch,
+    }
+    execution.context = context
+    execution.save(update_fields=["context"])
 
 
 def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:

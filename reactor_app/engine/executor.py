@@ -118,6 +118,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
+#: their labels)
+REACTOR_SLOT = ""
+
 
 @dataclass
 class RunEnd:
@@ -316,7 +320,7 @@ class ExecutionRun:
                 execution_id=self.execution_id,
                 held_keys=self.held_keys,
                 positions=self.state.ordered,
-                position_slot="",
+                position_slot=REACTOR_SLOT,
                 waiter_id=self.waiter_id,
             ),
         )

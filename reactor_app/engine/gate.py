@@ -111,7 +111,6 @@ class Gate:
         scope: GateScope,
         *,
         coordinator: Coordinator | None = None,
-        record_events: bool = True,
         waits: Mapping[str, float] | None = None,
     ) -> None:
         self.declarations = list(declarations)
@@ -125,7 +124,6 @@ class Gate:
         self.args = args
         self.scope = scope
         self.coordinator = coordinator or get_coordinator()
-        self.record_events = record_events
         self.admitted: Admitted | None = None
         self.keep_alive: Any = None
         self.lost: list[BaseException] = []
@@ -454,8 +452,6 @@ class Gate:
         return self.admitted.token_for(key) if self.admitted else None
 
     def _event(self, kind: str, claim: Claim | None, **detail: Any) -> None:
-        if not self.record_events:
-            return
         key = detail.pop("key", None) or (claim.key if claim else "")
         primitive = claim.primitive if claim else detail.pop("primitive", None) or "lock"
         detail.pop("primitive", None)

@@ -63,7 +63,6 @@ def run_rollback_hook(
                 execution_id=run.execution_id if run else None,
                 held_keys=held_keys,
             ),
-            record_events=run is not None,
             waits=rollback_waits,
         )
         wait = max(rollback_waits.values())

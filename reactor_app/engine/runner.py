@@ -162,7 +162,6 @@ class UnitRunner:
                 position_slot=self.position_slot,
                 waiter_id=run.waiter_id if run else None,
             ),
-            record_events=run is not None,
         )
 
     def _context(self, attempt: int, gate: Gate | None) -> StepContext:

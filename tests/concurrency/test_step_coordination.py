@@ -817,3 +817,18 @@ def test_each_primitive_waits_only_as_long_as_its_own_wait(form: str) -> None:
     assert isinstance(result.error, LockAcquisitionError)
     assert waited < 2, waited
     assert ran == []
+
+
+def test_step_call_records_its_coordination_events() -> None:
+    @with_lock(lambda a: f"acct:{a['account_id']}")
+    class Direct(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(context.owner)
+
+    outcome = Direct.call(account_id=51)
+    events = list(CoordinationEvent.objects.filter(key="acct:51").order_by("at", "id"))
+    assert [e.kind for e in events] == ["acquired", "released"]
+    assert {e.owner for e in events} == {outcome.value}  # the per-call owner
+    assert all(e.execution_id is None and e.step.endswith("Direct") for e in events)

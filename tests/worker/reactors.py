@@ -227,6 +227,24 @@ class OrderedReactor(Reactor):
     pass_line = step(InLineStep, key=from_input("key"))
 
 
+class PassStep(Step):
+    inputs = ("n",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        record("passed", n=args["n"], execution=context.execution_id)
+        time.sleep(0.02)
+        return Success(args["n"])
+
+
+@with_ordered_lock(lambda inputs: f"queue:{inputs['key']}", poison_pill_timeout=30, strict=False)
+class EnqueueOrderedReactor(Reactor):
+    """A reactor-level ordered lock: runs pass in the order they were enqueued."""
+
+    inputs = ("key", "n")
+
+    pass_ = step(PassStep, n=from_input("n"))
+
+
 # --------------------------------------------------------------------------------------------
 # hand-offs
 

@@ -1,0 +1,25 @@
+"""A reactor-level ordered lock orders worker runs by enqueue, not by delivery (DESIGN §1.4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reactor_app.testing import assert_ordered_lock
+from tests.worker.reactors import EnqueueOrderedReactor, records
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+WORKER_SETTINGS = {"REACTOR_CONTENTION_BACKOFF": [0.5, 2.0]}
+
+
+def test_runs_pass_the_line_in_enqueue_order(worker: Any) -> None:
+    executions = [EnqueueOrderedReactor.run_async(key="k", n=n) for n in range(8)]
+    # The position is taken at enqueue, before any worker saw the run.
+    nonces = [execution.context["ordered"][""]["nonce"] for execution in executions]
+    assert nonces == sorted(nonces) and len(set(nonces)) == 8
+    for execution in executions:
+        assert execution.wait(timeout=90).ok
+    assert [entry["n"] for entry in records("passed")] == list(range(8))
+    assert_ordered_lock("queue:k", last_completed=nonces[-1], first_failed=None)
