@@ -59,8 +59,21 @@ class QueryParameters(serializers.Serializer):
                 raise ValidationError({start: [f"{start} must not be later than {end}"]})
         return attrs
 
+    #: parameters the API understands besides the filters (pagination, format negotiation)
+    general = frozenset({"page", "page_size", "format"})
+
     @classmethod
     def parse(cls, request: Request) -> dict[str, Any]:
+        unknown = sorted(set(request.query_params) - set(cls().fields) - cls.general)
+        if unknown:
+            # A misspelt filter would otherwise be ignored and answer with everything.
+            known = ", ".join(sorted({*cls().fields, *cls.general}))
+            raise ValidationError(
+                {
+                    name: [f"unknown query parameter; this listing accepts: {known}"]
+                    for name in unknown
+                }
+            )
         serializer = cls(data=request.query_params)
         serializer.is_valid(raise_exception=True)
         return {k: v for k, v in serializer.validated_data.items() if v not in ("", None)}

@@ -323,6 +323,9 @@ BAD_PARAMETERS = [
     ("executions/", {"page_size": "many"}, "page_size"),
     ("executions/", {"page_size": "100000"}, "page_size"),
     ("events/", {"key": "a\x00b"}, "key"),
+    ("executions/", {"stauts": "failed"}, "stauts"),  # a misspelt filter is not ignored
+    ("contention/", {"foo": "1"}, "foo"),
+    ("holds/", {"kind": "acquired"}, "kind"),  # a filter of another listing
 ]
 
 
