@@ -322,6 +322,7 @@ class ExecutionRun:
                 positions=self.state.ordered,
                 position_slot=REACTOR_SLOT,
                 waiter_id=self.waiter_id,
+                on_position=self.persist,
             ),
         )
         try:
@@ -332,6 +333,7 @@ class ExecutionRun:
             ceiling = note_park(self, "", parked)
             if ceiling is None:
                 return None, RunEnd("parked", park=parked)
+            parked.gate.abandon_position()
             return None, self._fail_at_gate(ceiling)
         except (CoordinationError, ConfigurationError) as error:
             return None, self._fail_at_gate(error)
@@ -469,6 +471,7 @@ class ExecutionRun:
         if outcome.status == "parked" and outcome.park is not None:
             ceiling = note_park(self, label, outcome.park)
             if ceiling is not None:
+                outcome.park.gate.abandon_position()  # the line must not wait for this one
                 StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
                     EngineEvent.STEP_FAILED, error=ceiling.as_dict(), body_started=False
                 )

@@ -38,6 +38,7 @@ from reactor_app.coordination.claims import (
     Hold,
     Holder,
     LockClaim,
+    OrderedLockClaim,
     OrderedPosition,
     Outcome,
     PeriodHit,
@@ -72,10 +73,12 @@ class Skip:
 class ParkRequested(Exception):
     """Contention in a worker: the execution parks and is requeued; nothing ran."""
 
-    def __init__(self, refused: Refused, error: CoordinationError) -> None:
+    def __init__(self, refused: Refused, error: CoordinationError, gate: Gate) -> None:
         super().__init__(error.message)
         self.refused = refused
         self.error = error
+        #: the refused gate, so a park turned into a failure can give up its ordered position
+        self.gate = gate
 
 
 @dataclass
@@ -93,6 +96,8 @@ class GateScope:
     #: a parked worker's id: registered on the refusing key in the same atomic admission, so
     #: the release that frees the key returns it to be re-enqueued at once (None: no parking)
     waiter_id: str | None = None
+    #: persists the execution state after a fresh ordered-lock position was assigned
+    on_position: Callable[[], None] | None = None
 
 
 def get_coordinator() -> Coordinator:
@@ -159,7 +164,32 @@ class Gate:
         position = self.coordinator.assign_position(key, self._holder(), declaration.ttl)
         if store is not None:
             store[slot] = {"key": key, "nonce": position.nonce, "epoch": position.epoch}
+            if self.scope.on_position is not None:
+                # Persist before the body runs: a delivery that dies now must find its place
+                # in the line again, not queue behind its own ghost.
+                self.scope.on_position()
         return position
+
+    def abandon_position(self) -> None:
+        """Complete this unit's ordered-lock position without running (a terminal ``halt``:
+        the cursor moves on, a strict line is not stopped) and forget it."""
+        ordered = [c for c in self.claims if isinstance(c, OrderedLockClaim)]
+        if not ordered:
+            return
+        holds = [Hold(claim=claim, fresh=True) for claim in ordered]
+        try:
+            released = self.coordinator.release(
+                Admitted(holds=holds, holder=self._holder()), "halt"
+            )
+        except CoordinationUnavailable:
+            logger.warning("could not leave the ordered line of %s", [c.key for c in ordered])
+            return
+        self.forget_position()
+        woken = list(released.woken)
+        if woken:
+            from reactor_app.engine.dispatch import wake
+
+            wake(woken)
 
     def forget_position(self) -> None:
         """The position is used up (terminal outcome) or stale (the key was reset)."""
@@ -222,13 +252,16 @@ class Gate:
         error = self.coordinator.refusal_error(answer, self.scope.reactor, self.scope.step)
         if park:
             # A park is its own event (recorded with the ContentionState row), never a failure.
-            raise ParkRequested(answer, error)
+            raise ParkRequested(answer, error, self)
         self._event(
             CoordinationEventKind.ACQUISITION_FAILED,
             answer.claim,
             retry_after=answer.retry_after,
             blocker=answer.blocker,
         )
+        # This unit will not come back for its turn: leave the line, or everyone behind the
+        # position would wait for it until poison_pill_timeout.
+        self.abandon_position()
         raise error
 
     def _admit(

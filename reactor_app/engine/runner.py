@@ -113,6 +113,10 @@ def failure_error(
     return StepFailed(f"{where} failed: {text}", reactor=reactor, step=step, cause=cause)
 
 
+#: ``state.extra`` key: failed attempts of a step that parked before its next attempt
+ATTEMPTS = "attempts"
+
+
 class UnitRunner:
     """Runs one step class with resolved arguments: attempts, coordination, compensation."""
 
@@ -161,6 +165,7 @@ class UnitRunner:
                 positions=run.state.ordered if run else None,
                 position_slot=self.position_slot,
                 waiter_id=run.waiter_id if run else None,
+                on_position=run.persist if run else None,
             ),
         )
 
@@ -193,7 +198,9 @@ class UnitRunner:
     def execute(self, *, park: bool) -> StepOutcome:
         policy = self.step_class.retry_policy
         instance = self.step_class()
-        attempt = 0
+        # Attempts spent before a park count: parks do not spend retries, nor give them back.
+        spent = self.run.state.extra.get(ATTEMPTS, {}) if self.run else {}
+        attempt = int(spent.pop(self.label, 0))
         while True:
             attempt += 1
             gate = self._gate()
@@ -205,6 +212,8 @@ class UnitRunner:
                     try:
                         skip = gate.enter(wait=self.wait, park=park)
                     except ParkRequested as parked:
+                        if self.run is not None and attempt > 1:
+                            self.run.state.extra.setdefault(ATTEMPTS, {})[self.label] = attempt - 1
                         return StepOutcome("parked", park=parked)
                     except (CoordinationError, ConfigurationError) as refusal:
                         # Contention, an uncomputable key, an unknown named limit or Redis

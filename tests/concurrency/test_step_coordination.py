@@ -832,3 +832,42 @@ def test_step_call_records_its_coordination_events() -> None:
     assert [e.kind for e in events] == ["acquired", "released"]
     assert {e.owner for e in events} == {outcome.value}  # the per-call owner
     assert all(e.execution_id is None and e.step.endswith("Direct") for e in events)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_run_that_fails_at_the_gate_leaves_the_ordered_line(form: str) -> None:
+    from reactor_app.models import Execution
+
+    seen: dict[str, Any] = {}
+
+    def body(args: dict[str, Any], context: Any) -> Any:
+        # The position is persisted before the body runs: a crash now could find it again.
+        row = Execution.objects.get(pk=context.execution_id)
+        seen["persisted"] = row.context["ordered"]["charge"]["nonce"]
+        return Success("ok")
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        charge = coordinated_step(
+            form,
+            [
+                with_ordered_lock(lambda a: f"line:{a['account_id']}", poison_pill_timeout=30),
+                with_lock(lambda a: f"acct:{a['account_id']}", wait=0),
+            ],
+            body,
+            inputs=("account_id",),
+            account_id=from_input("account_id"),
+        )
+
+    blocker = Coordinator().admit([LockClaim(key="acct:61", ttl=30)], Holder(owner="other"))
+    try:
+        first = R.run(account_id=61)  # takes position 1, then fails on the held lock
+    finally:
+        Coordinator().release(blocker, "success")
+    assert isinstance(first.error, LockAcquisitionError)
+    started = time.monotonic()
+    second = R.run(account_id=61)  # position 2: must not wait for the abandoned position 1
+    assert second.ok, second.error
+    assert time.monotonic() - started < 5
+    assert seen["persisted"] == 2
+    assert_ordered_lock("line:61", last_completed=2, first_failed=None)
