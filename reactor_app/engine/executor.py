@@ -118,6 +118,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: ``state.extra`` key: the reactor-level gate admitted this run once (later passes continue)
+ADMITTED = "reactor_admitted"
+
 #: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
 #: their labels)
 REACTOR_SLOT = ""
@@ -310,8 +313,12 @@ class ExecutionRun:
         declarations = self.reactor.declarations()
         if not declarations:
             return None, None
+        continuing = bool(self.state.extra.get(ADMITTED))
         gate = Gate(
-            declarations.ordered(),
+            # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
+            # when the run was first admitted; charging every pass would let one run burn the
+            # budget of many.
+            [d for d in declarations.ordered() if not (continuing and d.primitive == "rate_limit")],
             self.inputs,
             GateScope(
                 reactor=self.reactor_path,
@@ -338,7 +345,21 @@ class ExecutionRun:
         except (CoordinationError, ConfigurationError) as error:
             return None, self._fail_at_gate(error)
         if isinstance(skip, Skip):
+            if continuing and skip.reason == "period":
+                # Another run completed in this bucket while this one was paused; halting now
+                # would leave its completed steps in place, so it fails and rolls back.
+                return None, self._fail_at_gate(
+                    CoordinationError(
+                        f"the period bucket of {skip.key!r} was marked by another execution "
+                        f"while {self.reactor_path} was paused; rolling back",
+                        reactor=self.reactor_path,
+                        step=None,
+                        key=skip.key,
+                        primitive="period",
+                    )
+                )
             return None, RunEnd("halted", reason=skip.reason)
+        self.state.extra[ADMITTED] = True
         self.gates.append(gate)
         return gate, None
 
