@@ -129,6 +129,12 @@ def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
     return sorted(claims, key=lambda claim: ADMISSION_ORDER.index(claim.primitive))
 
 
+def _ids(data: dict[str, Any]) -> list[str]:
+    """The ``woken`` waiter ids of a reply (cjson encodes an empty list as ``{}``)."""
+    woken = data.get("woken")
+    return [str(w) for w in woken] if isinstance(woken, list) else []
+
+
 def _seconds(ms: float | None) -> float | None:
     return None if ms is None else max(float(ms), 0.0) / 1000
 
@@ -246,10 +252,10 @@ class Coordinator:
         claim = claims[int(data.get("index", 0))]
         if reply.status is Status.PERIOD_MARKED:
             assert isinstance(claim, PeriodClaim)
-            return PeriodHit(claim=claim, marked_by=data.get("marked_by") or None)
+            return PeriodHit(claim=claim, marked_by=data.get("marked_by") or None, woken=_ids(data))
         if reply.status is Status.CHAIN_FAILED:
             assert isinstance(claim, OrderedLockClaim)
-            return ChainFailed(claim=claim, first_failed=data.get("first_failed"))
+            return ChainFailed(claim=claim, first_failed=data.get("first_failed"), woken=_ids(data))
         detail = {k: v for k, v in data.items() if k not in ("index", "retry_after_ms", "blocker")}
         detail["status"] = int(reply.status)
         # a position from before a reset, or already passed over: the caller re-assigns

@@ -125,6 +125,8 @@ class PeriodHit:
 
     claim: PeriodClaim
     marked_by: str | None = None
+    #: parked waiters of the next ordered position, which this skip let through
+    woken: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +135,8 @@ class ChainFailed:
 
     claim: OrderedLockClaim
     first_failed: int | None = None
+    #: parked waiters of the next position, which this skip let through
+    woken: list[str] = field(default_factory=list)
 
 
 AdmissionResult = Admitted | Refused | PeriodHit | ChainFailed

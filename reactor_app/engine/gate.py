@@ -185,11 +185,7 @@ class Gate:
             logger.warning("could not leave the ordered line of %s", [c.key for c in ordered])
             return
         self.forget_position()
-        woken = list(released.woken)
-        if woken:
-            from reactor_app.engine.dispatch import wake
-
-            wake(woken)
+        _wake(released.woken)
 
     def forget_position(self) -> None:
         """The position is used up (terminal outcome) or stale (the key was reset)."""
@@ -243,11 +239,12 @@ class Gate:
         if isinstance(answer, Admitted):
             self._admitted(answer)
             return None
-        if isinstance(answer, PeriodHit):
-            return Skip("period", answer.claim.key)
-        if isinstance(answer, ChainFailed):
+        if isinstance(answer, (PeriodHit, ChainFailed)):
+            # A skip completes this unit's ordered position: let the next one through now.
             self.forget_position()
-            return Skip("ordered_lock_chain_failed", answer.claim.key)
+            _wake(answer.woken)
+            reason = "period" if isinstance(answer, PeriodHit) else "ordered_lock_chain_failed"
+            return Skip(reason, answer.claim.key)
         assert isinstance(answer, Refused)
         error = self.coordinator.refusal_error(answer, self.scope.reactor, self.scope.step)
         if park:
@@ -470,13 +467,10 @@ class Gate:
             if self.scope.held_keys is not None and registered:
                 self.scope.held_keys.pop(claim.primitive, claim.key)
             self._event(CoordinationEventKind.RELEASED, claim, token=hold.token, outcome=outcome)
-        if outcome in ("success", "failure"):
+        if outcome in TERMINAL_OUTCOMES:
             self.forget_position()
-        if woken:
-            # Parked executions waited for exactly this release: re-enqueue them now.
-            from reactor_app.engine.dispatch import wake
-
-            wake(woken)
+        # Parked executions waited for exactly this release: re-enqueue them now.
+        _wake(woken)
         return woken
 
     # -- helpers --------------------------------------------------------------------------
@@ -500,6 +494,19 @@ class Gate:
             token=token,
             **detail,
         )
+
+
+#: release outcomes that end an ordered-lock position (see release.lua)
+TERMINAL_OUTCOMES = frozenset({"success", "failure", "halt", "rollback"})
+
+
+def _wake(woken: Sequence[str]) -> None:
+    """Re-enqueue parked executions a release (or a skip) let through: at once, not at their
+    backoff requeue."""
+    if woken:
+        from reactor_app.engine.dispatch import wake
+
+        wake(list(woken))
 
 
 def fresh_owner() -> str:

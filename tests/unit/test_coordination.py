@@ -314,6 +314,22 @@ def test_period_hit_completes_the_ordered_position(coordinator: Coordinator) -> 
     assert state.ordered_state("daily", client=coordinator.client).last_completed == position.nonce
 
 
+def test_a_skip_at_admission_wakes_the_next_position(coordinator: Coordinator) -> None:
+    done = coordinator.admit([PeriodClaim("digest", "day")], ALICE)
+    assert isinstance(done, Admitted)
+    coordinator.release(done, "success")  # the bucket is marked
+    first = coordinator.assign_position("digest", BOB)
+    second = coordinator.assign_position("digest", ALICE)
+    waiting = coordinator.admit(
+        [OrderedLockClaim("digest", second)], ALICE, waiter_id="parked-second"
+    )
+    assert isinstance(waiting, Refused)  # not its turn: parked as a waiter
+    hit = coordinator.admit([OrderedLockClaim("digest", first), PeriodClaim("digest", "day")], BOB)
+    assert isinstance(hit, PeriodHit)
+    # The skip completed the head; the parked second position is handed its wake-up.
+    assert hit.woken == ["parked-second"]
+
+
 # -- period -----------------------------------------------------------------------------------
 
 

@@ -35,11 +35,12 @@ Returns {status, json}; every refusal payload has `index` (0-based claim) and `t
   2 SEMAPHORE_FULL {retry_after_ms = earliest lease expiry - now, limit, held, blocker}
   3 RATE_LIMITED   {retry_after_ms = max over full windows of (oldest counted entry + window
                     - now), limit, label, window_ms, count}
-  4 PERIOD_MARKED  {marked_by, bucket (start s), bucket_end (s)}; an ordered position that
-                    passed its gate in this call is completed (a skipped step is terminal)
+  4 PERIOD_MARKED  {marked_by, bucket (start s), bucket_end (s), woken?}; an ordered position
+                    that passed its gate in this call is completed (a skipped step is
+                    terminal) and `woken` lists the parked waiters of the next position
   5 ORDERED_WAIT   {nonce, last_completed, head, retry_after_ms, blocker}
   6 ORDERED_STALE  {nonce, epoch, reason = "epoch" | "passed"}: re-assign a position
-  7 CHAIN_FAILED   {nonce, first_failed}; strict line stopped, the position is completed
+  7 CHAIN_FAILED   {nonce, first_failed, woken}; strict line stopped, the position is completed
 ]]
 
 -- @include _common.lua
@@ -83,8 +84,9 @@ local function check_ordered(claim)
 
   local first_failed = tonumber(redis.call('HGET', k.state, 'first_failed') or 'nil')
   if claim.strict and first_failed and first_failed < claim.nonce then
-    ordered_complete(k, claim.nonce)
-    return nil, refusal(CHAIN_FAILED, {nonce = claim.nonce, first_failed = first_failed})
+    local _, woken = ordered_complete(k, claim.nonce)
+    return nil, refusal(CHAIN_FAILED,
+      {nonce = claim.nonce, first_failed = first_failed, woken = woken})
   end
 
   -- pass over dead heads: no registration, or no heartbeat within the poison-pill timeout
@@ -302,7 +304,8 @@ for i, claim in ipairs(claims) do
   local plan, refused = CHECK[claim.p](claim)
   if refused then
     if refused.status == PERIOD_MARKED and gate then
-      ordered_complete(ordered_keys(gate.keys), gate.nonce)
+      local _, woken = ordered_complete(ordered_keys(gate.keys), gate.nonce)
+      refused.woken = woken
     end
     if waiter ~= '' and refused.waiters_key then
       redis.call('ZADD', refused.waiters_key, refused.waiter_score, waiter)
