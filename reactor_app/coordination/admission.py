@@ -607,10 +607,8 @@ def refusal_error(
     """The public error for a contention refusal, naming reactor, step and key (§1.3)."""
     claim = refused.claim
     code = refused.detail.get("status")
-    meaning = STATUSES.get(Status(code)) if code is not None else None
-    error_class = (
-        meaning.error if meaning and meaning.error else _ERROR_BY_PRIMITIVE[claim.primitive]
-    )
+    status = Status(code) if code is not None else _REFUSAL_STATUS[claim.primitive]
+    error_class = STATUSES[status].error
     where = _where(reactor, step)
     common: dict[str, Any] = {
         "reactor": reactor,
@@ -664,11 +662,13 @@ def refusal_error(
     )
 
 
-_ERROR_BY_PRIMITIVE: dict[str, type[CoordinationError]] = {
-    "lock": LockAcquisitionError,
-    "semaphore": SemaphoreAcquisitionError,
-    "rate_limit": RateLimitExceeded,
-    "ordered_lock": OrderedLockWaitError,
+#: the refusal status of each primitive, for a ``Refused`` built without a script status (the
+#: error class itself comes from the one table, ``redis.STATUSES``)
+_REFUSAL_STATUS: dict[str, Status] = {
+    "lock": Status.LOCKED,
+    "semaphore": Status.SEMAPHORE_FULL,
+    "rate_limit": Status.RATE_LIMITED,
+    "ordered_lock": Status.ORDERED_WAIT,
 }
 
 

@@ -254,10 +254,6 @@ class ScriptReply:
     status: Status
     data: dict[str, Any]
 
-    @property
-    def meaning(self) -> StatusMeaning:
-        return STATUSES[self.status]
-
 
 # --------------------------------------------------------------------------------------------
 # Scripts
@@ -381,10 +377,3 @@ def unavailable_on_connection_error(
             primitive=primitive,
             cause=exc,
         ) from exc
-
-
-def redis_time_ms(client: Any) -> int:
-    """The Redis server's clock in epoch milliseconds (never the Python clock)."""
-    with unavailable_on_connection_error():
-        seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000

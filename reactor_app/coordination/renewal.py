@@ -169,10 +169,6 @@ class Renewal:
         return ", ".join(f"{h.claim.primitive}:{h.claim.key}" for h in self.holds)
 
 
-#: the name used in DESIGN's prose
-KeepAlive = Renewal
-
-
 def start_renewal(
     admitted: Admitted,
     *,

@@ -24,9 +24,6 @@ class Plan:
     specs: dict[str, StepSpec]
     dependencies: dict[str, frozenset[str]]
 
-    def index(self, step: str) -> int:
-        return self.order.index(step)
-
 
 def _sources(spec: StepSpec) -> list[tuple[str, Source]]:
     sources = list(spec.arguments.items())
