@@ -129,6 +129,15 @@ def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
     return sorted(claims, key=lambda claim: ADMISSION_ORDER.index(claim.primitive))
 
 
+def _specs(
+    holds: list[Hold], groups: list[list[str]], spec: Callable[[Hold], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The per-hold argument specs of a script call: primitive, key count and its own fields."""
+    return [
+        {"p": h.claim.primitive, "n": len(g), **spec(h)} for h, g in zip(holds, groups, strict=True)
+    ]
+
+
 def _ids(data: dict[str, Any]) -> list[str]:
     """The ``woken`` waiter ids of a reply (cjson encodes an empty list as ``{}``)."""
     woken = data.get("woken")
@@ -293,34 +302,32 @@ class Coordinator:
 
     # -- release --------------------------------------------------------------------------
 
+    def _batches(
+        self, holds: list[Hold], groups: list[list[str]]
+    ) -> list[tuple[list[Hold], list[list[str]]]]:
+        """One script call for every hold when their keys can share a slot, else one each."""
+        if len(holds) == 1 or self._one_call([k for group in groups for k in group]):
+            return [(holds, groups)]
+        return [([h], [g]) for h, g in zip(holds, groups, strict=True)]
+
     def release(self, admitted: Admitted, outcome: ReleaseOutcome) -> Released:
         """Release every hold (reverse order) in one call; see ``lua/release.lua``."""
         holds = list(reversed(admitted.holds))
         if not holds:
             return Released()
-        prefix = self.prefix
-        groups = [PRIMITIVES[h.claim.primitive].release_keys(h.claim, prefix) for h in holds]
-        if len(holds) == 1 or self._one_call([k for group in groups for k in group]):
-            batches = [(holds, groups)]
-        else:
-            batches = [([h], [g]) for h, g in zip(holds, groups, strict=True)]
+        groups = [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds]
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
         not_held: list[tuple[str, str]] = []
         marked: list[tuple[str, str]] = []
-        for batch_holds, batch_groups in batches:
+        for batch_holds, batch_groups in self._batches(holds, groups):
             base_keys = {
                 group[0]: (hold.claim.primitive, hold.claim.key)
                 for hold, group in zip(batch_holds, batch_groups, strict=True)
             }
-            specs = [
-                {
-                    "p": h.claim.primitive,
-                    "n": len(g),
-                    **PRIMITIVES[h.claim.primitive].release_spec(h),
-                }
-                for h, g in zip(batch_holds, batch_groups, strict=True)
-            ]
+            specs = _specs(
+                batch_holds, batch_groups, lambda h: PRIMITIVES[h.claim.primitive].release_spec(h)
+            )
             reply = self._run(
                 "release",
                 [k for group in batch_groups for k in group],
@@ -472,26 +479,20 @@ class Coordinator:
         items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
         if not items:
             return Extended()
-        prefix = self.prefix
-        groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
-        if len(items) == 1 or self._one_call([k for g in groups for k in g]):
-            batches = [(items, groups)]
-        else:
-            batches = [([h], [g]) for h, g in zip(items, groups, strict=True)]
+        groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
         extended: list[Hold] = []
         granted_ms: list[int] = []
         lost: list[tuple[Hold, str]] = []
-        for batch_holds, batch_groups in batches:
-            specs = [
-                {
-                    "p": h.claim.primitive,
-                    "n": len(g),
-                    **PRIMITIVES[h.claim.primitive].extend_spec(h, owner),
-                    # a lease of 0 ms never lengthens one: extend.lua only checks the hold
-                    **({} if renew is None or renew(h) else {"ttl_ms": 0}),
-                }
-                for h, g in zip(batch_holds, batch_groups, strict=True)
-            ]
+
+        def spec(hold: Hold) -> dict[str, Any]:
+            return {
+                **PRIMITIVES[hold.claim.primitive].extend_spec(hold, owner),
+                # a lease of 0 ms never lengthens one: extend.lua only checks the hold
+                **({} if renew is None or renew(hold) else {"ttl_ms": 0}),
+            }
+
+        for batch_holds, batch_groups in self._batches(items, groups):
+            specs = _specs(batch_holds, batch_groups, spec)
             reply = self._run(
                 "extend",
                 [k for g in batch_groups for k in g],

@@ -6,9 +6,10 @@ they are comparable across processes.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 Interval = tuple[str, int, int]
@@ -64,3 +65,18 @@ def run_in_processes(target: Callable[..., Any], arg_list: list[tuple[Any, ...]]
     with context.Pool(len(arg_list)) as pool:
         results = [pool.apply_async(_child, (target, args)) for args in arg_list]
         return [r.get(timeout=300) for r in results]
+
+
+@contextlib.contextmanager
+def held_elsewhere(key: str, ttl: float = 30) -> Iterator[None]:
+    """Hold the lock on ``key`` as an owner outside every execution, for the block."""
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.coordination.claims import Admitted, Holder, LockClaim
+
+    coordinator = Coordinator()
+    blocker = coordinator.admit([LockClaim(key=key, ttl=ttl)], Holder(owner="elsewhere"))
+    assert isinstance(blocker, Admitted), blocker
+    try:
+        yield
+    finally:
+        coordinator.release(blocker, "success")

@@ -23,7 +23,6 @@ from reactor_app import (
     with_semaphore,
 )
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Holder, LockClaim
 from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationKeyError,
@@ -33,7 +32,13 @@ from reactor_app.exceptions import (
 )
 from reactor_app.models import StepRun
 from reactor_app.testing import assert_not_locked, coordination_state
-from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
+from tests.concurrency.harness import (
+    held_elsewhere,
+    max_concurrency,
+    now_ns,
+    overlaps,
+    run_in_processes,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,11 +103,8 @@ def test_synchronous_contention_returns_a_structured_error() -> None:
         inputs = ("account_id",)
         only = step(Body, account_id=from_input("account_id"))
 
-    blocker = Coordinator().admit([LockClaim(key="acct:8", ttl=30)], Holder(owner="other"))
-    try:
+    with held_elsewhere("acct:8", ttl=30):
         result = Quick.run(account_id=8)
-    finally:
-        Coordinator().release(blocker, "success")
     assert not result.ok
     error = result.error
     assert isinstance(error, LockAcquisitionError)

@@ -43,7 +43,13 @@ from reactor_app.testing import (
     assert_period_marked,
     coordination_state,
 )
-from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
+from tests.concurrency.harness import (
+    held_elsewhere,
+    max_concurrency,
+    now_ns,
+    overlaps,
+    run_in_processes,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -339,13 +345,10 @@ def test_step_call_from_a_step_body_reenters_the_execution_hold() -> None:
     assert result.ok, result.error
     assert result.value["charge"] == 2
     # Without the execution's context, a direct call is its own owner and meets contention.
-    blocker = Coordinator().admit([LockClaim(key="acct:9", ttl=5)], Holder(owner="other"))
-    try:
+    with held_elsewhere("acct:9", ttl=5):
         outcome = Ledger.call(account_id=9)
         assert isinstance(outcome, Failure)
         assert isinstance(outcome.error, LockAcquisitionError)
-    finally:
-        Coordinator().release(blocker, "success")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -482,13 +485,10 @@ def test_synchronous_contention_fails_names_step_and_undoes_prior_steps(form: st
             account_id=from_input("account_id"),
         )
 
-    blocker = Coordinator().admit([LockClaim(key="acct:2", ttl=30)], Holder(owner="other"))
-    try:
+    with held_elsewhere("acct:2", ttl=30):
         started = time.monotonic()
         result = R.run(account_id=2)
         waited = time.monotonic() - started
-    finally:
-        Coordinator().release(blocker, "success")
     assert isinstance(result.error, LockAcquisitionError)
     assert (result.error.reactor, result.error.step, result.error.key, result.error.primitive) == (
         R.path(),
@@ -806,13 +806,10 @@ def test_each_primitive_waits_only_as_long_as_its_own_wait(form: str) -> None:
             account_id=from_input("account_id"),
         )
 
-    blocker = Coordinator().admit([LockClaim(key="acct:41", ttl=30)], Holder(owner="other"))
-    try:
+    with held_elsewhere("acct:41", ttl=30):
         started = time.monotonic()
         result = R.run(account_id=41)
         waited = time.monotonic() - started
-    finally:
-        Coordinator().release(blocker, "success")
     # The ordered lock would wait its turn for up to 30 s; the lock's wait=0 fails at once.
     assert isinstance(result.error, LockAcquisitionError)
     assert waited < 2, waited
@@ -859,11 +856,8 @@ def test_a_run_that_fails_at_the_gate_leaves_the_ordered_line(form: str) -> None
             account_id=from_input("account_id"),
         )
 
-    blocker = Coordinator().admit([LockClaim(key="acct:61", ttl=30)], Holder(owner="other"))
-    try:
+    with held_elsewhere("acct:61", ttl=30):
         first = R.run(account_id=61)  # takes position 1, then fails on the held lock
-    finally:
-        Coordinator().release(blocker, "success")
     assert isinstance(first.error, LockAcquisitionError)
     started = time.monotonic()
     second = R.run(account_id=61)  # position 2: must not wait for the abandoned position 1
