@@ -84,6 +84,39 @@ def test_deadlocking_async_reactor_is_refused_at_dispatch(unconsumed_queue: str)
     assert queue_length(unconsumed_queue) == 0
 
 
+def test_a_hand_off_onto_a_held_limit_one_semaphore_is_refused(unconsumed_queue: str) -> None:
+    """A semaphore of one slot is as exclusive as a lock: handing it off would deadlock."""
+    from reactor_app import Reactor, Step, Success, async_step, from_input, step, with_semaphore
+
+    def pool(values: dict[str, Any]) -> str:
+        return f"pool:{values['account_id']}"
+
+    @with_semaphore(pool, limit=1)
+    class Settle(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success("settled")
+
+    class Prepare(Step):
+        inputs = ("account_id",)
+
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success("prepared")
+
+    @with_semaphore(pool, limit=1)
+    class SingleSlotReactor(Reactor):
+        inputs = ("account_id",)
+        prepare = step(Prepare, account_id=from_input("account_id"))
+        settle = async_step(Settle, account_id=from_input("account_id"))
+
+    result = SingleSlotReactor.run(account_id=4)
+    assert isinstance(result.error, HandOffRefused)
+    assert (result.error.key, result.error.primitive) == ("pool:4", "semaphore")
+    assert Execution.objects.count() == 1
+    assert queue_length(unconsumed_queue) == 0
+
+
 def test_the_same_hand_off_without_the_outer_hold_is_enqueued(unconsumed_queue: str) -> None:
     """Control for the two tests above: the measurement does see an enqueue."""
     execution = NarrowedReactor.run_async(account_id=3, hold=0.01)
