@@ -108,7 +108,10 @@ class StepRecorder:
             self.row.finished_at = now
             self.row.error = to_json(error)
             self.row.detail = to_json({**(self.row.detail or {}), **detail})
-            self.row.save()
+            if self.row.pk is None:
+                self.row.save(force_insert=True)
+            else:  # the closing write of every step: only what changed
+                self.row.save(update_fields=["status", "finished_at", "error", "detail"])
         emit_engine(
             event, self.execution, step=self.step, attempt=self.attempt, error=error, **detail
         )
