@@ -11,8 +11,9 @@ Key layout (``K`` = the user key, inside the hash tag; ``E`` = ``every`` as text
 
 Admission refuses with ``PeriodHit`` when the mark names the current bucket — checked
 atomically with the other claims of the admission. Marking happens only in release with the
-outcome ``"success"``, for the bucket the admission saw (a run admitted at 10:59:59 that
-succeeds at 11:00:01 marks the 10:00 bucket), and never replaces a newer bucket's mark.
+outcome ``"success"``, for the bucket the admission saw; a bucket that is already over by then
+needs no mark (a run admitted at 10:59:59 that succeeds at 11:00:01 leaves the 11:00 bucket
+free), and a newer bucket's mark is never replaced.
 """
 
 from __future__ import annotations

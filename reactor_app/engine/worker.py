@@ -1,8 +1,8 @@
 """What the engine does differently when it runs on a Celery worker.
 
 * **Parking** (DESIGN §2.3): contention in a worker does not wait and does not fail. The
-  contended unit has run nothing and given back what it took (the gate released it with the
-  outcome ``park``, which keeps an ordered-lock position). ``note_park`` counts the park in
+  contended unit has run nothing and holds nothing of its own (admission is all-or-nothing;
+  its ordered-lock position, if any, is kept). ``note_park`` counts the park in
   ``ContentionState`` — separately from failure retries — records a ``parked`` event, and picks
   the requeue delay: the primitive's own hint for a rate limit or an ordered lock, else the
   contention backoff with jitter. Past ``REACTOR_CONTENTION_CEILING`` parks of one unit the
