@@ -6,8 +6,8 @@ Linux, so intervals from different processes compare). Overlaps are detected fro
 records; rate-limit admissions are checked on the Redis ``TIME`` the admission itself returned.
 No fakes, no mocked clocks. No Django database is used.
 
-Redis is ``REACTOR_TEST_REDIS_URL`` if set, else the configured coordination Redis. Each test
-uses its own key prefix and deletes only its keys.
+Redis is the configured coordination Redis; each test uses the suite's per-test key prefix
+(``redis_prefix``), whose keys alone are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import tempfile
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import override_settings
 
 from reactor_app.coordination import embedded, rate_limit, state
 from reactor_app.coordination.admission import Coordinator, TrackedHold
@@ -58,18 +56,13 @@ Interval = tuple[int, int]  # (entered ns, left ns), time.monotonic_ns()
 
 @pytest.fixture(scope="module")
 def url() -> str:
-    return os.environ.get("REACTOR_TEST_REDIS_URL") or redis_url()
+    return redis_url()
 
 
 @pytest.fixture
-def prefix(url: str) -> Iterator[str]:
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    with override_settings(REACTOR_KEY_PREFIX=name):  # for the state readers
-        yield name
-    client = get_client(url)
-    doomed = list(client.scan_iter(match=f"{name}:*", count=1000))
-    if doomed:
-        client.delete(*doomed)
+def prefix(redis_prefix: str) -> str:
+    """The suite's per-test key prefix (set in settings, cleaned up after the test)."""
+    return redis_prefix
 
 
 @pytest.fixture

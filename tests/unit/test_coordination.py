@@ -1,8 +1,8 @@
 """Unit tests of the coordination layer against a real Redis (no fakes, no mocked clocks).
 
-They need no Django database. Redis is ``REACTOR_TEST_REDIS_URL`` if set, else the configured
-coordination Redis (``REDIS_URL`` / the embedded server). Each test works under its own key
-prefix and deletes only the keys under it.
+They need no Django database. Redis is the configured coordination Redis (``REDIS_URL`` / the
+embedded server); each test works under the suite's per-test key prefix (``redis_prefix``),
+whose keys alone are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 import zipfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -68,18 +66,13 @@ BOB = Holder(owner="bob", execution_id="exec-b", step="charge", reactor="shop.Pa
 
 @pytest.fixture(scope="module")
 def url() -> str:
-    return os.environ.get("REACTOR_TEST_REDIS_URL") or redis_url()
+    return redis_url()
 
 
 @pytest.fixture
-def prefix(url: str) -> Iterator[str]:
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    with override_settings(REACTOR_KEY_PREFIX=name):
-        yield name
-    client = get_client(url)
-    doomed = list(client.scan_iter(match=f"{name}:*", count=1000))
-    if doomed:
-        client.delete(*doomed)
+def prefix(redis_prefix: str) -> str:
+    """The suite's per-test key prefix (set in settings, cleaned up after the test)."""
+    return redis_prefix
 
 
 @pytest.fixture
