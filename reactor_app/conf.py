@@ -122,5 +122,30 @@ class ReactorSettings:
             )
         return float(value)
 
+    @property
+    def SWEEP_INTERVAL(self) -> float:
+        """Seconds between two sweeps run by the workers themselves (0 turns that off, for a
+        deployment that runs ``reactor_app.sweep`` from Celery beat instead)."""
+        value = self._get("SWEEP_INTERVAL", 30.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigurationError(
+                "REACTOR_SWEEP_INTERVAL must be a number of seconds >= 0 (0 = no worker sweeps)",
+                setting="SWEEP_INTERVAL",
+            )
+        return float(value)
+
+    @property
+    def ORDERED_WAIT_CEILING(self) -> int | None:
+        """Parks of one unit on an ordered lock before it fails (None: unbounded)."""
+        value = self._get("ORDERED_WAIT_CEILING", None)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigurationError(
+                "REACTOR_ORDERED_WAIT_CEILING must be a positive integer or None",
+                setting="ORDERED_WAIT_CEILING",
+            )
+        return value
+
 
 reactor_settings = ReactorSettings()

@@ -6,8 +6,10 @@ redelivered, and the execution claim makes a duplicate delivery harmless. Conten
 goes through Celery's ``retry`` (it would spend ``max_retries``): a parked execution is
 re-sent with ``apply_async(countdown=...)``. Return values land in django-celery-results.
 
-``sweep`` is meant to run periodically; add it to the beat schedule on the queue your workers
-consume (``REACTOR_CELERY_QUEUE``), e.g.::
+``sweep`` runs periodically without any setup: every worker process starts a timer
+(``engine.sweeper``, on Celery's ``worker_process_init``) and one sweep per
+``REACTOR_SWEEP_INTERVAL`` runs across the fleet. With ``REACTOR_SWEEP_INTERVAL = 0`` add it to
+the beat schedule on the queue your workers consume (``REACTOR_CELERY_QUEUE``) instead, e.g.::
 
     CELERY_BEAT_SCHEDULE = {"reactor-sweep": reactor_app.tasks.sweep_schedule(queue="reactor")}
 """
@@ -17,6 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_process_init
+
+
+@worker_process_init.connect
+def _start_worker_sweeps(**_: Any) -> None:
+    """Each worker process keeps a sweep timer (see ``engine.sweeper``)."""
+    from reactor_app.engine.sweeper import start_worker_sweeps
+
+    start_worker_sweeps()
 
 
 def sweep_schedule(*, queue: str = "reactor", every: float = 60.0) -> dict[str, Any]:

@@ -467,7 +467,12 @@ class Coordinator:
     # -- renewal --------------------------------------------------------------------------
 
     def extend(
-        self, holds: Sequence[Hold], owner: str, *, renew: Callable[[Hold], bool] | None = None
+        self,
+        holds: Sequence[Hold],
+        owner: str,
+        *,
+        renew: Callable[[Hold], bool] | None = None,
+        lease_ms: int | None = None,
     ) -> Extended:
         """Renew the leases of lock and semaphore ``holds`` (one call); see extend.lua.
 
@@ -475,6 +480,8 @@ class Coordinator:
         held by ``owner`` with their token, lease not expired) and keep the lease they have.
         By default every hold is renewed. A hold re-adopted after a park (``Gate.enter``) uses
         this: a lock declared without ``auto_extend`` must not outlive its TTL because of it.
+        ``lease_ms`` grants that lease instead of each claim's own TTL (a hold kept across a
+        park is made to cover the park); a lease is never shortened.
         """
         items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
         if not items:
@@ -487,6 +494,7 @@ class Coordinator:
         def spec(hold: Hold) -> dict[str, Any]:
             return {
                 **PRIMITIVES[hold.claim.primitive].extend_spec(hold, owner),
+                **({} if lease_ms is None else {"ttl_ms": lease_ms}),
                 # a lease of 0 ms never lengthens one: extend.lua only checks the hold
                 **({} if renew is None or renew(hold) else {"ttl_ms": 0}),
             }

@@ -9,6 +9,7 @@ and its composed children). ``StepContext`` is the ``context`` argument of step 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from reactor_app.models import CONTEXT_SCHEMA_VERSION
 from reactor_app.serialization import to_json
 
 if TYPE_CHECKING:
+    from reactor_app.coordination.registry import HoldRegistry
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.gate import Gate
 
@@ -75,11 +77,33 @@ class ExecutionState:
 
 
 class HeldKeys:
-    """The keys one execution tree holds: ``(primitive, key) -> nesting count and steps``."""
+    """The keys one execution tree holds: ``(primitive, key) -> nesting count and steps``.
 
-    def __init__(self) -> None:
+    On a worker it is mirrored in Redis (``registry``, see ``coordination.registry``): keys
+    are announced before they are asked for and withdrawn once fully given back, so the
+    delivery that takes over after a crash frees exactly what this one held.
+    """
+
+    def __init__(self, registry: HoldRegistry | None = None) -> None:
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str], dict[str, Any]] = {}
+        self.registry = registry
+
+    def announce(self, pairs: Sequence[tuple[str, str]], step: str | None) -> None:
+        """Before an admission: write the pairs not held yet ahead into the registry."""
+        if self.registry is None:
+            return
+        with self._lock:
+            new = [pair for pair in pairs if pair not in self._held]
+        self.registry.announce(new, step)
+
+    def settle(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """After a refused (or failed) admission: withdraw the announced pairs not held."""
+        if self.registry is None:
+            return
+        with self._lock:
+            gone = [pair for pair in pairs if pair not in self._held]
+        self.registry.withdraw(gone)
 
     def push(self, primitive: str, key: str, step: str | None, limit: int | None = None) -> None:
         with self._lock:
@@ -89,7 +113,10 @@ class HeldKeys:
             entry["count"] += 1
             entry["steps"].append(step)
 
-    def pop(self, primitive: str, key: str) -> None:
+    def pop(self, primitive: str, key: str, *, still_held: bool = False) -> None:
+        """One nesting level given back. ``still_held``: the hold stays taken in Redis
+        although this delivery lets go of it (kept across a park), so it stays announced."""
+        freed = False
         with self._lock:
             entry = self._held.get((primitive, key))
             if entry is None:
@@ -99,6 +126,9 @@ class HeldKeys:
                 entry["steps"].pop()
             if entry["count"] <= 0:
                 del self._held[(primitive, key)]
+                freed = True
+        if freed and not still_held and self.registry is not None:
+            self.registry.withdraw([(primitive, key)])
 
     def holds(self, primitive: str, key: str) -> dict[str, Any] | None:
         with self._lock:

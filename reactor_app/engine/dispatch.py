@@ -44,10 +44,10 @@ from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Holder
+from reactor_app.coordination.claims import Hold, Holder, LockClaim, SemaphoreClaim
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 from reactor_app.coordination.redis import key as redis_key
-from reactor_app.engine.context import ExecutionState, to_json
+from reactor_app.engine.context import KEPT_HOLDS, ExecutionState, to_json
 from reactor_app.engine.executor import (
     REACTOR_SLOT,
     ExecutionRun,
@@ -56,8 +56,8 @@ from reactor_app.engine.executor import (
     run_inline,
 )
 from reactor_app.engine.result import Result
-from reactor_app.engine.worker import ClaimLost, drop_stale_holds
-from reactor_app.exceptions import ExecutionNotResumable, ReactorError
+from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds, park_margin
+from reactor_app.exceptions import CoordinationUnavailable, ExecutionNotResumable, ReactorError
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.tracking import record_coordination
@@ -284,11 +284,27 @@ def deliver(
     if _stale_requeue(execution, requeue_token):
         return {**summary, "outcome": "stale_requeue", "status": execution.status}
     claim = ExecutionClaim(execution_id, delivery_owner(task_id))
-    if not claim.acquire(wait=CLAIM_WAIT):
+    try:
+        claimed = claim.acquire(wait=CLAIM_WAIT)
+    except CoordinationUnavailable:
+        return {**summary, **_retry_after_outage(execution)}
+    if not claimed:
         execution.refresh_from_db()
-        if execution.status in (ExecutionStatus.PENDING, ExecutionStatus.RUNNING):
-            # Running elsewhere — or its delivery was killed and the claim has yet to lapse.
-            enqueue(execution_id, countdown=claim.ttl_left() + 0.5)
+        if execution.status in RUNNABLE:
+            # Running elsewhere — or its delivery was killed and the claim has yet to lapse,
+            # even one that had only just taken a parked execution: look again then. A parked
+            # one keeps its park's token, so if a live delivery parks it again meanwhile this
+            # look is recognised as stale and dropped.
+            token = (execution.context or {}).get("requeue_token")
+            try:
+                countdown = claim.ttl_left() + 0.5
+            except CoordinationUnavailable:
+                countdown = claim.ttl
+            enqueue_quietly(
+                execution_id,
+                countdown=countdown,
+                requeue_token=token if execution.status == ExecutionStatus.PARKED else None,
+            )
         return {**summary, "outcome": "claimed_elsewhere", "status": execution.status}
     run: ExecutionRun | None = None
     try:
@@ -298,11 +314,35 @@ def deliver(
             return {**summary, "outcome": "nothing_to_do", "status": execution.status}
         run = _run_pass(execution, claim)
     except ClaimLost:
+        # Another delivery may run it now, or nobody (the claim vanished with a restarted
+        # Redis): look again once a claim would have lapsed; a duplicate is harmless.
         logger.warning("delivery of %s stopped: its claim lapsed", execution_id)
+        enqueue_quietly(execution_id, countdown=claim.ttl)
         return {**summary, "outcome": "claim_lost"}
     finally:
         claim.release()
     return {**summary, **_follow_up(run)}
+
+
+def _retry_after_outage(execution: Execution) -> dict[str, Any]:
+    """The coordination Redis is unreachable before this delivery could claim the execution:
+    nothing ran; send it again after a backoff. If the broker is unreachable too, the sweeper
+    re-enqueues it once the heartbeat is stale (docs/operations.md, "Recovery")."""
+    delay = backoff_seconds(1)
+    logger.warning("coordination store unreachable; %s requeued in %.1fs", execution.id, delay)
+    enqueue_quietly(execution.id, countdown=delay)
+    return {"outcome": "coordination_unavailable", "status": execution.status}
+
+
+def enqueue_quietly(execution_id: Any, **options: Any) -> bool:
+    """``enqueue``, logging instead of raising when the broker refuses: the sweeper is the
+    safety net for a message that could not be sent."""
+    try:
+        enqueue(execution_id, **options)
+    except Exception:
+        logger.exception("could not enqueue %s; the sweeper will", execution_id)
+        return False
+    return True
 
 
 def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
@@ -356,7 +396,9 @@ def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
         delay = run.requeue_in
         if delay is None:  # waiting on an async child, which wakes us when it ends
             delay = reactor_settings.CONTENTION_BACKOFF[1]
-        enqueue(execution.id, countdown=delay, requeue_token=run.state.extra.get("requeue_token"))
+        enqueue_quietly(
+            execution.id, countdown=delay, requeue_token=run.state.extra.get("requeue_token")
+        )
         return {"outcome": "parked", "status": execution.status, "requeue_in": round(delay, 3)}
     marker = run.state.extra.get("dispatch") or {}
     if execution.is_terminal and marker and execution.parent_id:
@@ -364,7 +406,7 @@ def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
             pk=execution.parent_id, status=ExecutionStatus.PARKED
         ).exists()
         if parent_waits:
-            enqueue(execution.parent_id)
+            enqueue_quietly(execution.parent_id)
     return {"outcome": end.status if end else execution.status, "status": execution.status}
 
 
@@ -521,6 +563,7 @@ def sweep(now: datetime | None = None) -> list[str]:
         if won:
             enqueue(execution.id)
             enqueued.append(str(execution.id))
+    renew_kept_holds(now)
     interrupted = Execution.objects.filter(status=ExecutionStatus.INTERRUPTED).only(
         "id", "context", "current_step"
     )
@@ -530,6 +573,46 @@ def sweep(now: datetime | None = None) -> list[str]:
         if overdue and _time_out_interrupt(execution.id, now):
             enqueued.append(str(execution.id))
     return enqueued
+
+
+def renew_kept_holds(now: datetime | None = None) -> int:
+    """Lengthen the reactor-level holds parked executions keep, for as long as they stay
+    parked: until each is due back (its ``requeue_at``, or now when overdue) plus
+    ``park_margin()``. A hold found lost is left to the execution, whose resume then fails
+    with ``LeaseLost``. Returns how many holds were renewed."""
+    now = now or timezone.now()
+    parked = Execution.objects.filter(
+        status=ExecutionStatus.PARKED, context__has_key=KEPT_HOLDS
+    ).only("id", "root", "context")
+    coordinator = Coordinator()
+    renewed = 0
+    for execution in parked.iterator():
+        context = execution.context or {}
+        holds = [h for e in context.get(KEPT_HOLDS) or [] if (h := _kept_hold(e)) is not None]
+        if not holds:
+            continue
+        requeue_at = parse_datetime(context.get("requeue_at") or "")
+        due = max((requeue_at - now).total_seconds(), 0.0) if requeue_at else 0.0
+        owner = str(execution.root_id or execution.id)
+        try:
+            extended = coordinator.extend(holds, owner, lease_ms=int((due + park_margin()) * 1000))
+        except ReactorError:
+            logger.warning("could not renew the kept holds of %s", execution.id)
+            continue
+        renewed += len(extended.extended)
+    return renewed
+
+
+def _kept_hold(entry: dict[str, Any]) -> Hold | None:
+    """A hold described by ``Gate.suspend`` (primitive, key, token, limit)."""
+    primitive, key = entry.get("primitive"), entry.get("key")
+    if not key:
+        return None
+    if primitive == "lock":
+        return Hold(claim=LockClaim(str(key)), fresh=True, token=entry.get("token"))
+    if primitive == "semaphore":
+        return Hold(claim=SemaphoreClaim(str(key), limit=int(entry.get("limit") or 1)), fresh=True)
+    return None
 
 
 def _time_out_interrupt(execution_id: Any, now: datetime) -> bool:

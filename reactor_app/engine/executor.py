@@ -73,6 +73,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.coordination.claims import Outcome as ReleaseOutcome
+from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.kinds import (
     AsyncReactorSpec,
@@ -99,11 +100,19 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
-from reactor_app.engine.worker import ClaimLost, guard_hand_off, note_park
+from reactor_app.engine.worker import (
+    ClaimLost,
+    guard_dispatcher_keys,
+    guard_hand_off,
+    kept_hold_cover,
+    note_park,
+    outage_delay,
+)
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     ConfigurationError,
     CoordinationError,
+    CoordinationUnavailable,
     InputValidationError,
     ReactorError,
     StepFailed,
@@ -155,9 +164,9 @@ class ExecutionRun:
         self.inputs = inputs
         self.parent = parent
         self.root: ExecutionRun = parent.root if parent else self
-        self.held_keys: HeldKeys = parent.held_keys if parent else HeldKeys()
-        self.state = ExecutionState.from_json(execution.context)
         self.mode = mode
+        self.held_keys: HeldKeys = parent.held_keys if parent else self._new_held_keys()
+        self.state = ExecutionState.from_json(execution.context)
         self.instance = reactor()
         self.gates: list[Gate] = list(parent.gates) if parent else []
         self.children: dict[str, ExecutionRun] = {}
@@ -166,6 +175,15 @@ class ExecutionRun:
         #: called before every checkpoint; a delivery checks its claim there
         self.on_persist: Callable[[], None] | None = parent.on_persist if parent else None
         self.last_end: RunEnd | None = None
+        #: the owners that handed this tree off (``engine.worker.dispatcher_owners``)
+        self._dispatcher_owners: list[str] | None = None
+
+    def _new_held_keys(self) -> HeldKeys:
+        # A worker delivery mirrors what it holds in Redis, so that the delivery taking over
+        # after a crash frees exactly that (``coordination.registry``).
+        if self.mode == "worker":
+            return HeldKeys(HoldRegistry(self.execution_id))
+        return HeldKeys()
 
     # -- identities -----------------------------------------------------------------------
 
@@ -252,8 +270,9 @@ class ExecutionRun:
         finally:
             if gate is not None:
                 if not abandoned and end is not None and end.status == "parked":
-                    # DESIGN §2.8: a park keeps the outer reactor-level holds (see step 5.)
-                    kept = gate.suspend()
+                    # A park keeps the outer reactor-level holds (see step 5.), lengthened to
+                    # cover the park (docs/coordination.md, "Guarantees").
+                    kept = gate.suspend(hold_for=kept_hold_cover(self.root.requeue_in))
                     if kept:
                         self.state.extra[KEPT_HOLDS] = kept
                 else:
@@ -336,6 +355,14 @@ class ExecutionRun:
             skip = gate.enter(
                 wait=declarations.wait_seconds(), park=self.park_on_contention, adopt=kept
             )
+        except CoordinationUnavailable as outage:
+            if not self.park_on_contention:
+                return None, self._fail_at_gate(outage)
+            # A worker waits the outage out: it comes back later, nothing ran at this gate.
+            if kept:
+                self.state.extra[KEPT_HOLDS] = kept  # not verified: still the execution's
+            self.root.requeue_in = outage_delay(self)
+            return None, RunEnd("parked")
         except ParkRequested as parked:
             ceiling = note_park(self, "", parked)
             if ceiling is None:
@@ -478,6 +505,15 @@ class ExecutionRun:
             validate_arguments(step_class, args, self.reactor_path, label)
         except InputValidationError as error:
             return StepOutcome("failed", error=error)
+        try:
+            # keys known only now (from results, per element) may be held by the execution
+            # that handed this one off: waiting for them would wait for ourselves
+            guard_dispatcher_keys(self, spec, args, label)
+        except CoordinationError as refused:
+            StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
+                EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
+            )
+            return StepOutcome("failed", error=refused)
         runner = UnitRunner(
             self,
             step_class,
@@ -489,6 +525,10 @@ class ExecutionRun:
             position_slot=label,
         )
         outcome = runner.execute(park=self.park_on_contention)
+        if outcome.status == "parked" and outcome.retry_in is not None:
+            # a failure retry's backoff or a coordination outage: a requeue, not contention
+            self.root.requeue_in = outcome.retry_in
+            return outcome
         if outcome.status == "parked" and outcome.park is not None:
             ceiling = note_park(self, label, outcome.park)
             if ceiling is not None:

@@ -17,8 +17,11 @@ to ``enter(adopt=...)``, which re-adopts the holds without a second acquisition 
 level, no new fencing token, a ``resumed`` event instead of ``acquired`` — after checking they
 are still this owner's (``Coordinator.extend``), admits only what was given back (the ordered
 gate and the period check; the rate limit was charged by the admission being continued), and
-restarts keep-alive. A hold that lapsed or was force-released meanwhile is recorded as
-``lease_lost``, whatever is still held is given back, and the gate competes normally.
+restarts keep-alive. ``suspend`` lengthens the kept leases to cover the park (and the sweeper
+keeps them alive for as long as the execution stays parked). A hold that lapsed or was
+force-released anyway is recorded as ``lease_lost``, whatever is still held is given back, and
+``enter`` raises ``LeaseLost``: another execution may have run inside the workflow, so the run
+fails (and rolls back) instead of competing again.
 """
 
 from __future__ import annotations
@@ -210,7 +213,7 @@ class Gate:
         """Admit every claim or none. ``park``: contention raises ``ParkRequested``.
 
         ``adopt``: the holds ``suspend()`` kept across a park (see the module docstring); they
-        are re-adopted if still ours, else the gate competes for everything as usual.
+        are re-adopted if still ours, else ``LeaseLost`` is raised (nothing held).
         """
         claims = self.claims or self.compute_claims()
         holder = self._holder()
@@ -269,8 +272,12 @@ class Gate:
         claims = [c for c in (self.claims or self.compute_claims()) if wanted(c)]
         if not claims:
             return Admitted(holds=[], holder=holder)
+        registered = [(c.primitive, c.key) for c in claims if c.primitive in KEPT_ACROSS_PARK]
+        held_keys = self.scope.held_keys
         for _ in range(2):  # a second round only after re-assigning a stale ordered position
             try:
+                if held_keys is not None:
+                    held_keys.announce(registered, self.scope.step)
                 if park:
                     answer = self.coordinator.admit(claims, holder, waiter_id=self.scope.waiter_id)
                 elif not wait:
@@ -279,6 +286,8 @@ class Gate:
                     answer = self.coordinator.admit_waiting(claims, holder, wait, waits=self.waits)
             except CoordinationUnavailable as exc:
                 raise self._unavailable(exc) from exc
+            if held_keys is not None and not isinstance(answer, Admitted):
+                held_keys.settle(registered)
             if isinstance(answer, Refused) and answer.detail.get("stale_epoch"):
                 self.forget_position()
                 self.claims = []
@@ -345,7 +354,22 @@ class Gate:
         still_ours = [hold for hold in holds if any(hold is h for h in answer.extended)]
         if still_ours:
             self._release(Admitted(holds=still_ours, holder=holder), "park", tracked=False)
-        return []
+        # Someone may have run inside this workflow while it slept: continuing (or competing
+        # again) would hide that. The resume fails before any further step runs
+        # (docs/coordination.md, "Guarantees").
+        hold, reason = answer.lost[0]
+        raise LeaseLost(
+            f"the {hold.claim.primitive} {hold.claim.key!r} that "
+            f"{self.scope.reactor or 'this execution'} kept across a park was lost while it "
+            f"was parked ({reason}); another execution may have entered the workflow, so it "
+            "fails instead of continuing",
+            reactor=self.scope.reactor,
+            step=self.scope.step,
+            key=hold.claim.key,
+            primitive=hold.claim.primitive,
+            token=hold.token,
+            reason=reason,
+        )
 
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
         where = f"step {self.scope.step!r} of " if self.scope.step else "reactor "
@@ -415,11 +439,17 @@ class Gate:
             return []
         return self._release(admitted, outcome)
 
-    def suspend(self) -> list[dict[str, Any]]:
+    def suspend(self, hold_for: float | None = None) -> list[dict[str, Any]]:
         """A reactor-level gate whose execution parks on a worker (DESIGN §2.8): keep the lock
-        and semaphore holds — renewal stops, nothing of them is released — and give back the
-        rest with outcome ``park``. Returns the kept holds as JSON data for the execution's
-        state, to pass to ``enter(adopt=...)`` on the next delivery."""
+        and semaphore holds — the renewal thread lets go of them, nothing is released — and
+        give back the rest with outcome ``park``. Returns the kept holds as JSON data for the
+        execution's state, to pass to ``enter(adopt=...)`` on the next delivery.
+
+        ``hold_for``: seconds until the parked execution is due back (its requeue delay plus
+        a margin). The kept leases are lengthened to cover it — never shortened — so a park
+        longer than a lock's ``ttl`` does not let another execution into the workflow; the
+        sweeper keeps them alive if the execution is due back later than that.
+        """
         admitted = self._stop()
         if admitted is None:
             return []
@@ -427,11 +457,28 @@ class Gate:
         rest = [h for h in admitted.holds if h.claim.primitive not in KEPT_ACROSS_PARK]
         if rest:
             self._release(Admitted(holds=rest, holder=admitted.holder), "park")
+        if kept and hold_for:
+            try:
+                extended = self.coordinator.extend(
+                    kept, self.scope.owner, lease_ms=int(hold_for * 1000)
+                )
+            except CoordinationUnavailable:
+                logger.warning("could not lengthen the holds kept across a park: %s", kept)
+            else:
+                for hold, reason in extended.lost:
+                    self._event(
+                        CoordinationEventKind.LEASE_LOST,
+                        hold.claim,
+                        token=hold.token,
+                        reason=reason,
+                        during="park",
+                    )
         described = []
         for hold in kept:
             claim = hold.claim
             if self.scope.held_keys is not None:
-                self.scope.held_keys.pop(claim.primitive, claim.key)  # this delivery is done
+                # this delivery is done with it, but it stays held (and announced)
+                self.scope.held_keys.pop(claim.primitive, claim.key, still_held=True)
             entry: dict[str, Any] = {"primitive": claim.primitive, "key": claim.key}
             if hold.token is not None:
                 entry["token"] = hold.token
@@ -467,6 +514,9 @@ class Gate:
             if self.scope.held_keys is not None and registered:
                 self.scope.held_keys.pop(claim.primitive, claim.key)
             self._event(CoordinationEventKind.RELEASED, claim, token=hold.token, outcome=outcome)
+        if not tracked and self.scope.held_keys is not None:
+            # kept holds given back before this delivery adopted them: still announced
+            self.scope.held_keys.settle([(h.claim.primitive, h.claim.key) for h in admitted.holds])
         if outcome in TERMINAL_OUTCOMES:
             self.forget_position()
         # Parked executions waited for exactly this release: re-enqueue them now.

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.dsl.step import Step
+from reactor_app.dsl.coordination import DeclarationSet
+from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, GateScope
 from reactor_app.exceptions import (
@@ -43,10 +44,16 @@ def run_rollback_hook(
     owner: str,
     held_keys: HeldKeys | None,
     parent_context: StepContext | None = None,
+    declared: DeclarationSet | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one compensate/undo under the step's re-taken exclusion; return failures."""
+    """Run one compensate/undo under the step's re-taken exclusion; return failures.
+
+    ``declared``: every declaration the forward path honoured — the class's merged with those
+    placed on the step in its reactor (``with_lock(...)(step(Cls, ...))``); defaults to the
+    class's own. Rollback must re-take what the forward path took, wherever it was declared.
+    """
     reactor = run.reactor_path if run else ""
-    declarations = step_class.declarations().for_rollback()
+    declarations = (declared if declared is not None else step_class.declarations()).for_rollback()
     gate = None
     if declarations:
         rollback_waits = {
@@ -138,21 +145,20 @@ def undo_record(run: ExecutionRun, record: CompletedStep) -> list[dict[str, Any]
         for element in reversed(record.elements):
             if element.get("child_execution"):
                 failures.extend(_undo_child(run, element["child_execution"]))
-            elif spec is not None and spec.step_class() is not None:
+            elif spec is not None:
                 failures.extend(
-                    _undo_step(
-                        run, spec.step_class(), element["label"], element["args"], element["result"]
-                    )
+                    _undo_step(run, spec, element["label"], element["args"], element["result"])
                 )
         return failures
-    if spec is None or spec.step_class() is None:
+    if spec is None:
         return []
-    return _undo_step(run, spec.step_class(), record.step, record.args, record.result)
+    return _undo_step(run, spec, record.step, record.args, record.result)
 
 
 def _undo_step(
-    run: ExecutionRun, step_class: type[Step] | None, label: str, args: dict[str, Any], result: Any
+    run: ExecutionRun, spec: StepSpec, label: str, args: dict[str, Any], result: Any
 ) -> list[dict[str, Any]]:
+    step_class = spec.step_class()
     if step_class is None or not step_class.has_undo():
         return []
     instance = step_class()
@@ -165,6 +171,7 @@ def _undo_step(
         call=lambda ctx: instance.undo(result, args, ctx),
         owner=run.owner,
         held_keys=run.held_keys,
+        declared=spec.declarations,
     )
 
 

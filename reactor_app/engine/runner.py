@@ -18,10 +18,12 @@ from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip, fresh_owner
+from reactor_app.engine.worker import outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     ConfigurationError,
     CoordinationError,
+    CoordinationUnavailable,
     InputValidationError,
     ReactorError,
     RetriesExhausted,
@@ -45,6 +47,9 @@ class StepOutcome:
     reason: str | None = None
     park: ParkRequested | None = None
     rollback_failures: list[dict[str, Any]] = field(default_factory=list)
+    #: a worker unit that must come back later without it being contention (a failure
+    #: retry's backoff, a coordination outage): seconds until its requeue
+    retry_in: float | None = None
 
 
 def evaluate_where(spec: StepSpec, inputs: dict[str, Any], results: dict[str, Any]) -> bool:
@@ -144,6 +149,8 @@ class UnitRunner:
         self.position_slot = position_slot
         self.parent_context = parent_context
         declarations = spec.declarations if spec is not None else step_class.declarations()
+        #: everything the forward path honours; rollback re-takes its lock and semaphore
+        self.declared = declarations
         # The one check a step declaring nothing pays.
         self.declarations = declarations.ordered() if declarations else []
         self.wait = declarations.wait_seconds() if declarations else 0.0
@@ -212,10 +219,15 @@ class UnitRunner:
                     try:
                         skip = gate.enter(wait=self.wait, park=park)
                     except ParkRequested as parked:
-                        if self.run is not None and attempt > 1:
-                            self.run.state.extra.setdefault(ATTEMPTS, {})[self.label] = attempt - 1
+                        self._keep_attempts(attempt - 1)
                         return StepOutcome("parked", park=parked)
                     except (CoordinationError, ConfigurationError) as refusal:
+                        if park and self.run and isinstance(refusal, CoordinationUnavailable):
+                            # A worker comes back when the store may be back: nothing ran,
+                            # nothing is held; an outage is neither contention nor a failure.
+                            self._keep_attempts(attempt - 1)
+                            delay = outage_delay(self.run)
+                            return StepOutcome("parked", error=refusal, retry_in=delay)
                         # Contention, an uncomputable key, an unknown named limit or Redis
                         # down: the body never ran, so there is nothing to compensate.
                         self._record_refusal(attempt, refusal)
@@ -242,6 +254,12 @@ class UnitRunner:
                     if recorder:
                         recorder.finished(EngineEvent.STEP_RETRIED, error=retried.as_dict())
                     delay = policy.delay_after(attempt)
+                    if park and self.run is not None and delay > 0:
+                        # A worker never sleeps out a backoff inside its delivery: that would
+                        # keep the worker slot, the execution claim and the outer holds. The
+                        # step's own holds are released below; the execution is requeued.
+                        self._keep_attempts(attempt)
+                        return StepOutcome("parked", retry_in=delay)
                 else:
                     final = failure_error(outcome, self.reactor, self.label, attempt)
                     if recorder:
@@ -252,6 +270,11 @@ class UnitRunner:
                 if gate is not None:
                     gate.exit(release_as)
             current_clock().sleep(delay)
+
+    def _keep_attempts(self, spent: int) -> None:
+        """Remember the failed attempts of a unit that leaves before its next attempt."""
+        if self.run is not None and spent > 0:
+            self.run.state.extra.setdefault(ATTEMPTS, {})[self.label] = spent
 
     def _finish_ok(self, outcome: Outcome, recorder: StepRecorder | None) -> StepOutcome:
         if isinstance(outcome, Success):
@@ -298,6 +321,7 @@ class UnitRunner:
             owner=self.owner,
             held_keys=self.held_keys,
             parent_context=context,
+            declared=self.declared,
         )
 
 

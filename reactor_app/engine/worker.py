@@ -18,7 +18,11 @@
 * **Taking over after a crash**: holds belong to the root execution id, not to a delivery, so a
   redelivery would re-enter the holds its killed predecessor left (one more nesting level) and,
   releasing once, leave the key held until the TTL lapses. ``drop_stale_holds`` force-releases
-  them first.
+  what the execution's held-key registry lists (``coordination.registry``) first.
+* **Coming back later without contention**: a failure retry's backoff and a coordination outage
+  requeue the execution (``outage_delay``) instead of sleeping in the delivery or failing it.
+* **Holds kept across a park** last until the execution is due back plus a margin
+  (``kept_hold_cover``); the sweeper lengthens them while it stays parked.
 """
 
 from __future__ import annotations
@@ -32,19 +36,13 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
-from reactor_app.dsl.arguments import FromInput, PathError, Scope, Value
+from reactor_app.dsl.arguments import FromInput, Scope, Value
 from reactor_app.dsl.coordination import Declaration, LockDeclaration, SemaphoreDeclaration
-from reactor_app.dsl.kinds import (
-    AsyncReactorSpec,
-    AsyncStepSpec,
-    ComposeSpec,
-    InterruptSpec,
-    MapSpec,
-)
+from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.context import KEPT_HOLDS
 from reactor_app.exceptions import ContentionCeilingExceeded, HandOffRefused, ReactorError
-from reactor_app.models import ContentionState
+from reactor_app.models import ContentionState, Execution
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
 
@@ -57,8 +55,11 @@ logger = logging.getLogger(__name__)
 #: primitives whose refusal carries a useful "come back at" hint; a lock's or semaphore's
 #: hint is only the holder's lease, an upper bound, so those use the backoff instead
 HINTED_PRIMITIVES = ("rate_limit", "ordered_lock")
-#: primitives whose waits are not capped by the contention ceiling
+#: primitives whose waits are not capped by the contention ceiling (only by the optional
+#: ``REACTOR_ORDERED_WAIT_CEILING``)
 UNCAPPED_PRIMITIVES = ("ordered_lock",)
+#: ``state.extra`` key: coordination outages this execution met on workers
+OUTAGES = "outages"
 
 
 class ClaimLost(Exception):
@@ -78,6 +79,34 @@ def backoff_seconds(attempts: int, rng: random.Random | None = None) -> float:
     base, cap = reactor_settings.CONTENTION_BACKOFF
     step = min(cap, base * 2 ** max(attempts - 1, 0))
     return step / 2 + (rng or random).uniform(0, step / 2)
+
+
+def outage_delay(run: ExecutionRun) -> float:
+    """The requeue delay of a worker unit that met ``CoordinationUnavailable``: the contention
+    backoff, growing with the outages this execution met (never counted as contention)."""
+    state = run.root.state.extra
+    state[OUTAGES] = int(state.get(OUTAGES, 0)) + 1
+    logger.warning(
+        "coordination store unreachable for %s; requeued (outage %d)",
+        run.reactor_path,
+        state[OUTAGES],
+    )
+    return backoff_seconds(state[OUTAGES])
+
+
+def kept_hold_cover(requeue_in: float | None) -> float:
+    """Seconds a hold kept across a park must last: until the execution is due back, plus a
+    margin for the delivery to be picked up; the sweeper lengthens it again for as long as the
+    execution stays parked (``engine.sweeper``). A park waiting on an async child has no
+    requeue delay of its own: the child's end wakes it, the cap of the backoff is its bound."""
+    due = requeue_in if requeue_in is not None else reactor_settings.CONTENTION_BACKOFF[1]
+    return max(due, 0.0) + park_margin()
+
+
+def park_margin() -> float:
+    """Slack on top of a parked execution's due time before its kept holds could lapse: two
+    sweeps, so one missed sweep never loses them (at least 10 s)."""
+    return max(2 * reactor_settings.SWEEP_INTERVAL, 10.0)
 
 
 def requeue_delay(park: ParkRequested, attempts: int) -> float:
@@ -108,12 +137,16 @@ def note_park(
     row.primitive, row.key, row.attempts = claim.primitive, claim.key, attempts
     row.blocker = _blocker_snapshot(park)
     where = f"step {label!r}" if label else "reactor-level coordination"
-    if claim.primitive not in UNCAPPED_PRIMITIVES and attempts > ceiling:
+    if claim.primitive in UNCAPPED_PRIMITIVES:
+        # ordered waits are uncapped unless REACTOR_ORDERED_WAIT_CEILING says otherwise
+        ceiling = reactor_settings.ORDERED_WAIT_CEILING or attempts
+    if attempts > ceiling:
         row.next_attempt_at = None
         row.save()
         return ContentionCeilingExceeded(
             f"{where} of {run.reactor_path} was refused {attempts} times on {claim.primitive} "
-            f"{claim.key!r} (REACTOR_CONTENTION_CEILING = {ceiling}); the work never ran",
+            f"{claim.key!r} ({_ceiling_setting(claim.primitive)} = {ceiling}); the work never "
+            "ran",
             reactor=run.reactor_path,
             step=label or None,
             key=claim.key,
@@ -145,6 +178,12 @@ def note_park(
         blocker=row.blocker,
     )
     return None
+
+
+def _ceiling_setting(primitive: str) -> str:
+    if primitive in UNCAPPED_PRIMITIVES:
+        return "REACTOR_ORDERED_WAIT_CEILING"
+    return "REACTOR_CONTENTION_CEILING"
 
 
 def _blocker_snapshot(park: ParkRequested) -> dict[str, Any] | None:
@@ -258,28 +297,104 @@ def guard_hand_off(run: ExecutionRun, spec: StepSpec, args: dict[str, Any]) -> N
         )
 
 
+def dispatcher_owners(run: ExecutionRun) -> list[str]:
+    """The owners of the executions that handed ``run``'s tree off through ``async_reactor``
+    (nearest first); empty for every other tree. Looked up once per delivery."""
+    root = run.root
+    cached = getattr(root, "_dispatcher_owners", None)
+    if cached is not None:
+        return list(cached)
+    owners: list[str] = []
+    execution = root.execution
+    seen: set[str] = set()
+    while execution.parent_id is not None and str(execution.root_id) == str(execution.id):
+        # an async_reactor child is a tree of its own whose parent is its dispatcher
+        parent = Execution.objects.filter(pk=execution.parent_id).only("id", "root", "parent")
+        found = parent.first()
+        if found is None:
+            break
+        owner = str(found.root_id or found.id)
+        if owner in seen:
+            break
+        seen.add(owner)
+        owners.append(owner)
+        execution = Execution.objects.filter(pk=owner).only("id", "root", "parent").first()
+        if execution is None:
+            break
+    root._dispatcher_owners = owners
+    return list(owners)
+
+
+def guard_dispatcher_keys(
+    run: ExecutionRun, spec: StepSpec, args: dict[str, Any], label: str
+) -> None:
+    """``HandOffRefused`` when a step of an ``async_reactor`` child declares an exclusive key
+    its dispatcher still holds — a key that depends on a result or a map element, so the
+    dispatcher's own guard (``guard_hand_off``) could not compute it. Waiting would wait for
+    an execution that is itself waiting for this one."""
+    exclusive = [d for d in spec.declarations.ordered() if _exclusive(d)]
+    if not exclusive:
+        return
+    owners = dispatcher_owners(run)
+    if not owners:
+        return
+    from reactor_app.coordination.state import lock_state, semaphore_state
+
+    for primitive, key, _ in _keys(exclusive, args, run.reactor_path, label):
+        if primitive == "lock":
+            holder = lock_state(key).owner
+            holders = [holder] if holder else []
+        else:
+            holders = [h.owner for h in semaphore_state(key).holders]
+        dispatcher = next((o for o in owners if o in holders), None)
+        if dispatcher is None:
+            continue
+        holder_info = {"owner": dispatcher, "execution": dispatcher, "step": None}
+        record_coordination(
+            CoordinationEventKind.HANDOFF_REFUSED,
+            primitive=primitive,
+            key=key,
+            owner=run.owner,
+            step=label,
+            reactor=run.reactor_path,
+            execution_id=run.execution_id,
+            holder=holder_info,
+            target=run.reactor_path,
+            handoff="async_reactor",
+        )
+        raise HandOffRefused(
+            f"step {label!r} of {run.reactor_path}: it declares {primitive} {key!r}, which "
+            f"execution {dispatcher} holds — the execution that handed this run to a worker "
+            "(async_reactor). It would wait for an execution that waits for it, and ownership "
+            "never crosses a process hand-off. Remedies: compose(...) the child instead (the "
+            "same owner re-enters the key), narrow one of the keys so they differ, or release "
+            "the outer hold before handing off",
+            reactor=run.reactor_path,
+            step=label,
+            key=key,
+            primitive=primitive,
+            holder=holder_info,
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # taking over from a dead delivery
 
 
 def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
-    """Force-release the locks and semaphore slots a dead delivery of ``run`` left behind.
+    """Force-release every lock and semaphore slot a dead delivery of ``run`` left behind.
 
     Called by a delivery that takes over an execution still ``running`` at claim time (its
-    previous delivery was killed mid-run, or lost its claim), before any admission. The holds
-    are owned by the root execution id — the same owner this delivery uses — so without this
-    the redelivery re-enters them (nesting count 2), releases once, and leaves the key held
+    previous delivery was killed mid-run, or lost its claim), before any admission. Holds are
+    owned by the root execution id — the same owner this delivery uses — so without this the
+    redelivery would re-enter them (nesting count 2), release once, and leave the key held
     until its TTL lapses. While this delivery holds the execution claim no other delivery of
-    the execution runs, so a hold this root owns on these keys is the dead one's.
-
-    Bounded to the keys computable here without running anything: the reactor-level claims
-    (from the inputs) and those of the unit at the resume point — the step at
-    ``state.next_index`` with arguments resolved as the runner would, the current iteration
-    of a ``map_step`` over a step, or an ``async_step`` task's own step. Not covered (these
-    lapse with their TTL, their auto-extend died with the process): holds inside a composed
-    child or a ``map_step`` over a reactor, and the re-taken holds of a compensate/undo that
-    was interrupted by the crash. Rate-limit charges and ordered positions need nothing: a
-    charge is spent, and the position is reused by the redelivery.
+    the execution runs, so whatever the execution's held-key registry lists
+    (``coordination.registry``: announced before every admission of that delivery, withdrawn
+    when given back) is the dead one's: reactor-level holds, step holds, holds inside composed
+    children and maps over reactors, and those re-taken by an interrupted compensate/undo.
+    Holds kept across an earlier park are listed too, and dropped (not adopted). Rate-limit
+    charges and ordered positions need nothing: a charge is spent, a position is reused.
 
     Caveat: if the predecessor is not dead but only lost its claim (renewal failed for a whole
     claim TTL), it may still be inside the step; it finds its lease lost at its next renewal.
@@ -289,26 +404,22 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.engine.dispatch import wake
 
-    # a hold kept across an earlier park is the dead delivery's too: dropped below, not adopted
     run.state.extra.pop(KEPT_HOLDS, None)
-    targets: list[tuple[str, str, str | None]] = []
-    reactor = run.reactor_path
-    for declaration in run.reactor.declarations().ordered():
-        if declaration.primitive in ("lock", "semaphore"):
-            targets.extend(_stale_key(declaration, run.inputs, reactor, None))
-    for label, spec, args in _resume_units(run):
-        for declaration in spec.declarations.ordered():
-            if declaration.primitive in ("lock", "semaphore"):
-                targets.extend(_stale_key(declaration, args, reactor, label))
+    registry = run.held_keys.registry
+    if registry is None:
+        return []
+    try:
+        targets = registry.entries()
+    except ReactorError:  # Redis unreachable: admission will report it
+        logger.warning("could not read the held-key registry of %s", run.owner)
+        return []
     coordinator = Coordinator()
     released: list[tuple[str, str]] = []
     woken: list[str] = []
     for primitive, key, step in targets:
-        if (primitive, key) in released:
-            continue  # the same key at reactor and step level: one hold, already dropped
         try:
             outcome = coordinator.force_release(primitive, key, owner=run.owner)
-        except ReactorError:  # Redis unreachable: admission will report it
+        except (ReactorError, ValueError):
             logger.warning("could not drop stale %s %r of %s", primitive, key, run.owner)
             continue
         if not outcome.released:
@@ -321,56 +432,11 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
             key=key,
             owner=run.owner,
             step=step,
-            reactor=reactor,
+            reactor=run.reactor_path,
             execution_id=run.execution_id,
             reason="redelivery",
         )
+    registry.withdraw([(primitive, key) for primitive, key, _ in targets])
     if woken:
         wake(woken)
     return released
-
-
-def _stale_key(
-    declaration: Declaration, args: dict[str, Any], reactor: str, step: str | None
-) -> list[tuple[str, str, str | None]]:
-    try:
-        key = declaration.compute_key(args, reactor=reactor, step=step)
-    except ReactorError:  # a key function that raises: the gate reports it, nothing was taken
-        return []
-    return [(declaration.primitive, key, step)]
-
-
-def _resume_units(run: ExecutionRun) -> list[tuple[str, StepSpec, dict[str, Any]]]:
-    """``(label, spec, arguments)`` of the unit the run resumes at, when it is a step."""
-    from reactor_app.engine.runner import resolve_arguments
-
-    marker = run.state.extra.get("dispatch") or {}
-    if marker.get("kind") == "async_step":
-        return [(marker["step"], run.reactor.steps[marker["step"]], dict(run.inputs))]
-    order = run.reactor.plan.order
-    if run.state.next_index >= len(order):
-        return []
-    spec = run.reactor.plan.specs[order[run.state.next_index]]
-    scope = Scope(run.inputs, run.state.results)
-    try:
-        if isinstance(spec, MapSpec):
-            if spec.is_reactor:
-                return []
-            items = spec.over.resolve(scope)
-            progress = (run.state.extra.get("map_progress") or {}).get(spec.name) or {}
-            index = int(progress.get("index", 0))
-            if not isinstance(items, (list, tuple)) or index >= len(items):
-                return []
-            args = resolve_arguments(
-                spec, Scope(run.inputs, run.state.results, items[index]), run.reactor_path
-            )
-            return [(f"{spec.name}[{index}]", spec, args)]
-        if isinstance(spec, (ComposeSpec, AsyncStepSpec, AsyncReactorSpec, InterruptSpec)):
-            # a composed child's holds: not covered; an async child owns its holds under its
-            # own id; an interrupt declares nothing
-            return []
-        if spec.step_class() is None:
-            return []
-        return [(spec.name, spec, resolve_arguments(spec, scope, run.reactor_path))]
-    except (PathError, ReactorError):  # the runner will report the bad argument
-        return []

@@ -3,11 +3,12 @@
 A worker execution that parks on a *step* keeps its reactor-level lock while it sleeps — so an
 "exclusive" workflow stays exclusive — and re-adopts it on resume without a second acquisition
 (no nesting level, no new fencing token, a ``resumed`` event instead of ``acquired``). A hold
-that lapsed while parked is competed for normally. Rollback after the resume, and a contention
-ceiling reached after it, still release the adopted hold.
+is lengthened to cover the park, however short its ``ttl``; one lost anyway fails the resume
+with ``LeaseLost``. Rollback after the resume, and a contention ceiling reached after it, still
+release the adopted hold.
 
 The worker's park backoff is 1-2 s for a first park (base 2 s, equal jitter), longer than the
-0.5 s reactor-level lease of ``BriefLeaseReactor``: that lease lapses before any redelivery.
+0.5 s reactor-level lease of ``BriefLeaseReactor``: without the lengthening it would lapse.
 The tests release the step lock they hold through ``wake`` (as a gate's release would), so the
 parked execution resumes at once rather than at its backoff.
 """
@@ -170,9 +171,22 @@ def test_a_park_in_a_step_keeps_the_reactor_lock_and_resumes_without_reacquiring
     assert_not_locked(outer)
 
 
-def test_a_reactor_lock_that_lapsed_while_parked_is_competed_for_again(worker: Any) -> None:
+def test_a_reactor_lock_outlives_a_park_several_times_its_ttl(worker: Any) -> None:
+    """A 0.5 s reactor-level lease kept across parks of 1-2 s each: the park lengthens it, so
+    no intruder ever gets in while the workflow sleeps, and the resume re-adopts it."""
     outer = "excl:2"
     step_lock = hold_lock("side:2")
+    intruded: list[Any] = []
+    stop = threading.Event()
+
+    def intruder() -> None:
+        coordinator = Coordinator()
+        while not stop.wait(0.02):
+            answer = coordinator.admit([LockClaim(outer, ttl=5)], Holder(owner="intruder"))
+            if isinstance(answer, Admitted):
+                intruded.append(answer)
+                coordinator.release(answer, "success")
+
     try:
         execution = BriefLeaseReactor.run_async(key=2, side=2)
         wait_until(
@@ -180,25 +194,29 @@ def test_a_reactor_lock_that_lapsed_while_parked_is_competed_for_again(worker: A
             30,
             message="the execution never parked on its step lock",
         )
-        # nothing renews a kept hold: its 0.5 s lease lapses before the 1-2 s redelivery
-        wait_until(
-            lambda: not coordination_state().lock(outer).held,
-            10,
-            message="the kept lock never lapsed",
-        )
-        first_token = events(execution, outer, Kind.ACQUIRED)[0].token
+        thread = threading.Thread(target=intruder, daemon=True)
+        thread.start()
+        with LockSampler(outer) as sampler:
+            # at least one whole park and its redelivery, several times the 0.5 s ttl
+            wait_until(
+                lambda: ContentionState.objects.get(execution=execution, step="side").attempts >= 2,
+                30,
+                message="the execution never came back and parked again",
+            )
+        assert coordination_state().lock(outer).owner == str(execution.id)
     finally:
+        stop.set()
         release_and_wake(step_lock)
 
     result = execution.wait(timeout=30)
     assert result.ok, result.error
-    lost = events(execution, outer, Kind.LEASE_LOST)
-    assert lost and lost[0].detail["reason"] == "released"
-    assert lost[0].detail["during"] == "park"
-    # competed for normally: a fresh acquisition with a newer token, which the step ran under
-    tokens = [e.token for e in events(execution, outer, Kind.ACQUIRED)]
-    assert len(tokens) == 2 and tokens[0] == first_token and tokens[1] > first_token
-    assert ran("side", execution)[0]["token"] == tokens[1]
+    assert intruded == [], "another owner took the workflow's lock while it was parked"
+    assert sampler.samples > 10 and sampler.max_count == 1
+    assert not events(execution, outer, Kind.LEASE_LOST)
+    token = events(execution, outer, Kind.ACQUIRED)[0].token
+    assert len(events(execution, outer, Kind.ACQUIRED)) == 1
+    assert adopted(execution, outer) and {e.token for e in adopted(execution, outer)} == {token}
+    assert ran("side", execution)[0]["token"] == token
     assert_not_locked(outer)
 
 
@@ -277,9 +295,12 @@ def test_a_ceiling_reached_after_a_resume_releases_the_adopted_lock(
     assert KEPT_HOLDS not in execution.context
 
 
-def test_a_kept_lock_force_released_while_parked_is_competed_for_again(
+def test_a_kept_lock_lost_while_parked_fails_the_resume_with_lease_lost(
     in_process: None,
 ) -> None:
+    """Another owner held the workflow's key while it slept: the resume must not continue (or
+    compete again) as if nothing happened. It fails with ``LeaseLost`` before any further step
+    runs, rolls back, and leaves the other owner's hold alone."""
     outer = "excl:5"
     step_lock = hold_lock("side:5")
     try:
@@ -289,25 +310,21 @@ def test_a_kept_lock_force_released_while_parked_is_competed_for_again(
         assert Coordinator().force_release("lock", outer).released == [str(execution.id)]
         # an operator's action meanwhile: someone else takes the key
         other = hold_lock(outer)
-        assert deliver(str(execution.id))["outcome"] == "parked"  # now on the reactor lock
-        contention = ContentionState.objects.get(execution=execution, step="")
-        assert contention.key == outer and contention.blocker["owner"] == "test-holder"
+        assert deliver(str(execution.id))["outcome"] == "failed"
+        assert coordination_state().lock(outer).owner == "test-holder"
         Coordinator().release(other, "success")
-
-        # competes normally: a fresh acquisition, then parks on the step lock again
-        assert deliver(str(execution.id))["outcome"] == "parked"
-        assert coordination_state().lock(outer).owner == str(execution.id)
-        assert coordination_state().lock(outer).token > first_token
     finally:
         Coordinator().release(step_lock, "success")
 
-    assert deliver(str(execution.id))["outcome"] == "succeeded"
-    # the kept lock was found in another owner's hands: recorded, then competed for
+    execution.refresh_from_db()
+    assert execution.status == ExecutionStatus.FAILED
+    assert execution.error["type"] == "LeaseLost"
+    assert execution.error["key"] == outer
+    assert [r["step"] for r in records("rollback")] == ["audit"]
+    assert not ran("side", execution)
     lost = events(execution, outer, Kind.LEASE_LOST)
     assert [(e.token, e.detail["reason"]) for e in lost] == [(first_token, "owner")]
-    tokens = [e.token for e in events(execution, outer, Kind.ACQUIRED)]
-    assert tokens[0] == first_token and len(tokens) == 2 and tokens[1] > first_token
-    assert [e.token for e in adopted(execution, outer)] == [tokens[1]]
+    assert [e.token for e in events(execution, outer, Kind.ACQUIRED)] == [first_token]
     assert_not_locked(outer)
 
 
