@@ -28,7 +28,7 @@ from reactor_app import (
     with_semaphore,
 )
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Holder, LockClaim, Refused
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim, Refused
 from reactor_app.exceptions import (
     CoordinationKeyError,
     CoordinationUnavailable,
@@ -382,7 +382,7 @@ def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_sc009_compensation_that_cannot_acquire_is_reported(form: str) -> None:
+def test_sc009_undo_that_cannot_acquire_is_reported(form: str) -> None:
     intruder: dict[str, Any] = {}
 
     def never_undo(result: Any, args: dict[str, Any], context: Any) -> None:
@@ -407,20 +407,143 @@ def test_sc009_compensation_that_cannot_acquire_is_reported(form: str) -> None:
             raise RuntimeError("later step failed")
 
     try:
+        started = time.monotonic()
         result = R.run(account_id=4)
+        elapsed = time.monotonic() - started
     finally:
         Coordinator().release(intruder["hold"], "success")
     assert not result.ok
-    assert result.rollback_failures == [
-        {
-            "step": "charge",
-            "kind": "undo",
-            "reason": "coordination_unavailable",
-            "key": "acct:4",
-            "primitive": "lock",
-            "error": result.rollback_failures[0]["error"],
-        }
-    ]
+    assert len(result.rollback_failures) == 1
+    failure = dict(result.rollback_failures[0])
+    error = failure.pop("error")
+    assert failure == {
+        "step": "charge",
+        "kind": "undo",
+        "reason": "coordination_unavailable",
+        "key": "acct:4",
+        "primitive": "lock",
+    }
+    # the undo met the intruder's hold (not some other error) and waited its rollback_wait
+    assert error["type"] == "LockAcquisitionError", error
+    assert (error["key"], error["primitive"], error["step"]) == ("acct:4", "lock", "charge")
+    assert elapsed >= 0.3
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_sc009_compensate_runs_holding_the_account_key(form: str) -> None:
+    """The failing step's compensate runs inside its lock: an intruder is refused and a
+    contending execution enters only after the compensation has finished."""
+    seen: dict[str, Any] = {}
+    contender_entered: list[int] = []
+
+    class Contender(Reactor):
+        inputs = ("account_id",)
+        charge = coordinated_step(
+            form,
+            [with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=10)],
+            lambda args, context: contender_entered.append(now_ns()) or Success("ok"),
+            inputs=("account_id",),
+            account_id=from_input("account_id"),
+        )
+
+    def failing_charge(args: dict[str, Any], context: Any) -> Any:
+        raise RuntimeError("card declined")
+
+    def compensate(error: BaseException, args: dict[str, Any], context: Any) -> None:
+        seen["error"] = error
+        seen["locked"] = assert_locked(
+            "acct:13", by_step="charge", by_execution=context.execution_id
+        )
+        seen["intruder"] = Coordinator().admit(
+            [LockClaim(key="acct:13", ttl=5)], Holder(owner="intruder")
+        )
+        contender = threading.Thread(target=_run_closing, args=(Contender, {"account_id": 13}))
+        contender.start()
+        seen["contender"] = contender
+        time.sleep(0.3)  # the compensation's work; the contender waits on the key meanwhile
+        seen["compensate_exit"] = now_ns()
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        charge = coordinated_step(
+            form,
+            [with_lock(lambda a: f"acct:{a['account_id']}", ttl=30, wait=0)],
+            failing_charge,
+            inputs=("account_id",),
+            compensate=compensate,
+            account_id=from_input("account_id"),
+        )
+
+    result = R.run(account_id=13)
+    seen["contender"].join(15)
+    assert not result.ok and result.rollback_failures == []
+    assert str(seen["error"]) == "card declined"  # compensate ran, with the step's own error
+    assert seen["locked"].owner == result.execution_id
+    assert isinstance(seen["intruder"], Refused)
+    assert len(contender_entered) == 1
+    assert contender_entered[0] >= seen["compensate_exit"]
+    assert_not_locked("acct:13")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_sc009_compensation_that_cannot_acquire_is_reported(form: str) -> None:
+    """The step's lease lapsed inside its body (no auto-extend) and an intruder took the key:
+    compensate cannot re-take it within ``rollback_wait``, so it does not run and the failure
+    is reported with the key."""
+    intruder: dict[str, Any] = {}
+
+    def body(args: dict[str, Any], context: Any) -> Any:
+        deadline = time.monotonic() + 10
+        while coordination_state().lock("acct:14").held:  # the 0.5 s lease runs out
+            assert time.monotonic() < deadline, "the lease never lapsed"
+            time.sleep(0.02)
+        intruder["hold"] = Coordinator().admit(
+            [LockClaim(key="acct:14", ttl=30)], Holder(owner="intruder")
+        )
+        raise RuntimeError("failed after losing the lease")
+
+    def never_compensate(error: BaseException, args: dict[str, Any], context: Any) -> None:
+        raise AssertionError("must not run without the lock")
+
+    class R(Reactor):
+        inputs = ("account_id",)
+        charge = coordinated_step(
+            form,
+            [
+                with_lock(
+                    lambda a: f"acct:{a['account_id']}",
+                    ttl=0.5,
+                    wait=0,
+                    auto_extend=False,
+                    rollback_wait=0.3,
+                )
+            ],
+            body,
+            inputs=("account_id",),
+            compensate=never_compensate,
+            account_id=from_input("account_id"),
+        )
+
+    try:
+        result = R.run(account_id=14)
+        assert isinstance(intruder["hold"], Admitted), intruder["hold"]
+        # the step's exit did not free the intruder's hold
+        assert_locked("acct:14", by_owner="intruder")
+    finally:
+        Coordinator().release(intruder["hold"], "success")
+    assert not result.ok
+    assert len(result.rollback_failures) == 1
+    failure = dict(result.rollback_failures[0])
+    error = failure.pop("error")
+    assert failure == {
+        "step": "charge",
+        "kind": "compensate",
+        "reason": "coordination_unavailable",
+        "key": "acct:14",
+        "primitive": "lock",
+    }
+    assert error["type"] == "LockAcquisitionError", error
+    assert_not_locked("acct:14")
 
 
 @pytest.mark.parametrize("form", FORMS)

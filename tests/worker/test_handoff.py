@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from reactor_app import Reactor, async_step, from_input, step, with_lock
 from reactor_app.exceptions import HandOffRefused
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, ExecutionStatus, StepRunKind
@@ -21,16 +22,30 @@ from tests.worker.helpers import queue_length
 from tests.worker.reactors import (
     AfterFirstReactor,
     AsyncPaymentReactor,
+    AuditStep,
+    ChargeStep,
     DeadlockingParentReactor,
-    DeadlockingReactor,
     NarrowedReactor,
     ParentReactor,
+    account_key,
     records,
 )
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 WORKER_SETTINGS = {"REACTOR_CONTENTION_BACKOFF": [0.3, 1.0]}
+
+
+@with_lock(account_key, ttl=30)
+class DeadlockingReactor(Reactor):
+    """Holds acct:<id> at reactor level, runs ``audit`` (which records its undo), then hands a
+    step declaring the same key to a worker. Refused at dispatch, so it never leaves this
+    process."""
+
+    inputs = ("account_id", "hold")
+
+    audit = step(AuditStep, account_id=from_input("account_id"))
+    charge = async_step(ChargeStep, account_id=from_input("account_id"), hold=from_input("hold"))
 
 
 @pytest.fixture
@@ -69,8 +84,13 @@ def test_deadlocking_async_step_is_refused_at_dispatch(unconsumed_queue: str) ->
         "charge",
         result.execution_id,
     )
-    # the step before it is undone as for any failure; the outer lock is released
-    assert [r["execution"] for r in records("prepare")] == [result.execution_id]
+    # the step before it ran once and is undone as for any failure; the refused step, which
+    # never started, is not compensated; the outer lock is released
+    assert [r["execution"] for r in records("audit")] == [result.execution_id]
+    assert records("rollback") == [
+        {"step": "audit", "kind": "undo", "execution": result.execution_id}
+    ]
+    assert result.rollback_failures == []
     assert_not_locked("acct:1")
 
 

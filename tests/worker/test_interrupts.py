@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from reactor_app import Reactor, from_input, interrupt, step, with_lock
+from reactor_app import Reactor, from_input, from_result, interrupt, step, with_lock
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim
 from reactor_app.engine.dispatch import sweep
@@ -20,6 +20,8 @@ from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.testing import assert_not_locked
 from tests.worker.reactors import (
     ApprovalReactor,
+    ApprovalStep,
+    AuditStep,
     BackgroundApprovalReactor,
     PrepareStep,
     TimedApprovalReactor,
@@ -27,6 +29,19 @@ from tests.worker.reactors import (
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@with_lock(lambda inputs: f"order:{inputs['order_id']}", ttl=30)
+class UndoableApprovalReactor(Reactor):
+    """ApprovalReactor whose step before the pause records its undo (``AuditStep``)."""
+
+    inputs = ("order_id",)
+
+    prepare = step(AuditStep, account_id=from_input("order_id"))
+    approval = interrupt(correlation_id=lambda inputs: f"undoable-order:{inputs['order_id']}")
+    apply = step(ApprovalStep, approval=from_result("approval"))
+
+    returns = "apply"
 
 
 def test_interrupt_pauses_and_resume_continues_inline() -> None:
@@ -102,18 +117,26 @@ def test_resume_by_correlation_id_and_wrong_step() -> None:
     assert result.ok and result.value == {"applied": "yes"}
 
 
-def test_resume_waits_for_the_reactor_lock_then_fails_synchronously(settings: Any) -> None:
-    """Resume re-takes reactor-level coordination; held elsewhere → the sync contention error."""
-    paused = ApprovalReactor.run(order_id=5)
+def test_resume_waits_for_the_reactor_lock_then_fails_synchronously() -> None:
+    """Resume re-takes reactor-level coordination; held elsewhere → the sync contention error,
+    and the step completed before the pause is undone as for any failure."""
+    paused = UndoableApprovalReactor.run(order_id=5)
+    assert paused.status == ExecutionStatus.INTERRUPTED
+    assert records("rollback") == []  # nothing undone by the pause itself
     coordinator = Coordinator()
     held = coordinator.admit([LockClaim("order:5", ttl=30)], Holder(owner="someone-else"))
     try:
-        result = ApprovalReactor.resume(paused.execution_id, step="approval", payload=1)
+        result = UndoableApprovalReactor.resume(paused.execution_id, step="approval", payload=1)
     finally:
         coordinator.release(held, "success")
     assert result.status == ExecutionStatus.FAILED
     assert result.error.key == "order:5"
-    assert [r["step"] for r in records("rollback")] == []  # PrepareStep has no undo
+    assert records("apply") == []  # the step after the interrupt never ran
+    assert records("rollback") == [
+        {"step": "audit", "kind": "undo", "execution": paused.execution_id}
+    ]
+    assert result.rollback_failures == []
+    assert_not_locked("order:5")
 
 
 @pytest.mark.worker
