@@ -129,3 +129,23 @@ class ComposedCrashReactor(Reactor):
 
     before = step(AuditStep, account_id=from_input("key"))
     child = compose(FragileChild, key=from_input("key"))
+
+
+# --------------------------------------------------------------------------------------------
+# chaos: many executions on one key while worker children are killed
+
+
+@with_lock(lambda args: f"chaos:{args['key']}", ttl=3)
+class ChaosStep(Step):
+    inputs = ("key",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        timed("chaos", context, 0.05, token=context.fencing_token())
+        return Success("done")
+
+
+class ChaosReactor(Reactor):
+    inputs = ("key",)
+
+    before = step(AuditStep, account_id=from_input("key"))
+    guarded = step(ChaosStep, key=from_input("key"))
