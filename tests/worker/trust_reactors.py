@@ -5,6 +5,7 @@ Bodies record into Redis lists under the current key prefix (``tests.worker.reac
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -149,3 +150,45 @@ class ChaosReactor(Reactor):
 
     before = step(AuditStep, account_id=from_input("key"))
     guarded = step(ChaosStep, key=from_input("key"))
+
+
+# --------------------------------------------------------------------------------------------
+# chaos: the coordination Redis restarted empty while executions are in flight. Bodies record
+# into the database (the Redis they would record into is the one that gets wiped).
+
+
+@with_lock(lambda args: f"fenced:{args['number']}", ttl=3)
+class FencedDepositStep(Step):
+    inputs = ("number",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        from django.db.models import F
+        from django.utils import timezone
+
+        from demo_project.shop.models import Account, Activity
+        from reactor_app.fencing import fenced_update
+
+        started = timezone.now()
+        time.sleep(0.05)
+        token = context.fencing_token()
+        accounts = Account.objects.filter(number=args["number"])
+        accepted = fenced_update(accounts, token, balance=F("balance") + 1)
+        Activity.objects.create(
+            execution_id=context.execution_id,
+            step="deposit",
+            account_number=args["number"],
+            fencing_token=token,
+            pid=os.getpid(),
+            started_at=started,
+            finished_at=timezone.now(),
+            detail={"accepted": accepted},
+        )
+        if not accepted:
+            raise RuntimeError(f"fenced write with token {token} refused: a stale holder")
+        return Success(token)
+
+
+class FencedDepositReactor(Reactor):
+    inputs = ("number",)
+
+    deposit = step(FencedDepositStep, number=from_input("number"))
