@@ -64,7 +64,8 @@ class _Contender:
     rollback hook: it must enter only after the hook has returned."""
 
     def __init__(self, account_id: int) -> None:
-        entered = self.entered = []  # type: list[int]
+        self.entered: list[int] = []
+        entered = self.entered
 
         class Contender(Reactor):
             inputs = ("account_id",)
