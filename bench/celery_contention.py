@@ -11,9 +11,12 @@ The same contended workflow, N executions on ONE key, through the same real Cele
 
 Each execution's end-to-end latency runs from just before it is submitted to the end of its
 ``notify`` body (``time.time_ns()``, one machine); throughput is executions per second from the
-first submission to the last completion.
+first submission to the last completion. The **floor** is one critical section after another
+with zero hand-off (1000 / critical-ms executions per second); "% of floor" is the throughput
+against it. The **hand-off** is the gap from one critical section's end to the next one's
+start (the key idle between two holders), median and p99.
 
-    python bench/celery_contention.py [--executions 50] [--critical-ms 20] [--processes 4]
+    python bench/celery_contention.py [--executions 50] [--critical-ms 20,100] [--processes 4]
 
 It uses the demo project's settings: ``DATABASE_URL`` / ``REDIS_URL`` when set, else SQLite
 and the embedded Redis. It migrates that database, starts its own worker on
@@ -25,6 +28,7 @@ docs/benchmarks.md records them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -75,6 +79,17 @@ def record_done(run: str, index: int) -> None:
     get_client().rpush(done_key(run), json.dumps({"index": index, "at": time.time_ns()}))
 
 
+def bodies_key(run: str) -> str:
+    return f"{reactor_settings.KEY_PREFIX}:bench:{run}:bodies"
+
+
+def critical_section(run: str, critical_ms: float) -> None:
+    """The protected work: sleep, recording its interval (for the hand-off figures)."""
+    start = time.time_ns()
+    time.sleep(critical_ms / 1000)
+    get_client().rpush(bodies_key(run), json.dumps({"start": start, "end": time.time_ns()}))
+
+
 # --------------------------------------------------------------------------------------------
 # (a) reactor_app
 
@@ -91,7 +106,7 @@ class BenchCharge(Step):
     inputs = ("run", "index", "critical_ms")
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
-        time.sleep(args["critical_ms"] / 1000)
+        critical_section(args["run"], args["critical_ms"])
         return Success("charged")
 
 
@@ -132,7 +147,7 @@ def chain_charge(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         get_client().incr(f"{reactor_settings.KEY_PREFIX}:bench:{payload['run']}:refusals")
         raise self.retry(countdown=1)
     try:
-        time.sleep(payload["critical_ms"] / 1000)
+        critical_section(payload["run"], payload["critical_ms"])
     finally:
         lock.release()
     return payload
@@ -202,7 +217,13 @@ def measure(
     done = {d["index"]: d["at"] for d in map(json.loads, client.lrange(done_key(run), 0, -1))}
     latencies = [(done[i] - submitted[i]) / 1e9 for i in done]
     wall = (max(done.values()) - min(submitted.values())) / 1e9 if done else float("nan")
+    bodies = sorted(
+        (json.loads(b) for b in client.lrange(bodies_key(run), 0, -1)), key=lambda b: b["start"]
+    )
+    handoffs = [(b["start"] - a["end"]) / 1e6 for a, b in itertools.pairwise(bodies)]
     return {
+        "handoff_p50_ms": statistics.median(handoffs) if handoffs else float("nan"),
+        "handoff_p99_ms": percentile(handoffs, 99) if handoffs else float("nan"),
         "name": name,
         "run": run,
         "completed": len(done),
@@ -216,37 +237,79 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--executions", type=int, default=50)
-    parser.add_argument("--critical-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--critical-ms", default="20,100", help="critical section(s) in ms, comma-separated"
+    )
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=300.0)
     options = parser.parse_args()
+    sections = [float(ms) for ms in str(options.critical_ms).split(",") if ms.strip()]
 
     from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    process, log_path = start_worker(options.processes)
+    failures = 0
+    try:
+        print(
+            f"{options.executions} executions on one key, {options.processes} worker processes "
+            f"(db {django.conf.settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}, "
+            f"redis {get_client().info('server')['redis_version']}, "
+            f"REACTOR_WORKER_WAIT {reactor_settings.WORKER_WAIT:g} s)"
+        )
+        print(
+            "| critical section | workflow | completed | executions/s | % of floor | "
+            "vs chain | p50 s | p99 s | hand-off p50 ms | hand-off p99 ms | refusals |"
+        )
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for critical_ms in sections:
+            rows, failed = measure_pair(options.executions, critical_ms, options.timeout)
+            failures += failed
+            floor = 1000.0 / critical_ms
+            for row in rows:
+                ratio = row["throughput"] / rows[1]["throughput"] if rows[1]["throughput"] else 0
+                print(
+                    f"| {critical_ms:g} ms | {row['name']} | {row['completed']}/"
+                    f"{options.executions} | {row['throughput']:.2f} | "
+                    f"{100 * row['throughput'] / floor:.0f}% | {ratio:.2f}x | "
+                    f"{row['p50_s']:.2f} | {row['p99_s']:.2f} | {row['handoff_p50_ms']:.1f} | "
+                    f"{row['handoff_p99_ms']:.1f} | {row['refusals']} |"
+                )
+    finally:
+        stop_worker(process)
+        client = get_client()
+        names = list(client.scan_iter(match=f"{reactor_settings.KEY_PREFIX}:*", count=500))
+        if names:
+            client.unlink(*names)
+    if failures:
+        print(f"{failures} reactor_app execution(s) did not succeed; worker log: {log_path}")
+    else:
+        log_path.unlink(missing_ok=True)
+
+
+def measure_pair(executions: int, critical_ms: float, timeout: float) -> tuple[list[dict], int]:
+    """Both workflows at one critical section; returns the rows and reactor_app's failures."""
     from django.db.models import Sum
 
     from reactor_app.models import ContentionState, Execution
 
     workload = sys.modules[__name__]
 
-    call_command("migrate", verbosity=0)
-    process, log_path = start_worker(options.processes)
+    def ours(run: str, index: int) -> None:
+        workload.BenchReactor.run_async(run=run, index=index, critical_ms=critical_ms)
+
+    def plain(run: str, index: int) -> None:
+        chain(
+            workload.chain_audit.s(run, index, critical_ms),
+            workload.chain_charge.s(),
+            workload.chain_notify.s(),
+        ).apply_async(queue=reactor_settings.CELERY_QUEUE)
+
     try:
-
-        def ours(run: str, index: int) -> None:
-            workload.BenchReactor.run_async(run=run, index=index, critical_ms=options.critical_ms)
-
-        def plain(run: str, index: int) -> None:
-            chain(
-                workload.chain_audit.s(run, index, options.critical_ms),
-                workload.chain_charge.s(),
-                workload.chain_notify.s(),
-            ).apply_async(queue=reactor_settings.CELERY_QUEUE)
-
         rows = [
-            measure("reactor_app run_async, step lock (park + wake)", ours,
-                    options.executions, options.timeout),
-            measure("Celery chain, redis-py Lock + retry(countdown=1)", plain,
-                    options.executions, options.timeout),
+            measure("reactor_app run_async, step lock", ours, executions, timeout),
+            measure("Celery chain, redis-py Lock + retry(countdown=1)", plain, executions,
+                    timeout),
         ]  # fmt: skip
         ours_executions = Execution.objects.filter(reactor=workload.BenchReactor.path())
         failures = ours_executions.exclude(status="succeeded").count()
@@ -262,28 +325,5 @@ def main() -> None:
         )
         rows[1]["refusals"] = int(chain_refusals or 0)
     finally:
-        stop_worker(process)
         Execution.objects.filter(reactor=workload.BenchReactor.path()).delete()
-        client = get_client()
-        names = list(client.scan_iter(match=f"{reactor_settings.KEY_PREFIX}:*", count=500))
-        if names:
-            client.unlink(*names)
-
-    print(
-        f"{options.executions} executions on one key, critical section "
-        f"{options.critical_ms:g} ms, {options.processes} worker processes "
-        f"(db {django.conf.settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}, "
-        f"redis {get_client().info('server')['redis_version']})"
-    )
-    print("| workflow | completed | wall s | executions/s | p50 s | p99 s | refusals |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        print(
-            f"| {row['name']} | {row['completed']}/{options.executions} | {row['wall_s']:.2f} | "
-            f"{row['throughput']:.2f} | {row['p50_s']:.2f} | {row['p99_s']:.2f} | "
-            f"{row['refusals']} |"
-        )
-    if failures:
-        print(f"{failures} reactor_app execution(s) did not succeed; worker log: {log_path}")
-    else:
-        log_path.unlink(missing_ok=True)
+    return rows, failures

@@ -147,5 +147,16 @@ class ReactorSettings:
             )
         return value
 
+    @property
+    def WORKER_WAIT(self) -> float:
+        """Seconds a worker delivery waits in-process for contention to clear before it parks
+        (0: park at once)."""
+        value = self._get("WORKER_WAIT", 1.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigurationError(
+                "REACTOR_WORKER_WAIT must be a number of seconds >= 0", setting="WORKER_WAIT"
+            )
+        return float(value)
+
 
 reactor_settings = ReactorSettings()

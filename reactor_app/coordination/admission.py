@@ -456,13 +456,38 @@ class Coordinator:
             pipe.execute()
         return True
 
+    def move_waiter(self, claim: Claim, from_id: str, to_id: str) -> None:
+        """Give ``to_id`` the place ``from_id`` had in ``claim``'s waiter order (a worker
+        delivery that waited in-process and now parks keeps its turn), dropping ``from_id``.
+        ``to_id`` must already be registered (the parking admission registered it)."""
+        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        if name is None:
+            return
+        with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
+            score = self.client.zscore(name, from_id)
+            pipe = self.client.pipeline(transaction=False)
+            if score is not None and score >= 0:
+                pipe.zadd(name, {to_id: score}, xx=True)
+            pipe.zrem(name, from_id)
+            pipe.execute()
+
+    def unregister_waiter(self, claim: Claim, waiter_id: str) -> None:
+        """Take ``waiter_id`` out of ``claim``'s waiter order (a worker delivery that stopped
+        waiting in-process and parked under its own id instead)."""
+        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        if name is None:
+            return
+        with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
+            self.client.zrem(name, waiter_id)
+
     def waiters(self, claim: Claim) -> list[str]:
         """Parked waiter ids of ``claim``'s key, first to be woken first."""
         name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return []
         with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
-            return list(self.client.zrange(name, 0, -1))
+            # a lock's hand-off grant sorts first (negative score): not a waiter
+            return list(self.client.zrangebyscore(name, 0, "+inf"))
 
     # -- renewal --------------------------------------------------------------------------
 

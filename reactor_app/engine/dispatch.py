@@ -55,6 +55,7 @@ from reactor_app.engine.executor import (
     input_errors,
     run_inline,
 )
+from reactor_app.engine.gate import WAITING_PREFIX
 from reactor_app.engine.result import Result
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds, park_margin
 from reactor_app.exceptions import CoordinationUnavailable, ExecutionNotResumable, ReactorError
@@ -183,6 +184,8 @@ def wake(waiter_ids: Iterable[str]) -> None:
     """Re-enqueue parked waiters at once (a release freed their key). Failures only log: the
     countdown requeue of each waiter is the safety net."""
     for waiter in waiter_ids:
+        if str(waiter).startswith(WAITING_PREFIX):
+            continue  # a delivery waiting in-process: the release's PUBLISH already woke it
         try:
             uuid.UUID(str(waiter))
         except ValueError:

@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.conf import reactor_settings
 from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import PathError, Scope
@@ -203,6 +204,11 @@ class ExecutionRun:
     @property
     def park_on_contention(self) -> bool:
         return self.mode == "worker"
+
+    @property
+    def worker_wait(self) -> float:
+        """How long a contended unit of a worker delivery waits in-process before parking."""
+        return reactor_settings.WORKER_WAIT if self.park_on_contention else 0.0
 
     @property
     def waiter_id(self) -> str | None:
@@ -348,6 +354,7 @@ class ExecutionRun:
                 positions=self.state.ordered,
                 position_slot=REACTOR_SLOT,
                 waiter_id=self.waiter_id,
+                worker_wait=self.worker_wait,
                 on_position=self.persist,
             ),
         )

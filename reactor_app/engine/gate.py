@@ -101,6 +101,8 @@ class GateScope:
     waiter_id: str | None = None
     #: persists the execution state after a fresh ordered-lock position was assigned
     on_position: Callable[[], None] | None = None
+    #: a worker's in-delivery wait before it parks (``REACTOR_WORKER_WAIT``; 0: park at once)
+    worker_wait: float = 0.0
 
 
 def get_coordinator() -> Coordinator:
@@ -279,7 +281,7 @@ class Gate:
                 if held_keys is not None:
                     held_keys.announce(registered, self.scope.step)
                 if park:
-                    answer = self.coordinator.admit(claims, holder, waiter_id=self.scope.waiter_id)
+                    answer = self._admit_or_park(claims, holder)
                 elif not wait:
                     answer = self.coordinator.admit(claims, holder)
                 else:
@@ -295,6 +297,44 @@ class Gate:
                 continue
             break
         return answer
+
+    def _admit_or_park(self, claims: list[Claim], holder: Holder) -> AdmissionResult:
+        """A worker's admission: wait briefly in this delivery before parking.
+
+        A delivery that meets contention first waits here — registered in the key's waiter
+        order as ``wait:<id>`` and woken by the release's PUBLISH, like an in-process wait —
+        for up to ``REACTOR_WORKER_WAIT``: a short critical section then hands over in
+        milliseconds instead of a park, requeue, redelivery and re-admission. Only when the
+        budget runs out (or waiting cannot help: a rate-limit window that reopens later than
+        the budget) does it register as a parked waiter, in the same atomic admission that
+        tries once more. Waiting holds nothing: admission is all-or-nothing.
+        """
+        parked_id = self.scope.waiter_id
+        budget = self.scope.worker_wait
+        if not budget or parked_id is None:
+            return self.coordinator.admit(claims, holder, waiter_id=parked_id)
+        waiting_id = f"{WAITING_PREFIX}{parked_id}"
+        answer = self.coordinator.admit(claims, holder, waiter_id=waiting_id)
+        if isinstance(answer, Refused) and _worth_waiting(answer, budget):
+            answer = self.coordinator.admit_waiting(
+                claims, holder, budget, waiter_id=waiting_id, waits=self.waits_while_parked()
+            )
+        if not isinstance(answer, Refused) or answer.detail.get("stale_epoch"):
+            return answer
+        answer = self.coordinator.admit(claims, holder, waiter_id=parked_id)
+        for claim in claims:
+            if isinstance(answer, Refused) and claim == answer.claim:
+                # one order for waiting and parked waiters: the park keeps the wait's turn
+                self.coordinator.move_waiter(claim, waiting_id, parked_id)
+            else:
+                self.coordinator.unregister_waiter(claim, waiting_id)
+        return answer
+
+    def waits_while_parked(self) -> dict[str, float]:
+        """Every primitive may be waited for in a worker's budget (its declared ``wait`` is
+        the synchronous caller's bound, not the worker's)."""
+        budget = self.scope.worker_wait
+        return {claim.primitive: budget for claim in self.claims}
 
     def _verify_kept(
         self, claims: Sequence[Claim], kept: Sequence[Mapping[str, Any]]
@@ -548,6 +588,18 @@ class Gate:
 
 #: release outcomes that end an ordered-lock position (see release.lua)
 TERMINAL_OUTCOMES = frozenset({"success", "failure", "halt", "rollback"})
+
+
+#: waiter ids of worker deliveries waiting in-process (woken by PUBLISH, never re-enqueued)
+WAITING_PREFIX = "wait:"
+
+
+def _worth_waiting(refused: Refused, budget: float) -> bool:
+    """A rate limit reopens at a known time: waiting for longer than the budget is useless.
+    Everything else can be freed by a release at any moment."""
+    if refused.claim.primitive != "rate_limit":
+        return True
+    return refused.retry_after is not None and refused.retry_after <= budget
 
 
 def _wake(woken: Sequence[str]) -> None:

@@ -172,6 +172,7 @@ class UnitRunner:
                 positions=run.state.ordered if run else None,
                 position_slot=self.position_slot,
                 waiter_id=run.waiter_id if run else None,
+                worker_wait=run.worker_wait if run else 0.0,
                 on_position=run.persist if run else None,
             ),
         )

@@ -39,6 +39,8 @@ from tests.worker.reactors import (
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 WORKER_SETTINGS = {
+    # these tests are about the park itself: no in-delivery wait before it
+    "REACTOR_WORKER_WAIT": 0,
     "REACTOR_CONTENTION_BACKOFF": [0.3, 1.0],
     "REACTOR_CONTENTION_CEILING": 6,
     # a killed delivery's claim lapses quickly; longer than the crash test's lock TTL (2 s), so

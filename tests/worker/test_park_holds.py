@@ -41,7 +41,12 @@ from tests.worker.reactors import (
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-WORKER_SETTINGS = {"REACTOR_CONTENTION_BACKOFF": [2.0, 4.0], "REACTOR_CONTENTION_CEILING": 10}
+# parks themselves are under test: no in-delivery wait before them
+WORKER_SETTINGS = {
+    "REACTOR_CONTENTION_BACKOFF": [2.0, 4.0],
+    "REACTOR_CONTENTION_CEILING": 10,
+    "REACTOR_WORKER_WAIT": 0,
+}
 
 Kind = CoordinationEventKind
 
@@ -260,6 +265,7 @@ def in_process(settings: Any) -> Iterator[None]:
     """Deliveries run here; what they enqueue goes to a queue nobody reads."""
     settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
     settings.REACTOR_CONTENTION_BACKOFF = [0.01, 0.02]
+    settings.REACTOR_WORKER_WAIT = 0
     yield
 
 

@@ -43,6 +43,7 @@ class BudgetReactor(Reactor):
 def in_process(settings: Any) -> Iterator[None]:
     settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
     settings.REACTOR_CONTENTION_BACKOFF = [0.01, 0.02]
+    settings.REACTOR_WORKER_WAIT = 0  # the park itself is under test
     ATTEMPTS.clear()
     yield
 

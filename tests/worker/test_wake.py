@@ -20,7 +20,12 @@ from tests.worker.reactors import PaymentReactor, records
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-WORKER_SETTINGS = {"REACTOR_CONTENTION_BACKOFF": [20.0, 40.0], "REACTOR_CONTENTION_CEILING": 20}
+# parked waiters are under test (the in-delivery wait has its own tests: test_worker_wait)
+WORKER_SETTINGS = {
+    "REACTOR_CONTENTION_BACKOFF": [20.0, 40.0],
+    "REACTOR_CONTENTION_CEILING": 20,
+    "REACTOR_WORKER_WAIT": 0,
+}
 
 
 def test_parked_waiters_are_woken_by_the_release(worker: Any) -> None:

@@ -192,3 +192,22 @@ class FencedDepositReactor(Reactor):
     inputs = ("number",)
 
     deposit = step(FencedDepositStep, number=from_input("number"))
+
+
+# --------------------------------------------------------------------------------------------
+# contention on a worker: a brief in-delivery wait before parking
+
+
+@with_lock(lambda args: f"queue:{args['key']}", ttl=30)
+class QueuedStep(Step):
+    inputs = ("key", "hold")
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        timed("queued", context, float(args["hold"]), key=args["key"])
+        return Success("done")
+
+
+class QueuedReactor(Reactor):
+    inputs = ("key", "hold")
+
+    only = step(QueuedStep, key=from_input("key"), hold=from_input("hold"))

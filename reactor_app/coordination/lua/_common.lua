@@ -24,3 +24,10 @@ end
 local function int(n)
   return string.format('%d', n)
 end
+
+-- The FIFO hand-off of a freed lock (release.lua, admit.lua): the head waiter's grant, a
+-- member "grant:<waiter id>" of the lock's waiters zset scored -(expiry ms), lasts this long.
+-- Long enough for a woken delivery (or a re-enqueued parked one on an idle worker) to come
+-- back; short enough that a waiter that vanished only delays the key briefly.
+local GRANT_PREFIX = 'grant:'
+local HANDOFF_GRANT_MS = 3000

@@ -11,7 +11,8 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     (nonce -> holder json), waiters zset (waiter id -> nonce)
   period       (1): mark hash (bucket = start epoch s, by = execution or owner, at = ms)
   lock         (3): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
-                    fence counter (never expires), waiters zset (waiter id -> registered ms)
+                    fence counter (never expires), waiters zset (waiter id -> registered ms;
+                    plus at most one "grant:<waiter id>" -> -(grant expiry ms), see release.lua)
   semaphore    (3): leases zset (owner -> lease expiry ms), holders hash (owner -> json
                     {count, step, execution, reactor, acquired_at ms}), waiters zset
   rate_limit (1+W): sequence counter, then per window a zset (sliding: member -> admitted us)
@@ -26,12 +27,15 @@ ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count}
            rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}]
 ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
          refusal by a lock, semaphore or ordered lock it is added to that claim's waiters, in
-         the same atomic step, so a release can never slip between refusal and registration.
+         the same atomic step, so a release can never slip between refusal and registration
+         (a waiter already registered keeps its place: waiters are served first come, first
+         served). A free lock granted to another waiter by the last release is refused too.
 
 Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`:
   0 OK             {time = "s.us", holds = [{fresh, token?, bucket?, bucket_end?, member?}]}
   1 LOCKED         {retry_after_ms = lock PTTL, blocker = {owner, step, execution, reactor,
-                    since = acquired ms, ttl_ms}}
+                    since = acquired ms, ttl_ms}}; or, for a free key granted to its head
+                    waiter, {retry_after_ms = grant left, blocker = {granted_to, ttl_ms}}
   2 SEMAPHORE_FULL {retry_after_ms = earliest lease expiry - now, limit, held, blocker}
   3 RATE_LIMITED   {retry_after_ms = max over full windows of (oldest counted entry + window
                     - now), limit, label, window_ms, count}
@@ -152,7 +156,23 @@ local function check_lock(claim)
   local hold = claim.keys[1]
   local current = redis.call('HMGET', hold, 'owner', 'step', 'execution', 'reactor',
     'acquired_at')
-  if not current[1] then return {fresh = true} end
+  if not current[1] then
+    -- a free key handed to the head waiter by the last release: only that waiter may take
+    -- it until the grant lapses (FIFO hand-off; see release.lua)
+    local grant = redis.call('ZRANGEBYSCORE', claim.keys[3], '-inf', '(0', 'WITHSCORES',
+      'LIMIT', 0, 1)
+    if grant[1] then
+      local until_ms = -tonumber(grant[2])
+      if until_ms > now.ms and grant[1] ~= GRANT_PREFIX .. waiter then
+        return nil, refusal(LOCKED, {
+          retry_after_ms = until_ms - now.ms,
+          blocker = {granted_to = string.sub(grant[1], #GRANT_PREFIX + 1),
+                     ttl_ms = until_ms - now.ms},
+        }, claim.keys[3], now.ms)
+      end
+    end
+    return {fresh = true}
+  end
   if current[1] == holder.owner then return {fresh = false} end
   local ttl = redis.call('PTTL', hold)
   return nil, refusal(LOCKED, {
@@ -166,6 +186,8 @@ end
 local function take_lock(claim, plan)
   local hold, fence = claim.keys[1], claim.keys[2]
   if plan.fresh then
+    -- the hand-off grant (ours, or lapsed) is used up
+    redis.call('ZREMRANGEBYSCORE', claim.keys[3], '-inf', '(0')
     local token = redis.call('INCR', fence)
     redis.call('HSET', hold, 'owner', holder.owner, 'count', 1, 'step', holder.step or '',
       'execution', holder.execution or '', 'reactor', holder.reactor or '',
@@ -308,7 +330,8 @@ for i, claim in ipairs(claims) do
       refused.woken = woken
     end
     if waiter ~= '' and refused.waiters_key then
-      redis.call('ZADD', refused.waiters_key, refused.waiter_score, waiter)
+      -- NX: a waiter refused again keeps its place in the order (FIFO)
+      redis.call('ZADD', refused.waiters_key, 'NX', refused.waiter_score, waiter)
       redis.call('PEXPIRE', refused.waiters_key, 86400000)
     end
     local status = refused.status

@@ -19,6 +19,7 @@ local primitive, owner = ARGV[1], ARGV[2]
 local released, woken = {}, {}
 
 local function pop_waiter(waiters)
+  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', '(0') -- a lock's hand-off grant
   local popped = redis.call('ZPOPMIN', waiters, 1)
   if popped[1] then table.insert(woken, popped[1]) end
 end

@@ -11,7 +11,10 @@ Outcomes:
              like retry, and the rate-limit charge is refunded
 Locks and semaphores are re-entrant: one release removes one nesting level, and the key (or
 the slot) is freed at zero. Whenever something is actually freed a wake message is PUBLISHed
-on the freed base key's name (used as the channel) and one parked waiter is popped for it.
+on the freed base key's name (used as the channel) and one parked waiter is popped for it. A
+freed lock is granted to that waiter for HANDOFF_GRANT_MS (a "grant:<id>" member with score
+-expiry in the waiters zset): admit.lua refuses everyone else meanwhile, so waiters are served
+in the order they registered.
 
 KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
   lock         (2): hold hash, waiters zset
@@ -45,10 +48,18 @@ local terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rol
 
 local report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
 
-local function wake_one(base, waiters, message)
+local function wake_one(base, waiters, message, grant)
   redis.call('PUBLISH', base, cjson.encode(message))
+  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', '(0') -- an older grant, unused
   local popped = redis.call('ZPOPMIN', waiters, 1)
-  if popped[1] then table.insert(report.woken, popped[1]) end
+  if popped[1] then
+    table.insert(report.woken, popped[1])
+    if grant then
+      -- FIFO hand-off: the popped head waiter alone may take the key for a moment, so a
+      -- newcomer (or a waiter further back) cannot overtake it while it is woken
+      redis.call('ZADD', waiters, -(now.ms + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
+    end
+  end
   table.insert(report.freed, base)
 end
 
@@ -60,7 +71,7 @@ local function release_lock(keys)
   end
   if redis.call('HINCRBY', hold, 'count', -1) <= 0 then
     redis.call('DEL', hold)
-    wake_one(hold, waiters, {primitive = 'lock', freed = true})
+    wake_one(hold, waiters, {primitive = 'lock', freed = true}, true)
   end
 end
 
