@@ -45,6 +45,9 @@ DEFAULT_OUTPUT = Path("demo-output") / "step_lock_timeline.html"
 #: the demo's workers back off for at least half of this on contention, so that a wake-up by
 #: the release (milliseconds) cannot be mistaken for the backoff requeue (seconds)
 DEMO_CONTENTION_BACKOFF = (4.0, 30.0)
+#: how long the demo's worker deliveries wait in-process before parking: shorter than the
+#: contended path's charge, so the second payment visibly parks and is woken by the release
+DEMO_WORKER_WAIT = 0.2
 MAX_EXECUTIONS = 10
 
 
@@ -187,7 +190,11 @@ class Command(BaseCommand):
         queue = f"reactor-demo-{secrets.token_hex(3)}"
         shared = {"REACTOR_CELERY_QUEUE": queue, "CELERY_TASK_DEFAULT_QUEUE": queue}
         env = settings_environment(
-            {**shared, "REACTOR_CONTENTION_BACKOFF": list(DEMO_CONTENTION_BACKOFF)}
+            {
+                **shared,
+                "REACTOR_CONTENTION_BACKOFF": list(DEMO_CONTENTION_BACKOFF),
+                "REACTOR_WORKER_WAIT": DEMO_WORKER_WAIT,
+            }
         )
         log_dir = Path(options["output"]).parent
         workers = [
@@ -205,7 +212,8 @@ class Command(BaseCommand):
         say(
             f"- starting {count} Celery worker processes (prefork, 2 children each) on {queue!r}; "
             f"their contention backoff is {DEMO_CONTENTION_BACKOFF[0]:g}-"
-            f"{DEMO_CONTENTION_BACKOFF[1]:g}s, so a wake-up by a release stands out"
+            f"{DEMO_CONTENTION_BACKOFF[1]:g}s, so a wake-up by a release stands out; they "
+            f"wait {DEMO_WORKER_WAIT:g}s in-process before parking"
         )
         previous = {name: getattr(settings, name, None) for name in shared}
         for name, value in shared.items():
