@@ -15,6 +15,10 @@ channel, retry once subscribed (so a release in between is never missed), then s
 subscription until a release PUBLISHes — or until the refusal's ``retry_after`` (a lease
 lapsing, a rate window sliding) or the caller's ``wait`` runs out. No fixed-interval polling.
 
+A period bucket another owner is running (``PERIOD_IN_FLIGHT``) is contention like a held
+lock: waited for (woken when that run ends, or at its lease's end) or parked, and then skipped
+(done) or run (freed).
+
 Parked workers (§2.3) instead pass ``waiter_id``: a refusal registers it atomically in the
 refusing key's waiters zset, and the release that frees the key pops it and returns it in
 ``Released.woken`` so the caller can re-enqueue that execution at once.
@@ -64,6 +68,7 @@ from reactor_app.exceptions import (
     LeaseLost,
     LockAcquisitionError,
     OrderedLockWaitError,
+    PeriodInFlightError,
     RateLimitExceeded,
     SemaphoreAcquisitionError,
 )
@@ -439,8 +444,7 @@ class Coordinator:
     def register_waiter(self, claim: Claim, waiter_id: str, ttl: float = 86400.0) -> bool:
         """Park ``waiter_id`` on ``claim``'s key: the next release that frees it returns the id
         in ``Released.woken``. (``admit(..., waiter_id=...)`` registers atomically on refusal,
-        which is what workers should use.) False for primitives that never release (rate
-        limit, period)."""
+        which is what workers should use.) False for the rate limit, which never releases."""
         name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return False
@@ -469,14 +473,15 @@ class Coordinator:
     def extend(
         self, holds: Sequence[Hold], owner: str, *, renew: Callable[[Hold], bool] | None = None
     ) -> Extended:
-        """Renew the leases of lock and semaphore ``holds`` (one call); see extend.lua.
+        """Renew the leases of lock and semaphore ``holds`` and period reservations (one
+        call); see extend.lua.
 
         ``renew`` picks the holds whose lease is renewed; the others are only checked (still
         held by ``owner`` with their token, lease not expired) and keep the lease they have.
         By default every hold is renewed. A hold re-adopted after a park (``Gate.enter``) uses
         this: a lock declared without ``auto_extend`` must not outlive its TTL because of it.
         """
-        items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
+        items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim, PeriodClaim))]
         if not items:
             return Extended()
         groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
@@ -634,6 +639,17 @@ def refusal_error(
             limit=limit,
             **common,
         )
+    if error_class is PeriodInFlightError:
+        bucket = refused.detail.get("bucket")
+        return PeriodInFlightError(
+            f"{where}: period {claim.key!r} (bucket starting {bucket}) is being run by "
+            f"{_who(refused.blocker)}; it will be done or free when that run ends"
+            + _after(refused.retry_after),
+            retry_after=refused.retry_after,
+            holder=refused.blocker,
+            bucket=bucket,
+            **common,
+        )
     if error_class is RateLimitExceeded:
         limit = refused.detail.get("limit")
         label = refused.detail.get("label")
@@ -670,6 +686,7 @@ _REFUSAL_STATUS: dict[str, Status] = {
     "semaphore": Status.SEMAPHORE_FULL,
     "rate_limit": Status.RATE_LIMITED,
     "ordered_lock": Status.ORDERED_WAIT,
+    "period": Status.PERIOD_IN_FLIGHT,
 }
 
 

@@ -66,6 +66,7 @@ class RateLimitClaim:
 class PeriodClaim:
     key: str
     every: str | int  # "second" ... "year" (calendar UTC) or seconds (epoch-aligned)
+    ttl: float = 60.0  # lease seconds of the in-flight reservation (renewed while it runs)
     primitive: Primitive = field(default="period", init=False)
 
 

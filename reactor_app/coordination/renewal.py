@@ -7,6 +7,8 @@
   token (``lua/extend.lua``);
 * semaphore leases — a live holder keeps its slot however long the work takes, while a dead
   one's lease still lapses;
+* period reservations — a live holder keeps its bucket in flight however long the work takes,
+  while a dead one's reservation still lapses;
 * ordered-lock positions — a heartbeat, so a slow but live head is not passed over.
 
 If a hold is found gone or taken over, or Redis stays unreachable for longer than the
@@ -31,6 +33,7 @@ from reactor_app.coordination.claims import (
     Hold,
     LockClaim,
     OrderedLockClaim,
+    PeriodClaim,
     SemaphoreClaim,
 )
 from reactor_app.exceptions import CoordinationUnavailable, LeaseLost
@@ -42,14 +45,14 @@ def _renewable(hold: Hold) -> bool:
     claim = hold.claim
     if isinstance(claim, LockClaim):
         return claim.auto_extend
-    return isinstance(claim, SemaphoreClaim | OrderedLockClaim)
+    return isinstance(claim, SemaphoreClaim | OrderedLockClaim | PeriodClaim)
 
 
 def _lease_seconds(hold: Hold) -> float:
     claim = hold.claim
     if isinstance(claim, OrderedLockClaim):
         return claim.poison_pill_timeout
-    assert isinstance(claim, LockClaim | SemaphoreClaim)
+    assert isinstance(claim, LockClaim | SemaphoreClaim | PeriodClaim)
     return claim.ttl
 
 

@@ -278,6 +278,7 @@ def test_nothing_is_taken_unless_everything_is(
     assert not state.lock_state("k", client=client).held  # the lock was not taken (or given back)
     assert state.rate_limit_count("k", "minute", client=client) == 0  # nor the rate charged
     assert state.ordered_state("k", client=client).in_flight is None
+    assert state.period_reserved("k", "hour", client=client) is None  # nor the bucket reserved
 
     coordinator.release(blocker, "success")
     admitted = coordinator.admit(five_claims("k", position), ALICE)
@@ -291,7 +292,12 @@ def test_nothing_is_taken_unless_everything_is(
     ]
     assert state.rate_limit_count("k", "minute", client=client) == 1
     released = coordinator.release(admitted, "success")
-    assert set(released.freed) == {("lock", "k"), ("semaphore", "k"), ("ordered_lock", "k")}
+    assert set(released.freed) == {
+        ("lock", "k"),
+        ("semaphore", "k"),
+        ("ordered_lock", "k"),
+        ("period", "k"),  # the reservation ends: marked done
+    }
     assert released.marked == [("period", "k")]
 
 

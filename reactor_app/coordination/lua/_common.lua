@@ -4,6 +4,7 @@
 -- Status codes; the Python side's one table is reactor_app.coordination.redis.STATUSES.
 local OK, LOCKED, SEMAPHORE_FULL, RATE_LIMITED, PERIOD_MARKED = 0, 1, 2, 3, 4
 local ORDERED_WAIT, ORDERED_STALE, CHAIN_FAILED, LOST, NOT_FOUND = 5, 6, 7, 8, 9
+local PERIOD_IN_FLIGHT = 10
 
 -- Every script answers {status, json payload}.
 local function reply(status, payload)
@@ -23,4 +24,11 @@ end
 -- microseconds need every digit, so format integers explicitly.
 local function int(n)
   return string.format('%d', n)
+end
+
+-- The unit of work behind a holder: an execution's step (or its reactor level, step ""), so a
+-- period reservation can tell a nested re-entry (another unit, same owner) from the same unit
+-- coming back after its earlier delivery died.
+local function unit_of(h)
+  return (h.execution or '') .. '|' .. (h.step or '')
 end

@@ -9,7 +9,9 @@ about to run.
 KEYS — one group per claim, in claim order; a claim's group size is its spec's `n`:
   ordered_lock (4): state hash, positions zset (nonce -> heartbeat ms), holders hash
                     (nonce -> holder json), waiters zset (waiter id -> nonce)
-  period       (1): mark hash (bucket = start epoch s, by = execution or owner, at = ms)
+  period       (3): done mark hash (bucket = start epoch s, by = execution or owner, at = ms),
+                    reservations hash (bucket start s -> json {owner, count, unit, step,
+                    execution, reactor, acquired_at ms, expires ms}), waiters zset
   lock         (3): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
                     fence counter (never expires), waiters zset (waiter id -> registered ms)
   semaphore    (3): leases zset (owner -> lease expiry ms), holders hash (owner -> json
@@ -20,13 +22,14 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
 ARGV[1]  holder json: {owner, execution?, step?, reactor?}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
            ordered_lock: nonce, epoch (ms), ppt_ms (poison-pill timeout), strict (bool), ttl_ms
-           period:       every ("second".."year" or seconds as text)
+           period:       every ("second".."year" or seconds as text), ttl_ms (reservation lease)
            lock:         ttl_ms
            semaphore:    limit, ttl_ms (lease)
            rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}]
 ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
-         refusal by a lock, semaphore or ordered lock it is added to that claim's waiters, in
-         the same atomic step, so a release can never slip between refusal and registration.
+         refusal by a lock, semaphore, ordered lock or period in flight it is added to that
+         claim's waiters, in the same atomic step, so a release can never slip between refusal
+         and registration.
 
 Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`:
   0 OK             {time = "s.us", holds = [{fresh, token?, bucket?, bucket_end?, member?}]}
@@ -41,6 +44,15 @@ Returns {status, json}; every refusal payload has `index` (0-based claim) and `t
   5 ORDERED_WAIT   {nonce, last_completed, head, retry_after_ms, blocker}
   6 ORDERED_STALE  {nonce, epoch, reason = "epoch" | "passed"}: re-assign a position
   7 CHAIN_FAILED   {nonce, first_failed, woken}; strict line stopped, the position is completed
+ 10 PERIOD_IN_FLIGHT {retry_after_ms = the reservation's lease left, bucket, bucket_end,
+                    blocker = {owner, step, execution, reactor, since = reserved ms, ttl_ms}}
+
+Period: admission reserves the current bucket for the holder (an in-flight entry with a lease
+of ttl_ms, renewed by extend.lua); release.lua marks it done on success and frees it otherwise.
+An entry whose lease lapsed (a dead holder) is purged here and the bucket is free again. The
+same owner re-enters its own reservation (one more nesting level) from another unit of work;
+the same unit (execution + step) finding its own entry takes it over (count 1), since its
+earlier delivery is dead: one execution never runs one unit twice at once.
 ]]
 
 -- @include _common.lua
@@ -134,16 +146,53 @@ local function check_period(claim)
   if not start then
     return redis.error_reply('unknown period unit: ' .. tostring(claim.every))
   end
-  local marked = redis.call('HMGET', claim.keys[1], 'bucket', 'by')
+  local mark, reserved = claim.keys[1], claim.keys[2]
+  local marked = redis.call('HMGET', mark, 'bucket', 'by')
   if marked[1] and tonumber(marked[1]) == start then
     return nil, refusal(PERIOD_MARKED, {marked_by = marked[2], bucket = start, bucket_end = finish})
   end
-  return {bucket = start, bucket_end = finish}
+  local plan = {bucket = start, bucket_end = finish}
+  local raw = redis.call('HGET', reserved, int(start))
+  if not raw then return plan end
+  local entry = cjson.decode(raw)
+  if entry.expires <= now.ms then
+    -- its holder died (or stalled past its lease): the bucket is free again
+    redis.call('HDEL', reserved, int(start))
+    return plan
+  end
+  if entry.owner == holder.owner then
+    plan.entry = entry
+    return plan
+  end
+  local left = entry.expires - now.ms
+  return nil, refusal(PERIOD_IN_FLIGHT, {
+    retry_after_ms = left, bucket = start, bucket_end = finish,
+    blocker = {owner = entry.owner, step = entry.step, execution = entry.execution,
+               reactor = entry.reactor, since = entry.acquired_at, ttl_ms = left},
+  }, claim.keys[3], now.ms)
 end
 
 local function take_period(claim, plan)
-  -- marked only by release with outcome "success", for the bucket admitted here
-  return {fresh = true, bucket = plan.bucket, bucket_end = plan.bucket_end}
+  local reserved = claim.keys[2]
+  local expires = now.ms + claim.ttl_ms
+  local unit = unit_of(holder)
+  local entry, fresh = plan.entry, true
+  if entry and entry.unit ~= unit then
+    -- nested re-entry by the same owner: the outermost release decides done or free
+    entry.count = (entry.count or 1) + 1
+    entry.expires = math.max(entry.expires, expires)
+    fresh = false
+  else
+    -- a new reservation, or this very unit again after its earlier delivery died
+    entry = {owner = holder.owner, count = 1, unit = unit, step = holder.step,
+             execution = holder.execution, reactor = holder.reactor, acquired_at = now.ms,
+             expires = expires}
+  end
+  redis.call('HSET', reserved, int(plan.bucket), cjson.encode(entry))
+  if redis.call('PTTL', reserved) < claim.ttl_ms then
+    redis.call('PEXPIRE', reserved, claim.ttl_ms)
+  end
+  return {fresh = fresh, bucket = plan.bucket, bucket_end = plan.bucket_end}
 end
 
 -- ------------------------------------------------------------------ lock
@@ -296,7 +345,7 @@ local CHECK = {ordered_lock = check_ordered, period = check_period, lock = check
                semaphore = check_semaphore, rate_limit = check_rate_limit}
 local TAKE = {ordered_lock = take_ordered, period = take_period, lock = take_lock,
               semaphore = take_semaphore, rate_limit = take_rate_limit}
-local WAITERS_INDEX = {ordered_lock = 4, lock = 3, semaphore = 3}
+local WAITERS_INDEX = {ordered_lock = 4, lock = 3, semaphore = 3, period = 3}
 
 local plans = {}
 local gate = nil -- the ordered position that passed its gate in this call
