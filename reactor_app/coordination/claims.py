@@ -95,7 +95,7 @@ class Hold:
 
     claim: Claim
     fresh: bool  # False when the owner re-entered a hold it already had
-    token: int | None = None  # fencing token (locks only)
+    token: int | None = None  # fencing token (locks only): never below Redis TIME in µs
 
 
 @dataclass

@@ -21,7 +21,8 @@ local function redis_now()
 end
 
 -- Lua turns numbers above 1e14 into "1.7e+15" when passing them to redis.call; epoch
--- microseconds need every digit, so format integers explicitly.
+-- microseconds need every digit, so format integers explicitly. (cjson.encode keeps only 14
+-- significant digits too: a number that may exceed that travels in a reply as int() text.)
 local function int(n)
   return string.format('%d', n)
 end

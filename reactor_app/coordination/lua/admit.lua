@@ -13,7 +13,8 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     reservations hash (bucket start s -> json {owner, count, unit, step,
                     execution, reactor, acquired_at ms, expires ms}), waiters zset
   lock         (3): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
-                    fence counter (never expires), waiters zset (waiter id -> registered ms)
+                    fence (the last token issued, never expires), waiters zset (waiter id ->
+                    registered ms)
   semaphore    (3): leases zset (owner -> lease expiry ms), holders hash (owner -> json
                     {count, step, execution, reactor, acquired_at ms}), waiters zset
   rate_limit (1+W): sequence counter, then per window a zset (sliding: member -> admitted us)
@@ -32,7 +33,8 @@ ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of eve
          and registration.
 
 Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`:
-  0 OK             {time = "s.us", holds = [{fresh, token?, bucket?, bucket_end?, member?}]}
+  0 OK             {time = "s.us", holds = [{fresh, token? (text: µs-sized), bucket?,
+                    bucket_end?, member?}]}
   1 LOCKED         {retry_after_ms = lock PTTL, blocker = {owner, step, execution, reactor,
                     since = acquired ms, ttl_ms}}
   2 SEMAPHORE_FULL {retry_after_ms = earliest lease expiry - now, limit, held, blocker}
@@ -53,6 +55,11 @@ An entry whose lease lapsed (a dead holder) is purged here and the bucket is fre
 same owner re-enters its own reservation (one more nesting level) from another unit of work;
 the same unit (execution + step) finding its own entry takes it over (count 1), since its
 earlier delivery is dead: one execution never runs one unit twice at once.
+
+Lock tokens: token = max(last token + 1, Redis TIME in µs), so a fence key lost with every
+other key (restart without persistence, failover to a lagging replica) still issues tokens
+above every earlier one, as long as the Redis clock has not gone back by more than the outage.
+See docs/coordination.md "Guarantees".
 ]]
 
 -- @include _common.lua
@@ -215,7 +222,10 @@ end
 local function take_lock(claim, plan)
   local hold, fence = claim.keys[1], claim.keys[2]
   if plan.fresh then
-    local token = redis.call('INCR', fence)
+    -- never below the Redis clock in µs: a fence lost in a restart cannot issue old tokens
+    local last = tonumber(redis.call('GET', fence) or '0')
+    local token = int(math.max(last + 1, now.us))
+    redis.call('SET', fence, token)
     redis.call('HSET', hold, 'owner', holder.owner, 'count', 1, 'step', holder.step or '',
       'execution', holder.execution or '', 'reactor', holder.reactor or '',
       'acquired_at', now.ms, 'token', token)
@@ -225,7 +235,7 @@ local function take_lock(claim, plan)
   -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
   redis.call('HINCRBY', hold, 'count', 1)
   if redis.call('PTTL', hold) < claim.ttl_ms then redis.call('PEXPIRE', hold, claim.ttl_ms) end
-  return {fresh = false, token = tonumber(redis.call('HGET', hold, 'token'))}
+  return {fresh = false, token = redis.call('HGET', hold, 'token')}
 end
 
 -- ------------------------------------------------------------------ semaphore
