@@ -16,64 +16,12 @@ from typing import Any
 
 import pytest
 
-from reactor_app import Reactor, Step, Success, from_input, step, with_period
-from reactor_app.coordination.redis import get_client
-from reactor_app.models import Execution
+from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.testing import coordination_state
-from tests.concurrency.harness import now_ns, overlaps, run_in_processes
+from tests.chaos.period_reactors import RACERS, REACTORS, bodies
+from tests.concurrency.harness import overlaps, run_in_processes
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
-
-RACERS = 8
-#: long enough that every racer reaches admission while the first body still runs
-BODY_SECONDS = 0.4
-
-
-def trace_key() -> str:
-    from django.conf import settings
-
-    return f"{settings.REACTOR_KEY_PREFIX}:test:period-race"
-
-
-def record_body(execution_id: str | None) -> None:
-    entered = now_ns()
-    time.sleep(BODY_SECONDS)
-    get_client().rpush(trace_key(), f"{execution_id}|{entered}|{now_ns()}")
-
-
-def bodies() -> list[tuple[str, int, int]]:
-    rows = []
-    for raw in get_client().lrange(trace_key(), 0, -1):
-        execution, entered, left = raw.split("|")
-        rows.append((execution, int(entered), int(left)))
-    return rows
-
-
-class Digest(Step):
-    inputs = ("user",)
-
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        record_body(context.execution_id)
-        return Success("sent")
-
-
-@with_period(lambda args: f"digest:{args['user']}", every="day")
-class DailyDigest(Digest):
-    """The daily digest, declared at step level."""
-
-
-class StepLevelDigest(Reactor):
-    inputs = ("user",)
-    digest = step(DailyDigest, user=from_input("user"))
-
-
-@with_period(lambda inputs: f"digest:{inputs['user']}", every="day")
-class ReactorLevelDigest(Reactor):
-    inputs = ("user",)
-    digest = step(Digest, user=from_input("user"))
-
-
-REACTORS = {"step": StepLevelDigest, "reactor": ReactorLevelDigest}
 
 
 def race_once(level: str, user: str, start_at: float) -> dict[str, Any]:
@@ -143,3 +91,43 @@ def test_eight_racers_run_the_daily_body_exactly_once(level: str, mode: str) -> 
         assert next(r for r in results if r["status"] == "succeeded")["execution"] == winner
     assert coordination_state().period_marked_by(f"digest:{user}", "day") == winner
     assert coordination_state().period_reserved(f"digest:{user}", "day") is None
+
+
+# -- on real Celery workers: racers park on the bucket in flight, then skip or halt -----------
+
+
+@pytest.fixture(scope="module")
+def celery_worker_settings() -> dict[str, Any]:
+    # the release's wake-up, not the backoff requeue, is what brings the parked racers back
+    return {"REACTOR_CONTENTION_BACKOFF": [2.0, 5.0]}
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("level", ["step", "reactor"])
+def test_eight_executions_on_workers_run_the_daily_body_exactly_once(
+    level: str, celery_worker_process: Any
+) -> None:
+    user = f"{level}-workers"
+    first = REACTORS[level].run_async(user=user)
+    deadline = time.monotonic() + 60
+    while coordination_state().period_reserved(f"digest:{user}", "day") is None:
+        assert time.monotonic() < deadline, celery_worker_process.log()
+        time.sleep(0.02)
+    executions = [first] + [REACTORS[level].run_async(user=user) for _ in range(RACERS - 1)]
+    results = [execution.wait(timeout=120) for execution in executions]
+
+    ran = bodies()
+    assert len(ran) == 1, f"{len(ran)} bodies ran in one bucket: {ran}"
+    winner = ran[0][0]
+    statuses = sorted((r.status, r.halt_reason) for r in results)
+    if level == "step":
+        assert statuses == [("succeeded", None)] * RACERS
+    else:
+        assert statuses == [("halted", "period")] * (RACERS - 1) + [("succeeded", None)]
+    assert winner == str(first.pk)
+    # nothing was skipped on a guess: racers that met the bucket in flight parked first
+    parks = CoordinationEvent.objects.filter(kind="parked", primitive="period")
+    assert parks.exists()
+    assert not parks.filter(execution_id=first.pk).exists()
+    assert coordination_state().period_marked_by(f"digest:{user}", "day") == winner
+    assert celery_worker_process.alive(), celery_worker_process.log()
