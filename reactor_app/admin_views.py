@@ -139,10 +139,12 @@ def _summary(report: dict[str, Any]) -> str:
             for w in report["windows"]
         )
     if primitive == "period":
-        marked = report["marked"]
-        if not marked:
-            return "no current bucket marked"
-        return ", ".join(f"{m['every']} marked by {m['marked_by']}" for m in marked)
+        parts = [f"{m['every']} marked by {m['marked_by']}" for m in report["marked"]]
+        parts += [
+            f"{m['every']} in flight ({m['in_flight']['execution'] or m['in_flight']['owner']})"
+            for m in report["in_flight"]
+        ]
+        return ", ".join(parts) or "no current bucket marked or in flight"
     ordered = report["ordered"]
     return (
         f"head {ordered['head'] or '-'}, next {ordered['next']}, "

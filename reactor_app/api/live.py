@@ -149,14 +149,36 @@ def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[s
         from reactor_app.coordination.period import UNITS
 
         marks = [
-            {"every": every, "marked_by": coordination_state.period_marked(key, every)}
+            {
+                "every": every,
+                "marked_by": coordination_state.period_marked(key, every),
+                # the run holding the current bucket now (neither done nor free yet)
+                "in_flight": _in_flight(coordination_state.period_reserved(key, every)),
+            }
             for every in UNITS
         ]
         report["marks"] = marks
         report["marked"] = [m for m in marks if m["marked_by"]]
+        report["in_flight"] = [m for m in marks if m["in_flight"]]
     elif primitive == "ordered_lock":
         ordered = coordination_state.ordered_state(key)
         report["ordered"] = asdict(ordered)
     else:
         raise ValueError(f"unknown primitive {primitive!r}: use one of {', '.join(PRIMITIVES)}")
     return report
+
+
+def _in_flight(reservation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A period reservation as the report shows it: who runs the bucket, for how long yet."""
+    if reservation is None:
+        return None
+    return {
+        "owner": reservation.get("owner"),
+        "execution": reservation.get("execution") or None,
+        "step": reservation.get("step") or None,
+        "reactor": reservation.get("reactor") or None,
+        "acquired_at": to_datetime(reservation["acquired_at"] / 1000)
+        if reservation.get("acquired_at")
+        else None,
+        "ttl": reservation.get("ttl"),
+    }

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
+    Admitted,
     Holder,
     LockClaim,
     PeriodClaim,
@@ -122,6 +123,8 @@ def test_inspect_rate_limit_period_and_ordered_lock(staff_client: Client) -> Non
         coordinator.release(admitted, "success")
     marked = coordinator.admit([PeriodClaim("digest:9", "hour")], holder)
     coordinator.release(marked, "success")
+    running = Holder(owner="op-test", execution_id="exec-9", step="report")
+    assert isinstance(coordinator.admit([PeriodClaim("digest:9", "day")], running), Admitted)
     for owner in ("first", "second"):
         coordinator.assign_position("line:9", Holder(owner=owner, step="ship"))
 
@@ -131,7 +134,8 @@ def test_inspect_rate_limit_period_and_ordered_lock(staff_client: Client) -> Non
     rate = inspect("rate_limit", "api:9")
     assert re.search(r"<td>minute</td><td>3</td>", rate)
     period = inspect("period", "digest:9")
-    assert re.search(r"<td>hour</td><td>op-test</td>", period)
+    assert re.search(r"<td>hour</td><td>op-test</td><td>—</td>", period)
+    assert re.search(r"<td>day</td><td>—</td><td>exec-9 \(step report\)</td>", period)
     ordered = inspect("ordered_lock", "line:9")
     assert re.search(r"Head \(may run now\)</th><td>1</td>", ordered)
     assert re.search(r"Next position to assign</th><td>3</td>", ordered)
