@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from reactor_app.coordination import lock, ordered_lock, period, rate_limit, semaphore
+from reactor_app.coordination import (
+    holds_index,
+    lock,
+    ordered_lock,
+    period,
+    rate_limit,
+    semaphore,
+)
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
     AdmissionResult,
@@ -139,8 +146,16 @@ def _specs(
 ) -> list[dict[str, Any]]:
     """The per-hold argument specs of a script call: primitive, key count and its own fields."""
     return [
-        {"p": h.claim.primitive, "n": len(g), **spec(h)} for h, g in zip(holds, groups, strict=True)
+        {"p": h.claim.primitive, "n": len(g), **spec(h), **_index_spec(h.claim, g)}
+        for h, g in zip(holds, groups, strict=True)
     ]
+
+
+def _index_spec(claim: Claim, group: list[str]) -> dict[str, Any]:
+    """``ik`` (the user key) for a group that ends with the live-holds index keys."""
+    if claim.primitive in holds_index.INDEXED and group[-1].endswith(":holds:counts"):
+        return {"ik": claim.key}
+    return {}
 
 
 def _ids(data: dict[str, Any]) -> list[str]:
@@ -203,6 +218,18 @@ class Coordinator:
             primitive=claim.primitive if claim else None,
         )
 
+    def _with_index(self, claims: Sequence[Claim], groups: list[list[str]]) -> list[list[str]]:
+        """Append the live-holds index keys to the groups of locks and semaphores, so the
+        scripts keep the index — except on a cluster, where they share no slot with the holds
+        (listings then SCAN; see ``holds_index``)."""
+        if not holds_index.indexed(self.client):
+            return groups
+        index = holds_index.index_keys(self.prefix)
+        return [
+            [*group, *index] if claim.primitive in holds_index.INDEXED else group
+            for claim, group in zip(claims, groups, strict=True)
+        ]
+
     def _one_call(self, keys: Sequence[str]) -> bool:
         if self._atomic is not None:
             return self._atomic
@@ -220,7 +247,9 @@ class Coordinator:
         if not ordered:
             return Admitted(holds=[], holder=holder)
         prefix = self.prefix
-        groups = [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
+        groups = self._with_index(
+            ordered, [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
+        )
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
             return self._admit_call(ordered, groups, holder, waiter_id)
         return self._admit_one_by_one(ordered, groups, holder, waiter_id)
@@ -233,7 +262,12 @@ class Coordinator:
         waiter_id: str | None,
     ) -> AdmissionResult:
         specs = [
-            {"p": c.primitive, "n": len(g), **PRIMITIVES[c.primitive].admit_spec(c)}
+            {
+                "p": c.primitive,
+                "n": len(g),
+                **PRIMITIVES[c.primitive].admit_spec(c),
+                **_index_spec(c, g),
+            }
             for c, g in zip(claims, groups, strict=True)
         ]
         keys = [k for group in groups for k in group]
@@ -320,7 +354,10 @@ class Coordinator:
         holds = list(reversed(admitted.holds))
         if not holds:
             return Released()
-        groups = [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds]
+        groups = self._with_index(
+            [h.claim for h in holds],
+            [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
+        )
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
         not_held: list[tuple[str, str]] = []
@@ -564,8 +601,12 @@ class Coordinator:
                 f"force_release supports 'lock' and 'semaphore', not {primitive!r} "
                 "(use skip/reset for an ordered lock)"
             )
+        args = [primitive, owner or ""]
+        if holds_index.indexed(self.client):
+            keys += holds_index.index_keys(prefix)
+            args.append(key)
         reply = scripts_for(self.client).run(
-            "force_release", keys, [primitive, owner or ""], key=key, primitive=primitive
+            "force_release", keys, args, key=key, primitive=primitive
         )
         if reply.status is Status.NOT_FOUND:
             return ForceReleased()

@@ -27,6 +27,38 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- The live-holds index (operator listings, docs/operations.md): a lock or semaphore hold is one
+-- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms and of a zset by key
+-- (score 0, so ZRANGEBYLEX finds a key prefix), with a per-primitive count in a hash. It is
+-- kept only when the caller passes its three keys (never on a cluster: they share no slot).
+local function hold_member(user_key, primitive, owner)
+  return user_key .. '\0' .. primitive .. '\0' .. owner
+end
+
+-- The index of a key group whose three index keys start at keys[first], or nil.
+local function index_of(keys, first, user_key)
+  if not user_key or not keys[first + 2] then return nil end
+  return {time = keys[first], keys = keys[first + 1], counts = keys[first + 2], key = user_key}
+end
+
+local function index_add(index, primitive, owner, at_ms)
+  if not index then return end
+  local member = hold_member(index.key, primitive, owner)
+  if redis.call('ZADD', index.time, at_ms, member) == 1 then
+    redis.call('HINCRBY', index.counts, primitive, 1)
+  end
+  redis.call('ZADD', index.keys, 0, member)
+end
+
+local function index_remove(index, primitive, owner)
+  if not index then return end
+  local member = hold_member(index.key, primitive, owner)
+  if redis.call('ZREM', index.time, member) == 1 then
+    redis.call('HINCRBY', index.counts, primitive, -1)
+  end
+  redis.call('ZREM', index.keys, member)
+end
+
 -- The unit of work behind a holder: an execution's step (or its reactor level, step ""), so a
 -- period reservation can tell a nested re-entry (another unit, same owner) from the same unit
 -- coming back after its earlier delivery died.

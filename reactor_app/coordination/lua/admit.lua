@@ -12,11 +12,13 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
   period       (3): done mark hash (bucket = start epoch s, by = execution or owner, at = ms),
                     reservations hash (bucket start s -> json {owner, count, unit, step,
                     execution, reactor, acquired_at ms, expires ms}), waiters zset
-  lock         (3): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
+  lock       (3+I): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
                     fence (the last token issued, never expires), waiters zset (waiter id ->
                     registered ms)
-  semaphore    (3): leases zset (owner -> lease expiry ms), holders hash (owner -> json
+  semaphore  (3+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
                     {count, step, execution, reactor, acquired_at ms}), waiters zset
+  I = 0, or 3 with the live-holds index (see _common.lua): by-time zset, by-key zset, counts
+      hash — then the claim's spec carries `ik`, its user key
   rate_limit (1+W): sequence counter, then per window a zset (sliding: member -> admitted us)
                     or a counter (fixed, expiring at the epoch-aligned window end)
 
@@ -24,8 +26,8 @@ ARGV[1]  holder json: {owner, execution?, step?, reactor?}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
            ordered_lock: nonce, epoch (ms), ppt_ms (poison-pill timeout), strict (bool), ttl_ms
            period:       every ("second".."year" or seconds as text), ttl_ms (reservation lease)
-           lock:         ttl_ms
-           semaphore:    limit, ttl_ms (lease)
+           lock:         ttl_ms, ik? (user key, when the index keys follow)
+           semaphore:    limit, ttl_ms (lease), ik?
            rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}]
 ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
          refusal by a lock, semaphore, ordered lock or period in flight it is added to that
@@ -230,6 +232,7 @@ local function take_lock(claim, plan)
       'execution', holder.execution or '', 'reactor', holder.reactor or '',
       'acquired_at', now.ms, 'token', token)
     redis.call('PEXPIRE', hold, claim.ttl_ms)
+    index_add(index_of(claim.keys, 4, claim.ik), 'lock', holder.owner, now.ms)
     return {fresh = true, token = token}
   end
   -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
@@ -247,6 +250,8 @@ local function check_semaphore(claim)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', leases, '-inf', now.ms)
     redis.call('HDEL', holders, unpack(expired))
+    local index = index_of(claim.keys, 4, claim.ik)
+    for _, owner in ipairs(expired) do index_remove(index, 'semaphore', owner) end
   end
   if redis.call('ZSCORE', leases, holder.owner) then return {fresh = false} end
   local held = redis.call('ZCARD', leases)
@@ -276,6 +281,7 @@ local function take_semaphore(claim, plan)
   end
   redis.call('ZADD', leases, expiry, holder.owner)
   redis.call('HSET', holders, holder.owner, cjson.encode(info))
+  if plan.fresh then index_add(index_of(claim.keys, 4, claim.ik), 'semaphore', holder.owner, now.ms) end
   -- the keys live as long as the longest lease
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
   local keep_ms = tonumber(last[2]) - now.ms

@@ -19,8 +19,9 @@ A period reservation ends with any outcome at nesting zero: done on "success" (t
 otherwise, so a failed, halted, parked or retried holder never uses the bucket up.
 
 KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
-  lock         (2): hold hash, waiters zset
-  semaphore    (3): leases zset, holders hash, waiters zset
+  lock       (2+I): hold hash, waiters zset
+  semaphore  (3+I): leases zset, holders hash, waiters zset
+  I = 0, or 3 with the live-holds index (_common.lua): by-time zset, by-key zset, counts hash
   ordered_lock (4): state hash, positions zset, holders hash, waiters zset
   period       (3): done mark hash, reservations hash, waiters zset
   rate_limit   (W): one zset (sliding) or counter (fixed) per window
@@ -32,6 +33,7 @@ ARGV[3]  holds json, in release order; each {p = primitive, n = key count} plus:
            period:       every, bucket? (start epoch s), bucket_end? (epoch s) — as admitted;
                          without them the bucket of the current Redis time is used
            rate_limit:   strategy, member? (the sliding-window entry added at admission)
+           lock, semaphore: ik? (user key, when the index keys follow)
 
 Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base keys],
                   marked = [mark keys], advanced = [{key, cursor}]}}
@@ -57,22 +59,27 @@ local function wake_one(base, waiters, message)
   table.insert(report.freed, base)
 end
 
-local function release_lock(keys)
+local function release_lock(keys, spec)
   local hold, waiters = keys[1], keys[2]
+  local index = index_of(keys, 3, spec.ik)
   if redis.call('HGET', hold, 'owner') ~= holder.owner then
     table.insert(report.not_held, hold)
+    index_remove(index, 'lock', holder.owner) -- lapsed: its index entry is stale
     return
   end
   if redis.call('HINCRBY', hold, 'count', -1) <= 0 then
     redis.call('DEL', hold)
+    index_remove(index, 'lock', holder.owner)
     wake_one(hold, waiters, {primitive = 'lock', freed = true})
   end
 end
 
-local function release_semaphore(keys)
+local function release_semaphore(keys, spec)
   local leases, holders, waiters = keys[1], keys[2], keys[3]
+  local index = index_of(keys, 4, spec.ik)
   if not redis.call('ZSCORE', leases, holder.owner) then
     table.insert(report.not_held, leases)
+    index_remove(index, 'semaphore', holder.owner)
     return
   end
   local info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":1}')
@@ -83,6 +90,7 @@ local function release_semaphore(keys)
   end
   redis.call('ZREM', leases, holder.owner)
   redis.call('HDEL', holders, holder.owner)
+  index_remove(index, 'semaphore', holder.owner)
   wake_one(leases, waiters, {primitive = 'semaphore', freed = true})
 end
 
@@ -178,8 +186,8 @@ for _, spec in ipairs(holds) do
   local keys = {}
   for j = 1, spec.n do keys[j] = KEYS[offset + j] end
   offset = offset + spec.n
-  if spec.p == 'lock' then release_lock(keys)
-  elseif spec.p == 'semaphore' then release_semaphore(keys)
+  if spec.p == 'lock' then release_lock(keys, spec)
+  elseif spec.p == 'semaphore' then release_semaphore(keys, spec)
   elseif spec.p == 'ordered_lock' then release_ordered(keys, spec)
   elseif spec.p == 'period' then release_period(keys, spec)
   elseif spec.p == 'rate_limit' then release_rate_limit(keys, spec)
