@@ -13,7 +13,7 @@ normalises times to aware datetimes and labels the level of each hold.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -79,6 +79,108 @@ def live_holds(
     if execution:
         holds = [h for h in holds if h["execution"] == str(execution)]
     return holds
+
+
+@dataclass
+class HoldsPage:
+    """One page of live holds for operators: rows, the next cursor, totals from the index."""
+
+    rows: list[dict[str, Any]]
+    next_cursor: str | None
+    totals: dict[str, int]
+    #: how many holds match, when it is known without reading them all (else None)
+    count: int | None
+
+
+#: filters the index answers in O(page) (the others read on until the page is full)
+INDEXED_FILTERS = ("key_prefix", "primitive")
+
+
+def hold_page(
+    *,
+    limit: int = 50,
+    cursor: str | None = None,
+    key: str | None = None,
+    key_prefix: str | None = None,
+    primitive: str | None = None,
+    step: str | None = None,
+    level: str | None = None,
+    reactor: str | None = None,
+    execution: str | None = None,
+) -> HoldsPage:
+    """A page of live holds from the live-holds index (``coordination.holds_index``), in
+    acquisition order — by key under a ``key_prefix`` — continuing after ``cursor``.
+
+    On a Redis Cluster client (no index) it falls back to reading every hold (SCAN) and
+    slicing. Raises ``ValueError`` for a bad cursor and ``CoordinationUnavailable`` when Redis
+    cannot be reached.
+    """
+    from reactor_app.coordination import holds_index
+    from reactor_app.coordination.redis import get_client
+
+    filters = {
+        "key": key,
+        "primitive": primitive,
+        "step": step,
+        "level": level,
+        "reactor": reactor,
+        "execution": str(execution) if execution else None,
+    }
+    client = get_client()
+    if not holds_index.indexed(client):
+        return _scanned_page(limit, cursor, key_prefix, filters)
+    found = holds_index.page(limit=limit, cursor=cursor, key_prefix=key_prefix, **filters)
+    narrowed = {k for k, v in filters.items() if v} | ({"key_prefix"} if key_prefix else set())
+    count: int | None = None
+    if not narrowed:
+        count = sum(found.totals.values())
+    elif narrowed == {"primitive"} and primitive:
+        count = found.totals.get(primitive, 0)
+    elif cursor is None and found.next_cursor is None:
+        count = len(found.rows)
+    return HoldsPage(
+        rows=[_hold(raw) for raw in found.rows],
+        next_cursor=found.next_cursor,
+        totals=found.totals,
+        count=count,
+    )
+
+
+def _scanned_page(
+    limit: int, cursor: str | None, key_prefix: str | None, filters: dict[str, Any]
+) -> HoldsPage:
+    """The cluster fallback: every hold read, filtered and sliced (O(keys) per request)."""
+    from reactor_app.coordination import holds_index
+
+    offset = 0
+    if cursor:
+        data = holds_index.decode_cursor(cursor)
+        if not data["m"].isdigit():
+            raise ValueError(f"not a cursor of this listing: {cursor!r}")
+        offset = int(data["m"])
+    holds = live_holds(
+        key=filters["key"],
+        primitive=filters["primitive"],
+        step=filters["step"],
+        level=filters["level"],
+        execution=filters["execution"],
+    )
+    if key_prefix:
+        holds = [h for h in holds if h["key"].startswith(key_prefix)]
+    if filters["reactor"]:
+        wanted = filters["reactor"]
+        holds = [
+            h for h in holds if h["reactor"] in (wanted,) or (h["reactor"] or "").endswith(wanted)
+        ]
+    totals = {p: sum(1 for h in holds if h["primitive"] == p) for p in HOLDING_PRIMITIVES}
+    rows = holds[offset : offset + limit]
+    more = offset + limit < len(holds)
+    return HoldsPage(
+        rows=rows,
+        next_cursor=holds_index.encode_cursor({"m": str(offset + limit)}) if more else None,
+        totals=totals,
+        count=len(holds),
+    )
 
 
 def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
