@@ -382,3 +382,42 @@ def test_pages_say_when_redis_is_unreachable(staff_client: Client, settings: Any
     assert "Coordination store unreachable" in page
     timeline_page = text(staff_client.get(TIMELINE, {"key": "acct:1"}))
     assert "Coordination store unreachable" in timeline_page
+
+
+@pytest.mark.django_db
+def test_coordination_page_pages_and_searches_the_live_holds(staff_client: Client) -> None:
+    coordinator = Coordinator()
+    for n in range(120):
+        holder = Holder(owner=f"owner-{n}", step="sync" if n % 2 else None, reactor="shop.Sync")
+        claim = LockClaim(f"k:{n:03d}", ttl=60) if n % 4 else SemaphoreClaim(f"k:{n:03d}", 2)
+        assert isinstance(coordinator.admit([claim], holder), Admitted)
+
+    def keys_of(html: str) -> list[str]:
+        table = html[html.index('id="holds-table"') : html.index('id="hold-pages"')]
+        return re.findall(r'<tr class="hold hold-\w+" data-key="([^"]+)"', table)
+
+    first = text(staff_client.get(COORDINATION))
+    assert re.search(
+        r'<strong id="hold-count">120</strong> live holds\s+\(90 locks, 30 semaphores\)', first
+    )
+    listed = keys_of(first)
+    assert len(listed) == 50
+    seen = list(listed)
+    html = first
+    while 'id="holds-next"' in html:
+        link = re.search(r'<a href="([^"]+)" id="holds-next"', html)
+        assert link is not None
+        html = text(staff_client.get(COORDINATION + link.group(1).replace("&amp;", "&")))
+        seen += keys_of(html)
+    assert sorted(seen) == [f"k:{n:03d}" for n in range(120)]  # every hold once, 3 pages
+
+    found = text(staff_client.get(COORDINATION, {"q": "k:042"}))
+    assert keys_of(found) == ["k:042"]
+    assert re.search(r'<strong id="hold-matching">1</strong> matching', found)
+    by_step = keys_of(text(staff_client.get(COORDINATION, {"q": "k:00", "h_step": "sync"})))
+    assert by_step == ["k:001", "k:003", "k:005", "k:007", "k:009"]
+    semaphores = keys_of(text(staff_client.get(COORDINATION, {"h_primitive": "semaphore"})))
+    assert len(semaphores) == 30 and all(int(k[2:]) % 4 == 0 for k in semaphores)
+    reactor_level = text(staff_client.get(COORDINATION, {"h_level": "reactor", "q": "k:01"}))
+    assert keys_of(reactor_level) == ["k:010", "k:012", "k:014", "k:016", "k:018"]
+    assert len(first.encode()) < 200 * 1024
