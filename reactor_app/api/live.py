@@ -52,6 +52,7 @@ def _hold(raw: dict[str, Any]) -> dict[str, Any]:
         "ttl_left": raw.get("ttl_left"),
         "count": int(raw.get("count") or 0),
         "token": raw.get("token"),
+        "limit": raw.get("limit"),  # a semaphore's, as its latest admission declared it
     }
 
 
@@ -190,7 +191,12 @@ def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
         if hold["primitive"] == "semaphore":
             by_key.setdefault(hold["key"], []).append(hold)
     return [
-        {"key": key, "held": len(holders), "holders": holders}
+        {
+            "key": key,
+            "held": len(holders),
+            "limit": next((h["limit"] for h in holders if h.get("limit")), None),
+            "holders": holders,
+        }
         for key, holders in sorted(by_key.items())
     ]
 
@@ -215,7 +221,8 @@ def _windows_for(key: str) -> list[tuple[str, float, int | None]]:
 def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[str, Any]:
     """The live state of one key of one primitive, as plain data (see the admin template).
 
-    ``limit`` is the semaphore limit to compute availability against (not stored in Redis).
+    ``limit`` is the semaphore limit to compute availability against (default: the one the
+    latest admission stored).
     Raises ``ValueError`` for an unknown primitive and ``CoordinationUnavailable`` when Redis
     cannot be reached.
     """

@@ -184,6 +184,11 @@ class HoldSerializer(serializers.Serializer):
     ttl_left = serializers.FloatField(allow_null=True, help_text="seconds")
     count = serializers.IntegerField(help_text="nesting count (re-entrant holds)")
     token = serializers.IntegerField(allow_null=True, help_text="fencing token (locks)")
+    limit = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        help_text="semaphore limit, as its latest admission declared it (semaphores)",
+    )
 
 
 class HoldPageSerializer(serializers.Serializer):

@@ -150,7 +150,7 @@ def _states(client: Any, prefix: str, entries: list[tuple[str, str, str]]) -> li
             pipe.pttl(lock.hold_key(user_key, prefix))
         else:
             pipe.zscore(semaphore.leases_key(user_key, prefix), owner)
-            pipe.hget(semaphore.holders_key(user_key, prefix), owner)
+            pipe.hmget(semaphore.holders_key(user_key, prefix), owner, semaphore.LIMIT_FIELD)
     return pipe.execute() if entries else []
 
 
@@ -175,7 +175,7 @@ def _row(
             "count": int(fields.get("count") or 0),
             "token": int(fields["token"]) if fields.get("token") else None,
         }
-    expiry_ms, raw_info = first, second
+    expiry_ms, (raw_info, raw_limit) = first, second
     if expiry_ms is None or expiry_ms <= now_ms:
         return None
     info = json.loads(raw_info or "{}")
@@ -190,6 +190,7 @@ def _row(
         "ttl_left": (expiry_ms - now_ms) / 1000,
         "count": int(info.get("count", 1)),
         "token": None,
+        "limit": int(raw_limit) if raw_limit else None,
     }
 
 

@@ -16,7 +16,8 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     fence (the last token issued, never expires), waiters zset (waiter id ->
                     registered ms)
   semaphore  (3+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
-                    {count, step, execution, reactor, acquired_at ms}), waiters zset
+                    {count, step, execution, reactor, acquired_at ms}; and field "\0limit" =
+                    the limit of the latest admission, for operators), waiters zset
   I = 0, or 3 with the live-holds index (see _common.lua): by-time zset, by-key zset, counts
       hash — then the claim's spec carries `ik`, its user key
   rate_limit (1+W): sequence counter, then per window a zset (sliding: member -> admitted us)
@@ -280,7 +281,8 @@ local function take_semaphore(claim, plan)
     expiry = math.max(expiry, tonumber(redis.call('ZSCORE', leases, holder.owner)))
   end
   redis.call('ZADD', leases, expiry, holder.owner)
-  redis.call('HSET', holders, holder.owner, cjson.encode(info))
+  -- the limit travels with every admission; kept beside the holders so operators see it
+  redis.call('HSET', holders, holder.owner, cjson.encode(info), '\0limit', claim.limit)
   if plan.fresh then index_add(index_of(claim.keys, 4, claim.ik), 'semaphore', holder.owner, now.ms) end
   -- the keys live as long as the longest lease
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
