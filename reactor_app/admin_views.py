@@ -115,6 +115,11 @@ class HoldSearchForm(forms.Form):
         }
 
 
+def live_hold_limit() -> int:
+    """How many holds of one key the pages show (a semaphore can have many holders)."""
+    return 200
+
+
 def _hold_links(request: HttpRequest, name: str, values: list[str]) -> list[dict[str, Any]]:
     """Filter links for one hold filter: each keeps the other filters, drops the cursor."""
     links = []
@@ -129,7 +134,12 @@ def _hold_links(request: HttpRequest, name: str, values: list[str]) -> list[dict
 
 class TimelineForm(forms.Form):
     key = forms.CharField(max_length=512)
-    minutes = forms.IntegerField(min_value=1, max_value=MAX_TIMELINE_MINUTES, initial=60)
+    minutes = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_TIMELINE_MINUTES,
+        required=False,
+        help_text="blank: zoom to the key's events",
+    )
 
 
 class ForceReleaseForm(forms.Form):
@@ -302,23 +312,33 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
 def timeline_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """The SVG timeline of one key, its events in the period, and who holds it now."""
     data = request.GET.copy()
-    data.setdefault("minutes", "60")
-    form = TimelineForm(data if "key" in data else None, initial={"minutes": 60})
+    form = TimelineForm(data if "key" in data else None)
     context: dict[str, Any] = {"form": form}
     if form.is_bound and form.is_valid():
         key, minutes = form.cleaned_data["key"], form.cleaned_data["minutes"]
-        drawn = timeline.for_key(key, minutes)
-        events = CoordinationEvent.objects.timeline(key, drawn.start, drawn.end).select_related(
-            "execution"
-        )
         try:
-            holding = _decorate_holds(live.live_holds(key=key), can_operate(request))
+            held = live.hold_page(key=key, limit=live_hold_limit()).rows
+            holding = _decorate_holds(held, can_operate(request))
             unavailable = None
         except CoordinationUnavailable as exc:
             holding, unavailable = [], exc.message
+        zoom = None
+        if minutes is None:
+            # Opened from a link: zoom to the key's own events (the period links widen it).
+            zoom = timeline.zoomed_range(
+                key, within_minutes=MAX_TIMELINE_MINUTES, held_now=bool(holding)
+            )
+        if zoom is not None:
+            drawn = timeline.for_range(key, *zoom)
+        else:
+            drawn = timeline.for_key(key, minutes or 60)
+        events = CoordinationEvent.objects.timeline(key, drawn.start, drawn.end).select_related(
+            "execution"
+        )
         context.update(
             key=key,
             minutes=minutes,
+            zoomed=zoom is not None,
             timeline=drawn,
             # render_svg escapes every piece of text it places in the markup
             svg=mark_safe(timeline.render_svg(drawn)),
@@ -398,7 +418,7 @@ def force_release_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpRes
             else:
                 messages.warning(request, f"{primitive} {key!r} was not held; nothing released")
             return _back()
-        holders = [h for h in live.live_holds(key=key, primitive=primitive)]
+        holders = live.hold_page(key=key, primitive=primitive, limit=live_hold_limit()).rows
         if owner:
             holders = [h for h in holders if h["owner"] == owner]
     except CoordinationUnavailable as exc:

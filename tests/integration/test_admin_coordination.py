@@ -423,3 +423,27 @@ def test_coordination_page_pages_and_searches_the_live_holds(staff_client: Clien
     reactor_level = text(staff_client.get(COORDINATION, {"h_level": "reactor", "q": "k:01"}))
     assert keys_of(reactor_level) == ["k:010", "k:012", "k:014", "k:016", "k:018"]
     assert len(first.encode()) < 200 * 1024
+
+
+@pytest.mark.django_db
+def test_the_timeline_opens_zoomed_to_the_keys_events(staff_client: Client) -> None:
+    burst = timezone.now() - timedelta(hours=3)
+    for kind, seconds in ((CoordinationEventKind.ACQUIRED, 0), (CoordinationEventKind.RELEASED, 8)):
+        CoordinationEvent.objects.create(
+            kind=kind,
+            primitive="lock",
+            key="zoom:1",
+            owner="o",
+            step="s",
+            at=burst + timedelta(seconds=seconds),
+        )
+    html = text(staff_client.get(TIMELINE, {"key": "zoom:1"}))
+    assert 'id="timeline-zoomed"' in html
+    start = (burst - timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S")
+    end = (burst + timedelta(seconds=9)).strftime("%H:%M:%S")
+    assert f'<span id="timeline-start">{start}</span>' in html
+    assert f'<span id="timeline-end">{end}</span>' in html
+    assert "no holds or parks" not in html  # the 8-second hold is drawn
+    # a period link shows the last hour instead, where the burst is not
+    widened = text(staff_client.get(TIMELINE, {"key": "zoom:1", "minutes": 60}))
+    assert 'id="timeline-zoomed"' not in widened and "no holds or parks" in widened
