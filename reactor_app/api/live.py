@@ -204,18 +204,21 @@ def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
 # -- one key ---------------------------------------------------------------------------------
 
 
-def _windows_for(key: str) -> list[tuple[str, float, int | None]]:
-    """``(label, seconds, limit)`` of the windows to report for a rate-limit key: those of the
-    named limit of that name (``REACTOR_RATE_LIMITS``), else the standard periods without a
-    known limit (limits are not stored in Redis; they travel with each admission)."""
+def _windows_for(key: str) -> list[tuple[str, float, int | None, str]]:
+    """``(label, seconds, limit, strategy)`` of the windows to report for a rate-limit key:
+    those its latest admissions stored in Redis, else those of the named limit of that name
+    (``REACTOR_RATE_LIMITS``), else the standard periods without a known limit."""
     from reactor_app.coordination import rate_limit
 
+    stored = rate_limit.stored_windows(key)
+    if stored:
+        return [(label, seconds, limit, strategy) for label, seconds, limit, strategy in stored]
     if key in reactor_settings.RATE_LIMITS:
         try:
-            return [(w.label, w.seconds, w.limit) for w in rate_limit.named_windows(key)]
+            return [(w.label, w.seconds, w.limit, "sliding") for w in rate_limit.named_windows(key)]
         except Exception:  # a broken named limit must not hide the counts
             pass
-    return [(label, rate_limit.parse_period(label), None) for label in STANDARD_WINDOWS]
+    return [(label, rate_limit.parse_period(label), None, "sliding") for label in STANDARD_WINDOWS]
 
 
 def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[str, Any]:
@@ -249,10 +252,10 @@ def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[s
             {
                 "window": label,
                 "seconds": seconds,
-                "count": coordination_state.rate_limit_count(key, seconds),
+                "count": coordination_state.rate_limit_count(key, seconds, strategy=strategy),
                 "limit": window_limit,
             }
-            for label, seconds, window_limit in _windows_for(key)
+            for label, seconds, window_limit, strategy in _windows_for(key)
         ]
     elif primitive == "period":
         from reactor_app.coordination.period import UNITS

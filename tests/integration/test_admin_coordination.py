@@ -132,7 +132,9 @@ def test_inspect_rate_limit_period_and_ordered_lock(staff_client: Client) -> Non
         return text(staff_client.get(COORDINATION, {"primitive": primitive, "key": key}))
 
     rate = inspect("rate_limit", "api:9")
-    assert re.search(r"<td>minute</td><td>3</td>", rate)
+    # the window and its limit were stored by the admissions: nothing to type
+    assert re.search(r"<td>minute</td><td>3</td><td>5</td>", rate)
+    assert "<td>hour</td>" not in rate  # only the windows the key was admitted with
     period = inspect("period", "digest:9")
     assert re.search(r"<td>hour</td><td>op-test</td><td>—</td>", period)
     assert re.search(r"<td>day</td><td>—</td><td>exec-9 \(step report\)</td>", period)

@@ -20,8 +20,10 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     the limit of the latest admission, for operators), waiters zset
   I = 0, or 3 with the live-holds index (see _common.lua): by-time zset, by-key zset, counts
       hash — then the claim's spec carries `ik`, its user key
-  rate_limit (1+W): sequence counter, then per window a zset (sliding: member -> admitted us)
-                    or a counter (fixed, expiring at the epoch-aligned window end)
+  rate_limit (1+W+S): sequence counter, then per window a zset (sliding: member -> admitted
+                    us) or a counter (fixed, expiring at the epoch-aligned window end), then
+                    (S = 1 when the spec says `stored`) the windows hash (label -> json
+                    {seconds, limit, strategy}) for operators
 
 ARGV[1]  holder json: {owner, execution?, step?, reactor?}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
@@ -29,7 +31,8 @@ ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count}
            period:       every ("second".."year" or seconds as text), ttl_ms (reservation lease)
            lock:         ttl_ms, ik? (user key, when the index keys follow)
            semaphore:    limit, ttl_ms (lease), ik?
-           rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}]
+           rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}],
+                         stored? (true: the windows hash key follows the window keys)
 ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
          refusal by a lock, semaphore, ordered lock or period in flight it is added to that
          claim's waiters, in the same atomic step, so a release can never slip between refusal
@@ -331,7 +334,21 @@ local function check_rate_limit(claim)
   return {}
 end
 
+-- the limits travel with each admission; keep them beside the counts so operators see them
+local function store_windows(claim)
+  if not claim.stored then return end
+  local name = claim.keys[#claim.windows + 2]
+  local longest = 0
+  for _, window in ipairs(claim.windows) do
+    redis.call('HSET', name, window.label, cjson.encode(
+      {seconds = window.ms / 1000, limit = window.limit, strategy = claim.strategy}))
+    longest = math.max(longest, window.ms)
+  end
+  if redis.call('PTTL', name) < longest then redis.call('PEXPIRE', name, math.ceil(longest) + 1) end
+end
+
 local function take_rate_limit(claim, plan)
+  store_windows(claim)
   if claim.strategy == 'fixed' then
     for i, window in ipairs(claim.windows) do
       local name = claim.keys[i + 1]
