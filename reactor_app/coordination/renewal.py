@@ -15,8 +15,9 @@ If a hold is found gone or taken over, or Redis stays unreachable for longer tha
 shortest lease (so the lease has lapsed for sure), ``lost`` is set to a ``LeaseLost`` and
 ``on_lost`` is called once; the thread then stops. ``on_extended(key, granted_ms)`` is called
 after each successful renewal, once per renewed lock or semaphore lease. The engine checks
-``lost`` (or calls ``raise_if_lost``) at its checkpoints. ``stop()`` wakes the thread through
-an Event and joins it, so it returns promptly.
+``lost`` (or calls ``raise_if_lost``) at its checkpoints. Period reservations are renewed
+without ``on_extended`` calls (the callback names only a key, which a lock may share).
+``stop()`` wakes the thread through an Event and joins it, so it returns promptly.
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ class Renewal:
         self.renewals += 1
         if self.on_extended is not None:
             for hold, granted_ms in zip(extended.extended, extended.granted_ms, strict=True):
-                self.on_extended(hold.claim.key, granted_ms)
+                if not isinstance(hold.claim, PeriodClaim):
+                    self.on_extended(hold.claim.key, granted_ms)
         return None
 
     def _lose(self, hold: Hold, reason: str) -> None:

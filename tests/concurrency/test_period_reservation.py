@@ -312,3 +312,29 @@ def test_a_parked_execution_is_woken_by_the_release_then_runs_or_skips(
     else:
         assert BODIES == [] and publish is not None and publish.status == "skipped"
         assert coordination_state().period_marked_by("feed:w", "day") == "other-exec"
+
+
+def test_a_lock_and_a_period_on_one_key_are_both_renewed_and_only_the_lock_reported() -> None:
+    """The renewal callback names only a key; a period reservation sharing the lock's key is
+    renewed silently, so every ``extended`` event stays the lock's."""
+    from reactor_app.coordination.claims import LockClaim
+
+    coordinator = Coordinator()
+    claims = [LockClaim("both", ttl=0.6), PeriodClaim("both", "day", ttl=0.6)]
+    held = coordinator.admit(claims, Holder(owner="both-owner", execution_id="both-exec"))
+    assert isinstance(held, Admitted)
+    reported: list[tuple[str, int]] = []
+    renewal = Renewal(
+        held, coordinator=coordinator, on_extended=lambda k, ms: reported.append((k, ms))
+    )
+    renewal.start()
+    try:
+        time.sleep(1.5)  # more than two leases
+        assert renewal.lost is None
+        assert coordination_state().lock("both").held
+        assert coordination_state().period_reserved("both", "day") is not None
+    finally:
+        renewal.stop()
+    assert renewal.renewals >= 3
+    assert len(reported) == renewal.renewals  # one per round: the lock's, not the period's
+    coordinator.release(held, "success")
