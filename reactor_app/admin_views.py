@@ -3,9 +3,11 @@
 They hang off the ``Coordination`` proxy's ModelAdmin (see ``admin.py``), so they appear in the
 admin index, use the admin's login, CSS and breadcrumbs, and are reached at
 
-* ``coordination/`` — every live hold from Redis (step-level beside reactor-level), semaphore
-  occupancy, and the state of keys asked about or recently seen (rate-limit windows, period
-  marks, ordered-lock head/next/first-failed);
+* ``coordination/`` — live holds from the live-holds index, 50 a page (step-level beside
+  reactor-level), searchable by key prefix, step and reactor, filtered by primitive and level,
+  with totals per primitive; semaphore occupancy of the listed holds; and the state of keys
+  asked about or recently seen (rate-limit windows, period marks, ordered-lock
+  head/next/first-failed);
 * ``coordination/timeline/?key=...&minutes=60`` — the key's SVG timeline (``timeline``);
 * ``coordination/force-release/``, ``coordination/ordered-skip/``, ``coordination/ordered-reset/``
   — GET shows what would change and asks to confirm; POST does it and records an audit event.
@@ -44,6 +46,8 @@ RECENT_MINUTES = 60
 RECENT_KEYS = 30
 #: the longest timeline period offered (one week)
 MAX_TIMELINE_MINUTES = 7 * 24 * 60
+#: live holds per page of the Coordination page (read from the live-holds index)
+HOLDS_PER_PAGE = 50
 
 
 def can_operate(request: HttpRequest) -> bool:
@@ -77,9 +81,65 @@ class InspectForm(forms.Form):
     )
 
 
+class HoldSearchForm(forms.Form):
+    """Which live holds the Coordination page lists (its own parameter names, so that the
+    inspect form's ``primitive``/``key`` on the same page never filter the holds)."""
+
+    q = forms.CharField(
+        required=False, max_length=512, label="Key starts with", help_text="e.g. acct:"
+    )
+    h_step = forms.CharField(required=False, max_length=255, label="Step")
+    h_reactor = forms.CharField(
+        required=False, max_length=255, label="Reactor", help_text="path or class name"
+    )
+    h_primitive = forms.ChoiceField(
+        required=False, choices=[("", "all"), *[(p, p) for p in live.HOLDING_PRIMITIVES]]
+    )
+    h_level = forms.ChoiceField(
+        required=False, choices=[("", "all"), *[(lv, lv) for lv in live.LEVELS]]
+    )
+    cursor = forms.CharField(required=False, max_length=2048, widget=forms.HiddenInput)
+
+    def filters(self) -> dict[str, Any]:
+        """``live.hold_page`` arguments (empty when the form is invalid)."""
+        if not self.is_valid():
+            return {}
+        data = self.cleaned_data
+        return {
+            "key_prefix": data["q"] or None,
+            "step": data["h_step"] or None,
+            "reactor": data["h_reactor"] or None,
+            "primitive": data["h_primitive"] or None,
+            "level": data["h_level"] or None,
+            "cursor": data["cursor"] or None,
+        }
+
+
+def live_hold_limit() -> int:
+    """How many holds of one key the pages show (a semaphore can have many holders)."""
+    return 200
+
+
+def _hold_links(request: HttpRequest, name: str, values: list[str]) -> list[dict[str, Any]]:
+    """Filter links for one hold filter: each keeps the other filters, drops the cursor."""
+    links = []
+    for value in ["", *values]:
+        query = request.GET.copy()
+        query.pop("cursor", None)
+        query[name] = value
+        current = request.GET.get(name, "") == value
+        links.append({"label": value or "all", "url": f"?{query.urlencode()}", "current": current})
+    return links
+
+
 class TimelineForm(forms.Form):
     key = forms.CharField(max_length=512)
-    minutes = forms.IntegerField(min_value=1, max_value=MAX_TIMELINE_MINUTES, initial=60)
+    minutes = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_TIMELINE_MINUTES,
+        required=False,
+        help_text="blank: zoom to the key's events",
+    )
 
 
 class ForceReleaseForm(forms.Form):
@@ -139,10 +199,12 @@ def _summary(report: dict[str, Any]) -> str:
             for w in report["windows"]
         )
     if primitive == "period":
-        marked = report["marked"]
-        if not marked:
-            return "no current bucket marked"
-        return ", ".join(f"{m['every']} marked by {m['marked_by']}" for m in marked)
+        parts = [f"{m['every']} marked by {m['marked_by']}" for m in report["marked"]]
+        parts += [
+            f"{m['every']} in flight ({m['in_flight']['execution'] or m['in_flight']['owner']})"
+            for m in report["in_flight"]
+        ]
+        return ", ".join(parts) or "no current bucket marked or in flight"
     ordered = report["ordered"]
     return (
         f"head {ordered['head'] or '-'}, next {ordered['next']}, "
@@ -175,10 +237,23 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
     operate = can_operate(request)
     unavailable: str | None = None
     holds: list[dict[str, Any]] = []
+    search = HoldSearchForm(request.GET)
+    page: live.HoldsPage | None = None
+    next_url: str | None = None
     try:
-        holds = _decorate_holds(live.live_holds(), operate)
+        page = live.hold_page(limit=HOLDS_PER_PAGE, **search.filters())
+    except ValueError:
+        search.add_error(None, "That page link is out of date; start again from the first page.")
     except CoordinationUnavailable as exc:
         unavailable = exc.message
+    if page is not None:
+        holds = _decorate_holds(page.rows, operate)
+        if page.next_cursor:
+            query = request.GET.copy()
+            query["cursor"] = page.next_cursor
+            next_url = f"?{query.urlencode()}#holds"
+    first_query = request.GET.copy()
+    first_query.pop("cursor", None)
 
     form = InspectForm(request.GET or None)
     inspected: dict[str, Any] | None = None
@@ -206,6 +281,16 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
         request,
         "Coordination",
         holds=holds,
+        totals=page.totals if page else {},
+        total_holds=sum(page.totals.values()) if page else 0,
+        matching=page.count if page else None,
+        search=search,
+        searching=any(v for k, v in search.filters().items() if k != "cursor"),
+        primitive_links=_hold_links(request, "h_primitive", list(live.HOLDING_PRIMITIVES)),
+        level_links=_hold_links(request, "h_level", list(live.LEVELS)),
+        next_url=next_url,
+        first_url=f"?{first_query.urlencode()}#holds" if "cursor" in request.GET else None,
+        per_page=HOLDS_PER_PAGE,
         step_holds=sum(1 for h in holds if h["level"] == "step"),
         reactor_holds=sum(1 for h in holds if h["level"] == "reactor"),
         semaphores=live.semaphore_occupancy(holds),
@@ -227,23 +312,33 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
 def timeline_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """The SVG timeline of one key, its events in the period, and who holds it now."""
     data = request.GET.copy()
-    data.setdefault("minutes", "60")
-    form = TimelineForm(data if "key" in data else None, initial={"minutes": 60})
+    form = TimelineForm(data if "key" in data else None)
     context: dict[str, Any] = {"form": form}
     if form.is_bound and form.is_valid():
         key, minutes = form.cleaned_data["key"], form.cleaned_data["minutes"]
-        drawn = timeline.for_key(key, minutes)
-        events = CoordinationEvent.objects.timeline(key, drawn.start, drawn.end).select_related(
-            "execution"
-        )
         try:
-            holding = _decorate_holds(live.live_holds(key=key), can_operate(request))
+            held = live.hold_page(key=key, limit=live_hold_limit()).rows
+            holding = _decorate_holds(held, can_operate(request))
             unavailable = None
         except CoordinationUnavailable as exc:
             holding, unavailable = [], exc.message
+        zoom = None
+        if minutes is None:
+            # Opened from a link: zoom to the key's own events (the period links widen it).
+            zoom = timeline.zoomed_range(
+                key, within_minutes=MAX_TIMELINE_MINUTES, held_now=bool(holding)
+            )
+        if zoom is not None:
+            drawn = timeline.for_range(key, *zoom)
+        else:
+            drawn = timeline.for_key(key, minutes or 60)
+        events = CoordinationEvent.objects.timeline(key, drawn.start, drawn.end).select_related(
+            "execution"
+        )
         context.update(
             key=key,
             minutes=minutes,
+            zoomed=zoom is not None,
             timeline=drawn,
             # render_svg escapes every piece of text it places in the markup
             svg=mark_safe(timeline.render_svg(drawn)),
@@ -323,7 +418,7 @@ def force_release_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpRes
             else:
                 messages.warning(request, f"{primitive} {key!r} was not held; nothing released")
             return _back()
-        holders = [h for h in live.live_holds(key=key, primitive=primitive)]
+        holders = live.hold_page(key=key, primitive=primitive, limit=live_hold_limit()).rows
         if owner:
             holders = [h for h in holders if h["owner"] == owner]
     except CoordinationUnavailable as exc:

@@ -166,6 +166,20 @@ class OrderedLockWaitError(CoordinationError):
     )
 
 
+class PeriodInFlightError(CoordinationError):
+    """Another execution is running this period bucket; it is neither done nor free yet."""
+
+    field_names: ClassVar[tuple[str, ...]] = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "retry_after",
+        "holder",
+        "bucket",
+    )
+
+
 class CoordinationKeyError(CoordinationError):
     """The coordination key function raised or returned nothing."""
 

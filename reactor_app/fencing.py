@@ -1,8 +1,11 @@
 """Fencing tokens for downstream writes (Kleppmann's fencing, DESIGN §2.7).
 
 Every fresh lock acquisition gets a per-key, strictly increasing token
-(``context.fencing_token()``). A model that stores the token of its last writer can refuse a
-write from a holder whose lease lapsed and whose key was taken by someone newer::
+(``context.fencing_token()``) — never below the Redis clock in microseconds, so tokens keep
+increasing across a Redis restart that lost every key (docs/coordination.md, "Guarantees"). A
+token is a large integer (about 1.8e15 today): store it in a ``BigIntegerField``. A model
+that stores the token of its last writer can refuse a write from a holder whose lease lapsed
+and whose key was taken by someone newer::
 
     updated = fenced_update(Account.objects.filter(pk=1), context.fencing_token(), balance=10)
     if not updated:

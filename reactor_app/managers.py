@@ -147,6 +147,17 @@ class CoordinationEventQuerySet(models.QuerySet):
     def timeline(self, key: str, start: datetime, end: datetime) -> CoordinationEventQuerySet:
         return self.for_key(key).between(start, end).order_by("at", "id")
 
+    def span(self, key: str, since: datetime) -> tuple[datetime, datetime] | None:
+        """The first and last event time of ``key`` since ``since`` (None: no events)."""
+        bounds = (
+            self.for_key(key)
+            .filter(at__gte=since)
+            .aggregate(first=models.Min("at"), last=models.Max("at"))
+        )
+        if bounds["first"] is None:
+            return None
+        return bounds["first"], bounds["last"]
+
     def opened_before(self, key: str, start: datetime) -> CoordinationEventQuerySet:
         """Acquisitions and parks of ``key`` made before ``start`` whose bars may reach into a
         timeline beginning at ``start`` (a hold taken 2 h ago and still running)."""

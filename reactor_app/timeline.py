@@ -191,7 +191,28 @@ def build(
 def for_key(key: str, minutes: int = 60, *, now: datetime | None = None) -> Timeline:
     """The timeline of ``key`` over the last ``minutes``, read from the event table."""
     end = now or timezone.now()
-    start = end - timedelta(minutes=minutes)
+    return for_range(key, end - timedelta(minutes=minutes), end)
+
+
+def zoomed_range(
+    key: str, *, within_minutes: int, held_now: bool, now: datetime | None = None
+) -> tuple[datetime, datetime] | None:
+    """The span of ``key``'s events in the last ``within_minutes``, with a margin, ending now
+    while the key is held — what the timeline opens on, so a burst of seconds an hour ago is
+    not a sliver of an hour-wide chart. None when the key has no events in that time."""
+    end_now = now or timezone.now()
+    span = CoordinationEvent.objects.span(key, end_now - timedelta(minutes=within_minutes))
+    if span is None:
+        return None
+    first, last = span
+    if held_now:
+        last = end_now
+    margin = max((last - first) * 0.05, timedelta(seconds=1))
+    return first - margin, min(last + margin, end_now)
+
+
+def for_range(key: str, start: datetime, end: datetime) -> Timeline:
+    """The timeline of ``key`` between ``start`` and ``end``, read from the event table."""
     events = list(
         CoordinationEvent.objects.timeline(key, start - LOOKBACK, end).reverse()[:MAX_EVENTS]
     )

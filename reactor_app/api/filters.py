@@ -90,12 +90,20 @@ class ExecutionFilters(QueryParameters):
 
 class HoldFilters(QueryParameters):
     key = _text("exact coordination key, e.g. acct:1")
+    key_prefix = _text(
+        "only keys starting with this text, e.g. acct: (then listed by key, not by time)"
+    )
+    reactor = _text("only holds taken by this reactor (dotted path or class name)")
+    cursor = _text("where the page starts: the cursor of the previous page's `next` link")
     primitive = _choice(HOLDING_PRIMITIVES, "holding primitive", "lock or semaphore")
     step = _text("only holds taken by this step (by step name)")
     level = _choice(LEVELS, "level", "step-level or reactor-level holds")
     execution = serializers.UUIDField(
         required=False, help_text="only holds of this execution (its id)"
     )
+
+    # cursor pagination: a page number means nothing while holds come and go
+    general = frozenset({"page_size", "format"})
 
 
 class EventFilters(QueryParameters):

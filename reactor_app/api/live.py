@@ -13,7 +13,7 @@ normalises times to aware datetimes and labels the level of each hold.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +52,7 @@ def _hold(raw: dict[str, Any]) -> dict[str, Any]:
         "ttl_left": raw.get("ttl_left"),
         "count": int(raw.get("count") or 0),
         "token": raw.get("token"),
+        "limit": raw.get("limit"),  # a semaphore's, as its latest admission declared it
     }
 
 
@@ -81,6 +82,108 @@ def live_holds(
     return holds
 
 
+@dataclass
+class HoldsPage:
+    """One page of live holds for operators: rows, the next cursor, totals from the index."""
+
+    rows: list[dict[str, Any]]
+    next_cursor: str | None
+    totals: dict[str, int]
+    #: how many holds match, when it is known without reading them all (else None)
+    count: int | None
+
+
+#: filters the index answers in O(page) (the others read on until the page is full)
+INDEXED_FILTERS = ("key_prefix", "primitive")
+
+
+def hold_page(
+    *,
+    limit: int = 50,
+    cursor: str | None = None,
+    key: str | None = None,
+    key_prefix: str | None = None,
+    primitive: str | None = None,
+    step: str | None = None,
+    level: str | None = None,
+    reactor: str | None = None,
+    execution: str | None = None,
+) -> HoldsPage:
+    """A page of live holds from the live-holds index (``coordination.holds_index``), in
+    acquisition order — by key under a ``key_prefix`` — continuing after ``cursor``.
+
+    On a Redis Cluster client (no index) it falls back to reading every hold (SCAN) and
+    slicing. Raises ``ValueError`` for a bad cursor and ``CoordinationUnavailable`` when Redis
+    cannot be reached.
+    """
+    from reactor_app.coordination import holds_index
+    from reactor_app.coordination.redis import get_client
+
+    filters = {
+        "key": key,
+        "primitive": primitive,
+        "step": step,
+        "level": level,
+        "reactor": reactor,
+        "execution": str(execution) if execution else None,
+    }
+    client = get_client()
+    if not holds_index.indexed(client):
+        return _scanned_page(limit, cursor, key_prefix, filters)
+    found = holds_index.page(limit=limit, cursor=cursor, key_prefix=key_prefix, **filters)
+    narrowed = {k for k, v in filters.items() if v} | ({"key_prefix"} if key_prefix else set())
+    count: int | None = None
+    if not narrowed:
+        count = sum(found.totals.values())
+    elif narrowed == {"primitive"} and primitive:
+        count = found.totals.get(primitive, 0)
+    elif cursor is None and found.next_cursor is None:
+        count = len(found.rows)
+    return HoldsPage(
+        rows=[_hold(raw) for raw in found.rows],
+        next_cursor=found.next_cursor,
+        totals=found.totals,
+        count=count,
+    )
+
+
+def _scanned_page(
+    limit: int, cursor: str | None, key_prefix: str | None, filters: dict[str, Any]
+) -> HoldsPage:
+    """The cluster fallback: every hold read, filtered and sliced (O(keys) per request)."""
+    from reactor_app.coordination import holds_index
+
+    offset = 0
+    if cursor:
+        data = holds_index.decode_cursor(cursor)
+        if not data["m"].isdigit():
+            raise ValueError(f"not a cursor of this listing: {cursor!r}")
+        offset = int(data["m"])
+    holds = live_holds(
+        key=filters["key"],
+        primitive=filters["primitive"],
+        step=filters["step"],
+        level=filters["level"],
+        execution=filters["execution"],
+    )
+    if key_prefix:
+        holds = [h for h in holds if h["key"].startswith(key_prefix)]
+    if filters["reactor"]:
+        wanted = filters["reactor"]
+        holds = [
+            h for h in holds if h["reactor"] in (wanted,) or (h["reactor"] or "").endswith(wanted)
+        ]
+    totals = {p: sum(1 for h in holds if h["primitive"] == p) for p in HOLDING_PRIMITIVES}
+    rows = holds[offset : offset + limit]
+    more = offset + limit < len(holds)
+    return HoldsPage(
+        rows=rows,
+        next_cursor=holds_index.encode_cursor({"m": str(offset + limit)}) if more else None,
+        totals=totals,
+        count=len(holds),
+    )
+
+
 def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per semaphore key: how many owners hold a slot, and who (from ``live_holds`` rows)."""
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -88,7 +191,12 @@ def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
         if hold["primitive"] == "semaphore":
             by_key.setdefault(hold["key"], []).append(hold)
     return [
-        {"key": key, "held": len(holders), "holders": holders}
+        {
+            "key": key,
+            "held": len(holders),
+            "limit": next((h["limit"] for h in holders if h.get("limit")), None),
+            "holders": holders,
+        }
         for key, holders in sorted(by_key.items())
     ]
 
@@ -96,24 +204,28 @@ def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
 # -- one key ---------------------------------------------------------------------------------
 
 
-def _windows_for(key: str) -> list[tuple[str, float, int | None]]:
-    """``(label, seconds, limit)`` of the windows to report for a rate-limit key: those of the
-    named limit of that name (``REACTOR_RATE_LIMITS``), else the standard periods without a
-    known limit (limits are not stored in Redis; they travel with each admission)."""
+def _windows_for(key: str) -> list[tuple[str, float, int | None, str]]:
+    """``(label, seconds, limit, strategy)`` of the windows to report for a rate-limit key:
+    those its latest admissions stored in Redis, else those of the named limit of that name
+    (``REACTOR_RATE_LIMITS``), else the standard periods without a known limit."""
     from reactor_app.coordination import rate_limit
 
+    stored = rate_limit.stored_windows(key)
+    if stored:
+        return [(label, seconds, limit, strategy) for label, seconds, limit, strategy in stored]
     if key in reactor_settings.RATE_LIMITS:
         try:
-            return [(w.label, w.seconds, w.limit) for w in rate_limit.named_windows(key)]
+            return [(w.label, w.seconds, w.limit, "sliding") for w in rate_limit.named_windows(key)]
         except Exception:  # a broken named limit must not hide the counts
             pass
-    return [(label, rate_limit.parse_period(label), None) for label in STANDARD_WINDOWS]
+    return [(label, rate_limit.parse_period(label), None, "sliding") for label in STANDARD_WINDOWS]
 
 
 def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[str, Any]:
     """The live state of one key of one primitive, as plain data (see the admin template).
 
-    ``limit`` is the semaphore limit to compute availability against (not stored in Redis).
+    ``limit`` is the semaphore limit to compute availability against (default: the one the
+    latest admission stored).
     Raises ``ValueError`` for an unknown primitive and ``CoordinationUnavailable`` when Redis
     cannot be reached.
     """
@@ -140,23 +252,45 @@ def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[s
             {
                 "window": label,
                 "seconds": seconds,
-                "count": coordination_state.rate_limit_count(key, seconds),
+                "count": coordination_state.rate_limit_count(key, seconds, strategy=strategy),
                 "limit": window_limit,
             }
-            for label, seconds, window_limit in _windows_for(key)
+            for label, seconds, window_limit, strategy in _windows_for(key)
         ]
     elif primitive == "period":
         from reactor_app.coordination.period import UNITS
 
         marks = [
-            {"every": every, "marked_by": coordination_state.period_marked(key, every)}
+            {
+                "every": every,
+                "marked_by": coordination_state.period_marked(key, every),
+                # the run holding the current bucket now (neither done nor free yet)
+                "in_flight": _in_flight(coordination_state.period_reserved(key, every)),
+            }
             for every in UNITS
         ]
         report["marks"] = marks
         report["marked"] = [m for m in marks if m["marked_by"]]
+        report["in_flight"] = [m for m in marks if m["in_flight"]]
     elif primitive == "ordered_lock":
         ordered = coordination_state.ordered_state(key)
         report["ordered"] = asdict(ordered)
     else:
         raise ValueError(f"unknown primitive {primitive!r}: use one of {', '.join(PRIMITIVES)}")
     return report
+
+
+def _in_flight(reservation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A period reservation as the report shows it: who runs the bucket, for how long yet."""
+    if reservation is None:
+        return None
+    return {
+        "owner": reservation.get("owner"),
+        "execution": reservation.get("execution") or None,
+        "step": reservation.get("step") or None,
+        "reactor": reservation.get("reactor") or None,
+        "acquired_at": to_datetime(reservation["acquired_at"] / 1000)
+        if reservation.get("acquired_at")
+        else None,
+        "ttl": reservation.get("ttl"),
+    }

@@ -17,7 +17,7 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
 
-def _positive_int(name: str, raw: str, maximum: int | None = None) -> int:
+def positive_int(name: str, raw: str, maximum: int | None = None) -> int:
     bound = f" between 1 and {maximum}" if maximum else " of at least 1"
     try:
         number = int(raw)
@@ -40,11 +40,11 @@ class ReactorPagination(PageNumberPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return self.page_size
-        return _positive_int(self.page_size_query_param, raw, self.max_page_size)
+        return positive_int(self.page_size_query_param, raw, self.max_page_size)
 
     def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
         raw = request.query_params.get(self.page_query_param)
-        number = _positive_int(self.page_query_param, raw) if raw is not None else 1
+        number = positive_int(self.page_query_param, raw) if raw is not None else 1
         try:
             return super().paginate_queryset(queryset, request, view)
         except (NotFound, InvalidPage):

@@ -184,6 +184,26 @@ class HoldSerializer(serializers.Serializer):
     ttl_left = serializers.FloatField(allow_null=True, help_text="seconds")
     count = serializers.IntegerField(help_text="nesting count (re-entrant holds)")
     token = serializers.IntegerField(allow_null=True, help_text="fencing token (locks)")
+    limit = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        help_text="semaphore limit, as its latest admission declared it (semaphores)",
+    )
+
+
+class HoldPageSerializer(serializers.Serializer):
+    """A page of live holds. Follow ``next`` (a cursor link) for the following page."""
+
+    count = serializers.IntegerField(
+        allow_null=True,
+        help_text="holds matching, from the index; null when only reading them all could tell",
+    )
+    totals = serializers.DictField(
+        child=serializers.IntegerField(), help_text="live holds per primitive, from the index"
+    )
+    next = serializers.CharField(allow_null=True, help_text="URL of the next page, or null")
+    previous = serializers.CharField(allow_null=True, help_text="always null (cursor paging)")
+    results = HoldSerializer(many=True)
 
 
 class ErrorSerializer(serializers.Serializer):

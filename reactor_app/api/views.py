@@ -11,14 +11,15 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
 
 from reactor_app.api import live
 from reactor_app.api.filters import ContentionFilters, EventFilters, ExecutionFilters, HoldFilters
-from reactor_app.api.pagination import ReactorPagination
+from reactor_app.api.pagination import MAX_PAGE_SIZE, ReactorPagination, positive_int
 from reactor_app.api.permissions import configured_permissions
 from reactor_app.api.serializers import (
     ContentionSerializer,
@@ -26,6 +27,7 @@ from reactor_app.api.serializers import (
     ErrorSerializer,
     ExecutionDetailSerializer,
     ExecutionSerializer,
+    HoldPageSerializer,
     HoldSerializer,
 )
 from reactor_app.exceptions import CoordinationUnavailable
@@ -46,7 +48,7 @@ class CoordinationStoreUnavailable(APIException):
 class ReactorAPIMixin:
     """Shared by every view: configured permissions, bounded pagination."""
 
-    pagination_class = ReactorPagination
+    pagination_class: type[ReactorPagination] | None = ReactorPagination
     request: Request
 
     def get_permissions(self) -> list[BasePermission]:
@@ -95,9 +97,14 @@ class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
 @extend_schema_view(
     list=extend_schema(
         summary="Live holds (from Redis), each attributed to its step or to the reactor level",
+        description=(
+            "Read from the live-holds index one page at a time: oldest acquisition first, or "
+            "by key under `key_prefix`. Follow `next` for the following page; `page_size` "
+            "bounds a page."
+        ),
         parameters=[HoldFilters],
         responses={
-            200: HoldSerializer(many=True),
+            200: HoldPageSerializer,
             400: BAD_PARAMETERS,
             403: NOT_ALLOWED,
             503: OpenApiResponse(ErrorSerializer, description="Redis unreachable"),
@@ -106,6 +113,7 @@ class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
 )
 class HoldViewSet(ReactorAPIMixin, viewsets.GenericViewSet):
     serializer_class = HoldSerializer
+    pagination_class = None  # cursor paging over the live-holds index, below
 
     def get_queryset(self) -> Any:  # pragma: no cover - holds are not ORM rows
         return Execution.objects.none()
@@ -114,17 +122,34 @@ class HoldViewSet(ReactorAPIMixin, viewsets.GenericViewSet):
         filters = HoldFilters.parse(request)
         if "execution" in filters:
             filters["execution"] = str(filters["execution"])
+        raw_size = request.query_params.get("page_size")
+        size = (
+            ReactorPagination.page_size
+            if raw_size is None
+            else positive_int("page_size", raw_size, MAX_PAGE_SIZE)
+        )
         try:
-            holds = live.live_holds(**filters)
+            page = live.hold_page(limit=size, **filters)
+        except ValueError as exc:
+            raise ValidationError({"cursor": [str(exc)]}) from exc
         except CoordinationUnavailable as exc:
             raise CoordinationStoreUnavailable(exc.message) from exc
-        page = self.paginate_queryset(holds)
-        rows = page if page is not None else holds
+        rows = page.rows
         statuses = Execution.objects.statuses_of([h["execution"] for h in rows])
         for hold in rows:
             hold["execution_status"] = statuses.get(hold["execution"] or "")
-        data = HoldSerializer(rows, many=True).data
-        return self.get_paginated_response(data) if page is not None else Response(data)
+        next_url = None
+        if page.next_cursor is not None:
+            next_url = replace_query_param(request.build_absolute_uri(), "cursor", page.next_cursor)
+        return Response(
+            {
+                "count": page.count,
+                "totals": page.totals,
+                "next": next_url,
+                "previous": None,
+                "results": HoldSerializer(rows, many=True).data,
+            }
+        )
 
 
 @extend_schema_view(

@@ -15,6 +15,10 @@ channel, retry once subscribed (so a release in between is never missed), then s
 subscription until a release PUBLISHes — or until the refusal's ``retry_after`` (a lease
 lapsing, a rate window sliding) or the caller's ``wait`` runs out. No fixed-interval polling.
 
+A period bucket another owner is running (``PERIOD_IN_FLIGHT``) is contention like a held
+lock: waited for (woken when that run ends, or at its lease's end) or parked, and then skipped
+(done) or run (freed).
+
 Parked workers (§2.3) instead pass ``waiter_id``: a refusal registers it atomically in the
 refusing key's waiters zset, and the release that frees the key pops it and returns it in
 ``Released.woken`` so the caller can re-enqueue that execution at once.
@@ -29,7 +33,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from reactor_app.coordination import lock, ordered_lock, period, rate_limit, semaphore
+from reactor_app.coordination import (
+    holds_index,
+    lock,
+    ordered_lock,
+    period,
+    rate_limit,
+    semaphore,
+)
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
     AdmissionResult,
@@ -64,6 +75,7 @@ from reactor_app.exceptions import (
     LeaseLost,
     LockAcquisitionError,
     OrderedLockWaitError,
+    PeriodInFlightError,
     RateLimitExceeded,
     SemaphoreAcquisitionError,
 )
@@ -134,8 +146,16 @@ def _specs(
 ) -> list[dict[str, Any]]:
     """The per-hold argument specs of a script call: primitive, key count and its own fields."""
     return [
-        {"p": h.claim.primitive, "n": len(g), **spec(h)} for h, g in zip(holds, groups, strict=True)
+        {"p": h.claim.primitive, "n": len(g), **spec(h), **_index_spec(h.claim, g)}
+        for h, g in zip(holds, groups, strict=True)
     ]
+
+
+def _index_spec(claim: Claim, group: list[str]) -> dict[str, Any]:
+    """``ik`` (the user key) for a group that ends with the live-holds index keys."""
+    if claim.primitive in holds_index.INDEXED and group[-1].endswith(":holds:counts"):
+        return {"ik": claim.key}
+    return {}
 
 
 def _ids(data: dict[str, Any]) -> list[str]:
@@ -198,6 +218,18 @@ class Coordinator:
             primitive=claim.primitive if claim else None,
         )
 
+    def _with_index(self, claims: Sequence[Claim], groups: list[list[str]]) -> list[list[str]]:
+        """Append the live-holds index keys to the groups of locks and semaphores, so the
+        scripts keep the index — except on a cluster, where they share no slot with the holds
+        (listings then SCAN; see ``holds_index``)."""
+        if not holds_index.indexed(self.client):
+            return groups
+        index = holds_index.index_keys(self.prefix)
+        return [
+            [*group, *index] if claim.primitive in holds_index.INDEXED else group
+            for claim, group in zip(claims, groups, strict=True)
+        ]
+
     def _one_call(self, keys: Sequence[str]) -> bool:
         if self._atomic is not None:
             return self._atomic
@@ -215,7 +247,9 @@ class Coordinator:
         if not ordered:
             return Admitted(holds=[], holder=holder)
         prefix = self.prefix
-        groups = [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
+        groups = self._with_index(
+            ordered, [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
+        )
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
             return self._admit_call(ordered, groups, holder, waiter_id)
         return self._admit_one_by_one(ordered, groups, holder, waiter_id)
@@ -228,7 +262,12 @@ class Coordinator:
         waiter_id: str | None,
     ) -> AdmissionResult:
         specs = [
-            {"p": c.primitive, "n": len(g), **PRIMITIVES[c.primitive].admit_spec(c)}
+            {
+                "p": c.primitive,
+                "n": len(g),
+                **PRIMITIVES[c.primitive].admit_spec(c),
+                **_index_spec(c, g),
+            }
             for c, g in zip(claims, groups, strict=True)
         ]
         keys = [k for group in groups for k in group]
@@ -315,7 +354,10 @@ class Coordinator:
         holds = list(reversed(admitted.holds))
         if not holds:
             return Released()
-        groups = [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds]
+        groups = self._with_index(
+            [h.claim for h in holds],
+            [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
+        )
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
         not_held: list[tuple[str, str]] = []
@@ -439,8 +481,7 @@ class Coordinator:
     def register_waiter(self, claim: Claim, waiter_id: str, ttl: float = 86400.0) -> bool:
         """Park ``waiter_id`` on ``claim``'s key: the next release that frees it returns the id
         in ``Released.woken``. (``admit(..., waiter_id=...)`` registers atomically on refusal,
-        which is what workers should use.) False for primitives that never release (rate
-        limit, period)."""
+        which is what workers should use.) False for the rate limit, which never releases."""
         name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return False
@@ -499,7 +540,8 @@ class Coordinator:
         renew: Callable[[Hold], bool] | None = None,
         lease_ms: int | None = None,
     ) -> Extended:
-        """Renew the leases of lock and semaphore ``holds`` (one call); see extend.lua.
+        """Renew the leases of lock and semaphore ``holds`` and period reservations (one
+        call); see extend.lua.
 
         ``renew`` picks the holds whose lease is renewed; the others are only checked (still
         held by ``owner`` with their token, lease not expired) and keep the lease they have.
@@ -508,7 +550,7 @@ class Coordinator:
         ``lease_ms`` grants that lease instead of each claim's own TTL (a hold kept across a
         park is made to cover the park); a lease is never shortened.
         """
-        items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
+        items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim, PeriodClaim))]
         if not items:
             return Extended()
         groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
@@ -592,8 +634,12 @@ class Coordinator:
                 f"force_release supports 'lock' and 'semaphore', not {primitive!r} "
                 "(use skip/reset for an ordered lock)"
             )
+        args = [primitive, owner or ""]
+        if holds_index.indexed(self.client):
+            keys += holds_index.index_keys(prefix)
+            args.append(key)
         reply = scripts_for(self.client).run(
-            "force_release", keys, [primitive, owner or ""], key=key, primitive=primitive
+            "force_release", keys, args, key=key, primitive=primitive
         )
         if reply.status is Status.NOT_FOUND:
             return ForceReleased()
@@ -667,6 +713,17 @@ def refusal_error(
             limit=limit,
             **common,
         )
+    if error_class is PeriodInFlightError:
+        bucket = refused.detail.get("bucket")
+        return PeriodInFlightError(
+            f"{where}: period {claim.key!r} (bucket starting {bucket}) is being run by "
+            f"{_who(refused.blocker)}; it will be done or free when that run ends"
+            + _after(refused.retry_after),
+            retry_after=refused.retry_after,
+            holder=refused.blocker,
+            bucket=bucket,
+            **common,
+        )
     if error_class is RateLimitExceeded:
         limit = refused.detail.get("limit")
         label = refused.detail.get("label")
@@ -703,6 +760,7 @@ _REFUSAL_STATUS: dict[str, Status] = {
     "semaphore": Status.SEMAPHORE_FULL,
     "rate_limit": Status.RATE_LIMITED,
     "ordered_lock": Status.ORDERED_WAIT,
+    "period": Status.PERIOD_IN_FLIGHT,
 }
 
 

@@ -66,6 +66,7 @@ class RateLimitClaim:
 class PeriodClaim:
     key: str
     every: str | int  # "second" ... "year" (calendar UTC) or seconds (epoch-aligned)
+    ttl: float = 60.0  # lease seconds of the in-flight reservation (renewed while it runs)
     primitive: Primitive = field(default="period", init=False)
 
 
@@ -94,7 +95,7 @@ class Hold:
 
     claim: Claim
     fresh: bool  # False when the owner re-entered a hold it already had
-    token: int | None = None  # fencing token (locks only)
+    token: int | None = None  # fencing token (locks only): never below Redis TIME in µs
 
 
 @dataclass

@@ -4,8 +4,10 @@ Key layout (``K`` = the user key, always inside the hash tag):
 
 * ``{prefix}:lock:{K}`` — hash ``owner, count, step, execution, reactor, acquired_at (ms),
   token``; its PX expiry is the lease. Deleted when the outermost hold is released.
-* ``{prefix}:lock:{K}:fence`` — the fencing counter. INCR'd on every fresh acquisition and
-  never expired, so tokens strictly increase per key across releases.
+* ``{prefix}:lock:{K}:fence`` — the last fencing token issued, never expired. A fresh
+  acquisition issues ``max(last + 1, Redis TIME in µs)``, so tokens strictly increase per key
+  across releases — and across a restart or failover that lost this key, as long as the Redis
+  clock has not gone back by more than the outage (docs/coordination.md, "Guarantees").
 * ``{prefix}:waiters:{K}:lock`` — zset of parked waiter ids (score: registration ms).
 
 The owner is the root execution id, so every part of one execution tree re-enters its own
@@ -103,7 +105,7 @@ class LockState:
     ttl: float | None = None
     token: int | None = None
     acquired_at: float | None = None
-    last_token: int | None = None  # the fencing counter: the latest token ever issued
+    last_token: int | None = None  # the fence: the latest token issued (since any lost keys)
 
 
 def _text(value: str | None) -> str | None:

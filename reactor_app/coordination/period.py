@@ -1,4 +1,4 @@
-"""Dedup period: the work runs at most once per bucket per key (§2.6 "Period").
+"""Dedup period: exactly one success per bucket per key, never two bodies at once (§2.6).
 
 Buckets are computed inside Lua from Redis ``TIME``: calendar-aligned UTC buckets for
 ``"second" "minute" "hour" "day" "week"`` (ISO, starting Monday) ``"month" "year"``, and
@@ -6,22 +6,30 @@ epoch-aligned buckets for a whole number of seconds.
 
 Key layout (``K`` = the user key, inside the hash tag; ``E`` = ``every`` as text):
 
-* ``{prefix}:period:{K}:E`` — hash ``bucket (start, epoch s), by (execution id or owner),
-  at (ms)``, expiring at the bucket's end.
+* ``{prefix}:period:{K}:E`` — the *done* mark: hash ``bucket (start, epoch s), by (execution
+  id or owner), at (ms)``, expiring at the bucket's end.
+* ``{prefix}:period:{K}:E:reserved`` — the *in-flight* reservations: hash ``bucket start ->
+  json {owner, count, unit, step, execution, reactor, acquired_at ms, expires ms}``. One entry
+  per bucket (two only around a bucket edge); each carries its own lease, like a semaphore's.
+* ``{prefix}:waiters:{K}:period:E`` — zset of parked waiter ids (score: registration ms).
 
-Admission refuses with ``PeriodHit`` when the mark names the current bucket — checked
-atomically with the other claims of the admission. Marking happens only in release with the
-outcome ``"success"``, for the bucket the admission saw; a bucket that is already over by then
-needs no mark (a run admitted at 10:59:59 that succeeds at 11:00:01 leaves the 11:00 bucket
-free), and a newer bucket's mark is never replaced.
+Admission (atomic with the other claims) answers ``PeriodHit`` when the bucket is done, a
+``Refused`` with status ``PERIOD_IN_FLIGHT`` (``retry_after`` = the reservation's lease left)
+when another owner's reservation is live, and otherwise reserves the bucket for the holder.
+Release marks it done on ``"success"`` and frees it on any other outcome; a holder that dies
+frees it when its lease (``ttl``) lapses. The renewal thread keeps a live holder's reservation
+(``Coordinator.extend`` / ``lua/extend.lua``). A success whose bucket is already over by then
+needs no mark, and a newer bucket's mark is never replaced. See docs/coordination.md.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, PeriodClaim
+from reactor_app.coordination.lock import seconds_to_ms
 from reactor_app.coordination.redis import (
     Status,
     get_client,
@@ -70,6 +78,14 @@ def mark_key(user_key: str, every: str | int, prefix: str | None = None) -> str:
     return key(PRIMITIVE, user_key, every_text(every), prefix=prefix)
 
 
+def reservations_key(user_key: str, every: str | int, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, every_text(every), "reserved", prefix=prefix)
+
+
+def waiters_key(user_key: str, every: str | int, prefix: str | None = None) -> str:
+    return key("waiters", user_key, PRIMITIVE, every_text(every), prefix=prefix)
+
+
 def bucket_bounds(every: str | int, at: float) -> tuple[int, int]:
     """Start and end (epoch seconds) of the bucket holding ``at`` — the Python twin of
     ``lua/_calendar.lua`` (the Lua side is what admission uses; tests keep them equal)."""
@@ -98,11 +114,15 @@ def bucket_bounds(every: str | int, at: float) -> tuple[int, int]:
 
 
 def admit_keys(claim: PeriodClaim, prefix: str) -> list[str]:
-    return [mark_key(claim.key, claim.every, prefix)]
+    return [
+        mark_key(claim.key, claim.every, prefix),
+        reservations_key(claim.key, claim.every, prefix),
+        waiters_key(claim.key, claim.every, prefix),
+    ]
 
 
 def admit_spec(claim: PeriodClaim) -> dict[str, Any]:
-    return {"every": every_text(claim.every)}
+    return {"every": every_text(claim.every), "ttl_ms": seconds_to_ms(claim.ttl)}
 
 
 release_keys = admit_keys
@@ -118,12 +138,25 @@ def release_spec(hold: Hold) -> dict[str, Any]:
     return spec
 
 
-def wake_channel(claim: PeriodClaim, prefix: str) -> None:
-    return None
+def extend_keys(claim: PeriodClaim, prefix: str) -> list[str]:
+    return [reservations_key(claim.key, claim.every, prefix)]
 
 
-def claim_waiters_key(claim: PeriodClaim, prefix: str) -> None:
-    return None
+def extend_spec(hold: Hold, owner: str) -> dict[str, Any]:
+    assert isinstance(hold.claim, PeriodClaim)
+    bucket = getattr(hold, "detail", {}).get("bucket")
+    if bucket is None:
+        raise ValueError("a period reservation is renewed with the bucket its admission took")
+    return {"owner": owner, "bucket": int(bucket), "ttl_ms": seconds_to_ms(hold.claim.ttl)}
+
+
+def wake_channel(claim: PeriodClaim, prefix: str) -> str:
+    """Release PUBLISHes on the reservations key's name when a reservation ends."""
+    return reservations_key(claim.key, claim.every, prefix)
+
+
+def claim_waiters_key(claim: PeriodClaim, prefix: str) -> str:
+    return waiters_key(claim.key, claim.every, prefix)
 
 
 # -- state --------------------------------------------------------------------------------
@@ -154,3 +187,24 @@ def period_marked(
     if bucket is None or int(float(bucket)) != start:
         return None
     return marked_by or "?"
+
+
+def period_reserved(
+    user_key: str, every: str | int, *, client: Any = None, prefix: str | None = None
+) -> dict[str, Any] | None:
+    """The live reservation of the current bucket (owner, count, step, execution, reactor,
+    acquired_at ms, ttl s), or None when the bucket is not in flight."""
+    client = client or get_client()
+    start, _ = current_bucket(every, client=client)
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        seconds, micros = client.time()
+        raw = client.hget(reservations_key(user_key, every, prefix), str(start))
+    if raw is None:
+        return None
+    entry: dict[str, Any] = json.loads(raw)
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    left_ms = int(entry.get("expires", 0)) - now_ms
+    if left_ms <= 0:
+        return None  # its holder died: the next admission frees it
+    entry["ttl"] = left_ms / 1000
+    return entry

@@ -10,6 +10,9 @@ Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as
   epoch-aligned end. Constant memory for very large limits; a burst of up to twice the limit
   can straddle a window edge.
 * ``{prefix}:rate_limit:{K}:seq`` — a sequence making sliding-window members unique.
+* ``{prefix}:rate_limit:{K}:windows`` — hash ``label -> json {seconds, limit, strategy}``,
+  written by every admission (the limits travel with it), so operators see the window counts
+  against their limits without typing them; it lives as long as the longest window.
 
 Every window of a claim is checked, and all are charged, in one atomic admission; a charge is
 only spent on work that is about to run (nothing is charged when anything else refuses).
@@ -178,9 +181,15 @@ def window_key(
 # -- script argument encoding ----------------------------------------------------------------
 
 
+def windows_key(user_key: str, prefix: str | None = None) -> str:
+    return key(PRIMITIVE, user_key, "windows", prefix=prefix)
+
+
 def admit_keys(claim: RateLimitClaim, prefix: str) -> list[str]:
-    return [sequence_key(claim.key, prefix)] + [
-        window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows
+    return [
+        sequence_key(claim.key, prefix),
+        *[window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows],
+        windows_key(claim.key, prefix),
     ]
 
 
@@ -189,6 +198,7 @@ def admit_spec(claim: RateLimitClaim) -> dict[str, Any]:
         raise ValueError(f"rate limit on {claim.key!r} has no windows")
     return {
         "strategy": claim.strategy,
+        "stored": True,  # the windows hash follows the window keys
         "windows": [
             {"ms": max(1, round(w.seconds * 1000)), "limit": int(w.limit), "label": w.label}
             for w in claim.windows
@@ -239,3 +249,22 @@ def rate_limit_count(
         now_seconds, micros = client.time()
         now_us = int(now_seconds) * 1_000_000 + int(micros)
         return int(client.zcount(name, f"({now_us - round(seconds * 1_000_000)}", "+inf"))
+
+
+def stored_windows(
+    user_key: str, *, client: Any = None, prefix: str | None = None
+) -> list[tuple[str, float, int, str]]:
+    """``(label, seconds, limit, strategy)`` of the windows the latest admissions of
+    ``user_key`` declared, shortest first (empty when none was admitted recently)."""
+    import json
+
+    client = client or get_client()
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        raw = client.hgetall(windows_key(user_key, prefix))
+    windows = []
+    for label, text in raw.items():
+        data = json.loads(text)
+        windows.append(
+            (label, float(data["seconds"]), int(data["limit"]), str(data.get("strategy", "")))
+        )
+    return sorted(windows, key=lambda w: w[1])

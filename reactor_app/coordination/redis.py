@@ -40,6 +40,7 @@ from reactor_app.exceptions import (
     LeaseLost,
     LockAcquisitionError,
     OrderedLockWaitError,
+    PeriodInFlightError,
     RateLimitExceeded,
     SemaphoreAcquisitionError,
 )
@@ -219,6 +220,7 @@ class Status(IntEnum):
     CHAIN_FAILED = 7
     LOST = 8
     NOT_FOUND = 9
+    PERIOD_IN_FLIGHT = 10
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,10 @@ STATUSES: dict[Status, StatusMeaning] = {
     Status.CHAIN_FAILED: StatusMeaning("chain_failed", claim_types.ChainFailed, None),
     Status.LOST: StatusMeaning("lost", None, LeaseLost),
     Status.NOT_FOUND: StatusMeaning("not_found", None, None),
+    # another owner's reservation of the period bucket is live: contention, not a skip
+    Status.PERIOD_IN_FLIGHT: StatusMeaning(
+        "period_in_flight", claim_types.Refused, PeriodInFlightError
+    ),
 }
 
 

@@ -7,14 +7,17 @@
   token (``lua/extend.lua``);
 * semaphore leases — a live holder keeps its slot however long the work takes, while a dead
   one's lease still lapses;
+* period reservations — a live holder keeps its bucket in flight however long the work takes,
+  while a dead one's reservation still lapses;
 * ordered-lock positions — a heartbeat, so a slow but live head is not passed over.
 
 If a hold is found gone or taken over, or Redis stays unreachable for longer than the
 shortest lease (so the lease has lapsed for sure), ``lost`` is set to a ``LeaseLost`` and
 ``on_lost`` is called once; the thread then stops. ``on_extended(key, granted_ms)`` is called
 after each successful renewal, once per renewed lock or semaphore lease. The engine checks
-``lost`` (or calls ``raise_if_lost``) at its checkpoints. ``stop()`` wakes the thread through
-an Event and joins it, so it returns promptly.
+``lost`` (or calls ``raise_if_lost``) at its checkpoints. Period reservations are renewed
+without ``on_extended`` calls (the callback names only a key, which a lock may share).
+``stop()`` wakes the thread through an Event and joins it, so it returns promptly.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from reactor_app.coordination.claims import (
     Hold,
     LockClaim,
     OrderedLockClaim,
+    PeriodClaim,
     SemaphoreClaim,
 )
 from reactor_app.exceptions import CoordinationUnavailable, LeaseLost
@@ -42,14 +46,14 @@ def _renewable(hold: Hold) -> bool:
     claim = hold.claim
     if isinstance(claim, LockClaim):
         return claim.auto_extend
-    return isinstance(claim, SemaphoreClaim | OrderedLockClaim)
+    return isinstance(claim, SemaphoreClaim | OrderedLockClaim | PeriodClaim)
 
 
 def _lease_seconds(hold: Hold) -> float:
     claim = hold.claim
     if isinstance(claim, OrderedLockClaim):
         return claim.poison_pill_timeout
-    assert isinstance(claim, LockClaim | SemaphoreClaim)
+    assert isinstance(claim, LockClaim | SemaphoreClaim | PeriodClaim)
     return claim.ttl
 
 
@@ -153,7 +157,8 @@ class Renewal:
         self.renewals += 1
         if self.on_extended is not None:
             for hold, granted_ms in zip(extended.extended, extended.granted_ms, strict=True):
-                self.on_extended(hold.claim.key, granted_ms)
+                if not isinstance(hold.claim, PeriodClaim):
+                    self.on_extended(hold.claim.key, granted_ms)
         return None
 
     def _lose(self, hold: Hold, reason: str) -> None:

@@ -8,8 +8,10 @@ Key layout (``K`` = the user key, inside the hash tag):
   acquired_at ms}`` (attribution and the re-entrant nesting count).
 * ``{prefix}:waiters:{K}:semaphore`` — zset of parked waiter ids (score: registration ms).
 
-``limit`` is not stored: it travels with every admission, so a changed limit applies to the
-very next one. An owner holds one slot however deeply it nests.
+``limit`` travels with every admission, so a changed limit applies to the very next one; the
+admission also writes it into the holders hash (field ``LIMIT_FIELD``, which no owner id can
+be) so that operators see free slots without being told the limit. An owner holds one slot
+however deeply it nests.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from reactor_app.coordination.lock import seconds_to_ms
 from reactor_app.coordination.redis import get_client, key, unavailable_on_connection_error
 
 PRIMITIVE = "semaphore"
+#: the holders-hash field holding the limit of the latest admission (starts with NUL: never
+#: an owner id)
+LIMIT_FIELD = "\0limit"
 
 
 def leases_key(user_key: str, prefix: str | None = None) -> str:
@@ -107,7 +112,8 @@ class SemaphoreState:
 def semaphore_state(
     user_key: str, limit: int | None = None, *, client: Any = None, prefix: str | None = None
 ) -> SemaphoreState:
-    """Read one semaphore; leases already expired (but not yet purged) are not counted."""
+    """Read one semaphore; leases already expired (but not yet purged) are not counted.
+    ``limit`` defaults to the one the latest admission stored."""
     client = client or get_client()
     with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
         pipe = client.pipeline(transaction=False)
@@ -133,6 +139,8 @@ def semaphore_state(
             )
         )
     held = len(holders)
+    if limit is None and infos.get(LIMIT_FIELD):
+        limit = int(infos[LIMIT_FIELD])  # as the latest admission declared it
     available = max(limit - held, 0) if limit is not None else None
     return SemaphoreState(
         key=user_key, limit=limit, held=held, available=available, holders=holders

@@ -32,6 +32,7 @@ __all__ = [
     "lock_state",
     "ordered_state",
     "period_marked",
+    "period_reserved",
     "rate_limit_count",
     "semaphore_state",
 ]
@@ -64,6 +65,14 @@ def period_marked(
 ) -> str | None:
     """The execution (else owner) that marked the current bucket, or None."""
     return period.period_marked(key, every, client=client, prefix=prefix)
+
+
+def period_reserved(
+    key: str, every: str | int, *, client: Any = None, prefix: str | None = None
+) -> dict[str, Any] | None:
+    """The live in-flight reservation of the current bucket (owner, count, step, execution,
+    reactor, acquired_at ms, ttl s), or None."""
+    return period.period_reserved(key, every, client=client, prefix=prefix)
 
 
 def ordered_state(key: str, *, client: Any = None, prefix: str | None = None) -> OrderedLockState:

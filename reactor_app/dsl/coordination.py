@@ -160,9 +160,16 @@ class RateLimitDeclaration(Declaration):
 class PeriodDeclaration(Declaration):
     primitive: ClassVar[str] = "period"
     every: str | int = "hour"
+    ttl: float = 60.0
+    wait: float | None = None
 
     def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
-        return PeriodClaim(key=key, every=self.every)
+        return PeriodClaim(key=key, every=self.every, ttl=self.ttl)
+
+    def wait_seconds(self) -> float:
+        # Waiting one lease is enough to see the other run end or its dead holder's
+        # reservation lapse; a live run longer than that is reported, not waited out.
+        return self.ttl if self.wait is None else self.wait
 
 
 @dataclass(frozen=True)
@@ -409,13 +416,26 @@ def with_rate_limit(
     return lambda target: _attach(declaration, target)
 
 
-def with_period(key: KeyFunction, *, every: str | int = "hour") -> Callable[[T], T]:
-    """The decorated work runs at most once per bucket per key.
+def with_period(
+    key: KeyFunction,
+    *,
+    every: str | int = "hour",
+    ttl: float = 60,
+    wait: float | None = None,
+) -> Callable[[T], T]:
+    """The decorated work succeeds at most once per bucket per key, never twice at once.
 
-    On a step, a marked bucket **skips the step** (``Skipped(reason="period")``) and the
+    On a step, a bucket already done **skips the step** (``Skipped(reason="period")``) and the
     workflow continues; on a reactor it halts the whole run. Named units ("second" ... "year")
     are calendar-aligned UTC buckets; an integer is a bucket of that many seconds from the
-    epoch. The bucket is marked only when the work succeeds.
+    epoch.
+
+    Admission reserves the bucket for this execution (a lease of ``ttl`` seconds, renewed while
+    the work runs); a success marks it done, any other outcome frees it, and a holder that dies
+    frees it when the lease lapses. Another execution that meets the bucket in flight is in
+    contention: in-process it waits up to ``wait`` seconds (default: ``ttl``, one lease) for
+    that run to end, then skips (done) or runs (freed), or fails with
+    ``PeriodInFlightError``; on a worker it parks and decides when it comes back.
     """
     from reactor_app.coordination.period import validate_every
 
@@ -424,7 +444,12 @@ def with_period(key: KeyFunction, *, every: str | int = "hour") -> Callable[[T],
         validate_every(every)
     except (ValueError, TypeError) as exc:
         raise DefinitionError(f"{owner}: {exc}", owner=owner, option="every") from exc
-    declaration = PeriodDeclaration(key_fn=_key_function(owner, key), every=every)
+    declaration = PeriodDeclaration(
+        key_fn=_key_function(owner, key),
+        every=every,
+        ttl=_positive_number(owner, "ttl", ttl),
+        wait=None if wait is None else _positive_number(owner, "wait", wait, allow_zero=True),
+    )
     return lambda target: _attach(declaration, target)
 
 

@@ -466,9 +466,18 @@ class Gate:
         self.deferred_events.append((CoordinationEventKind.EXTENDED, detail))
 
     def _primitive_of(self, key: str | None) -> str:
-        """The primitive of the admitted hold on ``key`` (renewal callbacks only name the key)."""
+        """The primitive of the admitted lock or semaphore hold on ``key`` (renewal callbacks
+        only name the key, and only for those: a period reservation on the same key is renewed
+        silently, so it must not take the event)."""
         holds = self.admitted.holds if self.admitted else []
-        return next((h.claim.primitive for h in holds if h.claim.key == key), "lock")
+        return next(
+            (
+                h.claim.primitive
+                for h in holds
+                if h.claim.key == key and h.claim.primitive in ("lock", "semaphore")
+            ),
+            "lock",
+        )
 
     # -- leaving --------------------------------------------------------------------------
 

@@ -78,6 +78,12 @@ class CoordinationState:
         """The execution (else owner) that marked the current bucket, or None."""
         return readers.period_marked(key, every, client=self.client, prefix=self.prefix)
 
+    def period_reserved(self, key: str, every: str | int) -> dict[str, Any] | None:
+        """The live in-flight reservation of the current bucket — ``owner``, ``count``,
+        ``step``, ``execution``, ``reactor``, ``acquired_at`` (ms), ``ttl`` (s left) — or None
+        when no run holds it (done, free, or its holder's lease lapsed)."""
+        return readers.period_reserved(key, every, client=self.client, prefix=self.prefix)
+
     def ordered_lock(self, key: str) -> OrderedLockState:
         """The line of ``key``: ``next`` (the position the next arrival gets),
         ``last_completed`` (the cursor), ``head``, ``in_flight``, ``first_failed`` (strict

@@ -79,7 +79,10 @@ def test_non_staff_is_refused(plain_client: Client, listing: str) -> None:
 def test_staff_may_read(staff_client: Client, listing: str) -> None:
     response = get(staff_client, listing)
     assert response.status_code == 200, response.content
-    assert set(response.json()) == {"count", "next", "previous", "results"}
+    expected = {"count", "next", "previous", "results"}
+    if listing == "holds/":
+        expected.add("totals")  # per primitive, from the live-holds index
+    assert set(response.json()) == expected
 
 
 @pytest.mark.django_db
@@ -326,6 +329,10 @@ BAD_PARAMETERS = [
     ("executions/", {"stauts": "failed"}, "stauts"),  # a misspelt filter is not ignored
     ("contention/", {"foo": "1"}, "foo"),
     ("holds/", {"kind": "acquired"}, "kind"),  # a filter of another listing
+    ("holds/", {"cursor": "not-a-cursor"}, "cursor"),
+    ("holds/", {"page": "2"}, "page"),  # holds are paged by cursor
+    ("holds/", {"page_size": "0"}, "page_size"),
+    ("holds/", {"key_prefix": "a\x00b"}, "key_prefix"),
 ]
 
 
@@ -344,3 +351,33 @@ def test_bad_parameters_are_400_with_a_message(
 def test_unknown_status_message_lists_the_valid_ones(staff_client: Client) -> None:
     message = get(staff_client, "executions/", status="exploded").json()["status"][0]
     assert "exploded" in message and "parked" in message and "failed" in message
+
+
+@pytest.mark.django_db
+def test_holds_are_paged_by_cursor_and_filtered_by_key_prefix(staff_client: Client) -> None:
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.coordination.claims import Holder, LockClaim, SemaphoreClaim
+
+    coordinator = Coordinator()
+    for n in range(25):
+        holder = Holder(owner=f"o{n}", execution_id=None, step="sync", reactor="shop.Sync")
+        coordinator.admit([LockClaim(f"acct:{n}", ttl=60)], holder)
+    coordinator.admit([SemaphoreClaim("pool", limit=3)], Holder(owner="p", reactor="shop.Pool"))
+
+    seen: list[str] = []
+    body = get(staff_client, "holds/", page_size=10).json()
+    assert body["count"] == 26 and body["totals"] == {"lock": 25, "semaphore": 1}
+    while True:
+        seen += [h["key"] for h in body["results"]]
+        if body["next"] is None:
+            break
+        assert "cursor=" in body["next"] and body["previous"] is None
+        body = staff_client.get(body["next"]).json()
+    assert sorted(seen) == sorted([f"acct:{n}" for n in range(25)] + ["pool"])  # each once
+
+    under = get(staff_client, "holds/", key_prefix="acct:1").json()
+    assert [h["key"] for h in under["results"]] == ["acct:1", *[f"acct:1{n}" for n in range(10)]]
+    assert under["count"] == 11 and under["next"] is None
+    pool = get(staff_client, "holds/", reactor="Pool").json()["results"]
+    assert [(h["key"], h["primitive"]) for h in pool] == [("pool", "semaphore")]
+    assert get(staff_client, "holds/", primitive="semaphore").json()["count"] == 1

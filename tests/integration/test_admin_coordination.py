@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
+    Admitted,
     Holder,
     LockClaim,
     PeriodClaim,
@@ -122,6 +123,8 @@ def test_inspect_rate_limit_period_and_ordered_lock(staff_client: Client) -> Non
         coordinator.release(admitted, "success")
     marked = coordinator.admit([PeriodClaim("digest:9", "hour")], holder)
     coordinator.release(marked, "success")
+    running = Holder(owner="op-test", execution_id="exec-9", step="report")
+    assert isinstance(coordinator.admit([PeriodClaim("digest:9", "day")], running), Admitted)
     for owner in ("first", "second"):
         coordinator.assign_position("line:9", Holder(owner=owner, step="ship"))
 
@@ -129,9 +132,12 @@ def test_inspect_rate_limit_period_and_ordered_lock(staff_client: Client) -> Non
         return text(staff_client.get(COORDINATION, {"primitive": primitive, "key": key}))
 
     rate = inspect("rate_limit", "api:9")
-    assert re.search(r"<td>minute</td><td>3</td>", rate)
+    # the window and its limit were stored by the admissions: nothing to type
+    assert re.search(r"<td>minute</td><td>3</td><td>5</td>", rate)
+    assert "<td>hour</td>" not in rate  # only the windows the key was admitted with
     period = inspect("period", "digest:9")
-    assert re.search(r"<td>hour</td><td>op-test</td>", period)
+    assert re.search(r"<td>hour</td><td>op-test</td><td>—</td>", period)
+    assert re.search(r"<td>day</td><td>—</td><td>exec-9 \(step report\)</td>", period)
     ordered = inspect("ordered_lock", "line:9")
     assert re.search(r"Head \(may run now\)</th><td>1</td>", ordered)
     assert re.search(r"Next position to assign</th><td>3</td>", ordered)
@@ -354,14 +360,16 @@ def test_semaphore_occupancy_and_releasing_one_slot(operator_client: Client) -> 
 
     page = text(operator_client.get(COORDINATION))
     occupancy = page[page.index('id="semaphores"') : page.index('id="inspect"')]
-    assert re.search(r"pool:19</td><td>2</td>", occupancy)
+    assert re.search(r'pool:19</td><td>2</td><td class="semaphore-limit">3</td>', occupancy)
+    # the limit was stored by the admissions: no need to type it to see the free slots
     inspected = text(
-        operator_client.get(COORDINATION, {"primitive": "semaphore", "key": "pool:19", "limit": 3})
+        operator_client.get(COORDINATION, {"primitive": "semaphore", "key": "pool:19"})
     )
     assert "2 held of 3 (1 free)" in inspected
     api = operator_client.get("/api/reactor/holds/", {"primitive": "semaphore"}).json()
     assert {h["execution"] for h in api["results"]} == {str(first.pk), str(second.pk)}
     assert {h["step"] for h in api["results"]} == {"export"}
+    assert {h["limit"] for h in api["results"]} == {3}
 
     params = {"primitive": "semaphore", "key": "pool:19", "owner": str(first.pk)}
     assert operator_client.post(FORCE_RELEASE, params).status_code == 302
@@ -378,3 +386,66 @@ def test_pages_say_when_redis_is_unreachable(staff_client: Client, settings: Any
     assert "Coordination store unreachable" in page
     timeline_page = text(staff_client.get(TIMELINE, {"key": "acct:1"}))
     assert "Coordination store unreachable" in timeline_page
+
+
+@pytest.mark.django_db
+def test_coordination_page_pages_and_searches_the_live_holds(staff_client: Client) -> None:
+    coordinator = Coordinator()
+    for n in range(120):
+        holder = Holder(owner=f"owner-{n}", step="sync" if n % 2 else None, reactor="shop.Sync")
+        claim = LockClaim(f"k:{n:03d}", ttl=60) if n % 4 else SemaphoreClaim(f"k:{n:03d}", 2)
+        assert isinstance(coordinator.admit([claim], holder), Admitted)
+
+    def keys_of(html: str) -> list[str]:
+        table = html[html.index('id="holds-table"') : html.index('id="hold-pages"')]
+        return re.findall(r'<tr class="hold hold-\w+" data-key="([^"]+)"', table)
+
+    first = text(staff_client.get(COORDINATION))
+    assert re.search(
+        r'<strong id="hold-count">120</strong> live holds\s+\(90 locks, 30 semaphores\)', first
+    )
+    listed = keys_of(first)
+    assert len(listed) == 50
+    seen = list(listed)
+    html = first
+    while 'id="holds-next"' in html:
+        link = re.search(r'<a href="([^"]+)" id="holds-next"', html)
+        assert link is not None
+        html = text(staff_client.get(COORDINATION + link.group(1).replace("&amp;", "&")))
+        seen += keys_of(html)
+    assert sorted(seen) == [f"k:{n:03d}" for n in range(120)]  # every hold once, 3 pages
+
+    found = text(staff_client.get(COORDINATION, {"q": "k:042"}))
+    assert keys_of(found) == ["k:042"]
+    assert re.search(r'<strong id="hold-matching">1</strong> matching', found)
+    by_step = keys_of(text(staff_client.get(COORDINATION, {"q": "k:00", "h_step": "sync"})))
+    assert by_step == ["k:001", "k:003", "k:005", "k:007", "k:009"]
+    semaphores = keys_of(text(staff_client.get(COORDINATION, {"h_primitive": "semaphore"})))
+    assert len(semaphores) == 30 and all(int(k[2:]) % 4 == 0 for k in semaphores)
+    reactor_level = text(staff_client.get(COORDINATION, {"h_level": "reactor", "q": "k:01"}))
+    assert keys_of(reactor_level) == ["k:010", "k:012", "k:014", "k:016", "k:018"]
+    assert len(first.encode()) < 200 * 1024
+
+
+@pytest.mark.django_db
+def test_the_timeline_opens_zoomed_to_the_keys_events(staff_client: Client) -> None:
+    burst = timezone.now() - timedelta(hours=3)
+    for kind, seconds in ((CoordinationEventKind.ACQUIRED, 0), (CoordinationEventKind.RELEASED, 8)):
+        CoordinationEvent.objects.create(
+            kind=kind,
+            primitive="lock",
+            key="zoom:1",
+            owner="o",
+            step="s",
+            at=burst + timedelta(seconds=seconds),
+        )
+    html = text(staff_client.get(TIMELINE, {"key": "zoom:1"}))
+    assert 'id="timeline-zoomed"' in html
+    start = (burst - timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S")
+    end = (burst + timedelta(seconds=9)).strftime("%H:%M:%S")
+    assert f'<span id="timeline-start">{start}</span>' in html
+    assert f'<span id="timeline-end">{end}</span>' in html
+    assert "no holds or parks" not in html  # the 8-second hold is drawn
+    # a period link shows the last hour instead, where the burst is not
+    widened = text(staff_client.get(TIMELINE, {"key": "zoom:1", "minutes": 60}))
+    assert 'id="timeline-zoomed"' not in widened and "no holds or parks" in widened

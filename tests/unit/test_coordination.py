@@ -180,6 +180,36 @@ def test_status_table_covers_every_code() -> None:
 # -- lock -----------------------------------------------------------------------------------
 
 
+def test_fencing_tokens_increase_per_key_and_never_fall_below_redis_time(
+    coordinator: Coordinator,
+) -> None:
+    from reactor_app.coordination import lock
+
+    client = coordinator.client
+    tokens = []
+    for _ in range(30):  # back to back: faster than the clock's resolution matters
+        held = coordinator.admit([LockClaim("fenced", ttl=5)], ALICE)
+        assert isinstance(held, Admitted)
+        tokens.append(held.token_for("fenced"))
+        coordinator.release(held, "success")
+    assert tokens == sorted(set(tokens))  # strictly increasing
+
+    # every key lost (a restart without persistence): the floor is the Redis clock in µs
+    client.delete(lock.fence_key("fenced", coordinator.prefix))
+    seconds, micros = client.time()
+    held = coordinator.admit([LockClaim("fenced", ttl=5)], ALICE)
+    assert isinstance(held, Admitted)
+    floor = int(seconds) * 1_000_000 + int(micros)
+    assert (held.token_for("fenced") or 0) >= floor > (tokens[-1] or 0)
+    coordinator.release(held, "success")
+
+    # a counter ahead of the clock is never pulled back to it
+    ahead = floor + 10**9
+    client.set(lock.fence_key("fenced", coordinator.prefix), ahead)
+    held = coordinator.admit([LockClaim("fenced", ttl=5)], ALICE)
+    assert isinstance(held, Admitted) and held.token_for("fenced") == ahead + 1
+
+
 def test_lock_is_reentrant_counts_nesting_and_frees_at_the_outermost_release(
     coordinator: Coordinator,
 ) -> None:
@@ -207,7 +237,8 @@ def test_lock_is_reentrant_counts_nesting_and_frees_at_the_outermost_release(
 
     again = coordinator.admit([claim], BOB)
     assert isinstance(again, Admitted)
-    assert again.holds[0].token == (outer.holds[0].token or 0) + 1  # fencing survives release
+    # fencing survives release: the next holder's token is strictly larger
+    assert (again.holds[0].token or 0) > (outer.holds[0].token or 0)
     coordinator.release(again, "success")
 
 
@@ -278,6 +309,7 @@ def test_nothing_is_taken_unless_everything_is(
     assert not state.lock_state("k", client=client).held  # the lock was not taken (or given back)
     assert state.rate_limit_count("k", "minute", client=client) == 0  # nor the rate charged
     assert state.ordered_state("k", client=client).in_flight is None
+    assert state.period_reserved("k", "hour", client=client) is None  # nor the bucket reserved
 
     coordinator.release(blocker, "success")
     admitted = coordinator.admit(five_claims("k", position), ALICE)
@@ -291,7 +323,12 @@ def test_nothing_is_taken_unless_everything_is(
     ]
     assert state.rate_limit_count("k", "minute", client=client) == 1
     released = coordinator.release(admitted, "success")
-    assert set(released.freed) == {("lock", "k"), ("semaphore", "k"), ("ordered_lock", "k")}
+    assert set(released.freed) == {
+        ("lock", "k"),
+        ("semaphore", "k"),
+        ("ordered_lock", "k"),
+        ("period", "k"),  # the reservation ends: marked done
+    }
     assert released.marked == [("period", "k")]
 
 
@@ -535,7 +572,8 @@ def test_live_holds_are_attributed(coordinator: Coordinator) -> None:
     ]
     lock_hold = holds[0]
     assert lock_hold["step"] == "charge" and lock_hold["execution"] == "exec-a"
-    assert lock_hold["reactor"] == "shop.Payment" and lock_hold["token"] == 1
+    assert lock_hold["reactor"] == "shop.Payment"
+    assert lock_hold["token"] == state.lock_state("acct:{7}", client=coordinator.client).token
     assert lock_hold["count"] == 1 and 25 < lock_hold["ttl_left"] <= 30
     assert abs(lock_hold["acquired_at"] - time.time()) < 60
 
@@ -563,7 +601,8 @@ def test_renewal_reports_a_lost_lease(coordinator: Coordinator) -> None:
         renewal.stop()
         assert time.monotonic() - started < 0.5  # stop() wakes the thread, no sleep to finish
     assert renewal.lost is not None and lost == [renewal.lost]
-    assert renewal.lost.key == "lease" and renewal.lost.token == 1  # type: ignore[attr-defined]
+    assert renewal.lost.key == "lease"  # type: ignore[attr-defined]
+    assert renewal.lost.token == held.holds[0].token  # type: ignore[attr-defined]
     with pytest.raises(LeaseLost):
         renewal.raise_if_lost()
 

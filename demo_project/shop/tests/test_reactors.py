@@ -20,7 +20,7 @@ from django.db import connections
 from demo_project.shop import reactors
 from demo_project.shop.models import Account, Activity
 from reactor_app.exceptions import RateLimitExceeded
-from reactor_app.models import Execution, StepRun
+from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.testing import (
     assert_held_by_step,
     assert_locked,
@@ -83,6 +83,12 @@ def intervals(step: str, kind: str = "run") -> list[tuple[float, float]]:
     return [(r.started_at.timestamp(), r.finished_at.timestamp()) for r in rows]
 
 
+def acquired_tokens(key: str) -> list[int]:
+    """The fencing tokens of the fresh acquisitions of lock ``key``, in the order taken."""
+    events = CoordinationEvent.objects.filter(primitive="lock", key=key, kind="acquired")
+    return [e.token for e in events.order_by("at", "pk") if e.token is not None]
+
+
 def overlaps(spans: list[tuple[float, float]]) -> int:
     ordered = sorted(spans)
     return sum(
@@ -108,9 +114,10 @@ def test_charge_holds_the_account_key_for_its_step_only(account: Account) -> Non
     (result,) = out
     assert result.ok, result.error
     assert_not_locked("acct:7")  # released at the end of charge, whatever followed
-    assert coordination_state().lock("acct:7").last_token == 1
+    (token,) = acquired_tokens("acct:7")
+    assert coordination_state().lock("acct:7").last_token == token
     account.refresh_from_db()
-    assert (account.balance, account.fencing_token) == (70, 1)
+    assert (account.balance, account.fencing_token) == (70, token)
 
 
 @pytest.mark.usefixtures("quick", "account")
@@ -124,7 +131,8 @@ def test_two_payments_serialize_charge_and_overlap_elsewhere() -> None:
     assert overlaps(intervals("audit")) == 1
     assert overlaps(intervals("notify")) == 1
     assert_not_locked("acct:7")
-    assert_token_greater("acct:7", 1)  # two fresh acquisitions: tokens 1 and 2
+    first, second = acquired_tokens("acct:7")  # two fresh acquisitions, increasing tokens
+    assert assert_token_greater("acct:7", first) == second
 
 
 @pytest.mark.usefixtures("quick")
@@ -139,9 +147,10 @@ def test_refund_runs_holding_the_account_key(account: Account) -> None:
     assert result.status == "failed" and result.error.step == "notify"
     assert result.rollback_failures == []
     assert_not_locked("acct:7")
-    assert_token_greater("acct:7", 1)  # the refund re-took the key: a fresh token
+    charge, refund = acquired_tokens("acct:7")  # the refund re-took the key: a fresh token
+    assert assert_token_greater("acct:7", charge) == refund
     account.refresh_from_db()
-    assert (account.balance, account.fencing_token) == (100, 2)
+    assert (account.balance, account.fencing_token) == (100, refund)
 
 
 @pytest.mark.usefixtures("account")

@@ -4,6 +4,7 @@
 -- Status codes; the Python side's one table is reactor_app.coordination.redis.STATUSES.
 local OK, LOCKED, SEMAPHORE_FULL, RATE_LIMITED, PERIOD_MARKED = 0, 1, 2, 3, 4
 local ORDERED_WAIT, ORDERED_STALE, CHAIN_FAILED, LOST, NOT_FOUND = 5, 6, 7, 8, 9
+local PERIOD_IN_FLIGHT = 10
 
 -- Every script answers {status, json payload}.
 local function reply(status, payload)
@@ -20,7 +21,8 @@ local function redis_now()
 end
 
 -- Lua turns numbers above 1e14 into "1.7e+15" when passing them to redis.call; epoch
--- microseconds need every digit, so format integers explicitly.
+-- microseconds need every digit, so format integers explicitly. (cjson.encode keeps only 14
+-- significant digits too: a number that may exceed that travels in a reply as int() text.)
 local function int(n)
   return string.format('%d', n)
 end
@@ -31,3 +33,42 @@ end
 -- back; short enough that a waiter that vanished only delays the key briefly.
 local GRANT_PREFIX = 'grant:'
 local HANDOFF_GRANT_MS = 3000
+
+-- The live-holds index (operator listings, docs/operations.md): a lock or semaphore hold is one
+-- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms and of a zset by key
+-- (score 0, so ZRANGEBYLEX finds a key prefix), with a per-primitive count in a hash. It is
+-- kept only when the caller passes its three keys (never on a cluster: they share no slot).
+local function hold_member(user_key, primitive, owner)
+  return user_key .. '\0' .. primitive .. '\0' .. owner
+end
+
+-- The index of a key group whose three index keys start at keys[first], or nil.
+local function index_of(keys, first, user_key)
+  if not user_key or not keys[first + 2] then return nil end
+  return {time = keys[first], keys = keys[first + 1], counts = keys[first + 2], key = user_key}
+end
+
+local function index_add(index, primitive, owner, at_ms)
+  if not index then return end
+  local member = hold_member(index.key, primitive, owner)
+  if redis.call('ZADD', index.time, at_ms, member) == 1 then
+    redis.call('HINCRBY', index.counts, primitive, 1)
+  end
+  redis.call('ZADD', index.keys, 0, member)
+end
+
+local function index_remove(index, primitive, owner)
+  if not index then return end
+  local member = hold_member(index.key, primitive, owner)
+  if redis.call('ZREM', index.time, member) == 1 then
+    redis.call('HINCRBY', index.counts, primitive, -1)
+  end
+  redis.call('ZREM', index.keys, member)
+end
+
+-- The unit of work behind a holder: an execution's step (or its reactor level, step ""), so a
+-- period reservation can tell a nested re-entry (another unit, same owner) from the same unit
+-- coming back after its earlier delivery died.
+local function unit_of(h)
+  return (h.execution or '') .. '|' .. (h.step or '')
+end

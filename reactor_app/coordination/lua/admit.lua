@@ -9,30 +9,41 @@ about to run.
 KEYS — one group per claim, in claim order; a claim's group size is its spec's `n`:
   ordered_lock (4): state hash, positions zset (nonce -> heartbeat ms), holders hash
                     (nonce -> holder json), waiters zset (waiter id -> nonce)
-  period       (1): mark hash (bucket = start epoch s, by = execution or owner, at = ms)
-  lock         (3): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
-                    fence counter (never expires), waiters zset (waiter id -> registered ms;
-                    plus at most one "grant:<waiter id>" -> -(grant expiry ms), see release.lua)
-  semaphore    (3): leases zset (owner -> lease expiry ms), holders hash (owner -> json
-                    {count, step, execution, reactor, acquired_at ms}), waiters zset
-  rate_limit (1+W): sequence counter, then per window a zset (sliding: member -> admitted us)
-                    or a counter (fixed, expiring at the epoch-aligned window end)
+  period       (3): done mark hash (bucket = start epoch s, by = execution or owner, at = ms),
+                    reservations hash (bucket start s -> json {owner, count, unit, step,
+                    execution, reactor, acquired_at ms, expires ms}), waiters zset
+  lock       (3+I): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),
+                    fence (the last token issued, never expires), waiters zset (waiter id ->
+                    registered ms; plus at most one "grant:<waiter id>" -> -(grant expiry ms),
+                    see release.lua)
+  semaphore  (3+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
+                    {count, step, execution, reactor, acquired_at ms}; and field "\0limit" =
+                    the limit of the latest admission, for operators), waiters zset
+  I = 0, or 3 with the live-holds index (see _common.lua): by-time zset, by-key zset, counts
+      hash — then the claim's spec carries `ik`, its user key
+  rate_limit (1+W+S): sequence counter, then per window a zset (sliding: member -> admitted
+                    us) or a counter (fixed, expiring at the epoch-aligned window end), then
+                    (S = 1 when the spec says `stored`) the windows hash (label -> json
+                    {seconds, limit, strategy}) for operators
 
 ARGV[1]  holder json: {owner, execution?, step?, reactor?}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
            ordered_lock: nonce, epoch (ms), ppt_ms (poison-pill timeout), strict (bool), ttl_ms
-           period:       every ("second".."year" or seconds as text)
-           lock:         ttl_ms
-           semaphore:    limit, ttl_ms (lease)
-           rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}]
+           period:       every ("second".."year" or seconds as text), ttl_ms (reservation lease)
+           lock:         ttl_ms, ik? (user key, when the index keys follow)
+           semaphore:    limit, ttl_ms (lease), ik?
+           rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}],
+                         stored? (true: the windows hash key follows the window keys)
 ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
-         refusal by a lock, semaphore or ordered lock it is added to that claim's waiters, in
-         the same atomic step, so a release can never slip between refusal and registration
-         (a waiter already registered keeps its place: waiters are served first come, first
-         served). A free lock granted to another waiter by the last release is refused too.
+         refusal by a lock, semaphore, ordered lock or period in flight it is added to that
+         claim's waiters, in the same atomic step, so a release can never slip between refusal
+         and registration (a waiter already registered keeps its place: waiters are served
+         first come, first served). A free lock granted to another waiter by the last release
+         is refused too.
 
 Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`:
-  0 OK             {time = "s.us", holds = [{fresh, token?, bucket?, bucket_end?, member?}]}
+  0 OK             {time = "s.us", holds = [{fresh, token? (text: µs-sized), bucket?,
+                    bucket_end?, member?}]}
   1 LOCKED         {retry_after_ms = lock PTTL, blocker = {owner, step, execution, reactor,
                     since = acquired ms, ttl_ms}}; or, for a free key granted to its head
                     waiter, {retry_after_ms = grant left, blocker = {granted_to, ttl_ms}}
@@ -45,6 +56,20 @@ Returns {status, json}; every refusal payload has `index` (0-based claim) and `t
   5 ORDERED_WAIT   {nonce, last_completed, head, retry_after_ms, blocker}
   6 ORDERED_STALE  {nonce, epoch, reason = "epoch" | "passed"}: re-assign a position
   7 CHAIN_FAILED   {nonce, first_failed, woken}; strict line stopped, the position is completed
+ 10 PERIOD_IN_FLIGHT {retry_after_ms = the reservation's lease left, bucket, bucket_end,
+                    blocker = {owner, step, execution, reactor, since = reserved ms, ttl_ms}}
+
+Period: admission reserves the current bucket for the holder (an in-flight entry with a lease
+of ttl_ms, renewed by extend.lua); release.lua marks it done on success and frees it otherwise.
+An entry whose lease lapsed (a dead holder) is purged here and the bucket is free again. The
+same owner re-enters its own reservation (one more nesting level) from another unit of work;
+the same unit (execution + step) finding its own entry takes it over (count 1), since its
+earlier delivery is dead: one execution never runs one unit twice at once.
+
+Lock tokens: token = max(last token + 1, Redis TIME in µs), so a fence key lost with every
+other key (restart without persistence, failover to a lagging replica) still issues tokens
+above every earlier one, as long as the Redis clock has not gone back by more than the outage.
+See docs/coordination.md "Guarantees".
 ]]
 
 -- @include _common.lua
@@ -138,16 +163,53 @@ local function check_period(claim)
   if not start then
     return redis.error_reply('unknown period unit: ' .. tostring(claim.every))
   end
-  local marked = redis.call('HMGET', claim.keys[1], 'bucket', 'by')
+  local mark, reserved = claim.keys[1], claim.keys[2]
+  local marked = redis.call('HMGET', mark, 'bucket', 'by')
   if marked[1] and tonumber(marked[1]) == start then
     return nil, refusal(PERIOD_MARKED, {marked_by = marked[2], bucket = start, bucket_end = finish})
   end
-  return {bucket = start, bucket_end = finish}
+  local plan = {bucket = start, bucket_end = finish}
+  local raw = redis.call('HGET', reserved, int(start))
+  if not raw then return plan end
+  local entry = cjson.decode(raw)
+  if entry.expires <= now.ms then
+    -- its holder died (or stalled past its lease): the bucket is free again
+    redis.call('HDEL', reserved, int(start))
+    return plan
+  end
+  if entry.owner == holder.owner then
+    plan.entry = entry
+    return plan
+  end
+  local left = entry.expires - now.ms
+  return nil, refusal(PERIOD_IN_FLIGHT, {
+    retry_after_ms = left, bucket = start, bucket_end = finish,
+    blocker = {owner = entry.owner, step = entry.step, execution = entry.execution,
+               reactor = entry.reactor, since = entry.acquired_at, ttl_ms = left},
+  }, claim.keys[3], now.ms)
 end
 
 local function take_period(claim, plan)
-  -- marked only by release with outcome "success", for the bucket admitted here
-  return {fresh = true, bucket = plan.bucket, bucket_end = plan.bucket_end}
+  local reserved = claim.keys[2]
+  local expires = now.ms + claim.ttl_ms
+  local unit = unit_of(holder)
+  local entry, fresh = plan.entry, true
+  if entry and entry.unit ~= unit then
+    -- nested re-entry by the same owner: the outermost release decides done or free
+    entry.count = (entry.count or 1) + 1
+    entry.expires = math.max(entry.expires, expires)
+    fresh = false
+  else
+    -- a new reservation, or this very unit again after its earlier delivery died
+    entry = {owner = holder.owner, count = 1, unit = unit, step = holder.step,
+             execution = holder.execution, reactor = holder.reactor, acquired_at = now.ms,
+             expires = expires}
+  end
+  redis.call('HSET', reserved, int(plan.bucket), cjson.encode(entry))
+  if redis.call('PTTL', reserved) < claim.ttl_ms then
+    redis.call('PEXPIRE', reserved, claim.ttl_ms)
+  end
+  return {fresh = fresh, bucket = plan.bucket, bucket_end = plan.bucket_end}
 end
 
 -- ------------------------------------------------------------------ lock
@@ -188,17 +250,21 @@ local function take_lock(claim, plan)
   if plan.fresh then
     -- the hand-off grant (ours, or lapsed) is used up
     redis.call('ZREMRANGEBYSCORE', claim.keys[3], '-inf', '(0')
-    local token = redis.call('INCR', fence)
+    -- never below the Redis clock in µs: a fence lost in a restart cannot issue old tokens
+    local last = tonumber(redis.call('GET', fence) or '0')
+    local token = int(math.max(last + 1, now.us))
+    redis.call('SET', fence, token)
     redis.call('HSET', hold, 'owner', holder.owner, 'count', 1, 'step', holder.step or '',
       'execution', holder.execution or '', 'reactor', holder.reactor or '',
       'acquired_at', now.ms, 'token', token)
     redis.call('PEXPIRE', hold, claim.ttl_ms)
+    index_add(index_of(claim.keys, 4, claim.ik), 'lock', holder.owner, now.ms)
     return {fresh = true, token = token}
   end
   -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
   redis.call('HINCRBY', hold, 'count', 1)
   if redis.call('PTTL', hold) < claim.ttl_ms then redis.call('PEXPIRE', hold, claim.ttl_ms) end
-  return {fresh = false, token = tonumber(redis.call('HGET', hold, 'token'))}
+  return {fresh = false, token = redis.call('HGET', hold, 'token')}
 end
 
 -- ------------------------------------------------------------------ semaphore
@@ -210,6 +276,8 @@ local function check_semaphore(claim)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', leases, '-inf', now.ms)
     redis.call('HDEL', holders, unpack(expired))
+    local index = index_of(claim.keys, 4, claim.ik)
+    for _, owner in ipairs(expired) do index_remove(index, 'semaphore', owner) end
   end
   if redis.call('ZSCORE', leases, holder.owner) then return {fresh = false} end
   local held = redis.call('ZCARD', leases)
@@ -238,7 +306,9 @@ local function take_semaphore(claim, plan)
     expiry = math.max(expiry, tonumber(redis.call('ZSCORE', leases, holder.owner)))
   end
   redis.call('ZADD', leases, expiry, holder.owner)
-  redis.call('HSET', holders, holder.owner, cjson.encode(info))
+  -- the limit travels with every admission; kept beside the holders so operators see it
+  redis.call('HSET', holders, holder.owner, cjson.encode(info), '\0limit', claim.limit)
+  if plan.fresh then index_add(index_of(claim.keys, 4, claim.ik), 'semaphore', holder.owner, now.ms) end
   -- the keys live as long as the longest lease
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
   local keep_ms = tonumber(last[2]) - now.ms
@@ -286,7 +356,21 @@ local function check_rate_limit(claim)
   return {}
 end
 
+-- the limits travel with each admission; keep them beside the counts so operators see them
+local function store_windows(claim)
+  if not claim.stored then return end
+  local name = claim.keys[#claim.windows + 2]
+  local longest = 0
+  for _, window in ipairs(claim.windows) do
+    redis.call('HSET', name, window.label, cjson.encode(
+      {seconds = window.ms / 1000, limit = window.limit, strategy = claim.strategy}))
+    longest = math.max(longest, window.ms)
+  end
+  if redis.call('PTTL', name) < longest then redis.call('PEXPIRE', name, math.ceil(longest) + 1) end
+end
+
 local function take_rate_limit(claim, plan)
+  store_windows(claim)
   if claim.strategy == 'fixed' then
     for i, window in ipairs(claim.windows) do
       local name = claim.keys[i + 1]
@@ -318,7 +402,7 @@ local CHECK = {ordered_lock = check_ordered, period = check_period, lock = check
                semaphore = check_semaphore, rate_limit = check_rate_limit}
 local TAKE = {ordered_lock = take_ordered, period = take_period, lock = take_lock,
               semaphore = take_semaphore, rate_limit = take_rate_limit}
-local WAITERS_INDEX = {ordered_lock = 4, lock = 3, semaphore = 3}
+local WAITERS_INDEX = {ordered_lock = 4, lock = 3, semaphore = 3, period = 3}
 
 local plans = {}
 local gate = nil -- the ordered position that passed its gate in this call

@@ -1,13 +1,16 @@
 --[[ extend.lua — renew leases still owned by their holder (the auto-extend thread, §2.6).
 
 A lock is renewed only while its hash still names this owner AND this fencing token: a lock
-that lapsed and was taken again, even by the same owner, is reported lost. A semaphore lease is
-renewed only while it exists and has not expired. A renewed lease never gets shorter.
+that lapsed and was taken again, even by the same owner, is reported lost. A semaphore lease and
+a period reservation are renewed only while they exist, name this owner and have not expired.
+A renewed lease never gets shorter.
 
 KEYS — one group per item, in the order of ARGV[1]:
   lock      (1): hold hash
   semaphore (2): leases zset (owner -> lease expiry ms), holders hash
-ARGV[1]  items json: [{p = "lock" | "semaphore", n = key count, owner, token? (locks),
+  period    (1): reservations hash (bucket start s -> json {owner, count, ..., expires ms})
+ARGV[1]  items json: [{p = "lock" | "semaphore" | "period", n = key count, owner,
+                       token? (locks), bucket? (periods: the reserved bucket's start, epoch s),
                        ttl_ms (the lease to grant from now; 0 = only check that the hold is
                        still ours, leaving its lease as it is)}]
 
@@ -50,6 +53,20 @@ local function extend_semaphore(keys, item)
   return nil, renewed - now.ms
 end
 
+local function extend_period(keys, item)
+  local reserved = keys[1]
+  local raw = redis.call('HGET', reserved, int(item.bucket))
+  if not raw then return 'released' end
+  local entry = cjson.decode(raw)
+  if entry.owner ~= item.owner then return 'owner' end
+  if entry.expires <= now.ms then return 'expired' end
+  entry.expires = math.max(entry.expires, now.ms + item.ttl_ms)
+  redis.call('HSET', reserved, int(item.bucket), cjson.encode(entry))
+  local left = entry.expires - now.ms
+  if redis.call('PTTL', reserved) < left then redis.call('PEXPIRE', reserved, left) end
+  return nil, left
+end
+
 local offset = 0
 for i, item in ipairs(items) do
   local keys = {}
@@ -57,6 +74,7 @@ for i, item in ipairs(items) do
   offset = offset + item.n
   local reason, ttl
   if item.p == 'lock' then reason, ttl = extend_lock(keys, item)
+  elseif item.p == 'period' then reason, ttl = extend_period(keys, item)
   else reason, ttl = extend_semaphore(keys, item) end
   if reason then
     table.insert(lost, {index = i - 1, reason = reason})

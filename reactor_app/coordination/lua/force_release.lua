@@ -3,10 +3,13 @@
 The holder is not asked; its next renewal reports the lease lost. One parked waiter is popped
 per freed slot and a wake message is PUBLISHed on the base key's name.
 
-KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset
-KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset
+KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset, [KEYS[3..5] index]
+KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset,
+                  [KEYS[4..6] index]
+                  index: the live-holds index (_common.lua), by-time zset, by-key zset, counts
 ARGV[1]  primitive: "lock" | "semaphore"
 ARGV[2]  owner to release, or "" for any owner (every holder of a semaphore)
+ARGV[3]  the user key, when the index keys are passed (else "" or absent)
 
 Returns {status, json}:
   0 OK         {released = [owners], woken = [waiter ids]}
@@ -16,6 +19,7 @@ Returns {status, json}:
 -- @include _common.lua
 
 local primitive, owner = ARGV[1], ARGV[2]
+local user_key = (ARGV[3] or '') ~= '' and ARGV[3] or nil
 local released, woken = {}, {}
 
 local function pop_waiter(waiters)
@@ -28,6 +32,7 @@ if primitive == 'lock' then
   local current = redis.call('HGET', KEYS[1], 'owner')
   if not current or (owner ~= '' and current ~= owner) then return reply(NOT_FOUND, {}) end
   redis.call('DEL', KEYS[1])
+  index_remove(index_of(KEYS, 3, user_key), 'lock', current)
   table.insert(released, current)
   pop_waiter(KEYS[2])
 elseif primitive == 'semaphore' then
@@ -40,7 +45,9 @@ elseif primitive == 'semaphore' then
   if #owners == 0 then return reply(NOT_FOUND, {}) end
   redis.call('ZREM', KEYS[1], unpack(owners))
   redis.call('HDEL', KEYS[2], unpack(owners))
+  local index = index_of(KEYS, 4, user_key)
   for _, name in ipairs(owners) do
+    index_remove(index, 'semaphore', name)
     table.insert(released, name)
     pop_waiter(KEYS[3])
   end

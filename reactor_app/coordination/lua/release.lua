@@ -1,7 +1,7 @@
 --[[ release.lua — release N holds in one step, in reverse admission order, with an outcome.
 
 Outcomes:
-  success    period buckets are marked with the execution; ordered cursors advance
+  success    period buckets are marked done with the execution; ordered cursors advance
   failure    ordered cursors advance; a strict ordered lock records first_failed
   rollback   (holds re-taken for compensate/undo) treated like failure; never marks
   halt       a clean stop or a skip: ordered cursors advance, nothing is marked, and the
@@ -9,18 +9,25 @@ Outcomes:
   retry/park the ordered position is kept (heartbeat refreshed), nothing is marked
   give_back  undo an admission that must not count (per-claim admission on a cluster):
              like retry, and the rate-limit charge is refunded
-Locks and semaphores are re-entrant: one release removes one nesting level, and the key (or
-the slot) is freed at zero. Whenever something is actually freed a wake message is PUBLISHed
-on the freed base key's name (used as the channel) and one parked waiter is popped for it. A
-freed lock is granted to that waiter for HANDOFF_GRANT_MS (a "grant:<id>" member with score
--expiry in the waiters zset): admit.lua refuses everyone else meanwhile, so waiters are served
-in the order they registered.
+Locks, semaphores and period reservations are re-entrant: one release removes one nesting
+level, and the key (or the slot, or the bucket) is freed at zero. Whenever something is actually
+freed a wake message is PUBLISHed on the freed base key's name (used as the channel; for a
+period, the reservations hash) and one parked waiter is popped for it — every waiter of a
+period bucket marked done (they all skip now).
+
+A period reservation ends with any outcome at nesting zero: done on "success" (the mark), free
+otherwise, so a failed, halted, parked or retried holder never uses the bucket up.
+
+A freed lock is granted to the waiter popped for it for HANDOFF_GRANT_MS (a "grant:<id>"
+member with score -expiry in the waiters zset): admit.lua refuses everyone else meanwhile, so
+waiters are served in the order they registered.
 
 KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
-  lock         (2): hold hash, waiters zset
-  semaphore    (3): leases zset, holders hash, waiters zset
+  lock       (2+I): hold hash, waiters zset
+  semaphore  (3+I): leases zset, holders hash, waiters zset
+  I = 0, or 3 with the live-holds index (_common.lua): by-time zset, by-key zset, counts hash
   ordered_lock (4): state hash, positions zset, holders hash, waiters zset
-  period       (1): mark hash
+  period       (3): done mark hash, reservations hash, waiters zset
   rate_limit   (W): one zset (sliding) or counter (fixed) per window
 
 ARGV[1]  outcome (see above)
@@ -30,6 +37,7 @@ ARGV[3]  holds json, in release order; each {p = primitive, n = key count} plus:
            period:       every, bucket? (start epoch s), bucket_end? (epoch s) — as admitted;
                          without them the bucket of the current Redis time is used
            rate_limit:   strategy, member? (the sliding-window entry added at admission)
+           lock, semaphore: ik? (user key, when the index keys follow)
 
 Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base keys],
                   marked = [mark keys], advanced = [{key, cursor}]}}
@@ -63,22 +71,27 @@ local function wake_one(base, waiters, message, grant)
   table.insert(report.freed, base)
 end
 
-local function release_lock(keys)
+local function release_lock(keys, spec)
   local hold, waiters = keys[1], keys[2]
+  local index = index_of(keys, 3, spec.ik)
   if redis.call('HGET', hold, 'owner') ~= holder.owner then
     table.insert(report.not_held, hold)
+    index_remove(index, 'lock', holder.owner) -- lapsed: its index entry is stale
     return
   end
   if redis.call('HINCRBY', hold, 'count', -1) <= 0 then
     redis.call('DEL', hold)
+    index_remove(index, 'lock', holder.owner)
     wake_one(hold, waiters, {primitive = 'lock', freed = true}, true)
   end
 end
 
-local function release_semaphore(keys)
+local function release_semaphore(keys, spec)
   local leases, holders, waiters = keys[1], keys[2], keys[3]
+  local index = index_of(keys, 4, spec.ik)
   if not redis.call('ZSCORE', leases, holder.owner) then
     table.insert(report.not_held, leases)
+    index_remove(index, 'semaphore', holder.owner)
     return
   end
   local info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":1}')
@@ -89,6 +102,7 @@ local function release_semaphore(keys)
   end
   redis.call('ZREM', leases, holder.owner)
   redis.call('HDEL', holders, holder.owner)
+  index_remove(index, 'semaphore', holder.owner)
   wake_one(leases, waiters, {primitive = 'semaphore', freed = true})
 end
 
@@ -123,18 +137,49 @@ local function release_ordered(keys, spec)
 end
 
 local function release_period(keys, spec)
-  if outcome ~= 'success' then return end
-  local mark = keys[1]
+  local mark, reserved, waiters = keys[1], keys[2], keys[3]
   local start, finish = spec.bucket, spec.bucket_end
   if not start then start, finish = period_bucket(spec.every, now.seconds) end
+  local raw = redis.call('HGET', reserved, int(start))
+  local entry = raw and cjson.decode(raw) or nil
+  local ours = entry ~= nil and entry.owner == holder.owner
+  if ours and (entry.count or 1) > 1 then
+    -- a nested hold: the outermost release decides done or free
+    entry.count = entry.count - 1
+    redis.call('HSET', reserved, int(start), cjson.encode(entry))
+    return
+  end
+  if ours then
+    redis.call('HDEL', reserved, int(start))
+  else
+    -- lapsed and possibly reserved by another since (its lease was lost)
+    table.insert(report.not_held, mark)
+  end
+  local done = false
   -- a bucket that is over needs no mark, and a newer bucket's mark must never be replaced
-  if now.seconds >= finish then return end
-  local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
-  if current > start then return end
-  redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
-    'at', now.ms)
-  redis.call('PEXPIREAT', mark, int(finish * 1000))
-  table.insert(report.marked, mark)
+  if outcome == 'success' and now.seconds < finish then
+    local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
+    if current <= start then
+      redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
+        'at', now.ms)
+      redis.call('PEXPIREAT', mark, int(finish * 1000))
+      table.insert(report.marked, mark)
+      done = true
+    end
+  end
+  if not ours then return end
+  redis.call('PUBLISH', reserved, cjson.encode({primitive = 'period', freed = true, done = done}))
+  if done then
+    -- every waiter of this bucket skips now
+    for _, id in ipairs(redis.call('ZRANGE', waiters, 0, -1)) do
+      table.insert(report.woken, id)
+    end
+    redis.call('DEL', waiters)
+  else
+    local popped = redis.call('ZPOPMIN', waiters, 1)
+    if popped[1] then table.insert(report.woken, popped[1]) end
+  end
+  table.insert(report.freed, mark)
 end
 
 local function release_rate_limit(keys, spec)
@@ -153,8 +198,8 @@ for _, spec in ipairs(holds) do
   local keys = {}
   for j = 1, spec.n do keys[j] = KEYS[offset + j] end
   offset = offset + spec.n
-  if spec.p == 'lock' then release_lock(keys)
-  elseif spec.p == 'semaphore' then release_semaphore(keys)
+  if spec.p == 'lock' then release_lock(keys, spec)
+  elseif spec.p == 'semaphore' then release_semaphore(keys, spec)
   elseif spec.p == 'ordered_lock' then release_ordered(keys, spec)
   elseif spec.p == 'period' then release_period(keys, spec)
   elseif spec.p == 'rate_limit' then release_rate_limit(keys, spec)

@@ -1,0 +1,176 @@
+"""The live-holds index (issue 14) against the holds themselves, in a real Redis.
+
+The ground truth is ``state.live_holds()`` — a SCAN of every lock and semaphore key under the
+prefix, O(keys) — and the index must agree with it after any sequence of admissions, releases,
+lapses (a lock key expiring, a semaphore lease running out) and force-releases: it never lists
+a hold that is gone and never misses a live one. Paging through it returns each hold once, also
+while holds come and go between pages.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reactor_app.coordination import holds_index, lock, semaphore, state
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim, SemaphoreClaim
+from reactor_app.coordination.redis import get_client
+from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+
+KEYS = ["a", "a:1", "a:2", "b"]
+OWNERS = ["o1", "o2", "o3"]
+
+operation = st.one_of(
+    st.tuples(st.just("lock"), st.sampled_from(KEYS), st.sampled_from(OWNERS)),
+    st.tuples(st.just("semaphore"), st.sampled_from(KEYS), st.sampled_from(OWNERS)),
+    st.tuples(st.just("release"), st.integers(0, 20), st.just("")),
+    st.tuples(st.just("lapse"), st.integers(0, 20), st.just("")),
+    st.tuples(st.just("force"), st.sampled_from(KEYS), st.sampled_from(["lock", "semaphore"])),
+)
+
+
+def identities(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(r["primitive"], r["key"], r["owner"]) for r in rows]
+
+
+def every_page(coordinator: Coordinator, limit: int, **filters: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(100):
+        page = holds_index.page(
+            limit=limit,
+            cursor=cursor,
+            client=coordinator.client,
+            prefix=coordinator.prefix,
+            **filters,
+        )
+        rows += page.rows
+        cursor = page.next_cursor
+        if cursor is None:
+            return rows
+    raise AssertionError("paging never ended")
+
+
+def lapse(coordinator: Coordinator, admitted: Admitted) -> None:
+    """Make the hold lapse as a dead holder's would: the lock key expires, the lease runs out."""
+    client = coordinator.client
+    hold = admitted.holds[0]
+    if hold.claim.primitive == "lock":
+        client.pexpire(lock.hold_key(hold.claim.key, coordinator.prefix), 1)
+    else:
+        seconds, micros = client.time()
+        past = int(seconds) * 1000 + int(micros) // 1000 - 1
+        leases = semaphore.leases_key(hold.claim.key, coordinator.prefix)
+        client.zadd(leases, {admitted.holder.owner: past}, xx=True)
+    time.sleep(0.003)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(operation, min_size=1, max_size=25))
+def test_the_index_lists_exactly_the_live_holds(operations: list[tuple[Any, ...]]) -> None:
+    prefix = new_key_prefix("idx")
+    coordinator = Coordinator(client=get_client(), prefix=prefix)
+    taken: list[Admitted] = []
+    lapsed: set[tuple[str, str, str]] = set()  # holds that lapsed since the last listing
+    try:
+        for kind, first, second in operations:
+            if kind in ("lock", "semaphore"):
+                claim = (
+                    LockClaim(first, ttl=30)
+                    if kind == "lock"
+                    else SemaphoreClaim(first, limit=2, ttl=30)
+                )
+                holder = Holder(owner=second, execution_id=f"x-{second}", step="s")
+                admitted = coordinator.admit([claim], holder)
+                if isinstance(admitted, Admitted):
+                    taken.append(admitted)
+            elif kind == "release" and taken:
+                coordinator.release(taken.pop(first % len(taken)), "success")
+            elif kind == "lapse" and taken:
+                lapsed_one = taken[first % len(taken)]
+                lapse(coordinator, lapsed_one)
+                claim = lapsed_one.holds[0].claim
+                lapsed.add((claim.key, claim.primitive, lapsed_one.holder.owner))
+            elif kind == "force":
+                coordinator.force_release(second, first)
+
+            truth = sorted(identities(state.live_holds(client=coordinator.client, prefix=prefix)))
+            # the scripts themselves keep the index: every live hold is in it, and the only
+            # extra entries are holds that lapsed (no script ran for them) and await a reader
+            entries = set(holds_index.all_entries(client=coordinator.client, prefix=prefix))
+            live = {(k, p, o) for p, k, o in truth}
+            assert live <= entries, f"missing from the index: {live - entries}"
+            assert entries - live <= lapsed, f"stale in the index: {entries - live - lapsed}"
+            listed = identities(every_page(coordinator, limit=3))
+            assert len(listed) == len(set(listed)), f"listed twice: {listed}"
+            assert sorted(listed) == truth
+            under_a = identities(every_page(coordinator, limit=2, key_prefix="a:"))
+            assert sorted(under_a) == [t for t in truth if t[1].startswith("a:")]
+            lapsed.clear()  # the full listing pruned them
+            counts = holds_index.totals(client=coordinator.client, prefix=prefix)
+            assert counts == {p: sum(1 for t in truth if t[0] == p) for p in ("lock", "semaphore")}
+        # every entry still in the index after a full listing is a live hold
+        remaining = holds_index.all_entries(client=coordinator.client, prefix=prefix)
+        truth_set = {(k, p, o) for p, k, o in identities(state.live_holds(prefix=prefix))}
+        assert set(remaining) == truth_set
+    finally:
+        delete_prefixed_keys(coordinator.client, prefix)
+
+
+def test_paging_returns_each_steady_hold_once_while_others_come_and_go(redis_prefix: str) -> None:
+    prefix = redis_prefix
+    coordinator = Coordinator(client=get_client(), prefix=prefix)
+    steady = {}
+    for n in range(40):
+        admitted = coordinator.admit([LockClaim(f"steady:{n}", ttl=60)], Holder(owner=f"s{n}"))
+        assert isinstance(admitted, Admitted)
+        steady[f"steady:{n}"] = admitted
+    churn: list[Admitted] = []
+    seen: list[tuple[str, str, str]] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = holds_index.page(limit=6, cursor=cursor, client=coordinator.client, prefix=prefix)
+        seen += identities(page.rows)
+        pages += 1
+        # between pages: new holds arrive, earlier churn leaves
+        for n in range(3):
+            fresh = coordinator.admit(
+                [SemaphoreClaim(f"churn:{pages}:{n}", limit=1)], Holder(owner=f"c{pages}")
+            )
+            assert isinstance(fresh, Admitted)
+            churn.append(fresh)
+        while len(churn) > 4:
+            coordinator.release(churn.pop(0), "success")
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+        assert pages < 100
+    assert len(seen) == len(set(seen)), "a hold was listed twice"
+    steady_seen = [s for s in seen if s[1].startswith("steady:")]
+    assert sorted(steady_seen) == sorted(("lock", k, a.holder.owner) for k, a in steady.items())
+
+
+def test_totals_come_from_the_index_and_an_exact_key_is_found_among_many(redis_prefix: str) -> None:
+    prefix = redis_prefix
+    coordinator = Coordinator(client=get_client(), prefix=prefix)
+    for n in range(120):
+        claim = LockClaim(f"k:{n:03d}", ttl=60) if n % 3 else SemaphoreClaim(f"k:{n:03d}", 5)
+        assert isinstance(coordinator.admit([claim], Holder(owner=f"o{n}")), Admitted)
+    first = holds_index.page(limit=10, client=coordinator.client, prefix=prefix)
+    assert first.totals == {"lock": 80, "semaphore": 40}
+    assert len(first.rows) == 10 and first.next_cursor is not None
+    found = holds_index.page(limit=10, key="k:042", client=coordinator.client, prefix=prefix)
+    assert identities(found.rows) == [("semaphore", "k:042", "o42")]
+    assert found.next_cursor is None
+    # k:01 matches k:010 ... k:019 only
+    under = holds_index.page(limit=50, key_prefix="k:01", client=coordinator.client, prefix=prefix)
+    assert [r["key"] for r in under.rows] == [f"k:{n:03d}" for n in range(10, 20)]
