@@ -183,8 +183,9 @@ def test_texts_over_the_limit_are_refused_in_process() -> None:
 
 @pytest.fixture(scope="module")
 def celery_worker_settings() -> dict[str, Any]:
-    # a wake-up by the release is then clearly faster than the backoff requeue
-    return {"REACTOR_CONTENTION_BACKOFF": [3.0, 10.0]}
+    # a wake-up by the release is then clearly faster than the backoff requeue; the brief
+    # in-delivery wait is shorter than the charge, so the second payment does park
+    return {"REACTOR_CONTENTION_BACKOFF": [3.0, 10.0], "REACTOR_WORKER_WAIT": 0.2}
 
 
 @pytest.fixture
