@@ -1,15 +1,21 @@
 """The coordination Redis: client, key names, the Lua script registry and its status codes.
 
-* ``get_client()`` returns a redis-py client for ``REACTOR_REDIS_URL`` — or for the embedded
-  server when that is ``None`` — built through django-redis's connection factory so that every
-  client of one URL in a process shares one connection pool.
+* ``get_client()`` returns a redis-py client for the configured topology (``REACTOR_REDIS`` /
+  ``REACTOR_REDIS_URL``: one server, a Redis Cluster or a Sentinel-watched master, see
+  ``coordination.topology``) — or for the embedded server when neither is set — shared per
+  configuration within a process. One-server URLs are built through django-redis's connection
+  factory (one pool per URL); cluster and Sentinel clients by ``Topology.connect``.
 * ``key()`` builds every Redis key name. The user key sits inside a hash tag
   (``reactor:lock:{acct:1}``), and sub-keys keep that tag (``reactor:lock:{acct:1}:fence``), so
   all the data of one user key lives in one cluster slot and multi-key scripts stay legal.
 * ``Scripts`` registers every ``lua/<operation>.lua`` file of the package (read through
   ``importlib.resources``, so it works from a wheel or a zip) on one client. Every script answers
   ``{status_code, json_payload}``; ``STATUSES`` is the one table that says what each code means.
-* Connection failures of any script call or read become ``CoordinationUnavailable``.
+* Connection failures of any script call or read become ``CoordinationUnavailable`` — and so
+  do the cluster and failover answers a client could not resolve itself (``CLUSTERDOWN``,
+  ``TRYAGAIN``, a ``MOVED``/``ASK`` still redirecting after the client's hops, ``READONLY``
+  from a demoted master, an uncovered slot): they are outages of coordination, not failures
+  of the step, and a worker delivery that meets one is retried.
 """
 
 from __future__ import annotations
@@ -34,6 +40,13 @@ from django_redis.pool import ConnectionFactory
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import claims as claim_types
 from reactor_app.coordination import embedded
+from reactor_app.coordination.topology import (
+    COMMAND_TIMEOUT,
+    CONNECT_TIMEOUT,
+    Topology,
+    configured_topology,
+    from_url,
+)
 from reactor_app.exceptions import (
     CoordinationError,
     CoordinationUnavailable,
@@ -43,11 +56,6 @@ from reactor_app.exceptions import (
     RateLimitExceeded,
     SemaphoreAcquisitionError,
 )
-
-#: seconds to wait for a TCP/unix connection before declaring Redis unreachable
-CONNECT_TIMEOUT = 5.0
-#: seconds a single command may take; scripts are short, so a stuck socket is an outage
-COMMAND_TIMEOUT = 10.0
 
 # --------------------------------------------------------------------------------------------
 # Client
@@ -66,7 +74,7 @@ class _CoordinationConnectionFactory(ConnectionFactory):  # type: ignore[type-ar
 
 
 _factory: _CoordinationConnectionFactory | None = None
-_clients: dict[str, redis_py.Redis] = {}
+_clients: dict[str | Topology, Any] = {}
 _clients_guard = threading.Lock()
 
 
@@ -99,24 +107,53 @@ if hasattr(os, "register_at_fork"):
 
 
 def redis_url() -> str:
-    """The coordination Redis URL: the setting, else the embedded server (started on demand)."""
+    """The coordination Redis URL: the setting, else the embedded server (started on demand).
+
+    With ``REACTOR_REDIS`` (a dict) this is its ``url`` when it has one; a dict without a URL
+    has no single URL — use ``get_client()``, which understands both.
+    """
     configured = reactor_settings.REDIS_URL
     if configured:
         return configured
+    config = reactor_settings.REDIS
+    if config is not None and isinstance(config, dict) and config.get("url"):
+        return str(config["url"])
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
     embedded.ensure_server(directory)
     return embedded.url(directory)
 
 
-def get_client(url: str | None = None) -> redis_py.Redis:
-    """A client for ``url`` (default: ``redis_url()``), shared per URL within this process."""
-    resolved = url or redis_url()
+def _topology_for(url: str | None) -> str | Topology:
+    """The client-cache key: a one-server URL as itself, else the parsed topology."""
+    if url is None:
+        topology = configured_topology()
+        if topology is None:
+            return redis_url()  # the embedded server
+    else:
+        topology = from_url(url)
+    if topology.kind == "standalone" and not topology.tls and topology.url:
+        return topology.url  # the plain path, unchanged: django-redis's pool for this URL
+    return topology
+
+
+def get_client(url: str | None = None) -> Any:
+    """A client for ``url`` (default: the configured topology, else the embedded server),
+    shared per configuration within this process.
+
+    ``url`` may be any URL ``coordination.topology`` understands, ``redis+cluster://`` and
+    ``redis+sentinel://`` included. The client is a ``redis.Redis`` for one server or a
+    Sentinel master, a ``redis.cluster.RedisCluster`` for a cluster.
+    """
+    resolved = _topology_for(url)
     client = _clients.get(resolved)
     if client is None:
         with _clients_guard:
             client = _clients.get(resolved)
             if client is None:
-                client = _connection_factory().connect(resolved)
+                if isinstance(resolved, str):
+                    client = _connection_factory().connect(resolved)
+                else:
+                    client = resolved.connect()
                 _clients[resolved] = client
     return client
 
@@ -359,6 +396,16 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     TimeoutError,
     OSError,
+    # A cluster mid-failover or mid-resharding. The cluster client follows MOVED and ASK and
+    # waits out TRYAGAIN itself; what reaches us is what it could not resolve in its hops —
+    # CLUSTERDOWN (ClusterError), a slot no node serves, TRYAGAIN or a redirect still bouncing.
+    # Nothing was taken in those cases (a script runs on one node or not at all).
+    redis_py.exceptions.ClusterError,
+    redis_py.exceptions.SlotNotCoveredError,
+    redis_py.exceptions.TryAgainError,
+    redis_py.exceptions.AskError,  # MovedError is a subclass
+    # a master demoted by a Sentinel failover answers writes with READONLY
+    redis_py.exceptions.ReadOnlyError,
 )
 
 
