@@ -25,7 +25,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
@@ -163,6 +163,36 @@ def is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster)
+
+
+def server_time(client: Any, near_key: str | None = None) -> tuple[int, int]:
+    """Redis ``TIME`` as ``(seconds, microseconds)`` — on a cluster, from the node that serves
+    ``near_key``: the scripts stamp leases and windows with their own node's clock, so a read
+    comparing against those stamps must use the same clock (node clocks may differ)."""
+    if near_key is not None and is_cluster(client):
+        seconds, micros = client.time(target_nodes=client.get_node_from_key(near_key))
+    else:
+        seconds, micros = client.time()
+    return int(seconds), int(micros)
+
+
+def pipeline_with_time(
+    client: Any, near_key: str, fill: Callable[[Any], None]
+) -> tuple[tuple[int, int], list[Any]]:
+    """``(server_time(near_key), results)`` of a read pipeline that ``fill`` queues.
+
+    One round trip on one server (``TIME`` rides in the pipeline); a cluster pipeline cannot
+    carry ``TIME``, so there it is asked of ``near_key``'s node first.
+    """
+    pipe = client.pipeline(transaction=False)
+    if is_cluster(client):
+        now = server_time(client, near_key)
+        fill(pipe)
+        return now, list(pipe.execute())
+    pipe.time()
+    fill(pipe)
+    (seconds, micros), *results = pipe.execute()
+    return (int(seconds), int(micros)), results
 
 
 def hash_slot(redis_key: str) -> int:
