@@ -153,7 +153,10 @@ def get_client(url: str | None = None) -> Any:
                 if isinstance(resolved, str):
                     client = _connection_factory().connect(resolved)
                 else:
-                    client = resolved.connect()
+                    # a cluster client maps the slots as it is built: an unreachable cluster
+                    # is an outage here already, not an error of the caller
+                    with unavailable_on_connection_error():
+                        client = resolved.connect()
                 _clients[resolved] = client
     return client
 
@@ -439,6 +442,27 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: redis-py's cluster client reports a cluster it cannot map (no node answers, slots uncovered
+#: mid-failover, nodes disagreeing mid-resharding, a URL naming a non-cluster server) with a
+#: bare ``RedisClusterException``; the same class also reports programming errors (a blocked
+#: pipeline command, cross-slot keys), which must stay loud — so these are told by message.
+CLUSTER_OUTAGE_MESSAGES = (
+    "Redis Cluster cannot be connected",
+    "All slots are not covered",
+    "startup_nodes could not agree",
+    "Cluster mode is not enabled",
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` means the coordination Redis cannot answer now (an outage)."""
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, redis_py.exceptions.RedisClusterException) and str(exc).startswith(
+        CLUSTER_OUTAGE_MESSAGES
+    )
+
+
 @contextmanager
 def unavailable_on_connection_error(
     *, key: str | None = None, primitive: str | None = None
@@ -446,11 +470,22 @@ def unavailable_on_connection_error(
     """Translate connection failures into ``CoordinationUnavailable`` (with the cause)."""
     try:
         yield
-    except UNAVAILABLE_ERRORS as exc:
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        hint = ""
+        if isinstance(exc, redis_py.exceptions.AskError):
+            # a one-server client pointed at a cluster node sees MOVED for most keys
+            hint = (
+                " (a MOVED/ASK reply reached the library: if this Redis is a cluster, "
+                "configure it as redis+cluster://host:port or REACTOR_REDIS = "
+                "{'cluster': True, ...})"
+            )
         raise CoordinationUnavailable(
             f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
-            "the protected work did not run",
+            f"the protected work did not run{hint}",
             key=key,
             primitive=primitive,
-            cause=exc,
+            # callers that re-word the error quote the cause: keep the hint with it
+            cause=f"{type(exc).__name__}: {exc}{hint}" if hint else exc,
         ) from exc
