@@ -9,6 +9,7 @@ started here — never by name, never anything this module did not start.
   (what ``redis-cli --cluster create --cluster-replicas 0`` does, without needing redis-cli),
   then waits until every node reports ``cluster_state:ok``. ``.url`` is the
   ``redis+cluster://`` URL of the coordination settings.
+* ``StandaloneServer().start()`` — one plain server on a TCP port, a like-for-like peer.
 * ``SentinelServers().start()`` starts a master, one replica and one sentinel (quorum 1)
   watching it as ``mymaster``; ``.url`` is the ``redis+sentinel://`` URL. ``kill_master()``
   SIGKILLs the current master and ``wait_for_failover()`` returns once the sentinel names a new
@@ -207,6 +208,28 @@ class _Servers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class StandaloneServer(_Servers):
+    """One plain redis-server on a loopback TCP port (a peer for cluster measurements)."""
+
+    @property
+    def port(self) -> int:
+        return self.servers[0].port
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> StandaloneServer:
+        try:
+            port = free_port()
+            self._await_ping(self._spawn(port, self._common(port), f"standalone-{port}"))
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
 
 @dataclass
