@@ -197,10 +197,16 @@ def test_cross_slot_step_under_four_processes_keeps_lock_and_semaphore(cluster: 
 def test_live_holds_and_cleanup_reach_every_primary(cluster: Any, redis_prefix: str) -> None:
     coordinator = Coordinator()
     accounts = keys_on_distinct_nodes(cluster, "lock", 3, "spread")
+    pools = keys_on_distinct_nodes(cluster, "semaphore", 3, "pool")
     holds = [coordinator.admit([LockClaim(a)], Holder(owner=f"o-{a}")) for a in accounts]
+    holds += [
+        coordinator.admit([SemaphoreClaim(p, limit=2)], Holder(owner=f"o-{p}")) for p in pools
+    ]
     assert all(isinstance(h, Admitted) for h in holds)
-    listed = {(h["primitive"], h["key"]) for h in state.live_holds()}
-    assert listed == {("lock", a) for a in accounts}
+    live = state.live_holds()
+    listed = {(h["primitive"], h["key"]) for h in live}
+    assert listed == {("lock", a) for a in accounts} | {("semaphore", p) for p in pools}
+    assert all(h["ttl_left"] and h["ttl_left"] > 0 for h in live)
 
     client = get_client()
     deleted = delete_prefixed_keys(client, redis_prefix)
