@@ -306,3 +306,22 @@ def test_acl_credentials_reach_every_node(cluster: Any, settings: Any) -> None:
     finally:
         for node in nodes:
             node.execute_command("ACL", "DELUSER", user)
+
+
+def test_reactor_redis_status_describes_a_dict_configured_cluster(
+    reactor_redis_cluster: Any, settings: Any
+) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.REACTOR_REDIS_URL = None
+    settings.REACTOR_REDIS = {
+        "cluster": True,
+        "startup_nodes": [f"127.0.0.1:{port}" for port in reactor_redis_cluster.ports],
+    }
+    out = StringIO()
+    call_command("reactor_redis", "status", stdout=out)
+    text = out.getvalue()
+    assert "topology:     Redis Cluster via 127.0.0.1:" in text and "(REACTOR_REDIS)" in text
+    assert "answers:      yes" in text
