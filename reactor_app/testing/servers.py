@@ -84,7 +84,55 @@ def free_port(*, with_bus: bool = False, taken: Sequence[int] = ()) -> int:
     raise RuntimeError("could not find a free loopback port")
 
 
-def _client(port: int) -> Any:
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throw-away CA and a server certificate for 127.0.0.1 (``make_tls_files``)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def server_args(self) -> list[str]:
+        return [
+            "--tls-cert-file",
+            str(self.cert),
+            "--tls-key-file",
+            str(self.key),
+            "--tls-ca-cert-file",
+            str(self.ca),
+            # clients prove nothing but their ACL password; the server proves its identity
+            "--tls-auth-clients",
+            "no",
+        ]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"ssl": True, "ssl_ca_certs": str(self.ca)}
+
+
+def make_tls_files(folder: Path) -> TlsFiles:
+    """A CA and a server certificate (SAN ``IP:127.0.0.1``) made with the ``openssl`` CLI."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ServerBinaryMissing("no openssl binary to make test certificates")
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = folder / "ca.crt", folder / "ca.key"
+    cert, key, csr = folder / "server.crt", folder / "server.key", folder / "server.csr"
+    extensions = folder / "server.ext"
+    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    commands = [
+        ["req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", str(ca_key),
+         "-out", str(ca), "-days", "2", "-subj", "/CN=reactor-test-ca"],
+        ["req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", str(key), "-out", str(csr),
+         "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+         "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions)],
+    ]  # fmt: skip
+    for arguments in commands:
+        subprocess.run([openssl, *arguments], capture_output=True, check=True, timeout=60)
+    return TlsFiles(ca=ca, cert=cert, key=key)
+
+
+def _client(port: int, tls: TlsFiles | None = None) -> Any:
     import redis
 
     return redis.Redis(
@@ -93,6 +141,7 @@ def _client(port: int) -> Any:
         decode_responses=True,
         socket_timeout=5,
         socket_connect_timeout=2,
+        **(tls.client_kwargs() if tls else {}),
     )
 
 
@@ -148,7 +197,12 @@ class _Servers:
     binary: str = field(default_factory=redis_server_binary)
     folder: Path | None = None
     servers: list[ServerProcess] = field(default_factory=list)
+    #: serve TLS only (``--port 0 --tls-port``), between nodes and replicas too
+    tls: TlsFiles | None = None
     _own_folder: bool = False
+
+    def _client(self, port: int) -> Any:
+        return _client(port, self.tls)
 
     def _folder(self) -> Path:
         if self.folder is None:
@@ -176,15 +230,18 @@ class _Servers:
         def answers() -> bool:
             if not server.alive():
                 raise RuntimeError(f"redis-server on {server.port} exited:\n{server.log()}")
-            return bool(_client(server.port).ping())
+            return bool(self._client(server.port).ping())
 
         _wait(answers, START_TIMEOUT, f"redis-server on port {server.port}")
 
-    @staticmethod
-    def _common(port: int) -> list[str]:
+    def _common(self, port: int) -> list[str]:
+        if self.tls is not None:
+            listen = ["--port", "0", "--tls-port", str(port), *self.tls.server_args()]
+            listen += ["--tls-cluster", "yes", "--tls-replication", "yes"]
+        else:
+            listen = ["--port", str(port)]
         return [
-            "--port",
-            str(port),
+            *listen,
             "--bind",
             "127.0.0.1",
             "--save",
@@ -220,6 +277,8 @@ class StandaloneServer(_Servers):
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls.ca}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> StandaloneServer:
@@ -245,7 +304,10 @@ class RedisClusterServers(_Servers):
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports) + "/"
+        scheme, query = "redis+cluster", ""
+        if self.tls is not None:
+            scheme, query = "rediss+cluster", f"?ssl_ca_certs={self.tls.ca}"
+        return f"{scheme}://" + ",".join(f"127.0.0.1:{port}" for port in self.ports) + "/" + query
 
     def start(self) -> RedisClusterServers:
         try:
@@ -267,14 +329,14 @@ class RedisClusterServers(_Servers):
                 self._spawn(port, args, f"cluster-{port}")
             for server in self.servers:
                 self._await_ping(server)
-            first = _client(ports[0])
+            first = self._client(ports[0])
             for port in ports[1:]:
                 first.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
             # contiguous ranges, as redis-cli --cluster create assigns them
             bounds = [CLUSTER_SLOTS * index // self.masters for index in range(self.masters + 1)]
             for index, port in enumerate(ports):
                 slots = range(bounds[index], bounds[index + 1])
-                _client(port).execute_command("CLUSTER", "ADDSLOTS", *slots)
+                self._client(port).execute_command("CLUSTER", "ADDSLOTS", *slots)
             _wait(self._ready, START_TIMEOUT, "the cluster to report cluster_state:ok")
         except BaseException:
             self.stop()
@@ -283,19 +345,19 @@ class RedisClusterServers(_Servers):
 
     def _ready(self) -> bool:
         for port in self.ports:
-            info = _client(port).execute_command("CLUSTER", "INFO")
+            info = self._client(port).execute_command("CLUSTER", "INFO")
             text = info if isinstance(info, str) else str(info)
             if "cluster_state:ok" not in text or f"cluster_known_nodes:{self.masters}" not in text:
                 return False
             # every node must route every slot the same way before tests rely on MOVED
-            slots = _client(port).execute_command("CLUSTER", "SLOTS")
+            slots = self._client(port).execute_command("CLUSTER", "SLOTS")
             if sum(int(entry[1]) - int(entry[0]) + 1 for entry in slots) != CLUSTER_SLOTS:
                 return False
         return True
 
     def port_of_slot(self, slot: int) -> int:
         """The port of the primary serving ``slot``."""
-        for entry in _client(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
+        for entry in self._client(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
             if int(entry[0]) <= slot <= int(entry[1]):
                 return int(entry[2][1])
         raise LookupError(slot)
