@@ -260,8 +260,9 @@ def test_a_one_server_client_on_a_cluster_node_is_coordination_unavailable(
 
 
 def test_a_cluster_that_lost_a_primary_is_coordination_unavailable(
-    settings: Any, redis_prefix: str
+    settings: Any, redis_prefix: str, reactor_redis_cluster: Any
 ) -> None:
+    # (reactor_redis_cluster: the harness's verdict on the redis-server binary, not used)
     from reactor_app.testing.servers import RedisClusterServers
 
     with RedisClusterServers(node_timeout_ms=500) as private:

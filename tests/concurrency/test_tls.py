@@ -14,6 +14,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim, SemaphoreClaim
 from reactor_app.coordination.redis import hash_slot, is_cluster, key
 from reactor_app.exceptions import CoordinationUnavailable
+from reactor_app.testing.pytest_plugin import in_ci
 from reactor_app.testing.servers import (
     RedisClusterServers,
     ServerBinaryMissing,
@@ -28,10 +29,14 @@ USER, PASSWORD = "reactor-tls", "tls-pw"
 
 
 @pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+def tls_files(tmp_path_factory: pytest.TempPathFactory, reactor_redis_cluster: Any) -> TlsFiles:
+    """Certificates for this module (``reactor_redis_cluster`` only for its verdict on the
+    redis-server binary: fail in CI, skip elsewhere)."""
     try:
         return make_tls_files(Path(tmp_path_factory.mktemp("tls")))
     except ServerBinaryMissing as exc:
+        if in_ci():
+            pytest.fail(str(exc), pytrace=False)
         pytest.skip(str(exc))
 
 
