@@ -44,8 +44,8 @@ from reactor_app.coordination.topology import (
     COMMAND_TIMEOUT,
     CONNECT_TIMEOUT,
     Topology,
+    cached_from_url,
     configured_topology,
-    from_url,
 )
 from reactor_app.exceptions import (
     CoordinationError,
@@ -130,7 +130,7 @@ def _topology_for(url: str | None) -> str | Topology:
         if topology is None:
             return redis_url()  # the embedded server
     else:
-        topology = from_url(url)
+        topology = cached_from_url(url)
     if topology.kind == "standalone" and not topology.tls and topology.url:
         return topology.url  # the plain path, unchanged: django-redis's pool for this URL
     return topology

@@ -36,7 +36,9 @@ server); ``Topology.connect()`` builds the redis-py client. Every error is a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -418,7 +420,11 @@ def _nodes(entries: Any, kind: Kind, setting: str) -> tuple[tuple[str, int], ...
 
 
 def configured_topology() -> Topology | None:
-    """The configured topology, or None for the embedded server (settings read on each call)."""
+    """The configured topology, or None for the embedded server.
+
+    The settings are read on each call (overrides apply at once); parsing is cached per value,
+    since every admission asks for its client.
+    """
     from reactor_app.conf import reactor_settings
 
     config = reactor_settings.REDIS
@@ -430,7 +436,21 @@ def configured_topology() -> Topology | None:
             "REACTOR_REDIS['url'] if you need both a URL and options)",
         )
     if config is not None:
-        return from_dict(config)
+        try:
+            frozen = json.dumps(config, sort_keys=True)
+        except (TypeError, ValueError):  # not JSON-able (a tuple key...): parse it every time
+            return from_dict(config)
+        return _from_dict_cached(frozen)
     if url:
-        return from_url(url)
+        return cached_from_url(url)
     return None
+
+
+@lru_cache(maxsize=32)
+def cached_from_url(url: str) -> Topology:
+    return from_url(url)
+
+
+@lru_cache(maxsize=32)
+def _from_dict_cached(frozen: str) -> Topology:
+    return from_dict(json.loads(frozen))
