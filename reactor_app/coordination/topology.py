@@ -335,6 +335,11 @@ def _db(value: Any, setting: str) -> int:
 
 
 def _validate_tls(topology: Topology, setting: str) -> None:
+    if topology.kind == "standalone" and topology.ssl != (topology.url or "").startswith(
+        "rediss://"
+    ):
+        # one server takes TLS from its URL's scheme only: say so rather than half-apply it
+        raise _error(setting, "for one server, TLS is the rediss:// scheme: use it in 'url'")
     tls = dict(topology.tls)
     if tls and not topology.ssl:
         raise _error(

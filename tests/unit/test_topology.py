@@ -85,6 +85,7 @@ def test_dict_forms_in_the_style_of_django_redis() -> None:
         ({"cluster": True, "startup_nodes": ["a:1"], "sentinels": ["s:2"]}, "choose one"),
         ({"startup_nodes": ["a:1"], "tls": True}, "unknown key"),
         ({"url": "rediss+cluster://a:1", "ssl_cert_reqs": "sometimes"}, "ssl_cert_reqs"),
+        ({"url": "redis://h:6379/0", "ssl": True}, "rediss://"),
     ],
 )
 def test_what_cannot_work_is_a_configuration_error_naming_it(config: Any, says: str) -> None:
