@@ -46,6 +46,7 @@ from reactor_app.coordination.topology import (
     Topology,
     cached_from_url,
     configured_topology,
+    is_topology_url,
 )
 from reactor_app.exceptions import (
     CoordinationError,
@@ -124,15 +125,26 @@ def redis_url() -> str:
 
 
 def _topology_for(url: str | None) -> str | Topology:
-    """The client-cache key: a one-server URL as itself, else the parsed topology."""
+    """The client-cache key: a one-server URL as itself, else the parsed topology.
+
+    One-server URLs (``redis://``, ``rediss://`` with its TLS query options, ``unix://``, the
+    embedded server) keep the plain path: ``redis_url()`` and django-redis's pool per URL, with
+    nothing parsed per call. Only ``REACTOR_REDIS`` and the cluster/Sentinel schemes build a
+    ``Topology``.
+    """
     if url is None:
+        if reactor_settings.REDIS is None and not is_topology_url(reactor_settings.REDIS_URL):
+            return redis_url()
         topology = configured_topology()
-        if topology is None:
-            return redis_url()  # the embedded server
-    else:
+        if topology is None:  # unreachable in practice: REDIS or a topology URL is set
+            return redis_url()
+    elif is_topology_url(url):
         topology = cached_from_url(url)
-    if topology.kind == "standalone" and not topology.tls and topology.url:
-        return topology.url  # the plain path, unchanged: django-redis's pool for this URL
+    else:
+        return url
+    plain = not (topology.options or topology.username or topology.password or topology.tls)
+    if topology.kind == "standalone" and topology.url and plain:
+        return topology.url
     return topology
 
 

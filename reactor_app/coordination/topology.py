@@ -424,6 +424,18 @@ def _nodes(entries: Any, kind: Kind, setting: str) -> tuple[tuple[str, int], ...
     return tuple(parse_host_port(entry, kind, setting) for entry in entries)
 
 
+#: ``REACTOR_REDIS_URL`` values that mean the embedded development server
+EMBEDDED_VALUES = ("embedded",)
+
+
+def is_topology_url(url: str | None) -> bool:
+    """True for the schemes only a ``Topology`` understands (cluster, Sentinel)."""
+    if not url or "://" not in url:
+        return False
+    scheme = url.split("://", 1)[0].lower()
+    return scheme in CLUSTER_SCHEMES or scheme in SENTINEL_SCHEMES
+
+
 def configured_topology() -> Topology | None:
     """The configured topology, or None for the embedded server.
 
@@ -446,7 +458,7 @@ def configured_topology() -> Topology | None:
         except (TypeError, ValueError):  # not JSON-able (a tuple key...): parse it every time
             return from_dict(config)
         return _from_dict_cached(frozen)
-    if url:
+    if url and url not in EMBEDDED_VALUES:
         return cached_from_url(url)
     return None
 

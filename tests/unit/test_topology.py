@@ -115,3 +115,21 @@ def test_the_system_check_reports_it_and_the_embedded_default_is_untouched(
     settings.REACTOR_REDIS_URL = None
     assert check_redis_topology() == []
     assert configured_topology() == Topology(kind="cluster", nodes=(("127.0.0.1", 7001),))
+
+
+def test_one_server_urls_keep_the_plain_client_path(settings: Any) -> None:
+    """Only REACTOR_REDIS and the cluster/Sentinel schemes build a Topology client; a one-server
+    URL (TLS query options included) stays on the per-URL pool, parsed by redis-py itself."""
+    from reactor_app.coordination.redis import _topology_for
+
+    settings.REACTOR_REDIS = None
+    url = "rediss://127.0.0.1:6380/0?ssl_ca_certs=/ca.pem"
+    settings.REACTOR_REDIS_URL = url
+    assert _topology_for(None) == url
+    assert _topology_for("redis://127.0.0.1:6379/2") == "redis://127.0.0.1:6379/2"
+    assert isinstance(_topology_for("redis+cluster://127.0.0.1:7001"), Topology)
+    settings.REACTOR_REDIS_URL = None
+    settings.REACTOR_REDIS = {"url": "redis://127.0.0.1:6379/3"}
+    assert _topology_for(None) == "redis://127.0.0.1:6379/3"
+    settings.REACTOR_REDIS = {"url": "redis://127.0.0.1:6379/3", "password": "pw"}
+    assert isinstance(_topology_for(None), Topology)
