@@ -81,7 +81,7 @@ pytest: install
 
 # Each benchmark prints its figures with the peers measured in the same run (docs/benchmarks.md).
 BENCHMARKS ?= bench/lock_latency.py bench/step_vs_reactor_lock.py bench/celery_contention.py \
-	bench/holds_listing.py
+	bench/holds_listing.py bench/cluster_admission.py
 
 bench: install migrate
 	@for file in $(BENCHMARKS); do \

@@ -98,7 +98,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REDIS_URL = os.environ.get("REDIS_URL") or None
-REACTOR_REDIS_URL: str | None = REDIS_URL  # None: the embedded server
+# REACTOR_REDIS_URL may name another Redis for coordination alone (a redis+cluster:// or
+# redis+sentinel:// URL, see docs/operations.md "Scaling out"); REDIS_URL stays broker and cache
+REACTOR_REDIS_URL: str | None = os.environ.get("REACTOR_REDIS_URL") or REDIS_URL  # None: embedded
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:

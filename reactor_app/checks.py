@@ -58,3 +58,17 @@ def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]
                     )
                 )
     return warnings
+
+
+@register("reactor_app")
+def check_redis_topology(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``REACTOR_REDIS`` / ``REACTOR_REDIS_URL`` parse into one topology (one server, a Redis
+    Cluster or a Sentinel set), so a typo shows at ``manage.py check``, not at the first step."""
+    from reactor_app.coordination.topology import configured_topology
+
+    try:
+        configured_topology()
+    except ConfigurationError as exc:
+        setting = getattr(exc, "setting", None) or "REDIS"
+        return [Error(exc.message, id="reactor_app.E030", obj=f"REACTOR_{setting}")]
+    return []

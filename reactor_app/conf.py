@@ -27,6 +27,13 @@ class ReactorSettings:
         return self._get("REDIS_URL", None) or None
 
     @property
+    def REDIS(self) -> dict[str, Any] | None:
+        """Coordination Redis as a dict (cluster, sentinel, TLS options); parsed and validated
+        by ``reactor_app.coordination.topology``. ``None``: use ``REDIS_URL``."""
+        value = self._get("REDIS", None)
+        return value if value else None
+
+    @property
     def EMBEDDED_REDIS_DIR(self) -> str | None:
         """Folder holding the embedded server's socket, pidfile and log."""
         return self._get("EMBEDDED_REDIS_DIR", None)

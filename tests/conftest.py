@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -207,3 +208,30 @@ def subprocess_env() -> Callable[..., dict[str, str]]:
     the child connects to the same database and must see committed rows.
     """
     return child_environment
+
+
+# --------------------------------------------------------------------------------------------
+# Topologies: the same test against one Redis and a real Redis Cluster
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def redis_topology(
+    request: pytest.FixtureRequest, settings: Any, redis_prefix: str
+) -> Iterator[str]:
+    """Run the test once on the suite's Redis and once on the harness's 3-master cluster.
+
+    On the cluster, ``REACTOR_REDIS_URL`` points at it for the test (forked children inherit
+    the setting) and the test's keys are deleted from it afterwards.
+    """
+    if request.param == "standalone":
+        yield "standalone"
+        return
+    cluster = request.getfixturevalue("reactor_redis_cluster")
+    settings.REACTOR_REDIS_URL = cluster.url
+    from reactor_app.coordination.redis import get_client, is_cluster
+
+    assert is_cluster(get_client()), "the coordination client did not switch to the cluster"
+    yield "cluster"
+
+    delete_prefixed_keys(get_client(cluster.url), redis_prefix)

@@ -68,6 +68,7 @@ from reactor_app.coordination.redis import (
     holder_json,
     is_cluster,
     scripts_for,
+    server_time,
     unavailable_on_connection_error,
 )
 from reactor_app.exceptions import (
@@ -489,8 +490,8 @@ class Coordinator:
         with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
             client = self.client
             if score is None:
-                seconds, micros = client.time()
-                score = int(seconds) * 1000 + int(micros) // 1000
+                seconds, micros = server_time(client, name)
+                score = seconds * 1000 + micros // 1000
             pipe = client.pipeline(transaction=False)
             pipe.zadd(name, {waiter_id: score})
             pipe.pexpire(name, lock.seconds_to_ms(ttl))

@@ -39,6 +39,7 @@ from reactor_app.coordination.redis import (
     get_client,
     holder_json,
     key,
+    pipeline_with_time,
     scripts_for,
     unavailable_on_connection_error,
 )
@@ -185,12 +186,14 @@ def ordered_state(
 ) -> OrderedLockState:
     client = client or get_client()
     with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
-        pipe = client.pipeline(transaction=False)
-        pipe.time()
-        pipe.hgetall(state_key(user_key, prefix))
-        pipe.zrange(positions_key(user_key, prefix), 0, -1, withscores=True)
-        pipe.hgetall(holders_key(user_key, prefix))
-        (seconds, micros), state, beats, holders = pipe.execute()
+        state_name = state_key(user_key, prefix)
+
+        def fill(pipe: Any) -> None:
+            pipe.hgetall(state_name)
+            pipe.zrange(positions_key(user_key, prefix), 0, -1, withscores=True)
+            pipe.hgetall(holders_key(user_key, prefix))
+
+        (seconds, micros), (state, beats, holders) = pipeline_with_time(client, state_name, fill)
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     last_assigned = _int(state.get("next")) or 0
     cursor = _int(state.get("cursor")) or 0

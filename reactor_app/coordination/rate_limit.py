@@ -31,6 +31,7 @@ from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
 from reactor_app.coordination.redis import (
     get_client,
     key,
+    server_time,
     unavailable_on_connection_error,
 )
 from reactor_app.exceptions import ConfigurationError
@@ -246,8 +247,8 @@ def rate_limit_count(
     with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
         if strategy == "fixed":
             return int(client.get(name) or 0)
-        now_seconds, micros = client.time()
-        now_us = int(now_seconds) * 1_000_000 + int(micros)
+        now_seconds, micros = server_time(client, name)
+        now_us = now_seconds * 1_000_000 + micros
         return int(client.zcount(name, f"({now_us - round(seconds * 1_000_000)}", "+inf"))
 
 

@@ -1,15 +1,21 @@
 """The coordination Redis: client, key names, the Lua script registry and its status codes.
 
-* ``get_client()`` returns a redis-py client for ``REACTOR_REDIS_URL`` — or for the embedded
-  server when that is ``None`` — built through django-redis's connection factory so that every
-  client of one URL in a process shares one connection pool.
+* ``get_client()`` returns a redis-py client for the configured topology (``REACTOR_REDIS`` /
+  ``REACTOR_REDIS_URL``: one server, a Redis Cluster or a Sentinel-watched master, see
+  ``coordination.topology``) — or for the embedded server when neither is set — shared per
+  configuration within a process. One-server URLs are built through django-redis's connection
+  factory (one pool per URL); cluster and Sentinel clients by ``Topology.connect``.
 * ``key()`` builds every Redis key name. The user key sits inside a hash tag
   (``reactor:lock:{acct:1}``), and sub-keys keep that tag (``reactor:lock:{acct:1}:fence``), so
   all the data of one user key lives in one cluster slot and multi-key scripts stay legal.
 * ``Scripts`` registers every ``lua/<operation>.lua`` file of the package (read through
   ``importlib.resources``, so it works from a wheel or a zip) on one client. Every script answers
   ``{status_code, json_payload}``; ``STATUSES`` is the one table that says what each code means.
-* Connection failures of any script call or read become ``CoordinationUnavailable``.
+* Connection failures of any script call or read become ``CoordinationUnavailable`` — and so
+  do the cluster and failover answers a client could not resolve itself (``CLUSTERDOWN``,
+  ``TRYAGAIN``, a ``MOVED``/``ASK`` still redirecting after the client's hops, ``READONLY``
+  from a demoted master, an uncovered slot): they are outages of coordination, not failures
+  of the step, and a worker delivery that meets one is retried.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
@@ -34,6 +40,14 @@ from django_redis.pool import ConnectionFactory
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import claims as claim_types
 from reactor_app.coordination import embedded
+from reactor_app.coordination.topology import (
+    COMMAND_TIMEOUT,
+    CONNECT_TIMEOUT,
+    Topology,
+    cached_from_url,
+    configured_topology,
+    is_topology_url,
+)
 from reactor_app.exceptions import (
     CoordinationError,
     CoordinationUnavailable,
@@ -44,11 +58,6 @@ from reactor_app.exceptions import (
     RateLimitExceeded,
     SemaphoreAcquisitionError,
 )
-
-#: seconds to wait for a TCP/unix connection before declaring Redis unreachable
-CONNECT_TIMEOUT = 5.0
-#: seconds a single command may take; scripts are short, so a stuck socket is an outage
-COMMAND_TIMEOUT = 10.0
 
 # --------------------------------------------------------------------------------------------
 # Client
@@ -67,7 +76,7 @@ class _CoordinationConnectionFactory(ConnectionFactory):  # type: ignore[type-ar
 
 
 _factory: _CoordinationConnectionFactory | None = None
-_clients: dict[str, redis_py.Redis] = {}
+_clients: dict[str | Topology, Any] = {}
 _clients_guard = threading.Lock()
 
 
@@ -100,24 +109,67 @@ if hasattr(os, "register_at_fork"):
 
 
 def redis_url() -> str:
-    """The coordination Redis URL: the setting, else the embedded server (started on demand)."""
+    """The coordination Redis URL: the setting, else the embedded server (started on demand).
+
+    With ``REACTOR_REDIS`` (a dict) this is its ``url`` when it has one; a dict without a URL
+    has no single URL — use ``get_client()``, which understands both.
+    """
     configured = reactor_settings.REDIS_URL
     if configured:
         return configured
+    config = reactor_settings.REDIS
+    if config is not None and isinstance(config, dict) and config.get("url"):
+        return str(config["url"])
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
     embedded.ensure_server(directory)
     return embedded.url(directory)
 
 
-def get_client(url: str | None = None) -> redis_py.Redis:
-    """A client for ``url`` (default: ``redis_url()``), shared per URL within this process."""
-    resolved = url or redis_url()
+def _topology_for(url: str | None) -> str | Topology:
+    """The client-cache key: a one-server URL as itself, else the parsed topology.
+
+    One-server URLs (``redis://``, ``rediss://`` with its TLS query options, ``unix://``, the
+    embedded server) keep the plain path: ``redis_url()`` and django-redis's pool per URL, with
+    nothing parsed per call. Only ``REACTOR_REDIS`` and the cluster/Sentinel schemes build a
+    ``Topology``.
+    """
+    if url is None:
+        if reactor_settings.REDIS is None and not is_topology_url(reactor_settings.REDIS_URL):
+            return redis_url()
+        topology = configured_topology()
+        if topology is None:  # unreachable in practice: REDIS or a topology URL is set
+            return redis_url()
+    elif is_topology_url(url):
+        topology = cached_from_url(url)
+    else:
+        return url
+    plain = not (topology.options or topology.username or topology.password or topology.tls)
+    if topology.kind == "standalone" and topology.url and plain:
+        return topology.url
+    return topology
+
+
+def get_client(url: str | None = None) -> Any:
+    """A client for ``url`` (default: the configured topology, else the embedded server),
+    shared per configuration within this process.
+
+    ``url`` may be any URL ``coordination.topology`` understands, ``redis+cluster://`` and
+    ``redis+sentinel://`` included. The client is a ``redis.Redis`` for one server or a
+    Sentinel master, a ``redis.cluster.RedisCluster`` for a cluster.
+    """
+    resolved = _topology_for(url)
     client = _clients.get(resolved)
     if client is None:
         with _clients_guard:
             client = _clients.get(resolved)
             if client is None:
-                client = _connection_factory().connect(resolved)
+                if isinstance(resolved, str):
+                    client = _connection_factory().connect(resolved)
+                else:
+                    # a cluster client maps the slots as it is built: an unreachable cluster
+                    # is an outage here already, not an error of the caller
+                    with unavailable_on_connection_error():
+                        client = resolved.connect()
                 _clients[resolved] = client
     return client
 
@@ -127,6 +179,36 @@ def is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster)
+
+
+def server_time(client: Any, near_key: str | None = None) -> tuple[int, int]:
+    """Redis ``TIME`` as ``(seconds, microseconds)`` — on a cluster, from the node that serves
+    ``near_key``: the scripts stamp leases and windows with their own node's clock, so a read
+    comparing against those stamps must use the same clock (node clocks may differ)."""
+    if near_key is not None and is_cluster(client):
+        seconds, micros = client.time(target_nodes=client.get_node_from_key(near_key))
+    else:
+        seconds, micros = client.time()
+    return int(seconds), int(micros)
+
+
+def pipeline_with_time(
+    client: Any, near_key: str, fill: Callable[[Any], None]
+) -> tuple[tuple[int, int], list[Any]]:
+    """``(server_time(near_key), results)`` of a read pipeline that ``fill`` queues.
+
+    One round trip on one server (``TIME`` rides in the pipeline); a cluster pipeline cannot
+    carry ``TIME``, so there it is asked of ``near_key``'s node first.
+    """
+    pipe = client.pipeline(transaction=False)
+    if is_cluster(client):
+        now = server_time(client, near_key)
+        fill(pipe)
+        return now, list(pipe.execute())
+    pipe.time()
+    fill(pipe)
+    (seconds, micros), *results = pipe.execute()
+    return (int(seconds), int(micros)), results
 
 
 def hash_slot(redis_key: str) -> int:
@@ -365,7 +447,38 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     TimeoutError,
     OSError,
+    # A cluster mid-failover or mid-resharding. The cluster client follows MOVED and ASK and
+    # waits out TRYAGAIN itself; what reaches us is what it could not resolve in its hops —
+    # CLUSTERDOWN (ClusterError), a slot no node serves, TRYAGAIN or a redirect still bouncing.
+    # Nothing was taken in those cases (a script runs on one node or not at all).
+    redis_py.exceptions.ClusterError,
+    redis_py.exceptions.SlotNotCoveredError,
+    redis_py.exceptions.TryAgainError,
+    redis_py.exceptions.AskError,  # MovedError is a subclass
+    # a master demoted by a Sentinel failover answers writes with READONLY
+    redis_py.exceptions.ReadOnlyError,
 )
+
+
+#: redis-py's cluster client reports a cluster it cannot map (no node answers, slots uncovered
+#: mid-failover, nodes disagreeing mid-resharding, a URL naming a non-cluster server) with a
+#: bare ``RedisClusterException``; the same class also reports programming errors (a blocked
+#: pipeline command, cross-slot keys), which must stay loud — so these are told by message.
+CLUSTER_OUTAGE_MESSAGES = (
+    "Redis Cluster cannot be connected",
+    "All slots are not covered",
+    "startup_nodes could not agree",
+    "Cluster mode is not enabled",
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` means the coordination Redis cannot answer now (an outage)."""
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, redis_py.exceptions.RedisClusterException) and str(exc).startswith(
+        CLUSTER_OUTAGE_MESSAGES
+    )
 
 
 @contextmanager
@@ -375,11 +488,22 @@ def unavailable_on_connection_error(
     """Translate connection failures into ``CoordinationUnavailable`` (with the cause)."""
     try:
         yield
-    except UNAVAILABLE_ERRORS as exc:
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        hint = ""
+        if isinstance(exc, redis_py.exceptions.AskError):
+            # a one-server client pointed at a cluster node sees MOVED for most keys
+            hint = (
+                " (a MOVED/ASK reply reached the library: if this Redis is a cluster, "
+                "configure it as redis+cluster://host:port or REACTOR_REDIS = "
+                "{'cluster': True, ...})"
+            )
         raise CoordinationUnavailable(
             f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
-            "the protected work did not run",
+            f"the protected work did not run{hint}",
             key=key,
             primitive=primitive,
-            cause=exc,
+            # callers that re-word the error quote the cause: keep the hint with it
+            cause=f"{type(exc).__name__}: {exc}{hint}" if hint else exc,
         ) from exc

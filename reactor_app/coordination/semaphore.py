@@ -22,7 +22,12 @@ from typing import Any
 
 from reactor_app.coordination.claims import Hold, SemaphoreClaim
 from reactor_app.coordination.lock import seconds_to_ms
-from reactor_app.coordination.redis import get_client, key, unavailable_on_connection_error
+from reactor_app.coordination.redis import (
+    get_client,
+    key,
+    pipeline_with_time,
+    unavailable_on_connection_error,
+)
 
 PRIMITIVE = "semaphore"
 #: the holders-hash field holding the limit of the latest admission (starts with NUL: never
@@ -116,11 +121,13 @@ def semaphore_state(
     ``limit`` defaults to the one the latest admission stored."""
     client = client or get_client()
     with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
-        pipe = client.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(leases_key(user_key, prefix), 0, -1, withscores=True)
-        pipe.hgetall(holders_key(user_key, prefix))
-        (seconds, micros), leases, infos = pipe.execute()
+        leases_name = leases_key(user_key, prefix)
+
+        def fill(pipe: Any) -> None:
+            pipe.zrange(leases_name, 0, -1, withscores=True)
+            pipe.hgetall(holders_key(user_key, prefix))
+
+        (seconds, micros), (leases, infos) = pipeline_with_time(client, leases_name, fill)
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     holders = []
     for owner, expiry_ms in leases:

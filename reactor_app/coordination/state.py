@@ -19,6 +19,8 @@ from reactor_app.coordination.redis import (
     current_prefix,
     get_client,
     glob_escape,
+    is_cluster,
+    server_time,
     split_key,
     unavailable_on_connection_error,
 )
@@ -122,10 +124,18 @@ def live_holds(*, client: Any = None, prefix: str | None = None) -> list[dict[st
             pipe.zrange(name, 0, -1, withscores=True)
             pipe.hgetall(f"{name}:holders")
         semaphore_rows = pipe.execute() if semaphore_keys else []
+        node_now_ms: dict[str, int] = {}
         for index, name in enumerate(semaphore_keys):
             user_key = split_key(name, semaphore.PRIMITIVE, prefix)
             if user_key is None:
                 continue
+            if is_cluster(client):
+                # leases carry their own node's clock: compare with that node's TIME
+                node = client.get_node_from_key(name).name
+                if node not in node_now_ms:
+                    node_seconds, node_micros = server_time(client, name)
+                    node_now_ms[node] = node_seconds * 1000 + node_micros // 1000
+                now_ms = node_now_ms[node]
             leases, infos = semaphore_rows[2 * index], semaphore_rows[2 * index + 1]
             for owner, expiry_ms in leases:
                 if expiry_ms <= now_ms:

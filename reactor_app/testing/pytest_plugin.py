@@ -23,6 +23,13 @@ Fixtures:
   ``celery_worker_concurrency`` to tune it. Tests using it need
   ``@pytest.mark.django_db(transaction=True)``: the worker cannot see an open transaction.
 
+* ``reactor_redis_cluster`` (session) — a real 3-master Redis Cluster started for the run
+  (``reactor_app.testing.servers``); its ``.url`` is a ``redis+cluster://`` URL for
+  ``REACTOR_REDIS_URL``. ``reactor_redis_sentinel`` (function) — a fresh master + replica +
+  sentinel set, for tests that fail it over. Without a ``redis-server`` binary both fail under
+  ``CI`` and skip elsewhere. Mark such tests ``cluster`` / ``sentinel`` so ``-m "not cluster"``
+  deselects them.
+
 Nothing from Django or ``reactor_app`` is imported at module level: pytest imports plugins
 before pytest-django has configured Django.
 """
@@ -184,6 +191,43 @@ def reactor_redis() -> Any:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return client
+
+
+def _start_servers(factory: Any) -> Any:
+    """Start a ``reactor_app.testing.servers`` topology; fail in CI, skip elsewhere, when the
+    machine has no redis-server."""
+    from reactor_app.testing.servers import ServerBinaryMissing
+
+    try:
+        return factory().start()
+    except ServerBinaryMissing as exc:
+        if in_ci():
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def reactor_redis_cluster() -> Iterator[Any]:
+    """A 3-master Redis Cluster on loopback ports for the whole run (``.url``, ``.ports``)."""
+    from reactor_app.testing.servers import RedisClusterServers
+
+    cluster = _start_servers(RedisClusterServers)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def reactor_redis_sentinel() -> Iterator[Any]:
+    """A fresh master + replica + sentinel (``.url``, ``kill_master()``, ``wait_for_failover``)."""
+    from reactor_app.testing.servers import SentinelServers
+
+    servers = _start_servers(SentinelServers)
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
 @dataclass

@@ -254,6 +254,8 @@ def delete_broker_queue(queue: str) -> bool:
             bound = Queue(queue, Exchange(queue), routing_key=queue)(broker.default_channel)
             bound.declare()
             bound.delete()
+            # on RabbitMQ the exchange Celery declared for the queue outlives it: ours, so gone
+            bound.exchange.delete()
     except Exception:  # a leftover empty queue harms nobody
         return False
     return True

@@ -54,8 +54,14 @@ Interval = tuple[int, int]  # (entered ns, left ns), time.monotonic_ns()
 # -- harness ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def url() -> str:
+@pytest.fixture(
+    scope="module", params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)]
+)
+def url(request: pytest.FixtureRequest) -> str:
+    """Every primitive test runs on the suite's Redis and on a real 3-master Redis Cluster
+    (its keys are left to the throw-away cluster: each test has a prefix of its own)."""
+    if request.param == "cluster":
+        return str(request.getfixturevalue("reactor_redis_cluster").url)
     return redis_url()
 
 

@@ -193,6 +193,7 @@ def _by_step(trace: list[tuple[str, str, int, int]], name: str) -> list[tuple[st
     ]
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 def test_sc001_sc002_same_account_charge_never_overlaps(form: str) -> None:
     traces = run_in_processes(_payment_worker, [(form, 1, 50)] * 4)
@@ -206,6 +207,7 @@ def test_sc001_sc002_same_account_charge_never_overlaps(form: str) -> None:
     assert_not_locked("acct:1")
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 def test_sc002_different_accounts_overlap_everywhere(form: str) -> None:
     traces = run_in_processes(_payment_worker, [(form, account, 15) for account in (1, 2, 3, 4)])
@@ -233,6 +235,7 @@ def _hold_in_thread(
     return thread, box
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("ending", ["success", "failure", "exception"])
 def test_sc003_key_is_free_at_once_after_every_outcome(form: str, ending: str) -> None:
@@ -286,6 +289,7 @@ def test_sc003_key_is_free_at_once_after_every_outcome(form: str, ending: str) -
     assert_not_locked("acct:7")
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 def test_sc006_reactor_and_step_on_the_same_key_do_not_self_wait(form: str) -> None:
     seen: dict[str, Any] = {}
@@ -351,6 +355,7 @@ def test_step_call_from_a_step_body_reenters_the_execution_hold() -> None:
         assert isinstance(outcome.error, LockAcquisitionError)
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
     reactor = build_payment(form, fail_notify=True)
@@ -381,6 +386,7 @@ def test_sc009_undo_runs_holding_the_account_key(form: str) -> None:
     assert_not_locked("acct:3")
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 def test_sc009_undo_that_cannot_acquire_is_reported(form: str) -> None:
     intruder: dict[str, Any] = {}
@@ -546,6 +552,7 @@ def test_sc009_compensation_that_cannot_acquire_is_reported(form: str) -> None:
     assert_not_locked("acct:14")
 
 
+@pytest.mark.usefixtures("redis_topology")
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("bad", ["none", "empty", "raises"])
 def test_sc011_uncomputable_key_never_runs_the_work(form: str, bad: str) -> None:

@@ -47,7 +47,8 @@ def _readme_env(name: str) -> str:
 def test_the_four_services_are_the_readmes(
     compose: dict[str, Any], readme_services: dict[str, str]
 ) -> None:
-    assert set(compose["services"]) == SERVICES
+    default = {name for name, config in compose["services"].items() if not config.get("profiles")}
+    assert default == SERVICES
     assert set(readme_services) == SERVICES
 
 
@@ -104,3 +105,26 @@ def test_what_the_commands_rely_on_exists(compose: dict[str, Any], settings: Any
     for marker in ("# --- runtime", "# --- development"):
         assert marker in dockerfile and marker in requirements
     assert dockerfile.startswith("#") and "FROM python:3.11" in dockerfile
+
+
+def test_the_cluster_profile_forms_a_three_master_cluster(compose: dict[str, Any]) -> None:
+    """``--profile cluster``: three cluster-enabled nodes and a one-shot init that assigns
+    the slots; the app services reach them through ``REACTOR_REDIS_URL`` (docs: Scaling out)."""
+    services = compose["services"]
+    nodes = [f"redis-node-{n}" for n in (1, 2, 3)]
+    for number, name in enumerate(nodes, start=1):
+        config = services[name]
+        assert config["profiles"] == ["cluster"]
+        assert "--cluster-enabled yes" in config["command"]
+        assert f"--port 700{number}" in config["command"]
+        assert f"--cluster-announce-hostname {name}" in config["command"]
+    init = services["redis-cluster-init"]
+    assert init["profiles"] == ["cluster"]
+    assert set(init["depends_on"]) == set(nodes)
+    create = " ".join(init["command"].split())
+    assert "--cluster create redis-node-1:7001 redis-node-2:7002 redis-node-3:7003" in create
+    assert "--cluster-replicas 0" in create
+    for app in ("web", "worker"):
+        assert services[app]["environment"]["REACTOR_REDIS_URL"] == "${REACTOR_REDIS_URL:-}"
+    operations = (PROJECT_ROOT / "docs" / "operations.md").read_text()
+    assert "redis+cluster://redis-node-1:7001,redis-node-2:7002,redis-node-3:7003" in operations

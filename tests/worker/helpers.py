@@ -38,8 +38,17 @@ def overlapping(intervals: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any
 
 
 def queue_length(queue: str) -> int:
-    """Messages waiting in ``queue`` on the Celery broker (kombu's Redis list)."""
+    """Messages waiting in ``queue`` on the Celery broker (any kombu transport: a passive
+    declare answers the count on Redis and on RabbitMQ alike)."""
+    from amqp.exceptions import ChannelError
+
     from demo_project.celery import app
 
     with app.connection_for_write() as connection:
-        return int(connection.default_channel.client.llen(queue))
+        try:
+            declared = connection.default_channel.queue_declare(queue, passive=True)
+        except ChannelError as exc:
+            if "NOT_FOUND" in str(exc):  # never declared: nothing in it
+                return 0
+            raise
+        return int(declared.message_count)

@@ -51,7 +51,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, action: str, directory: str | None, **options: Any) -> None:
         configured = reactor_settings.REDIS_URL
-        if configured and directory is None:
+        if (configured or reactor_settings.REDIS is not None) and directory is None:
             self._external(action, configured)
             return
         folder = directory or default_state_dir()
@@ -76,13 +76,22 @@ class Command(BaseCommand):
         if fail_if_silent and not answering:
             raise CommandError("the embedded Redis server does not answer", returncode=1)
 
-    def _external(self, action: str, configured: str) -> None:
+    def _external(self, action: str, configured: str | None) -> None:
+        setting = "REACTOR_REDIS_URL" if configured else "REACTOR_REDIS"
         if action != "status":
+            shown = f" ({redacted(configured)})" if configured else ""
             raise CommandError(
-                f"REACTOR_REDIS_URL is set ({redacted(configured)}): the embedded server is not "
+                f"{setting} is set{shown}: the embedded server is not "
                 f"in use, so there is nothing to {action} (pass --dir to manage one anyway)"
             )
         from reactor_app.coordination.redis import get_client
+        from reactor_app.coordination.topology import configured_topology
+        from reactor_app.exceptions import ConfigurationError
+
+        try:
+            topology = configured_topology()
+        except ConfigurationError as exc:
+            raise CommandError(exc.message, returncode=1) from exc
 
         try:
             answering = bool(get_client(configured).ping())
@@ -91,7 +100,10 @@ class Command(BaseCommand):
             reason = f" ({type(exc).__name__}: {exc})"
         else:
             reason = ""
-        self.stdout.write(f"url:          {redacted(configured)} (REACTOR_REDIS_URL)")
+        if configured:
+            self.stdout.write(f"url:          {redacted(configured)} (REACTOR_REDIS_URL)")
+        if topology is not None:
+            self.stdout.write(f"topology:     {topology.describe()} ({setting})")
         self.stdout.write(f"answers:      {'yes' if answering else 'no' + reason}")
         if not answering:
             raise CommandError("the coordination Redis does not answer", returncode=1)
