@@ -286,8 +286,9 @@ def deliver(
         return {**summary, "outcome": "nothing_to_do", "status": execution.status}
     if _stale_requeue(execution, requeue_token):
         return {**summary, "outcome": "stale_requeue", "status": execution.status}
-    claim = ExecutionClaim(execution_id, delivery_owner(task_id))
     try:
+        # building the claim may reach Redis already (a cluster client maps its slots)
+        claim = ExecutionClaim(execution_id, delivery_owner(task_id))
         claimed = claim.acquire(wait=CLAIM_WAIT)
     except CoordinationUnavailable:
         return {**summary, **_retry_after_outage(execution)}
