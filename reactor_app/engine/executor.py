@@ -109,6 +109,7 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
+from reactor_app.serialization import decode, encode
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 
@@ -152,7 +153,8 @@ class ExecutionRun:
     ) -> None:
         self.reactor = reactor
         self.execution = execution
-        self.inputs = inputs
+        # rows read back on a worker hold codec-tagged values (serialization.encode)
+        self.inputs = decode(inputs)
         self.parent = parent
         self.root: ExecutionRun = parent.root if parent else self
         self.held_keys: HeldKeys = parent.held_keys if parent else HeldKeys()
@@ -519,7 +521,7 @@ class ExecutionRun:
                 return StepOutcome("failed", error=error)
             execution = Execution.objects.start(
                 reactor=reactor.path(),
-                inputs=to_json(inputs),
+                inputs=encode(inputs, strict=False, where="inputs"),
                 parent=self.execution,
                 root_id=self.root.execution.id,
                 status=ExecutionStatus.PENDING,
@@ -714,7 +716,7 @@ class ExecutionRun:
             Execution.objects.start(
                 id=child_id,
                 reactor=reactor_path,
-                inputs=to_json(args),
+                inputs=encode(args, strict=False, where="arguments"),
                 parent=self.execution,
                 # an async step belongs to this tree; an async reactor is a tree of its own
                 root_id=self.root.execution.id if kind == "async_step" else child_id,
@@ -928,7 +930,7 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     error = input_errors(reactor, inputs)
     execution = Execution.objects.start(
         reactor=reactor.path(),
-        inputs=to_json(inputs),
+        inputs=encode(inputs, strict=False, where="inputs"),
         status=ExecutionStatus.FAILED if error else ExecutionStatus.PENDING,
         error=error.as_dict() if error else None,
         finished_at=timezone.now() if error else None,
