@@ -1,6 +1,7 @@
 """Live coordination state, shaped for operators: the one place the admin and the API read Redis.
 
-Redis is the source of truth for holds (DESIGN §4), so nothing here copies state into the ORM.
+Redis is the source of truth for holds (docs/design.md §4), so nothing here copies state into
+the ORM.
 ``live_holds`` lists every lock and semaphore hold with its attribution (owning step or the
 reactor level, execution, acquisition time, TTL left, nesting count, fencing token);
 ``inspect_key`` answers "what is the state of this key?" for any of the five primitives.
@@ -20,7 +21,7 @@ from typing import Any
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import state as coordination_state
 
-#: the primitives an operator can inspect, in admission order (DESIGN §2.1)
+#: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
 PRIMITIVES = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
 #: primitives whose holds are "held" (listed as live holds and force-releasable)
 HOLDING_PRIMITIVES = ("lock", "semaphore")

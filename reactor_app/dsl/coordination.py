@@ -34,7 +34,7 @@ T = TypeVar("T")
 DECLARATIONS_ATTR = "__reactor_coordination__"
 
 PRIMITIVES = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
-#: primitives re-taken for compensate/undo (DESIGN §2.5): exclusion only, never quotas
+#: primitives re-taken for compensate/undo (docs/design.md §2.5): exclusion only, never quotas
 ROLLBACK_PRIMITIVES = ("lock", "semaphore")
 
 

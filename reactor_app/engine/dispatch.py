@@ -311,7 +311,7 @@ def _same_call(
 def _take_position_at_enqueue(
     reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
 ) -> None:
-    """A reactor-level ordered lock orders runs by enqueue (DESIGN §1.4), so the position is
+    """A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4), so the position is
     taken now: with several workers, the order in which deliveries start is not the order in
     which runs were enqueued. The executor finds it under the reactor's slot and reuses it."""
     declaration = reactor.ordered_lock_config

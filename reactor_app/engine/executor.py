@@ -46,7 +46,8 @@ the root's owner and held-key registry). ``mode="sync"`` runs in the caller's pr
          parked (in a step, or waiting on an async child) → suspend: keep the lock and
             semaphore holds without renewal and record them in ``state.extra[KEPT_HOLDS]``
             (persisted by ``finish``), so the "exclusive" workflow stays exclusive while it
-            sleeps (DESIGN §2.8); the rest is released with ``park`` (ordered position kept).
+            sleeps (docs/design.md §2.8); the rest is released with ``park`` (ordered position
+            kept).
             A TTL still bounds the kept hold: a park longer than it lets the key go (2.).
          interrupted, handed off, or the delivery lost its claim → release with ``park``:
             nothing is held across the pause; the resume re-takes the holds (a fresh
@@ -254,7 +255,7 @@ class ExecutionRun:
         finally:
             if gate is not None:
                 if not abandoned and end is not None and end.status == "parked":
-                    # DESIGN §2.8: a park keeps the outer reactor-level holds (see step 5.)
+                    # docs/design.md §2.8: a park keeps the outer reactor-level holds (see step 5.)
                     kept = gate.suspend()
                     if kept:
                         self.state.extra[KEPT_HOLDS] = kept
