@@ -11,6 +11,7 @@ A declaration is definition-time data; ``Declaration.claim(key)`` turns it into 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -58,9 +59,11 @@ class Declaration:
         try:
             key = self.key_fn(args)
         except Exception as exc:
+            # A KeyError is nearly always a misspelt name: say which names there are.
+            known = f" (it receives {sorted(args)})" if isinstance(exc, KeyError) else ""
             raise CoordinationKeyError(
                 f"the {self.primitive} key function of {where} raised "
-                f"{type(exc).__name__}: {exc}; the work did not run",
+                f"{type(exc).__name__}: {exc}{known}; the work did not run",
                 reactor=reactor,
                 step=step,
                 primitive=self.primitive,
@@ -239,6 +242,21 @@ def _key_function(owner: str, key: Any) -> KeyFunction:
             owner=owner,
             option="key",
         )
+    try:
+        signature = inspect.signature(key)
+    except (TypeError, ValueError):  # some builtins and C callables have none to inspect
+        return key  # type: ignore[no-any-return]
+    try:
+        signature.bind({})
+    except TypeError as exc:
+        # Checked now, not when the first run calls it: it is called with one mapping.
+        raise DefinitionError(
+            f"{owner}: the key function {getattr(key, '__name__', key)!r} must accept one "
+            f"argument (the arguments or inputs mapping), but its signature is {signature} "
+            f"({exc})",
+            owner=owner,
+            option="key",
+        ) from exc
     return key  # type: ignore[no-any-return]
 
 
