@@ -172,3 +172,35 @@ def test_without_a_configured_queue_tasks_go_to_celerys_default_queue(settings: 
 
     del settings.REACTOR_CELERY_QUEUE
     assert task_queue() == run_execution.app.conf.task_default_queue
+
+
+COMPENSATED: list[str] = []
+
+
+class ReturnsASet(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success({"tags": {"a", "b"}})
+
+    def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> None:
+        COMPENSATED.append(type(error).__name__)
+
+
+class SetReactor(Reactor):
+    inputs = ()
+    tag = step(ReturnsASet)
+
+
+def test_a_step_result_that_cannot_be_stored_fails_the_step_in_every_mode() -> None:
+    """In-process as on a worker: a later pass could not read it back, so it fails here too."""
+    COMPENSATED.clear()
+    result = SetReactor.run()
+    assert result.status == ExecutionStatus.FAILED
+    assert "the result of step 'tag'" in result.error.message
+    assert "builtins.set" in result.error.message
+    assert COMPENSATED == ["TypeError"]  # the body ran: its compensation runs, once (no retry)
+
+
+def test_decimal_results_stay_decimal_for_later_steps(nobody_queue: str) -> None:
+    result = ChargeReactor.run(amount=Decimal("2.50"), day=date(2026, 1, 1))
+    assert result.ok
+    assert [{"amount": Decimal("2.50"), "day": date(2026, 1, 1)}] == SEEN
