@@ -171,6 +171,18 @@ elif mode == "async":
         "error": str(result.error or ""),
         "same_execution": again.pk == execution.pk,
     }
+elif mode == "unimportable":
+    from reactor_app import Reactor, Step, Success, step
+
+    class Hello(Step):
+        def run(self, args, context):
+            return Success("hello")
+
+    class ScriptReactor(Reactor):  # defined in a script: no worker can import it
+        hello = step(Hello)
+
+    result = ScriptReactor.run_async().wait(timeout=float(sys.argv[2]))
+    out = {"status": result.status, "error": str(result.error or "")}
 elif mode == "pages":
     from django.contrib.auth import get_user_model
     from django.test import Client
@@ -367,6 +379,17 @@ def test_a_new_project_follows_the_guide(
     assert on_worker["value"]["pid"] not in (on_worker["pid"], inline["pid"])  # on the worker
     assert on_worker["same_execution"] is True  # the idempotency key
     assert on_worker["value"]["token"] > inline["value"]["token"]  # fencing tokens increase
+
+    refused = _last_json(
+        _run(
+            [python, "drive.py", "unimportable", str(WORKER_RUN_TIMEOUT)],
+            cwd=project,
+            env=env,
+            timeout=WORKER_RUN_TIMEOUT + 60,
+        )
+    )
+    assert refused["status"] == "failed", refused  # ended, with the reason, not pending forever
+    assert "__main__.ScriptReactor" in refused["error"] and "script" in refused["error"]
 
     pages = _last_json(_run([python, "drive.py", "pages"], cwd=project, env=env))
     pages.pop("pid")
