@@ -137,6 +137,12 @@ class RateLimitDeclaration(Declaration):
     name: str | None = None  # a named limit from REACTOR_RATE_LIMITS
     windows: tuple[RateWindow, ...] = ()
     strategy: str = "sliding"
+    wait: float = 0.0
+
+    def wait_seconds(self) -> float:
+        # In-process only: the caller sleeps until the window frees (the refusal's exact
+        # retry_after), up to ``wait``; a worker parks instead.
+        return self.wait
 
     def compute_key(self, args: Mapping[str, Any], *, reactor: str | None, step: str | None) -> str:
         if self.name is not None:
@@ -380,15 +386,19 @@ def with_rate_limit(
     period: str | int | None = None,
     limits: Mapping[Any, int] | None = None,
     strategy: str = "sliding",
+    wait: float = 0,
 ) -> Callable[[T], T]:
     """At most ``limit`` executions of the decorated work per window per key.
 
     ``with_rate_limit(key, limit=10, period="minute")``, several windows at once with
     ``limits={"second": 3, "minute": 100}``, or a named limit from ``REACTOR_RATE_LIMITS``
     with ``with_rate_limit("stripe")``. ``strategy="fixed"`` trades exactness at window edges
-    for constant memory on very large limits.
+    for constant memory on very large limits. ``wait`` (seconds, in-process runs): how long a
+    caller waits for the window to free before ``RateLimitExceeded``; on a worker the
+    execution is parked until then instead.
     """
     owner = "with_rate_limit"
+    wait_seconds = _positive_number(owner, "wait", wait, allow_zero=True)
     if strategy not in ("sliding", "fixed"):
         raise DefinitionError(
             f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
@@ -404,7 +414,9 @@ def with_rate_limit(
                 owner=owner,
                 option="name",
             )
-        declaration = RateLimitDeclaration(key_fn=None, name=key, strategy=strategy)
+        declaration = RateLimitDeclaration(
+            key_fn=None, name=key, strategy=strategy, wait=wait_seconds
+        )
         return lambda target: _attach(declaration, target)
     key_fn = _key_function(owner, key)
     if limits is not None:
@@ -423,7 +435,9 @@ def with_rate_limit(
                 option="limit",
             )
         windows = _windows_from(owner, {period: limit})
-    declaration = RateLimitDeclaration(key_fn=key_fn, windows=windows, strategy=strategy)
+    declaration = RateLimitDeclaration(
+        key_fn=key_fn, windows=windows, strategy=strategy, wait=wait_seconds
+    )
     return lambda target: _attach(declaration, target)
 
 
