@@ -16,16 +16,38 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
-from reactor_app.status import ExecutionStatus
+from reactor_app.status import ExecutionStatus, StepRunStatus
+
+
+# Executions and step runs both have a "status" with different choices. Naming their enums
+# here (rather than with ENUM_NAME_OVERRIDES in the project's settings) keeps any schema that
+# includes these views — the app's own, or a project-wide one — free of naming collisions.
+@extend_schema_field(
+    {"type": "string", "enum": list(ExecutionStatus.values)}, component_name="ExecutionStatusEnum"
+)
+class ExecutionStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=ExecutionStatus.choices, read_only=True, **kwargs)
+
+
+@extend_schema_field(
+    {"type": "string", "enum": list(StepRunStatus.values)}, component_name="StepRunStatusEnum"
+)
+class StepRunStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=StepRunStatus.choices, read_only=True, **kwargs)
 
 
 class StepRunSerializer(serializers.ModelSerializer):
+    status = StepRunStatusField()
+
     class Meta:
         model = StepRun
         fields = ("step", "kind", "attempt", "status", "started_at", "finished_at", "error")
 
 
 class ExecutionSerializer(serializers.ModelSerializer):
+    status = ExecutionStatusField()
     reactor_name = serializers.CharField(read_only=True)
     parked = serializers.SerializerMethodField(
         help_text="waiting on contention: not a failure, the execution will resume"

@@ -144,3 +144,16 @@ def test_api_root_links_every_listing(client: Client, django_user_model: Any) ->
     assert set(links) == {"executions", "holds", "events", "contention", "schema"}
     assert links["executions"] == "http://testserver/api/reactor/executions/"
     assert client.get(links["schema"] + "?format=json").status_code == 200
+
+
+def test_a_project_wide_schema_needs_no_settings_either(tmp_path: Any) -> None:
+    """A project that generates one schema for all its views (drf-spectacular's command or its
+    deploy check) gets reactor_app's operations without warnings and without our settings."""
+    from django.core.management import call_command
+
+    target = tmp_path / "schema.yaml"
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(target))
+    text = target.read_text()
+    for listing in ("executions", "holds", "events", "contention"):
+        assert f"/api/reactor/{listing}/:" in text
+    assert "ExecutionStatusEnum:" in text and "StepRunStatusEnum:" in text
