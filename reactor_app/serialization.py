@@ -13,7 +13,8 @@ Two encoders, for two purposes:
   codec a type of your own with ``register_type``.
 * ``to_json`` — a readable, lossy form for display only (events, error details, step-run
   details shown in the admin and the API): Django's encoder for dates and decimals, ``repr``
-  for the rest. Nothing the engine reads back goes through it.
+  for the rest. Nothing the engine reads back goes through it. ``readable`` shows stored codec
+  data (inputs, results) the same way.
 
 Tuples are stored as lists (as every JSON codec does); dict keys must be strings.
 """
@@ -158,3 +159,9 @@ class _Encoder(DjangoJSONEncoder):
 def to_json(value: Any) -> Any:
     """``value`` as readable JSON data for display (events, details): lossy, never read back."""
     return json.loads(json.dumps(value, cls=_Encoder))
+
+
+def readable(stored: Any) -> Any:
+    """Stored codec data as people read it (admin, API): ``"10.50"`` rather than a tagged
+    object."""
+    return to_json(decode(stored))

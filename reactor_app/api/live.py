@@ -18,6 +18,8 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from django.utils.dateparse import parse_datetime
+
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import state as coordination_state
 
@@ -161,3 +163,25 @@ def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[s
     else:
         raise ValueError(f"unknown primitive {primitive!r}: use one of {', '.join(PRIMITIVES)}")
     return report
+
+
+# Here rather than with the serializers: the admin uses it too, and must not need DRF.
+def blocker_data(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored blocker snapshot with ``since`` as a datetime (stored as epoch seconds or
+    ISO text, depending on who wrote it)."""
+    if not raw:
+        return None
+    since = raw.get("since")
+    if isinstance(since, int | float):
+        since = datetime.fromtimestamp(since, tz=UTC)
+    elif isinstance(since, str):
+        since = parse_datetime(since)
+    ttl = raw.get("ttl", raw.get("ttl_left"))
+    return {
+        "owner": raw.get("owner"),
+        "execution": raw.get("execution") or None,
+        "step": raw.get("step") or None,
+        "reactor": raw.get("reactor") or None,
+        "since": since,
+        "ttl": float(ttl) if isinstance(ttl, int | float) else None,
+    }

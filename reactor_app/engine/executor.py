@@ -771,7 +771,7 @@ class ExecutionRun:
             )
         self.state.extra["async"].pop(name)
         if child.status == ExecutionStatus.SUCCEEDED:
-            self.state.results[name] = child.result
+            self.state.results[name] = decode(child.result)
             skipped = (child.context or {}).get("skipped")
             if entry["kind"] == "async_step" and not skipped:
                 # an async step is part of this saga: undone if a later step fails
@@ -780,7 +780,7 @@ class ExecutionRun:
                         step=name,
                         kind="step",
                         args=entry["args"],
-                        result=child.result,
+                        result=decode(child.result),
                         child_execution=entry["child"],
                     )
                 )
@@ -830,7 +830,7 @@ class ExecutionRun:
         if end.status == "succeeded":
             self.persist(
                 status=ExecutionStatus.SUCCEEDED,
-                result=to_json(end.value),
+                result=encode(end.value, strict=False, where="the result"),
                 finished_at=now,
                 current_step="",
             )

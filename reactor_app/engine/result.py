@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reactor_app import exceptions
+from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class Result:
     def from_execution(cls, execution: Execution) -> Result:
         return cls(
             status=execution.status,
-            value=execution.result,
+            value=decode(execution.result),
             error=error_from_dict(execution.error),
             execution_id=str(execution.id),
             rollback_failures=list(execution.rollback_failures or []),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,43 @@ def test_typing_surface_is_shipped() -> None:
 
     assert reactor_app.StepContext is StepContext
     assert "StepContext" in reactor_app.__all__
+
+
+def test_the_admin_works_without_the_api_extra() -> None:
+    """Without [api] (no DRF, no drf-spectacular) the app, its admin and its tasks still load."""
+    code = textwrap.dedent(
+        """
+        import sys
+
+        class NoApiExtra:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("rest_framework", "drf_spectacular"):
+                    raise ImportError(f"{name} is not installed (blocked by the test)")
+                return None
+
+        sys.meta_path.insert(0, NoApiExtra())
+        import django
+        from django.conf import settings
+
+        settings.configure(
+            INSTALLED_APPS=[
+                "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+                "django.contrib.sessions", "django.contrib.messages", "reactor_app",
+            ],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+            REACTOR_REDIS_URL="redis://127.0.0.1:1/0",
+        )
+        django.setup()
+        import reactor_app.admin, reactor_app.admin_views, reactor_app.tasks  # noqa: E401
+        from django.contrib import admin
+        from reactor_app.models import Execution
+
+        assert admin.site.is_registered(Execution)
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"]

@@ -76,6 +76,24 @@ def test_decimal_and_date_inputs_reach_the_worker_as_the_same_values(nobody_queu
     assert deliver(str(execution.id))["status"] == ExecutionStatus.SUCCEEDED
     assert [{"amount": Decimal("10.50"), "day": date(2026, 11, 30)}] == SEEN
     assert type(SEEN[0]["amount"]) is Decimal
+    # what wait() returns is the same value the step returned, as in-process
+    value = Execution.objects.get(pk=execution.pk).to_result().value
+    assert value == {"record": {"amount": Decimal("10.50"), "day": date(2026, 11, 30)}}
+
+
+def test_the_api_and_admin_show_stored_values_plainly(
+    nobody_queue: str, client: Any, django_user_model: Any
+) -> None:
+    execution = ChargeReactor.run_async(amount=Decimal("10.50"), day=date(2026, 11, 30))
+    deliver(str(execution.id))
+    staff = django_user_model.objects.create_superuser("viewer", "v@example.com", "pw")
+    client.force_login(staff)
+    shown = client.get(f"/api/reactor/executions/{execution.pk}/").json()
+    assert shown["inputs"] == {"amount": "10.50", "day": "2026-11-30"}
+    assert shown["result"] == {"record": {"amount": "10.50", "day": "2026-11-30"}}
+    page = client.get(f"/admin/reactor_app/execution/{execution.pk}/change/")
+    assert page.status_code == 200
+    assert "__reactor_type__" not in page.content.decode()
 
 
 def test_broker_trouble_never_raises_and_the_sweeper_sends_the_row(
