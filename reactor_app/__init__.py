@@ -1,9 +1,11 @@
 """reactor_app: saga workflows with keyed, step-scoped Redis coordination for Django.
 
-The public API (DESIGN §1) is re-exported here.
+The public API (see docs/design.md) is re-exported here.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from reactor_app.dsl.arguments import element, from_input, from_result, value
 from reactor_app.dsl.coordination import (
@@ -20,6 +22,9 @@ from reactor_app.dsl.retries import Retries
 from reactor_app.dsl.step import Step, step
 from reactor_app.engine.result import Result
 
+if TYPE_CHECKING:
+    from reactor_app.engine.context import StepContext
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -30,6 +35,7 @@ __all__ = [
     "Retries",
     "Skipped",
     "Step",
+    "StepContext",
     "Success",
     "async_reactor",
     "async_step",
@@ -47,3 +53,13 @@ __all__ = [
     "with_rate_limit",
     "with_semaphore",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # StepContext's module imports the models, which cannot load while Django reads
+    # INSTALLED_APPS (that imports this package), so it is resolved on first use.
+    if name == "StepContext":
+        from reactor_app.engine.context import StepContext
+
+        return StepContext
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from reactor_app import admin_views
-from reactor_app.api.serializers import blocker_data
+from reactor_app.api.live import blocker_data
 from reactor_app.models import (
     Coordination,
     CoordinationEvent,
@@ -35,6 +35,7 @@ from reactor_app.models import (
     ParkedExecution,
     StepRun,
 )
+from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus
 
 #: badge colours per execution status; parked is amber (waiting), never failure red
@@ -200,11 +201,11 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="inputs")
     def inputs_json(self, obj: Execution) -> SafeString:
-        return pretty_json(obj.inputs)
+        return pretty_json(readable(obj.inputs))
 
     @admin.display(description="result")
     def result_json(self, obj: Execution) -> SafeString:
-        return pretty_json(obj.result)
+        return pretty_json(readable(obj.result))
 
     @admin.display(description="error")
     def error_json(self, obj: Execution) -> SafeString:
@@ -216,7 +217,7 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="engine state")
     def context_json(self, obj: Execution) -> SafeString:
-        return pretty_json(obj.context)
+        return pretty_json(readable(obj.context))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

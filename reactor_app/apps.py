@@ -12,5 +12,11 @@ class ReactorAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
         # Import for side effects: system checks register themselves.
         from reactor_app import checks  # noqa: F401
+
+        # Every installed app's reactors.py, as the admin does with admin.py: reactors register
+        # themselves, so checks see their declarations and workers can find them by name.
+        autodiscover_modules("reactors")

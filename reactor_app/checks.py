@@ -23,12 +23,48 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         "EXECUTION_CLAIM_TTL",
         "SWEEP_AFTER",
         "CELERY_QUEUE",
+        "RETENTION",
     ):
         try:
             getattr(reactor_settings, name)
         except ConfigurationError as exc:
             problems.append(Error(exc.message, id="reactor_app.E001", obj=f"REACTOR_{name}"))
     return problems
+
+
+@register("reactor_app")
+def check_redis_url(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Coordination needs one Redis shared by every web and worker process.
+
+    Unset is an error (there is no silent default); ``"embedded"`` starts a server private to
+    this machine, whose locks exclude nothing across hosts — an error once ``DEBUG`` is off.
+    """
+    from django.conf import settings
+
+    from reactor_app.conf import reactor_settings
+
+    if reactor_settings.REDIS_URL is None and reactor_settings.REDIS is None:
+        return [
+            Error(
+                "REACTOR_REDIS_URL is not set",
+                hint="set it to the URL of a Redis server every web and worker process shares "
+                '(or configure REACTOR_REDIS), or to "embedded" for a development server on this '
+                "machine",
+                obj="REACTOR_REDIS_URL",
+                id="reactor_app.E002",
+            )
+        ]
+    if reactor_settings.USES_EMBEDDED_REDIS and not settings.DEBUG:
+        return [
+            Error(
+                'REACTOR_REDIS_URL = "embedded" with DEBUG = False: the embedded server is '
+                "private to this machine, so locks exclude nothing across hosts",
+                hint="point REACTOR_REDIS_URL at a Redis server shared by every process",
+                obj="REACTOR_REDIS_URL",
+                id="reactor_app.E003",
+            )
+        ]
+    return []
 
 
 @register("reactor_app")

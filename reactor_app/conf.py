@@ -13,6 +13,8 @@ from django.conf import settings as django_settings
 from reactor_app.exceptions import ConfigurationError
 
 TRACKING_MODES = ("full", "executions")
+#: ``REACTOR_REDIS_URL`` value that opts in to the embedded development server
+EMBEDDED = "embedded"
 
 
 class ReactorSettings:
@@ -23,7 +25,8 @@ class ReactorSettings:
 
     @property
     def REDIS_URL(self) -> str | None:
-        """Coordination Redis; ``None`` means the embedded server (``coordination.embedded``)."""
+        """Coordination Redis URL; ``"embedded"`` opts in to a development server started on
+        demand (``coordination.embedded``); ``None`` means not configured."""
         return self._get("REDIS_URL", None) or None
 
     @property
@@ -32,6 +35,11 @@ class ReactorSettings:
         by ``reactor_app.coordination.topology``. ``None``: use ``REDIS_URL``."""
         value = self._get("REDIS", None)
         return value if value else None
+
+    @property
+    def USES_EMBEDDED_REDIS(self) -> bool:
+        """True when ``REACTOR_REDIS_URL = "embedded"`` (a per-machine development server)."""
+        return self.REDIS_URL == EMBEDDED
 
     @property
     def EMBEDDED_REDIS_DIR(self) -> str | None:
@@ -84,11 +92,17 @@ class ReactorSettings:
         return base, cap
 
     @property
-    def CELERY_QUEUE(self) -> str:
-        value = self._get("CELERY_QUEUE", "reactor")
+    def CELERY_QUEUE(self) -> str | None:
+        """Queue reactor_app's tasks go to; ``None`` (the default): Celery's default queue
+        (``CELERY_TASK_DEFAULT_QUEUE``, ``"celery"`` unless changed), which a plain
+        ``celery -A proj worker`` consumes."""
+        value = self._get("CELERY_QUEUE", None)
+        if value is None:
+            return None
         if not isinstance(value, str) or not value:
             raise ConfigurationError(
-                "REACTOR_CELERY_QUEUE must be a non-empty queue name", setting="CELERY_QUEUE"
+                "REACTOR_CELERY_QUEUE must be a non-empty queue name or None",
+                setting="CELERY_QUEUE",
             )
         return value
 
@@ -162,6 +176,22 @@ class ReactorSettings:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ConfigurationError(
                 "REACTOR_WORKER_WAIT must be a number of seconds >= 0", setting="WORKER_WAIT"
+            )
+        return float(value)
+
+    @property
+    def RETENTION(self) -> float | None:
+        """Seconds finished executions (with their step runs and events) are kept before the
+        ``reactor_app.purge`` task deletes them; ``None`` keeps them forever. Default 30 days."""
+        value = self._get("RETENTION", 30 * 24 * 3600.0)
+        if value is None:
+            return None
+        if hasattr(value, "total_seconds"):  # a timedelta reads naturally in settings
+            value = value.total_seconds()
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(
+                "REACTOR_RETENTION must be a number of seconds > 0, a timedelta, or None",
+                setting="RETENTION",
             )
         return float(value)
 

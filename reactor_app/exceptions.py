@@ -70,6 +70,22 @@ class InputValidationError(ReactorError):
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "field_errors")
 
 
+class InputNotSerializable(InputValidationError, TypeError):
+    """An input cannot be stored for a worker to read back as the same value."""
+
+
+class IdempotencyKeyReused(InputValidationError):
+    """The idempotency key was already used for a different call."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "field_errors", "execution_id")
+
+
+class ReactorNotRegistered(ConfigurationError):
+    """The reactor of this execution cannot be imported in this process."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("setting", "reactor", "cause")
+
+
 class ArgumentResolutionError(ReactorError):
     """A step argument could not be resolved."""
 

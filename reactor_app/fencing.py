@@ -1,4 +1,4 @@
-"""Fencing tokens for downstream writes (Kleppmann's fencing, DESIGN §2.7).
+"""Fencing tokens for downstream writes (Kleppmann's fencing, docs/design.md §2.7).
 
 Every fresh lock acquisition gets a per-key, strictly increasing token
 (``context.fencing_token()``) — never below the Redis clock in microseconds, so tokens keep

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import models
 from django.utils import timezone
 
-from reactor_app.status import ExecutionStatus
+from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
 
 if TYPE_CHECKING:
     from reactor_app.models import Execution
@@ -72,6 +72,20 @@ class ExecutionQuerySet(models.QuerySet):
             return {}
         rows = self.filter(pk__in=valid).values_list("pk", "status")
         return {str(pk): status for pk, status in rows}
+
+    def with_idempotency_key(self, idempotency_key: str) -> Execution | None:
+        """The execution ``run_async(idempotency_key=...)`` created under this key, if any."""
+        return cast("Execution | None", self.filter(idempotency_key=idempotency_key).first())
+
+    def finished_before(self, cutoff: datetime) -> ExecutionQuerySet:
+        """Root executions that ended before ``cutoff`` (what retention may delete): finished,
+        and with no part of their tree still unfinished."""
+        unfinished_trees = self.exclude(status__in=TERMINAL_STATUSES).values("root_id")
+        return self.filter(
+            parent__isnull=True,
+            status__in=TERMINAL_STATUSES,
+            finished_at__lt=cutoff,
+        ).exclude(pk__in=unfinished_trees)
 
     def search_key(self, key: str) -> ExecutionQuerySet:
         """Executions that contended on, or recorded coordination events for, ``key``."""
@@ -187,6 +201,13 @@ class CoordinationEventQuerySet(models.QuerySet):
         if step is not None:
             qs = qs.filter(step=step)
         return qs
+
+    def of_executions(self, execution_ids: Any) -> CoordinationEventQuerySet:
+        return self.filter(execution_id__in=execution_ids)
+
+    def unattached_before(self, cutoff: datetime) -> CoordinationEventQuerySet:
+        """Events of no execution (``Step.call``, operator actions) older than ``cutoff``."""
+        return self.filter(execution__isnull=True, at__lt=cutoff)
 
     def recent_keys(self, since: datetime, limit: int = 50) -> list[tuple[str, str]]:
         """``(primitive, key)`` pairs seen since ``since``, most recently active first."""

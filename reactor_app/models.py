@@ -62,6 +62,12 @@ class Execution(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="run_async(idempotency_key=...): a second call with this key returns this row",
+    )
 
     objects = ExecutionManager()
 
@@ -73,6 +79,12 @@ class Execution(models.Model):
             models.Index(fields=["root"], name="reactor_exec_root_idx"),
             models.Index(fields=["correlation_id"], name="reactor_exec_corr_idx"),
             models.Index(fields=["status", "heartbeat_at"], name="reactor_exec_sweep_idx"),
+            models.Index(fields=["finished_at"], name="reactor_exec_finished_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"], name="reactor_exec_idempotency_key_uniq"
+            )
         ]
 
     def __str__(self) -> str:

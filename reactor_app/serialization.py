@@ -1,18 +1,151 @@
-"""Turning engine values into the JSON the ORM stores (contexts, results, events, step runs).
+"""Turning engine values into the JSON the ORM stores, and back.
 
-Values are kept as real objects in memory while a run is in this process. What is persisted
-is their JSON form: Django's encoder covers dates, decimals (as strings) and UUIDs; any other
-value JSON cannot hold is stored as its ``repr``. That is enough for the admin and the API,
-but a run resumed in another process reads those strings back: steps whose results feed later
-steps across a park, an interrupt or a hand-off should return JSON-friendly values.
+Two encoders, for two purposes:
+
+* ``encode`` / ``decode`` — the **codec** for values that cross a process boundary: the inputs
+  of ``run_async`` (and of async children), and the step results and arguments kept in
+  ``Execution.context`` that a run resumed on another worker reads back after a park, an
+  interrupt or a hand-off. JSON data passes through unchanged; ``Decimal``, ``datetime``,
+  ``date``, ``time``, ``timedelta`` and ``UUID`` are stored as small tagged objects
+  (``{"__reactor_type__": "decimal", "value": "10.50"}``) and come back as the same type and
+  value. Anything else raises ``TypeError`` naming where it was found — a model instance, a
+  ``set`` or an arbitrary object is never turned into a string behind your back. Teach the
+  codec a type of your own with ``register_type``.
+* ``to_json`` — a readable, lossy form for display only (events, error details, step-run
+  details shown in the admin and the API): Django's encoder for dates and decimals, ``repr``
+  for the rest. Nothing the engine reads back goes through it. ``readable`` shows stored codec
+  data (inputs, results) the same way.
+
+Tuples are stored as lists (as every JSON codec does); dict keys must be strings.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
+
+logger = logging.getLogger(__name__)
+
+#: the key that marks a tagged (non-JSON) value in stored data
+TYPE_TAG = "__reactor_type__"
+
+
+@dataclass(frozen=True)
+class _Codec:
+    name: str
+    type: type
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+
+
+_by_type: dict[type, _Codec] = {}
+_by_name: dict[str, _Codec] = {}
+
+
+def register_type(
+    cls: type, name: str, *, encode: Callable[[Any], Any], decode: Callable[[Any], Any]
+) -> None:
+    """Teach the codec a type: ``encode(obj)`` returns JSON data, ``decode(data)`` rebuilds it.
+
+    ``name`` is what is stored, so keep it stable once executions have been persisted with it.
+    The exact class is matched (not subclasses), so a subclass never round-trips as its parent.
+    Register at import time of a module every process loads (e.g. your app's ``reactors.py``).
+    """
+    codec = _Codec(name, cls, encode, decode)
+    existing = _by_name.get(name)
+    if existing is not None and existing.type is not cls:
+        raise ValueError(f"the codec name {name!r} is already used for {existing.type!r}")
+    _by_type[cls] = codec
+    _by_name[name] = codec
+
+
+register_type(Decimal, "decimal", encode=str, decode=Decimal)
+register_type(
+    dt.datetime, "datetime", encode=dt.datetime.isoformat, decode=dt.datetime.fromisoformat
+)
+register_type(dt.date, "date", encode=dt.date.isoformat, decode=dt.date.fromisoformat)
+register_type(dt.time, "time", encode=dt.time.isoformat, decode=dt.time.fromisoformat)
+register_type(
+    dt.timedelta,
+    "timedelta",
+    encode=lambda d: [d.days, d.seconds, d.microseconds],
+    decode=lambda parts: dt.timedelta(days=parts[0], seconds=parts[1], microseconds=parts[2]),
+)
+register_type(uuid.UUID, "uuid", encode=str, decode=uuid.UUID)
+
+
+def _hint(value: Any) -> str:
+    if hasattr(value, "_meta") and hasattr(value, "pk"):
+        return "pass its primary key and load the instance inside the step"
+    if isinstance(value, (set, frozenset)):
+        return "pass a sorted list"
+    return "convert it to JSON data, or teach the codec (reactor_app.serialization.register_type)"
+
+
+def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
+    """``value`` as JSON data that ``decode`` turns back into an equal value.
+
+    With ``strict`` (the default) a value the codec cannot hold raises ``TypeError`` naming its
+    place (``where``, e.g. ``inputs['amount']``). ``strict=False`` stores such a value as its
+    ``repr`` and logs a warning — used only for values the engine does not read back as data.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                if strict:
+                    raise TypeError(
+                        f"{where} has the key {key!r} ({type(key).__name__}); "
+                        "stored mappings need string keys"
+                    )
+                key = str(key)
+            out[key] = encode(item, strict=strict, where=f"{where}[{key!r}]")
+        if TYPE_TAG in out and strict:
+            raise TypeError(f"{where} uses the reserved key {TYPE_TAG!r}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [encode(item, strict=strict, where=f"{where}[{i}]") for i, item in enumerate(value)]
+    codec = _by_type.get(type(value))
+    if codec is not None:
+        return {TYPE_TAG: codec.name, "value": codec.encode(value)}
+    message = (
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which cannot be "
+        f"stored for another process to read back: {_hint(value)}"
+    )
+    if strict:
+        raise TypeError(message)
+    logger.warning("%s; storing its repr", message)
+    return repr(value)
+
+
+def decode(value: Any) -> Any:
+    """The inverse of ``encode``: tagged objects become their types again."""
+    if isinstance(value, list):
+        return [decode(item) for item in value]
+    if isinstance(value, dict):
+        tag = value.get(TYPE_TAG)
+        if tag is not None and len(value) == 2 and "value" in value:
+            codec = _by_name.get(tag)
+            if codec is None:
+                raise TypeError(
+                    f"stored data names the type {tag!r}, which no codec is registered for in "
+                    "this process (register_type must run in every process)"
+                )
+            return codec.decode(value["value"])
+        return {key: decode(item) for key, item in value.items()}
+    return value
 
 
 class _Encoder(DjangoJSONEncoder):
@@ -24,5 +157,11 @@ class _Encoder(DjangoJSONEncoder):
 
 
 def to_json(value: Any) -> Any:
-    """``value`` as plain JSON data (what the ORM will store)."""
+    """``value`` as readable JSON data for display (events, details): lossy, never read back."""
     return json.loads(json.dumps(value, cls=_Encoder))
+
+
+def readable(stored: Any) -> Any:
+    """Stored codec data as people read it (admin, API): ``"10.50"`` rather than a tagged
+    object."""
+    return to_json(decode(stored))

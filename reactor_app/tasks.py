@@ -1,17 +1,19 @@
-"""Celery tasks: thin shells around ``engine.dispatch`` (DESIGN §5).
+"""Celery tasks: thin shells around ``engine.dispatch`` (see docs/design.md, "Celery").
 
 Payloads carry identities only — an execution id — and the execution is committed before its
 task is sent. ``acks_late`` + ``reject_on_worker_lost``: a task whose worker dies is
 redelivered, and the execution claim makes a duplicate delivery harmless. Contention never
 goes through Celery's ``retry`` (it would spend ``max_retries``): a parked execution is
-re-sent with ``apply_async(countdown=...)``. Return values land in django-celery-results.
+re-sent with ``apply_async(countdown=...)``.
 
-``sweep`` runs periodically without any setup: every worker process starts a timer
+``sweep`` (re-enqueue executions whose worker vanished or whose send failed, renew the holds
+parked executions keep) runs without any setup: every worker process starts a timer
 (``engine.sweeper``, on Celery's ``worker_process_init``) and one sweep per
-``REACTOR_SWEEP_INTERVAL`` runs across the fleet. With ``REACTOR_SWEEP_INTERVAL = 0`` add it to
-the beat schedule on the queue your workers consume (``REACTOR_CELERY_QUEUE``) instead, e.g.::
+``REACTOR_SWEEP_INTERVAL`` runs across the fleet. ``purge`` (delete finished executions older
+than ``REACTOR_RETENTION``) is meant to run periodically; add it (and ``sweep``, if you set
+``REACTOR_SWEEP_INTERVAL = 0``) to your beat schedule::
 
-    CELERY_BEAT_SCHEDULE = {"reactor-sweep": reactor_app.tasks.sweep_schedule(queue="reactor")}
+    app.conf.beat_schedule = {**app.conf.beat_schedule, **reactor_app.tasks.beat_schedule()}
 """
 
 from __future__ import annotations
@@ -30,17 +32,36 @@ def _start_worker_sweeps(**_: Any) -> None:
     start_worker_sweeps()
 
 
-def sweep_schedule(*, queue: str = "reactor", every: float = 60.0) -> dict[str, Any]:
-    """A beat entry running ``sweep`` every ``every`` seconds on ``queue``.
+def _options(queue: str | None) -> dict[str, Any]:
+    return {"options": {"queue": queue}} if queue else {}
 
-    Beat sends to Celery's default queue unless told otherwise, and workers started with
-    ``-Q <REACTOR_CELERY_QUEUE>`` would never see it; settings cannot read the conf object
-    while they load, so the queue is passed in.
+
+def sweep_schedule(*, queue: str | None = None, every: float = 60.0) -> dict[str, Any]:
+    """A beat entry running ``sweep`` every ``every`` seconds.
+
+    Beat sends to Celery's default queue unless told otherwise; pass ``queue`` when your
+    workers consume ``REACTOR_CELERY_QUEUE`` with ``-Q`` (settings cannot read the conf object
+    while they load, so the queue is passed in).
     """
-    return {"task": "reactor_app.sweep", "schedule": every, "options": {"queue": queue}}
+    return {"task": "reactor_app.sweep", "schedule": every, **_options(queue)}
 
 
-#: a beat entry for ``sweep`` every 60 seconds on the default ``"reactor"`` queue
+def purge_schedule(*, queue: str | None = None, every: float = 3600.0) -> dict[str, Any]:
+    """A beat entry running ``purge`` (retention, ``REACTOR_RETENTION``) every ``every`` s."""
+    return {"task": "reactor_app.purge", "schedule": every, **_options(queue)}
+
+
+def beat_schedule(
+    *, queue: str | None = None, sweep_every: float = 60.0, purge_every: float = 3600.0
+) -> dict[str, dict[str, Any]]:
+    """Both periodic tasks, as a ``beat_schedule`` fragment."""
+    return {
+        "reactor-sweep": sweep_schedule(queue=queue, every=sweep_every),
+        "reactor-purge": purge_schedule(queue=queue, every=purge_every),
+    }
+
+
+#: a beat entry for ``sweep`` every 60 seconds on Celery's default queue
 SWEEP_SCHEDULE: dict[str, Any] = sweep_schedule()
 
 
@@ -65,3 +86,11 @@ def sweep() -> dict[str, Any]:
 
     requeued = sweep_executions()
     return {"requeued": requeued}
+
+
+@shared_task(name="reactor_app.purge", acks_late=True)
+def purge() -> dict[str, Any]:
+    """Delete finished executions older than ``REACTOR_RETENTION`` (nothing when it is None)."""
+    from reactor_app.retention import purge_finished
+
+    return purge_finished().as_dict()

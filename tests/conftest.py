@@ -187,7 +187,7 @@ def child_environment(**extra: str) -> dict[str, str]:
         env["REACTOR_TEST_DB_NAME"] = database_name
 
     redis_url = getattr(settings, "REACTOR_REDIS_URL", None)
-    if redis_url:
+    if redis_url and redis_url != "embedded":
         env["REDIS_URL"] = redis_url
     else:
         env.pop("REDIS_URL", None)

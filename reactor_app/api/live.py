@@ -1,6 +1,7 @@
 """Live coordination state, shaped for operators: the one place the admin and the API read Redis.
 
-Redis is the source of truth for holds (DESIGN §4), so nothing here copies state into the ORM.
+Redis is the source of truth for holds (docs/design.md §4), so nothing here copies state into
+the ORM.
 ``live_holds`` lists every lock and semaphore hold with its attribution (owning step or the
 reactor level, execution, acquisition time, TTL left, nesting count, fencing token);
 ``inspect_key`` answers "what is the state of this key?" for any of the five primitives.
@@ -17,10 +18,12 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.utils.dateparse import parse_datetime
+
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import state as coordination_state
 
-#: the primitives an operator can inspect, in admission order (DESIGN §2.1)
+#: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
 PRIMITIVES = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
 #: primitives whose holds are "held" (listed as live holds and force-releasable)
 HOLDING_PRIMITIVES = ("lock", "semaphore")
@@ -293,4 +296,26 @@ def _in_flight(reservation: dict[str, Any] | None) -> dict[str, Any] | None:
         if reservation.get("acquired_at")
         else None,
         "ttl": reservation.get("ttl"),
+    }
+
+
+# Here rather than with the serializers: the admin uses it too, and must not need DRF.
+def blocker_data(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored blocker snapshot with ``since`` as a datetime (stored as epoch seconds or
+    ISO text, depending on who wrote it)."""
+    if not raw:
+        return None
+    since = raw.get("since")
+    if isinstance(since, int | float):
+        since = datetime.fromtimestamp(since, tz=UTC)
+    elif isinstance(since, str):
+        since = parse_datetime(since)
+    ttl = raw.get("ttl", raw.get("ttl_left"))
+    return {
+        "owner": raw.get("owner"),
+        "execution": raw.get("execution") or None,
+        "step": raw.get("step") or None,
+        "reactor": raw.get("reactor") or None,
+        "since": since,
+        "ttl": float(ttl) if isinstance(ttl, int | float) else None,
     }

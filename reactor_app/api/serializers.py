@@ -8,24 +8,46 @@ reactor-level hold), the key, the holder and, for a parked execution, why it wai
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from reactor_app.api.live import blocker_data
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
-from reactor_app.status import ExecutionStatus
+from reactor_app.serialization import readable
+from reactor_app.status import ExecutionStatus, StepRunStatus
+
+
+# Executions and step runs both have a "status" with different choices. Naming their enums
+# here (rather than with ENUM_NAME_OVERRIDES in the project's settings) keeps any schema that
+# includes these views — the app's own, or a project-wide one — free of naming collisions.
+@extend_schema_field(
+    {"type": "string", "enum": list(ExecutionStatus.values)}, component_name="ExecutionStatusEnum"
+)
+class ExecutionStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=ExecutionStatus.choices, read_only=True, **kwargs)
+
+
+@extend_schema_field(
+    {"type": "string", "enum": list(StepRunStatus.values)}, component_name="StepRunStatusEnum"
+)
+class StepRunStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=StepRunStatus.choices, read_only=True, **kwargs)
 
 
 class StepRunSerializer(serializers.ModelSerializer):
+    status = StepRunStatusField()
+
     class Meta:
         model = StepRun
         fields = ("step", "kind", "attempt", "status", "started_at", "finished_at", "error")
 
 
 class ExecutionSerializer(serializers.ModelSerializer):
+    status = ExecutionStatusField()
     reactor_name = serializers.CharField(read_only=True)
     parked = serializers.SerializerMethodField(
         help_text="waiting on contention: not a failure, the execution will resume"
@@ -66,27 +88,6 @@ class BlockerSerializer(serializers.Serializer):
     )
 
 
-def blocker_data(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored blocker snapshot with ``since`` as a datetime (stored as epoch seconds or
-    ISO text, depending on who wrote it)."""
-    if not raw:
-        return None
-    since = raw.get("since")
-    if isinstance(since, int | float):
-        since = datetime.fromtimestamp(since, tz=UTC)
-    elif isinstance(since, str):
-        since = parse_datetime(since)
-    ttl = raw.get("ttl", raw.get("ttl_left"))
-    return {
-        "owner": raw.get("owner"),
-        "execution": raw.get("execution") or None,
-        "step": raw.get("step") or None,
-        "reactor": raw.get("reactor") or None,
-        "since": since,
-        "ttl": float(ttl) if isinstance(ttl, int | float) else None,
-    }
-
-
 class ContentionSerializer(serializers.ModelSerializer):
     """A parked execution: the step that could not be admitted and why."""
 
@@ -121,7 +122,17 @@ class ContentionSerializer(serializers.ModelSerializer):
         return BlockerSerializer(data).data if data else None
 
 
+class StoredValueField(serializers.JSONField):
+    """Inputs and results as people read them: codec-tagged values (``Decimal``, dates) shown
+    in their plain JSON form (``reactor_app.serialization.readable``)."""
+
+    def to_representation(self, value: Any) -> Any:
+        return readable(value)
+
+
 class ExecutionDetailSerializer(ExecutionSerializer):
+    inputs = StoredValueField(read_only=True)
+    result = StoredValueField(read_only=True)
     step_runs = StepRunSerializer(many=True, read_only=True)
     contention = serializers.SerializerMethodField(
         help_text="why the execution is parked (empty unless parked)"

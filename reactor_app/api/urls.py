@@ -1,15 +1,16 @@
 """URLs of the API; mount with ``path("api/reactor/", include("reactor_app.api.urls"))``.
 
-``executions/``, ``holds/``, ``events/``, ``contention/`` and the OpenAPI schema at ``schema/``.
+``executions/``, ``holds/``, ``events/``, ``contention/``, the OpenAPI schema at ``schema/``
+(self-contained: ``api.schema``) and a root listing them all at the mount point itself.
 """
 
 from __future__ import annotations
 
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from reactor_app.api import views
+from reactor_app.api.schema import ApiRoot, ReactorSchemaView
 
 app_name = "reactor_api"
 
@@ -20,6 +21,7 @@ router.register("events", views.EventViewSet, basename="event")
 router.register("contention", views.ContentionViewSet, basename="contention")
 
 urlpatterns = [
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("", ApiRoot.as_view(), name="root"),
+    path("schema/", ReactorSchemaView.as_view(), name="schema"),
     path("", include(router.urls)),
 ]

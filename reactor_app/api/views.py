@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.drainage import isolate_view_method
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema_view as spectacular_view
 from rest_framework import status, viewsets
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.permissions import BasePermission
@@ -39,6 +42,20 @@ BAD_PARAMETERS = OpenApiResponse(ErrorSerializer, description="an invalid query 
 NOT_ALLOWED = OpenApiResponse(ErrorSerializer, description="not authenticated, or not staff")
 
 
+def extend_schema_view(**methods: Any) -> Any:
+    """drf-spectacular's ``extend_schema_view`` built on its own ``AutoSchema`` rather than on
+    the project's ``DEFAULT_SCHEMA_CLASS`` (DRF's inspector unless the project changed it),
+    which it would otherwise extend for each method — and then fail to describe the view."""
+
+    def decorate(view: Any) -> Any:
+        for name in methods:
+            method = isolate_view_method(view, name)
+            method.kwargs = {"schema": AutoSchema, **getattr(method, "kwargs", {})}
+        return spectacular_view(**methods)(view)
+
+    return decorate
+
+
 class CoordinationStoreUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "the coordination Redis is unreachable; live holds cannot be read"
@@ -49,6 +66,9 @@ class ReactorAPIMixin:
     """Shared by every view: configured permissions, bounded pagination."""
 
     pagination_class: type[ReactorPagination] | None = ReactorPagination
+    # drf-spectacular's inspector on our views themselves, so the project needs no
+    # DEFAULT_SCHEMA_CLASS (see api.schema)
+    schema = AutoSchema()
     request: Request
 
     def get_permissions(self) -> list[BasePermission]:

@@ -1,6 +1,6 @@
 """Redis coordination: locks, semaphores, rate limits, dedup periods and ordered locks.
 
-The package is layered as follows (DESIGN §3):
+The package is layered as follows (docs/design.md §3):
 
 * ``claims`` — what a unit of work asks for and what admission answers;
 * ``redis`` — the client, key names, the Lua script registry and the status-code table;

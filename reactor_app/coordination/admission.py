@@ -1,4 +1,4 @@
-"""Admission: one atomic decision to take every claim of a unit of work (DESIGN §2.1).
+"""Admission: one atomic decision to take every claim of a unit of work (docs/design.md §2.1).
 
 ``Coordinator.admit`` sends all claims — sorted into ``ADMISSION_ORDER`` (ordered gate →
 period check → lock → semaphore → rate-limit charge) — to ``lua/admit.lua`` in ONE script

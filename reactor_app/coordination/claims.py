@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 Primitive = Literal["lock", "semaphore", "rate_limit", "period", "ordered_lock"]
 
-#: the fixed admission order of DESIGN §2.1 (release runs in reverse)
+#: the fixed admission order of docs/design.md §2.1 (release runs in reverse)
 ADMISSION_ORDER: tuple[Primitive, ...] = (
     "ordered_lock",
     "period",

@@ -2,9 +2,10 @@
 
 * ``get_client()`` returns a redis-py client for the configured topology (``REACTOR_REDIS`` /
   ``REACTOR_REDIS_URL``: one server, a Redis Cluster or a Sentinel-watched master, see
-  ``coordination.topology``) — or for the embedded server when neither is set — shared per
-  configuration within a process. One-server URLs are built through django-redis's connection
-  factory (one pool per URL); cluster and Sentinel clients by ``Topology.connect``.
+  ``coordination.topology``) — or for the embedded development server when
+  ``REACTOR_REDIS_URL = "embedded"`` — shared per configuration within a process. One-server
+  URLs are built through django-redis's connection factory (one pool per URL); cluster and
+  Sentinel clients by ``Topology.connect``.
 * ``key()`` builds every Redis key name. The user key sits inside a hash tag
   (``reactor:lock:{acct:1}``), and sub-keys keep that tag (``reactor:lock:{acct:1}:fence``), so
   all the data of one user key lives in one cluster slot and multi-key scripts stay legal.
@@ -49,6 +50,7 @@ from reactor_app.coordination.topology import (
     is_topology_url,
 )
 from reactor_app.exceptions import (
+    ConfigurationError,
     CoordinationError,
     CoordinationUnavailable,
     LeaseLost,
@@ -109,17 +111,24 @@ if hasattr(os, "register_at_fork"):
 
 
 def redis_url() -> str:
-    """The coordination Redis URL: the setting, else the embedded server (started on demand).
-
-    With ``REACTOR_REDIS`` (a dict) this is its ``url`` when it has one; a dict without a URL
-    has no single URL — use ``get_client()``, which understands both.
+    """The coordination Redis URL: the setting (or ``REACTOR_REDIS``'s ``url``), or for
+    ``"embedded"`` the embedded development server (started on demand). Unset is a
+    configuration error, never a silent local server. A ``REACTOR_REDIS`` dict without a URL
+    (a cluster, a Sentinel set) has no single URL — use ``get_client()``, which understands
+    both.
     """
-    configured = reactor_settings.REDIS_URL
-    if configured:
-        return configured
     config = reactor_settings.REDIS
     if config is not None and isinstance(config, dict) and config.get("url"):
         return str(config["url"])
+    configured = reactor_settings.REDIS_URL
+    if configured is None:
+        raise ConfigurationError(
+            "REACTOR_REDIS_URL is not set: set it to your Redis server's URL (shared by every "
+            'web and worker process), or to "embedded" for a development server on this machine',
+            setting="REDIS_URL",
+        )
+    if not reactor_settings.USES_EMBEDDED_REDIS:
+        return configured
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
     embedded.ensure_server(directory)
     return embedded.url(directory)

@@ -1,4 +1,4 @@
-"""Keeping holds alive while the protected work runs (DESIGN §2.6).
+"""Keeping holds alive while the protected work runs (docs/design.md §2.6).
 
 ``Renewal`` is a daemon thread started for one ``Admitted``: every ``interval`` seconds
 (a third of the shortest lease, so two renewals can fail before a lease lapses) it renews

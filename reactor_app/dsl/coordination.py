@@ -11,6 +11,7 @@ A declaration is definition-time data; ``Declaration.claim(key)`` turns it into 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -34,7 +35,7 @@ T = TypeVar("T")
 DECLARATIONS_ATTR = "__reactor_coordination__"
 
 PRIMITIVES = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
-#: primitives re-taken for compensate/undo (DESIGN §2.5): exclusion only, never quotas
+#: primitives re-taken for compensate/undo (docs/design.md §2.5): exclusion only, never quotas
 ROLLBACK_PRIMITIVES = ("lock", "semaphore")
 
 
@@ -58,9 +59,11 @@ class Declaration:
         try:
             key = self.key_fn(args)
         except Exception as exc:
+            # A KeyError is nearly always a misspelt name: say which names there are.
+            known = f" (it receives {sorted(args)})" if isinstance(exc, KeyError) else ""
             raise CoordinationKeyError(
                 f"the {self.primitive} key function of {where} raised "
-                f"{type(exc).__name__}: {exc}; the work did not run",
+                f"{type(exc).__name__}: {exc}{known}; the work did not run",
                 reactor=reactor,
                 step=step,
                 primitive=self.primitive,
@@ -134,6 +137,12 @@ class RateLimitDeclaration(Declaration):
     name: str | None = None  # a named limit from REACTOR_RATE_LIMITS
     windows: tuple[RateWindow, ...] = ()
     strategy: str = "sliding"
+    wait: float = 0.0
+
+    def wait_seconds(self) -> float:
+        # In-process only: the caller sleeps until the window frees (the refusal's exact
+        # retry_after), up to ``wait``; a worker parks instead.
+        return self.wait
 
     def compute_key(self, args: Mapping[str, Any], *, reactor: str | None, step: str | None) -> str:
         if self.name is not None:
@@ -246,6 +255,21 @@ def _key_function(owner: str, key: Any) -> KeyFunction:
             owner=owner,
             option="key",
         )
+    try:
+        signature = inspect.signature(key)
+    except (TypeError, ValueError):  # some builtins and C callables have none to inspect
+        return key  # type: ignore[no-any-return]
+    try:
+        signature.bind({})
+    except TypeError as exc:
+        # Checked now, not when the first run calls it: it is called with one mapping.
+        raise DefinitionError(
+            f"{owner}: the key function {getattr(key, '__name__', key)!r} must accept one "
+            f"argument (the arguments or inputs mapping), but its signature is {signature} "
+            f"({exc})",
+            owner=owner,
+            option="key",
+        ) from exc
     return key  # type: ignore[no-any-return]
 
 
@@ -369,15 +393,19 @@ def with_rate_limit(
     period: str | int | None = None,
     limits: Mapping[Any, int] | None = None,
     strategy: str = "sliding",
+    wait: float = 0,
 ) -> Callable[[T], T]:
     """At most ``limit`` executions of the decorated work per window per key.
 
     ``with_rate_limit(key, limit=10, period="minute")``, several windows at once with
     ``limits={"second": 3, "minute": 100}``, or a named limit from ``REACTOR_RATE_LIMITS``
     with ``with_rate_limit("stripe")``. ``strategy="fixed"`` trades exactness at window edges
-    for constant memory on very large limits.
+    for constant memory on very large limits. ``wait`` (seconds, in-process runs): how long a
+    caller waits for the window to free before ``RateLimitExceeded``; on a worker the
+    execution is parked until then instead.
     """
     owner = "with_rate_limit"
+    wait_seconds = _positive_number(owner, "wait", wait, allow_zero=True)
     if strategy not in ("sliding", "fixed"):
         raise DefinitionError(
             f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
@@ -393,7 +421,9 @@ def with_rate_limit(
                 owner=owner,
                 option="name",
             )
-        declaration = RateLimitDeclaration(key_fn=None, name=key, strategy=strategy)
+        declaration = RateLimitDeclaration(
+            key_fn=None, name=key, strategy=strategy, wait=wait_seconds
+        )
         return lambda target: _attach(declaration, target)
     key_fn = _key_function(owner, key)
     if limits is not None:
@@ -412,7 +442,9 @@ def with_rate_limit(
                 option="limit",
             )
         windows = _windows_from(owner, {period: limit})
-    declaration = RateLimitDeclaration(key_fn=key_fn, windows=windows, strategy=strategy)
+    declaration = RateLimitDeclaration(
+        key_fn=key_fn, windows=windows, strategy=strategy, wait=wait_seconds
+    )
     return lambda target: _attach(declaration, target)
 
 

@@ -93,15 +93,20 @@ class Reactor(Coordinated):
         return run_reactor(cls, inputs)
 
     @classmethod
-    def run_async(cls, **inputs: Any) -> Execution:
+    def run_async(cls, *, idempotency_key: str | None = None, **inputs: Any) -> Execution:
         """Run the reactor on a Celery worker; returns the (pending) ``Execution`` row.
 
-        The row is committed before the task is sent. ``execution.wait(timeout)`` blocks until
-        it is finished and returns its ``Result``.
+        An outbox: the row is committed before the task is sent, and broker trouble never
+        raises here (the sweeper enqueues a row whose send failed), so a returned row always
+        runs exactly once. A second call with the same ``idempotency_key`` returns the first
+        call's row instead of starting another run. Invalid inputs, and inputs a worker could
+        not read back as the same values, raise at the call (``InputValidationError``,
+        ``InputNotSerializable``). ``execution.wait(timeout)`` blocks until it is finished and
+        returns its ``Result``.
         """
         from reactor_app.engine.dispatch import run_async
 
-        return run_async(cls, inputs)
+        return run_async(cls, inputs, idempotency_key=idempotency_key)
 
     @classmethod
     def resume(cls, execution_id: Any, *, step: str | None = None, payload: Any = None) -> Result:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from reactor_app.exceptions import ConfigurationError
+from reactor_app.exceptions import ReactorNotRegistered
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -22,20 +22,56 @@ def register(reactor: type[Reactor]) -> None:
 
 
 def lookup(path: str) -> type[Reactor]:
-    """The reactor class at ``path``, importing its module when it is not loaded yet."""
+    """The reactor class at ``path``, importing its module when it is not loaded yet.
+
+    Raises ``ReactorNotRegistered`` — saying whether the module failed to import, or imported
+    without defining the class — when this process cannot find it.
+    """
     if path in _reactors:
         return _reactors[path]
     module_name, _, qualname = path.rpartition(".")
+    import_error: BaseException | None = None
     while module_name:
         try:
             importlib.import_module(module_name)
             break
-        except ImportError:
+        except ImportError as exc:
+            import_error = import_error or exc
             module_name, _, head = module_name.rpartition(".")
             qualname = f"{head}.{qualname}"
     if path in _reactors:
         return _reactors[path]
-    raise ConfigurationError(f"no reactor is registered under {path!r}", setting=path)
+    raise ReactorNotRegistered(
+        _not_registered_message(path, import_error),
+        setting=None,
+        reactor=path,
+        cause=f"{type(import_error).__name__}: {import_error}" if import_error else None,
+    )
+
+
+def _not_registered_message(path: str, import_error: BaseException | None) -> str:
+    # Worded for the operator reading the failed row: what is missing and the usual causes.
+    if "<locals>" in path:
+        reason = (
+            "the class was defined inside a function, so no other process can import it; "
+            "define reactors at module level (e.g. in an app's reactors.py)"
+        )
+    elif path.startswith(("__main__.", "__console__.")):
+        reason = (
+            "the class was defined in a script or an interactive shell, which workers do not "
+            "import; define reactors in a module of an installed app (e.g. reactors.py)"
+        )
+    elif import_error is not None:
+        reason = (
+            f"importing its module failed ({type(import_error).__name__}: {import_error}); is "
+            "this worker running the same code as the process that started the run?"
+        )
+    else:
+        reason = (
+            "its module imported but defines no such reactor; is this worker running the same "
+            "code as the process that started the run (a stale deployment)?"
+        )
+    return f"the reactor {path!r} is not available in this process: {reason}"
 
 
 def all_reactors() -> dict[str, type[Reactor]]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.models import CONTEXT_SCHEMA_VERSION
-from reactor_app.serialization import to_json
+from reactor_app.serialization import decode, encode
+from reactor_app.serialization import to_json as to_json  # re-exported for the engine
 
 if TYPE_CHECKING:
     from reactor_app.coordination.registry import HoldRegistry
@@ -49,7 +50,9 @@ class ExecutionState:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return to_json(
+        # The codec, not the display encoder: a run resumed on another worker reads results
+        # and arguments back as the same values (Decimal, dates, UUIDs, registered types).
+        encoded: dict[str, Any] = encode(
             {
                 "version": CONTEXT_SCHEMA_VERSION,
                 "results": self.results,
@@ -58,12 +61,15 @@ class ExecutionState:
                 "contention": self.contention,
                 "next_index": self.next_index,
                 **self.extra,
-            }
+            },
+            strict=False,
+            where="execution state",
         )
+        return encoded
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> ExecutionState:
-        data = dict(data or {})
+        data = dict(decode(data or {}))
         data.pop("version", None)
         state = cls(
             results=data.pop("results", {}),

@@ -1,4 +1,4 @@
-"""Celery dispatch: handing executions to workers, and running them there (DESIGN §5).
+"""Celery dispatch: handing executions to workers, and running them there (docs/design.md).
 
 Everything that crosses the process boundary goes through here:
 
@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -47,6 +47,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Hold, Holder, LockClaim, SemaphoreClaim
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 from reactor_app.coordination.redis import key as redis_key
+from reactor_app.dsl.registry import lookup
 from reactor_app.engine.context import KEPT_HOLDS, ExecutionState, to_json
 from reactor_app.engine.executor import (
     REACTOR_SLOT,
@@ -58,8 +59,16 @@ from reactor_app.engine.executor import (
 from reactor_app.engine.gate import WAITING_PREFIX
 from reactor_app.engine.result import Result
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds, park_margin
-from reactor_app.exceptions import CoordinationUnavailable, ExecutionNotResumable, ReactorError
+from reactor_app.exceptions import (
+    CoordinationUnavailable,
+    ExecutionNotResumable,
+    IdempotencyKeyReused,
+    InputNotSerializable,
+    ReactorError,
+    ReactorNotRegistered,
+)
 from reactor_app.models import Execution
+from reactor_app.serialization import encode
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.tracking import record_coordination
 
@@ -164,11 +173,15 @@ def delivery_owner(task_id: str | None) -> str:
 def enqueue(
     execution_id: Any, *, countdown: float | None = None, requeue_token: str | None = None
 ) -> None:
-    """Send the execution's task to ``REACTOR_CELERY_QUEUE`` (identities only: the execution
-    id, and for a park's own requeue the token naming that park)."""
+    """Send the execution's task (identities only: the execution id, and for a park's own
+    requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
+    queue when that is not set."""
     from reactor_app.tasks import run_execution
 
-    options: dict[str, Any] = {"queue": reactor_settings.CELERY_QUEUE}
+    options: dict[str, Any] = {}
+    queue = reactor_settings.CELERY_QUEUE
+    if queue:
+        options["queue"] = queue
     if countdown is not None and countdown > 0:
         options["countdown"] = countdown
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
@@ -176,8 +189,25 @@ def enqueue(
 
 
 def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> None:
-    """Enqueue once the current transaction commits, so a worker always finds the row."""
-    transaction.on_commit(lambda: enqueue(execution_id, countdown=countdown))
+    """Enqueue once the current transaction commits, so a worker always finds the row.
+
+    The row is the outbox: once it is committed the work will run, so a broker that cannot
+    take the message is logged, not raised — raising would invite the caller to retry a call
+    that already succeeded (and run twice). The sweeper (``sweep``) enqueues the row later.
+    """
+    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown))
+
+
+def _enqueue_or_leave_to_sweeper(execution_id: Any, countdown: float | None) -> None:
+    try:
+        enqueue(execution_id, countdown=countdown)
+    except Exception:
+        logger.warning(
+            "could not send execution %s to the broker; it stays pending and the sweeper "
+            "(reactor_app.sweep) will enqueue it",
+            execution_id,
+            exc_info=True,
+        )
 
 
 def wake(waiter_ids: Iterable[str]) -> None:
@@ -204,34 +234,88 @@ def _worker_context(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return state.to_json()
 
 
-def run_async(reactor: type[Reactor], inputs: dict[str, Any]) -> Execution:
+def run_async(
+    reactor: type[Reactor], inputs: dict[str, Any], *, idempotency_key: str | None = None
+) -> Execution:
     """``Reactor.run_async``: persist a pending execution, enqueue it after commit, return it.
 
-    Invalid inputs give a ``failed`` execution that is never enqueued. Inputs are stored as
-    JSON: the worker sees them as JSON data.
+    The semantics are an outbox: the returned row is committed (or will be, with the caller's
+    transaction) and *will* run. Broker trouble never raises here — the task is sent after
+    commit, and a send that fails is left to the sweeper, which enqueues pending rows whose
+    heartbeat is older than ``REACTOR_SWEEP_AFTER``.
+
+    Raises at the call, before anything is stored: ``InputValidationError`` for missing or
+    unexpected inputs, ``InputNotSerializable`` (also a ``TypeError``) for an input the codec
+    cannot hand to a worker as the same value (``reactor_app.serialization``), and
+    ``IdempotencyKeyReused`` when ``idempotency_key`` names an earlier call of another reactor
+    or with other inputs. The same key with the same call returns the existing execution.
     """
     error = input_errors(reactor, inputs)
+    if error is not None:
+        raise error
+    stored_inputs = {}
+    for name, value in inputs.items():
+        try:
+            stored_inputs[name] = encode(value, where=f"input {name!r}")
+        except TypeError as exc:
+            raise InputNotSerializable(
+                f"cannot run {reactor.__qualname__} on a worker: {exc}",
+                reactor=reactor.path(),
+                step=None,
+                field_errors={name: str(exc)},
+            ) from exc
+    if idempotency_key is not None:
+        existing = _same_call(reactor, stored_inputs, idempotency_key)
+        if existing is not None:
+            return existing
     now = timezone.now()
-    with transaction.atomic():
-        execution = Execution.objects.start(
-            reactor=reactor.path(),
-            inputs=to_json(inputs),
-            status=ExecutionStatus.FAILED if error else ExecutionStatus.PENDING,
-            error=error.as_dict() if error else None,
-            finished_at=now if error else None,
-            heartbeat_at=now,
-            context=_worker_context(),
-        )
-        if error is None:
+    try:
+        with transaction.atomic():
+            execution = Execution.objects.start(
+                reactor=reactor.path(),
+                inputs=stored_inputs,
+                status=ExecutionStatus.PENDING,
+                heartbeat_at=now,
+                context=_worker_context(),
+                idempotency_key=idempotency_key,
+            )
             _take_position_at_enqueue(reactor, inputs, execution)
             enqueue_on_commit(execution.id)
+    except IntegrityError:
+        # A concurrent call with the same key won the insert (the unique constraint decides).
+        existing = _same_call(reactor, stored_inputs, idempotency_key)
+        if existing is None:
+            raise
+        return existing
     return execution
+
+
+def _same_call(
+    reactor: type[Reactor], stored_inputs: dict[str, Any], idempotency_key: str | None
+) -> Execution | None:
+    """The execution an earlier call with ``idempotency_key`` made, if it was the same call."""
+    if idempotency_key is None:
+        return None
+    existing = Execution.objects.with_idempotency_key(idempotency_key)
+    if existing is None:
+        return None
+    if existing.reactor != reactor.path() or existing.inputs != stored_inputs:
+        raise IdempotencyKeyReused(
+            f"the idempotency key {idempotency_key!r} was used for execution {existing.id} "
+            f"({existing.reactor} with other inputs or another reactor); use a new key for a "
+            "different call",
+            reactor=reactor.path(),
+            step=None,
+            field_errors={"idempotency_key": "already used for a different call"},
+            execution_id=str(existing.id),
+        )
+    return existing
 
 
 def _take_position_at_enqueue(
     reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
 ) -> None:
-    """A reactor-level ordered lock orders runs by enqueue (DESIGN §1.4), so the position is
+    """A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4), so the position is
     taken now: with several workers, the order in which deliveries start is not the order in
     which runs were enqueued. The executor finds it under the reactor's slot and reuses it."""
     declaration = reactor.ordered_lock_config
@@ -258,11 +342,29 @@ def _take_position_at_enqueue(
 
 
 def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
-    """``run()`` of a ``background = True`` reactor: the whole run goes to a worker."""
+    """``run()`` of a ``background = True`` reactor: the whole run goes to a worker.
+
+    Invalid inputs give a ``failed`` result (``run()`` returns failures rather than raising);
+    inputs a worker could not read back raise, as for ``run_async``.
+    """
+    error = input_errors(reactor, inputs)
+    if error is not None:
+        return _failed_call(reactor, inputs, error)
     execution = run_async(reactor, inputs)
-    if execution.status == ExecutionStatus.FAILED:
-        return execution.to_result()
     return Result(status="handed_off", execution_id=str(execution.id))
+
+
+def _failed_call(reactor: type[Reactor], inputs: dict[str, Any], error: ReactorError) -> Result:
+    now = timezone.now()
+    execution = Execution.objects.start(
+        reactor=reactor.path(),
+        inputs=to_json(inputs),
+        status=ExecutionStatus.FAILED,
+        error=error.as_dict(),
+        finished_at=now,
+        heartbeat_at=now,
+    )
+    return execution.to_result()
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,6 +418,10 @@ def deliver(
         execution.refresh_from_db()
         if execution.status not in RUNNABLE or _stale_requeue(execution, requeue_token):
             return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+        try:
+            lookup(execution.reactor)
+        except ReactorNotRegistered as missing:
+            return {**summary, **_fail_unrunnable(execution, missing)}
         run = _run_pass(execution, claim)
     except ClaimLost:
         # Another delivery may run it now, or nobody (the claim vanished with a restarted
@@ -347,6 +453,24 @@ def enqueue_quietly(execution_id: Any, **options: Any) -> bool:
         logger.exception("could not enqueue %s; the sweeper will", execution_id)
         return False
     return True
+
+
+def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dict[str, Any]:
+    """End an execution whose reactor this worker cannot import: terminal, with the reason on
+    the row (the sweeper only re-enqueues runnable rows, so it is not retried forever)."""
+    logger.error("execution %s failed: %s", execution.id, missing.message)
+    now = timezone.now()
+    execution.status = ExecutionStatus.FAILED
+    execution.error = missing.as_dict()
+    execution.finished_at = now
+    execution.heartbeat_at = now
+    execution.save(update_fields=["status", "error", "finished_at", "heartbeat_at", "updated_at"])
+    if (
+        execution.parent_id
+        and Execution.objects.filter(pk=execution.parent_id, status=ExecutionStatus.PARKED).exists()
+    ):
+        enqueue_quietly(execution.parent_id)  # a parent waiting on this child sees it ended
+    return {"outcome": "failed", "status": execution.status, "error": missing.message}
 
 
 def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:

@@ -46,7 +46,8 @@ the root's owner and held-key registry). ``mode="sync"`` runs in the caller's pr
          parked (in a step, or waiting on an async child) → suspend: keep the lock and
             semaphore holds without renewal and record them in ``state.extra[KEPT_HOLDS]``
             (persisted by ``finish``), so the "exclusive" workflow stays exclusive while it
-            sleeps (DESIGN §2.8); the rest is released with ``park`` (ordered position kept).
+            sleeps (docs/design.md §2.8); the rest is released with ``park`` (ordered position
+            kept).
             A TTL still bounds the kept hold: a park longer than it lets the key go (2.).
          interrupted, handed off, or the delivery lost its claim → release with ``park``:
             nothing is held across the pause; the resume re-takes the holds (a fresh
@@ -119,6 +120,7 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
+from reactor_app.serialization import decode, encode
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 
@@ -162,7 +164,8 @@ class ExecutionRun:
     ) -> None:
         self.reactor = reactor
         self.execution = execution
-        self.inputs = inputs
+        # rows read back on a worker hold codec-tagged values (serialization.encode)
+        self.inputs = decode(inputs)
         self.parent = parent
         self.root: ExecutionRun = parent.root if parent else self
         self.mode = mode
@@ -566,7 +569,7 @@ class ExecutionRun:
                 return StepOutcome("failed", error=error)
             execution = Execution.objects.start(
                 reactor=reactor.path(),
-                inputs=to_json(inputs),
+                inputs=encode(inputs, strict=False, where="inputs"),
                 parent=self.execution,
                 root_id=self.root.execution.id,
                 status=ExecutionStatus.PENDING,
@@ -761,7 +764,7 @@ class ExecutionRun:
             Execution.objects.start(
                 id=child_id,
                 reactor=reactor_path,
-                inputs=to_json(args),
+                inputs=encode(args, strict=False, where="arguments"),
                 parent=self.execution,
                 # an async step belongs to this tree; an async reactor is a tree of its own
                 root_id=self.root.execution.id if kind == "async_step" else child_id,
@@ -815,7 +818,7 @@ class ExecutionRun:
             )
         self.state.extra["async"].pop(name)
         if child.status == ExecutionStatus.SUCCEEDED:
-            self.state.results[name] = child.result
+            self.state.results[name] = decode(child.result)
             skipped = (child.context or {}).get("skipped")
             if entry["kind"] == "async_step" and not skipped:
                 # an async step is part of this saga: undone if a later step fails
@@ -824,7 +827,7 @@ class ExecutionRun:
                         step=name,
                         kind="step",
                         args=entry["args"],
-                        result=child.result,
+                        result=decode(child.result),
                         child_execution=entry["child"],
                     )
                 )
@@ -874,7 +877,7 @@ class ExecutionRun:
         if end.status == "succeeded":
             self.persist(
                 status=ExecutionStatus.SUCCEEDED,
-                result=to_json(end.value),
+                result=encode(end.value, strict=False, where="the result"),
                 finished_at=now,
                 current_step="",
             )
@@ -975,7 +978,7 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     error = input_errors(reactor, inputs)
     execution = Execution.objects.start(
         reactor=reactor.path(),
-        inputs=to_json(inputs),
+        inputs=encode(inputs, strict=False, where="inputs"),
         status=ExecutionStatus.FAILED if error else ExecutionStatus.PENDING,
         error=error.as_dict() if error else None,
         finished_at=timezone.now() if error else None,

@@ -10,7 +10,7 @@ strict ordered chain failed), contention (synchronously: wait, then a ``Coordina
 in a worker: ``ParkRequested``), or ``CoordinationUnavailable`` when Redis cannot be reached.
 
 Leaving it is ``exit(outcome)`` — or, for a reactor-level gate whose execution parks on a
-worker, ``suspend()`` (DESIGN §2.8): the lock and semaphore holds are *kept* (renewal stops,
+worker, ``suspend()`` (docs/design.md §2.8): the lock and semaphore holds are *kept* (renewal stops,
 nothing is released; the rest is given back with outcome ``park``, which keeps an ordered
 position) and described for the execution's state. The next delivery passes that description
 to ``enter(adopt=...)``, which re-adopts the holds without a second acquisition — no nesting
@@ -124,7 +124,7 @@ class Gate:
         waits: Mapping[str, float] | None = None,
     ) -> None:
         self.declarations = list(declarations)
-        #: how long a synchronous caller waits for each primitive before failing (DESIGN
+        #: how long a synchronous caller waits for each primitive before failing (docs/design.md
         #: §2.3); rollback gates pass their ``rollback_wait`` values instead
         self.waits = (
             dict(waits)
@@ -489,9 +489,9 @@ class Gate:
         return self._release(admitted, outcome)
 
     def suspend(self, hold_for: float | None = None) -> list[dict[str, Any]]:
-        """A reactor-level gate whose execution parks on a worker (DESIGN §2.8): keep the lock
-        and semaphore holds — the renewal thread lets go of them, nothing is released — and
-        give back the rest with outcome ``park``. Returns the kept holds as JSON data for the
+        """A reactor-level gate whose execution parks on a worker (docs/design.md §2.8): keep
+        the lock and semaphore holds — the renewal thread lets go of them, nothing is released
+        — and give back the rest with outcome ``park``. Returns the kept holds as JSON data for the
         execution's state, to pass to ``enter(adopt=...)`` on the next delivery.
 
         ``hold_for``: seconds until the parked execution is due back (its requeue delay plus

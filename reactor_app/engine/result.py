@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reactor_app import exceptions
+from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class Result:
     def from_execution(cls, execution: Execution) -> Result:
         return cls(
             status=execution.status,
-            value=execution.result,
+            value=decode(execution.result),
             error=error_from_dict(execution.error),
             execution_id=str(execution.id),
             rollback_failures=list(execution.rollback_failures or []),
@@ -63,6 +64,29 @@ def error_from_dict(data: dict[str, Any] | None) -> BaseException | None:
     return error_class(message, **fields)
 
 
+def task_queue() -> str:
+    """The queue reactor_app's tasks are sent to: ``REACTOR_CELERY_QUEUE``, else Celery's
+    default queue of the current app."""
+    from reactor_app.conf import reactor_settings
+
+    if reactor_settings.CELERY_QUEUE:
+        return reactor_settings.CELERY_QUEUE
+    from reactor_app.tasks import run_execution
+
+    return str(run_execution.app.conf.task_default_queue or "celery")
+
+
+def _no_consumer_hint() -> str:
+    # "pending" means no worker has picked the task up: almost always no worker consumes the
+    # queue it went to (a worker started with another -Q, or none started).
+    queue = task_queue()
+    return (
+        f": no worker has taken it from the Celery queue {queue!r}; start one that consumes "
+        f"it (celery -A <project> worker{'' if queue == 'celery' else f' -Q {queue}'}) and "
+        "check that its broker is CELERY_BROKER_URL"
+    )
+
+
 def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Result:
     """Reload ``execution`` until it is terminal or interrupted, then return its ``Result``."""
     deadline = time.monotonic() + timeout
@@ -77,7 +101,8 @@ def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Resu
         if execution.status in settled:
             return execution.to_result()
         if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"execution {execution.id} is still {execution.status} after {timeout}s"
-            )
+            message = f"execution {execution.id} is still {execution.status} after {timeout}s"
+            if execution.status == ExecutionStatus.PENDING:
+                message += _no_consumer_hint()
+            raise TimeoutError(message)
         time.sleep(poll_interval)

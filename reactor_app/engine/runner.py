@@ -29,6 +29,7 @@ from reactor_app.exceptions import (
     RetriesExhausted,
     StepFailed,
 )
+from reactor_app.serialization import encode
 from reactor_app.status import EngineEvent, StepRunKind
 from reactor_app.tracking import StepRecorder
 
@@ -92,6 +93,22 @@ def validate_arguments(
             step=step,
             field_errors={name: "required" for name in missing},
         )
+
+
+def storable(outcome: Outcome, label: str) -> Outcome:
+    """``outcome``, or a non-retryable failure when its value cannot be stored for a later pass.
+
+    A result feeds later steps, possibly in another process after a park, an interrupt or a
+    hand-off, so it must survive the codec (``reactor_app.serialization``) exactly — checked
+    here, in every mode, so a workflow never behaves differently in-process and on a worker.
+    """
+    if not isinstance(outcome, (Success, Skipped)):
+        return outcome
+    try:
+        encode(outcome.value, where=f"the result of step {label!r}")
+    except TypeError as exc:
+        return Failure(exc, retryable=False)
+    return outcome
 
 
 def failure_error(
@@ -245,6 +262,8 @@ class UnitRunner:
                     context.checkpoint()
                 except Exception as exc:
                     outcome = Failure(exc)
+                if self.run is not None:
+                    outcome = storable(outcome, self.label)
                 if isinstance(outcome, (Success, Skipped, Halt)):
                     # Only a success marks a period bucket; a skip or halt is still terminal.
                     release_as = "success" if isinstance(outcome, Success) else "halt"

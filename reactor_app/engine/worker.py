@@ -1,6 +1,6 @@
 """What the engine does differently when it runs on a Celery worker.
 
-* **Parking** (DESIGN §2.3): contention in a worker does not wait and does not fail. The
+* **Parking** (docs/design.md §2.3): contention in a worker does not wait and does not fail. The
   contended unit has run nothing and holds nothing of its own (admission is all-or-nothing;
   its ordered-lock position, if any, is kept). ``note_park`` counts the park in
   ``ContentionState`` — separately from failure retries — records a ``parked`` event, and picks
@@ -8,8 +8,8 @@
   contention backoff with jitter. Past ``REACTOR_CONTENTION_CEILING`` parks of one unit the
   park becomes a ``ContentionCeilingExceeded`` failure (ordered-lock waits are never capped:
   the line moves on its own, and a dead head is passed over).
-* **The hand-off guard** (DESIGN §2.4): ownership never crosses a process hand-off, so handing
-  an ``async_step`` or ``async_reactor`` to a worker while this execution holds a lock (or a
+* **The hand-off guard** (docs/design.md §2.4): ownership never crosses a process hand-off, so
+  handing an ``async_step`` or ``async_reactor`` to a worker while this execution holds a lock (or a
   limit-1 semaphore) the dispatched work declares would deadlock: the worker could never take
   the key its own dispatcher holds. ``guard_hand_off`` refuses that before anything is created
   or enqueued.

@@ -7,8 +7,8 @@ Enable it in your top-level ``conftest.py``::
 Fixtures:
 
 * ``reactor_redis`` (session) — a redis-py client of the coordination Redis: the configured
-  ``REACTOR_REDIS_URL``, else the embedded server (started if nothing answers yet). A Redis
-  that does not answer fails the test under ``CI`` and skips it elsewhere.
+  ``REACTOR_REDIS_URL`` (for ``"embedded"``, the embedded server, started if nothing answers
+  yet). A Redis that does not answer fails the test under ``CI`` and skips it elsewhere.
 * ``reactor_key_space`` (function) — a ``REACTOR_KEY_PREFIX`` no other test uses, set for the
   test (through pytest-django's ``settings`` when available); afterwards every key under it,
   and only those, is deleted (``SCAN`` + ``UNLINK``, never ``FLUSHDB``), so tests never see
@@ -104,11 +104,11 @@ def configured_redis_url() -> str | None:
     (None when neither a URL nor an embedded-server folder is configured)."""
     from reactor_app.conf import reactor_settings
 
-    if reactor_settings.REDIS_URL:
+    if reactor_settings.REDIS_URL and not reactor_settings.USES_EMBEDDED_REDIS:
         return reactor_settings.REDIS_URL
-    directory = reactor_settings.EMBEDDED_REDIS_DIR
-    if not directory:
+    if not reactor_settings.USES_EMBEDDED_REDIS:
         return None
+    directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
     from reactor_app.coordination import embedded
 
     return embedded.url(directory)
@@ -178,11 +178,12 @@ def worker_environment(*, settings: dict[str, Any], rootdir: Path) -> dict[str, 
 
 @pytest.fixture(scope="session")
 def reactor_redis() -> Any:
-    """A redis-py client of the coordination Redis (configured, else the embedded server)."""
+    """A redis-py client of the coordination Redis (``REACTOR_REDIS_URL``; ``"embedded"``: the
+    embedded server)."""
     from reactor_app.coordination.redis import get_client, redis_url
 
     try:
-        url = redis_url()  # starts the embedded server when no URL is configured
+        url = redis_url()  # starts the embedded server for REACTOR_REDIS_URL = "embedded"
         client = get_client(url)
         client.ping()
     except Exception as exc:

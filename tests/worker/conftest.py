@@ -1,4 +1,4 @@
-"""Real Celery workers for the worker tests (DESIGN §5, §8).
+"""Real Celery workers for the worker tests (docs/design.md §5, §8).
 
 The worker is the shipped plugin's ``celery_worker_process`` (``reactor_app.testing``): one
 ``celery -A demo_project worker -P prefork -c 2`` subprocess per test module, against the

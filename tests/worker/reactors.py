@@ -142,7 +142,7 @@ class LongLeaseCrashReactor(Reactor):
 
 
 # --------------------------------------------------------------------------------------------
-# reactor-level holds kept across a park in a step (DESIGN §2.8)
+# reactor-level holds kept across a park in a step (docs/design.md §2.8)
 
 
 def exclusive_key(values: dict[str, Any]) -> str:

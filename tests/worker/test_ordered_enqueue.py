@@ -1,4 +1,5 @@
-"""A reactor-level ordered lock orders worker runs by enqueue, not by delivery (DESIGN §1.4)."""
+"""A reactor-level ordered lock orders worker runs by enqueue, not by delivery
+(docs/design.md §1.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reactor-level holds across a park in a step (DESIGN §2.8, contracts §5 last bullet).
+"""Reactor-level holds across a park in a step (docs/design.md §2.8).
 
 A worker execution that parks on a *step* keeps its reactor-level lock while it sleeps — so an
 "exclusive" workflow stays exclusive — and re-adopts it on resume without a second acquisition

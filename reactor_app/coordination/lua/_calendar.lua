@@ -1,4 +1,4 @@
--- _calendar.lua — fragment: dedup-period buckets (DESIGN §2.6 "Period").
+-- _calendar.lua — fragment: dedup-period buckets (docs/design.md §2.6 "Period").
 -- Named units are calendar-aligned UTC buckets; integer seconds are epoch-aligned.
 -- Dates use the proleptic Gregorian calendar (days counted from 1970-01-01).
 

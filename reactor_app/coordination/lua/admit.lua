@@ -1,4 +1,4 @@
---[[ admit.lua — admit N claims all-or-nothing (DESIGN §2.1).
+--[[ admit.lua — admit N claims all-or-nothing (docs/design.md §2.1).
 
 Claims arrive in admission order (ordered gate, period check, lock, semaphore, rate-limit
 charge). Phase 1 checks every claim and writes only housekeeping (purging expired semaphore

