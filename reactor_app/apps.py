@@ -14,3 +14,7 @@ class ReactorAppConfig(AppConfig):
     def ready(self) -> None:
         # Import for side effects: system checks register themselves.
         from reactor_app import checks  # noqa: F401
+        from reactor_app.write_behind import connect_celery_shutdown
+
+        # buffered tracking rows are written when a worker shuts down cleanly
+        connect_celery_shutdown()

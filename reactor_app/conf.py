@@ -96,6 +96,30 @@ class ReactorSettings:
         return str(value)
 
     @property
+    def TRACKING_FLUSH_INTERVAL(self) -> float:
+        """Freshness bound (seconds): the longest a step-run row or coordination event waits in
+        the write-behind buffer before it is written (docs/operations.md)."""
+        value = self._get("TRACKING_FLUSH_INTERVAL", 0.25)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(
+                "REACTOR_TRACKING_FLUSH_INTERVAL must be a number of seconds > 0",
+                setting="TRACKING_FLUSH_INTERVAL",
+            )
+        return float(value)
+
+    @property
+    def TRACKING_BUFFER_SIZE(self) -> int:
+        """Size bound: this many buffered tracking rows wake the writer before the freshness
+        bound is up."""
+        value = self._get("TRACKING_BUFFER_SIZE", 1000)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigurationError(
+                "REACTOR_TRACKING_BUFFER_SIZE must be a positive integer",
+                setting="TRACKING_BUFFER_SIZE",
+            )
+        return value
+
+    @property
     def API_PERMISSION_CLASSES(self) -> list[str]:
         return list(
             self._get("API_PERMISSION_CLASSES", ["reactor_app.api.permissions.IsStaffUser"])
