@@ -52,6 +52,7 @@ from reactor_app.coordination.redis import (
     ScriptReply,
     Status,
     current_prefix,
+    decode_reply,
     get_client,
     hash_slot,
     holder_json,
@@ -503,6 +504,49 @@ class Coordinator:
             granted_ms += [int(ms) for ms in reply.data.get("ttl_ms", [])]
             lost += [(batch_holds[e["index"]], e["reason"]) for e in reply.data.get("lost", [])]
         return Extended(extended=extended, granted_ms=granted_ms, lost=lost)
+
+    def extend_many(self, requests: Sequence[tuple[Sequence[Hold], str]]) -> list[Extended]:
+        """Renew several admissions' leases — ``(holds, owner)`` each — in ONE pipeline (the
+        renewal scheduler's round). A cluster client, whose pipeline cannot carry scripts of
+        several slots, renews them one call each."""
+        client = self.client
+        if len(requests) == 1 or is_cluster(client):
+            return [self.extend(holds, owner) for holds, owner in requests]
+        scripts = scripts_for(client)
+        prefix = self.prefix
+        plans: list[list[Hold]] = []
+        with unavailable_on_connection_error():
+            pipe = client.pipeline(transaction=False)
+            for holds, owner in requests:
+                items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim))]
+                plans.append(items)
+                if not items:
+                    continue
+                groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
+                specs = [
+                    {
+                        "p": h.claim.primitive,
+                        "n": len(g),
+                        **PRIMITIVES[h.claim.primitive].extend_spec(h, owner),
+                    }
+                    for h, g in zip(items, groups, strict=True)
+                ]
+                scripts.queue(pipe, "extend", [k for g in groups for k in g], [json.dumps(specs)])
+            raws = iter(pipe.execute())
+        answers: list[Extended] = []
+        for items in plans:
+            if not items:
+                answers.append(Extended())
+                continue
+            data = decode_reply(next(raws)).data
+            answers.append(
+                Extended(
+                    extended=[items[i] for i in data.get("extended", [])],
+                    granted_ms=[int(ms) for ms in data.get("ttl_ms", [])],
+                    lost=[(items[e["index"]], e["reason"]) for e in data.get("lost", [])],
+                )
+            )
+        return answers
 
     def keep_alive(
         self,

@@ -320,10 +320,22 @@ class Scripts:
     ) -> ScriptReply:
         """Run ``operation``; a connection failure becomes ``CoordinationUnavailable``."""
         with unavailable_on_connection_error(key=key, primitive=primitive):
-            raw = self._scripts[operation](keys=list(keys), args=list(args))
-        status, payload = raw
-        data = json.loads(payload) if payload else {}
-        return ScriptReply(Status(int(status)), _lists(data))
+            raw = self._scripts[operation](keys=keys, args=args)
+        return decode_reply(raw)
+
+    def queue(
+        self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> None:
+        """Queue ``operation`` on a pipeline of this client; decode its answer with
+        ``decode_reply``."""
+        self._scripts[operation](keys=keys, args=args, client=pipeline)
+
+
+def decode_reply(raw: Any) -> ScriptReply:
+    """A script's raw ``{status, json}`` answer as a ``ScriptReply``."""
+    status, payload = raw
+    data = json.loads(payload) if payload else {}
+    return ScriptReply(Status(int(status)), _lists(data))
 
 
 def _lists(value: Any) -> Any:
