@@ -61,8 +61,10 @@ def test_a_holder_paused_past_its_lease_fails_with_lease_lost_and_its_fenced_wri
     newcomer: Any = None
     try:
         entered = wait_for(
-            lambda: (tmp_path / "entered.json").exists()
-            and json.loads((tmp_path / "entered.json").read_text()),
+            lambda: (
+                (tmp_path / "entered.json").exists()
+                and json.loads((tmp_path / "entered.json").read_text())
+            ),
             60,
             "the child to enter its step",
         )
