@@ -24,7 +24,12 @@ from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.serialization import to_json
 from reactor_app.status import EngineEvent, StepRunKind, StepRunStatus
 from reactor_app.write_behind import PendingStepRun, get_writer
-from reactor_app.write_behind import flush as flush
+
+
+def flush(*, finishing: Any = None) -> int:
+    """Write this process's buffered tracking rows now (``write_behind.TrackingWriter.flush``)."""
+    return get_writer().flush(finishing=finishing)
+
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,10 @@ def _send(signal: Any, sender: type, payload: dict[str, Any]) -> None:
                 response,
                 exc_info=(type(response), response, response.__traceback__),
             )
+
+
+def _copied(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
 
 
 def full_tracking() -> bool:
@@ -107,7 +116,8 @@ class StepRecorder:
 
     def started(self, **detail: Any) -> None:
         if full_tracking():
-            self.row = self._new_row(detail=to_json(detail))
+            # a shallow copy: the writer makes it JSON later, and a body may change its args
+            self.row = self._new_row(detail={k: _copied(v) for k, v in detail.items()})
             get_writer().update_step(
                 self.row, status=StepRunStatus.STARTED, started_at=timezone.now()
             )
@@ -129,8 +139,8 @@ class StepRecorder:
                 self.row,
                 status=status or StepRunStatus.STARTED,
                 finished_at=now,
-                error=to_json(error),
-                detail=to_json({**(self.row.fields.get("detail") or {}), **detail}),
+                error=error,
+                detail={**(self.row.fields.get("detail") or {}), **detail},
             )
         emit_engine(
             event, self.execution, step=self.step, attempt=self.attempt, error=error, **detail
@@ -144,7 +154,7 @@ class StepRecorder:
                     status=StepRunStatus.PARKED,
                     started_at=now,
                     finished_at=now,
-                    detail=to_json(detail),
+                    detail=detail,
                 )
             )
 
@@ -184,22 +194,23 @@ def record_coordination(
     _send(signals.coordination_event, CoordinationEvent, payload)
     if not full_tracking():
         return
-    event = CoordinationEvent(
-        execution_id=execution_id or None,
-        step=step or "",
-        reactor=reactor or "",
-        primitive=primitive,
-        key=key,
-        kind=kind,
-        owner=owner or "",
-        token=token,
-        at=at,
-        detail=to_json(detail),
-    )
+    fields = {
+        "execution_id": execution_id or None,
+        "step": step or "",
+        "reactor": reactor or "",
+        "primitive": primitive,
+        "key": key,
+        "kind": kind,
+        "owner": owner or "",
+        "token": token,
+        "at": at,
+        # made JSON by the writer, off the caller's path
+        "detail": detail,
+    }
     if not durable:
-        get_writer().add_event(event)
+        get_writer().add_event(fields)
         return
     try:
-        event.save(force_insert=True)
+        CoordinationEvent.objects.create(**{**fields, "detail": to_json(detail)})
     except Exception:  # pragma: no cover - history must never break the protected work
         logger.exception("could not record coordination event %s for %s", kind, key)

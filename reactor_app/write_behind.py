@@ -39,11 +39,16 @@ from django.db import close_old_connections, connections, transaction
 
 from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution, StepRun
+from reactor_app.serialization import to_json
 
 logger = logging.getLogger(__name__)
 
 #: seconds without a row after which the writer thread closes its database connection
 IDLE_CLOSE_AFTER = 1.0
+
+#: below this many buffered rows the size bound is not even read (a settings read per row
+#: would cost the caller more than the row)
+MIN_SIZE_CHECK = 64
 
 #: the fields of a step run its closing write changes (the UPDATE of an already-written row)
 STEP_CLOSING_FIELDS = ("status", "finished_at", "error", "detail")
@@ -68,7 +73,8 @@ class TrackingWriter:
         self._wake = threading.Condition(self._lock)
         #: one flush at a time, so a step run is inserted before its update is written
         self._flushing = threading.Lock()
-        self._events: list[CoordinationEvent] = []
+        #: field dicts of ``CoordinationEvent`` rows, ``detail`` not yet made JSON
+        self._events: list[dict[str, Any]] = []
         self._steps: list[PendingStepRun] = []
         #: execution pk -> progress fields (``current_step``) of an in-process run, latest wins
         self._progress: dict[Any, dict[str, Any]] = {}
@@ -80,9 +86,10 @@ class TrackingWriter:
 
     # -- the caller's side ------------------------------------------------------------------
 
-    def add_event(self, event: CoordinationEvent) -> None:
+    def add_event(self, fields: dict[str, Any]) -> None:
+        """Buffer one ``CoordinationEvent`` row (its fields; ``detail`` made JSON when written)."""
         with self._lock:
-            self._events.append(event)
+            self._events.append(fields)
             self._arrived()
         self._after_add()
 
@@ -108,7 +115,9 @@ class TrackingWriter:
         if self._oldest is None:
             self._oldest = time.monotonic()
             self._wake.notify()
-        elif self._size() >= reactor_settings.TRACKING_BUFFER_SIZE:
+        elif (size := self._size()) >= MIN_SIZE_CHECK and (
+            size >= reactor_settings.TRACKING_BUFFER_SIZE
+        ):
             self._wake.notify()
 
     def _size(self) -> int:
@@ -137,13 +146,17 @@ class TrackingWriter:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def flush(self) -> int:
-        """Write every buffered row now, on the calling thread; the number of rows written."""
+    def flush(self, *, finishing: Any = None) -> int:
+        """Write every buffered row now, on the calling thread; the number of rows written.
+
+        ``finishing``: the pk of an execution whose final write follows at once (its buffered
+        progress is dropped, that write supersedes it)."""
         with self._flushing:
             with self._lock:
                 events, self._events = self._events, []
                 steps, self._steps = self._steps, []
                 progress, self._progress = self._progress, {}
+                progress.pop(finishing, None)
                 self._oldest = None
                 # a consistent copy of each step run: its owner may change it right after
                 snapshot = [(pending, pending.pk, dict(pending.fields)) for pending in steps]
@@ -157,16 +170,21 @@ class TrackingWriter:
 
     def _write(
         self,
-        events: list[CoordinationEvent],
+        raw_events: list[dict[str, Any]],
         snapshot: list[tuple[PendingStepRun, int | None, dict[str, Any]]],
         progress: dict[Any, dict[str, Any]],
     ) -> int:
-        inserts = [(pending, StepRun(**fields)) for pending, pk, fields in snapshot if pk is None]
-        updates = [
-            StepRun(pk=pk, **{name: fields[name] for name in STEP_CLOSING_FIELDS})
-            for _, pk, fields in snapshot
-            if pk is not None
-        ]
+        # JSON is made here, on the writer's time, never on the caller's
+        events = [CoordinationEvent(**_jsonable(fields)) for fields in raw_events]
+        inserts: list[tuple[PendingStepRun, StepRun]] = []
+        updates: list[StepRun] = []
+        for pending, pk, fields in snapshot:
+            values = _jsonable(fields)
+            if pk is None:
+                inserts.append((pending, StepRun(**values)))
+            else:
+                closing = {name: values[name] for name in STEP_CLOSING_FIELDS}
+                updates.append(StepRun(pk=pk, **closing))
         try:
             with transaction.atomic():
                 if events:
@@ -247,6 +265,15 @@ class TrackingWriter:
                     time.sleep(interval)
         finally:
             connections.close_all()
+
+
+def _jsonable(fields: dict[str, Any]) -> dict[str, Any]:
+    """A row's fields with ``detail`` and ``error`` as the JSON the ORM stores."""
+    converted = dict(fields)
+    for name in ("detail", "error"):
+        if name in converted:
+            converted[name] = to_json(converted[name])
+    return converted
 
 
 _writer = TrackingWriter()

@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -125,6 +126,17 @@ class ForceReleased:
     woken: list[str] = field(default_factory=list)
 
 
+@lru_cache(maxsize=4096)
+def _admit_part(claim: Claim, prefix: str) -> tuple[tuple[str, ...], str]:
+    """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
+    same declaration on the same key hits the cache): no per-call key building or JSON
+    encoding of what never changes."""
+    module = PRIMITIVES[claim.primitive]
+    keys = tuple(module.admit_keys(claim, prefix))
+    spec = {"p": claim.primitive, "n": len(keys), **module.admit_spec(claim)}
+    return keys, json.dumps(spec)
+
+
 def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
     """Claims in ``ADMISSION_ORDER`` (stable for claims of one primitive)."""
     return sorted(claims, key=lambda claim: ADMISSION_ORDER.index(claim.primitive))
@@ -212,13 +224,16 @@ class Coordinator:
         self, claims: Iterable[Claim], holder: Holder, *, waiter_id: str | None = None
     ) -> AdmissionResult:
         """Take every claim or none: ``Admitted | Refused | PeriodHit | ChainFailed``."""
-        ordered = sort_claims(claims)
+        ordered = list(claims)
+        if len(ordered) > 1:
+            ordered = sort_claims(ordered)
         if not ordered:
             return Admitted(holds=[], holder=holder)
         prefix = self.prefix
-        groups = [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
+        parts = [_admit_part(c, prefix) for c in ordered]
+        groups = [list(keys) for keys, _ in parts]
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
-            return self._admit_call(ordered, groups, holder, waiter_id)
+            return self._admit_call(ordered, groups, holder, waiter_id, parts)
         return self._admit_one_by_one(ordered, groups, holder, waiter_id)
 
     def _admit_call(
@@ -227,16 +242,16 @@ class Coordinator:
         groups: list[list[str]],
         holder: Holder,
         waiter_id: str | None,
+        parts: list[tuple[tuple[str, ...], str]] | None = None,
     ) -> AdmissionResult:
-        specs = [
-            {"p": c.primitive, "n": len(g), **PRIMITIVES[c.primitive].admit_spec(c)}
-            for c, g in zip(claims, groups, strict=True)
-        ]
+        prefix = self.prefix
+        parts = parts or [_admit_part(c, prefix) for c in claims]
+        specs = "[" + ",".join(fragment for _, fragment in parts) + "]"
         keys = [k for group in groups for k in group]
         reply = self._run(
             "admit",
             keys,
-            [holder_json(holder), json.dumps(specs), waiter_id or ""],
+            [holder_json(holder), specs, waiter_id or ""],
             claims[0] if len(claims) == 1 else None,
         )
         return self._admission_result(reply, claims, holder)

@@ -92,10 +92,17 @@ def _forget_connections_after_fork() -> None:
     _clients.clear()
     _CoordinationConnectionFactory._pools = {}
     _scripts_by_client.clear()
+    _embedded_urls.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_connections_after_fork)
+
+
+#: embedded state folder -> its URL, once its server answered in this process. Resolving and
+#: PINGing the server on every call cost a connection per admission; a connection error
+#: (``unavailable_on_connection_error``) forgets it, so a server that died is started again.
+_embedded_urls: dict[str, str] = {}
 
 
 def redis_url() -> str:
@@ -104,8 +111,12 @@ def redis_url() -> str:
     if configured:
         return configured
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
+    known = _embedded_urls.get(directory)
+    if known is not None:
+        return known
     embedded.ensure_server(directory)
-    return embedded.url(directory)
+    resolved = _embedded_urls[directory] = embedded.url(directory)
+    return resolved
 
 
 def get_client(url: str | None = None) -> redis_py.Redis:
@@ -382,6 +393,7 @@ def unavailable_on_connection_error(
     try:
         yield
     except UNAVAILABLE_ERRORS as exc:
+        _embedded_urls.clear()  # the next call checks (and if need be starts) the server again
         raise CoordinationUnavailable(
             f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
             "the protected work did not run",

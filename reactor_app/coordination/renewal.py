@@ -188,6 +188,8 @@ class RenewalScheduler:
         self._active: set[int] = set()  # id() of renewals not stopped
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        #: the monotonic deadline the thread is waiting for (inf: no deadline, or busy)
+        self._sleeping_until = 0.0
         self.pid = os.getpid()
         #: rounds run and pipelines sent so far (tests and the benchmark read them)
         self.rounds = 0
@@ -205,8 +207,10 @@ class RenewalScheduler:
                     target=self._run, name="reactor-renewal", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is renewal:
-                self._wake.notify()  # a new earliest deadline
+            elif renewal.due < self._sleeping_until:
+                # an earlier deadline than the one the thread sleeps for. Only then: waking it
+                # for every hold would cost each admission a context switch.
+                self._wake.notify()
 
     def remove(self, renewal: Renewal, timeout: float = 5.0) -> None:
         with self._lock:
@@ -229,12 +233,15 @@ class RenewalScheduler:
                     while self._heap and id(self._heap[0][2]) not in self._active:
                         heapq.heappop(self._heap)
                     if not self._heap:
+                        self._sleeping_until = float("inf")
                         self._wake.wait()
                         continue
-                    left = self._heap[0][0] - time.monotonic()
+                    self._sleeping_until = self._heap[0][0]
+                    left = self._sleeping_until - time.monotonic()
                     if left <= 0:
                         break
                     self._wake.wait(timeout=left)
+                self._sleeping_until = 0.0  # busy: whatever is added now is seen after the round
                 now = time.monotonic()
                 due: list[Renewal] = []
                 while self._heap:

@@ -840,7 +840,7 @@ class ExecutionRun:
         """Write the end of this pass onto the execution row and emit its event."""
         # The pass's buffered step runs and events first: whoever sees the row's new status
         # (a Result, execution.wait()) finds its history written too.
-        flush_tracking()
+        flush_tracking(finishing=self.execution.pk)
         now = timezone.now()
         if end.status == "succeeded":
             self.persist(
