@@ -80,7 +80,8 @@ pytest: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Each benchmark prints its figures with the peers measured in the same run (docs/benchmarks.md).
-BENCHMARKS ?= bench/lock_latency.py bench/step_vs_reactor_lock.py bench/celery_contention.py
+BENCHMARKS ?= bench/lock_latency.py bench/step_vs_reactor_lock.py bench/celery_contention.py \
+	bench/hot_path.py
 
 bench: install migrate
 	@for file in $(BENCHMARKS); do \
