@@ -120,6 +120,20 @@ class ReactorSettings:
         return value
 
     @property
+    def TRACKING_FLUSH_ON_FINISH(self) -> bool:
+        """An in-process run writes its buffered step runs and events when it ends (bulk, O(1)
+        statements), so its ``Result``'s readers see its history at once. ``False``: it leaves
+        them to the writer thread (within the freshness bound) and waits for none of them.
+        Worker deliveries always write them when they end."""
+        value = self._get("TRACKING_FLUSH_ON_FINISH", True)
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                "REACTOR_TRACKING_FLUSH_ON_FINISH must be True or False",
+                setting="TRACKING_FLUSH_ON_FINISH",
+            )
+        return value
+
+    @property
     def API_PERMISSION_CLASSES(self) -> list[str]:
         return list(
             self._get("API_PERMISSION_CLASSES", ["reactor_app.api.permissions.IsStaffUser"])

@@ -40,6 +40,7 @@ from django.db import close_old_connections, connections, transaction
 from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.serialization import to_json
+from reactor_app.status import ExecutionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,12 @@ class TrackingWriter:
             self._progress.setdefault(pk, {}).update(fields)
             self._arrived()
         self._after_add()
+
+    def forget_progress(self, pk: Any) -> None:
+        """Drop an execution's buffered progress: a final write of its row supersedes it. A
+        flush in flight is waited for, so its progress write cannot land after that one."""
+        with self._flushing, self._lock:
+            self._progress.pop(pk, None)
 
     def _arrived(self) -> None:
         # called with the lock held
@@ -194,7 +201,7 @@ class TrackingWriter:
                 if updates:
                     StepRun.objects.bulk_update(updates, STEP_CLOSING_FIELDS)
                 for pk, fields in progress.items():
-                    Execution.objects.filter(pk=pk).update(**fields)
+                    _running(pk).update(**fields)
         except Exception:
             # One bad row (its execution deleted meanwhile...) must not cost the others.
             logger.warning("bulk write of tracking rows failed; writing them one by one")
@@ -213,7 +220,7 @@ class TrackingWriter:
         written = 0
         for pk, fields in progress.items():
             try:
-                written += Execution.objects.filter(pk=pk).update(**fields)
+                written += _running(pk).update(**fields)
             except Exception:
                 logger.exception("dropped progress %r of execution %s", fields, pk)
         rows: list[tuple[PendingStepRun | None, StepRun | CoordinationEvent, bool]] = [
@@ -242,12 +249,13 @@ class TrackingWriter:
         try:
             while True:
                 with self._lock:
-                    interval = reactor_settings.TRACKING_FLUSH_INTERVAL
                     if self._oldest is None:
                         self._wake.wait(timeout=IDLE_CLOSE_AFTER)
                     idle = self._oldest is None
                     limit = reactor_settings.TRACKING_BUFFER_SIZE
                     while self._oldest is not None:
+                        # read on every wake-up: the bound may have changed meanwhile
+                        interval = reactor_settings.TRACKING_FLUSH_INTERVAL
                         left = self._oldest + interval - time.monotonic()
                         if left <= 0 or self._size() >= limit:
                             break
@@ -262,9 +270,14 @@ class TrackingWriter:
                     self.flush()
                 except Exception:  # the writer must survive a database outage
                     logger.exception("tracking writer: flush failed")
-                    time.sleep(interval)
+                    time.sleep(reactor_settings.TRACKING_FLUSH_INTERVAL)
         finally:
             connections.close_all()
+
+
+def _running(pk: Any) -> Any:
+    """The execution ``pk`` while it runs: progress never touches an execution that ended."""
+    return Execution.objects.filter(pk=pk, status=ExecutionStatus.RUNNING)
 
 
 def _jsonable(fields: dict[str, Any]) -> dict[str, Any]:

@@ -295,3 +295,27 @@ def test_rows_wait_in_the_buffer_for_the_writer_not_the_caller(settings: Any) ->
     )
     waited = time.monotonic() - started
     assert waited < 0.5 + 1.0  # ...which writes them within the bound (plus scheduling)
+
+
+def test_without_the_flush_on_finish_a_run_waits_for_none_of_its_history(settings: Any) -> None:
+    settings.REACTOR_TRACKING_FLUSH_ON_FINISH = False
+    assert OneLockedStep.run().ok  # warm
+    with CaptureQueriesContext(connection) as caller:
+        result = TenLockedSteps.run()
+    assert result.ok
+    statements = [q["sql"] for q in caller.captured_queries]
+    # the execution row at start and at the end: nothing per step, no history at all
+    assert not [s for s in statements if "steprun" in s or "coordinationevent" in s], statements
+    assert len(statements) <= 3, statements
+
+    def history() -> tuple[int, ...]:
+        runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
+        events = CoordinationEvent.objects.filter(execution_id=result.execution_id)
+        found = (runs.count(), events.count())
+        return found if found == (10, 20) else ()
+
+    assert within_freshness_bound(history) == (10, 20)
+    # the final write was not undone by a late progress write
+    from reactor_app.models import Execution
+
+    assert Execution.objects.get(pk=result.execution_id).current_step == ""
