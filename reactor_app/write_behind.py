@@ -39,7 +39,7 @@ from django.db import close_old_connections, connections, transaction
 
 from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution, StepRun
-from reactor_app.serialization import to_json
+from reactor_app.serialization import _Encoder, to_json
 from reactor_app.status import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -181,23 +181,18 @@ class TrackingWriter:
         snapshot: list[tuple[PendingStepRun, int | None, dict[str, Any]]],
         progress: dict[Any, dict[str, Any]],
     ) -> int:
-        # JSON is made here, on the writer's time, never on the caller's
-        events = [CoordinationEvent(**_jsonable(fields)) for fields in raw_events]
-        inserts: list[tuple[PendingStepRun, StepRun]] = []
-        updates: list[StepRun] = []
-        for pending, pk, fields in snapshot:
-            values = _jsonable(fields)
-            if pk is None:
-                inserts.append((pending, StepRun(**values)))
-            else:
-                closing = {name: values[name] for name in STEP_CLOSING_FIELDS}
-                updates.append(StepRun(pk=pk, **closing))
+        new_steps = [(pending, fields) for pending, pk, fields in snapshot if pk is None]
+        updates = [
+            StepRun(pk=pk, **{name: _jsonable(fields)[name] for name in STEP_CLOSING_FIELDS})
+            for _, pk, fields in snapshot
+            if pk is not None
+        ]
         try:
             with transaction.atomic():
-                if events:
-                    CoordinationEvent.objects.bulk_create(events)
-                if inserts:
-                    StepRun.objects.bulk_create([row for _, row in inserts])
+                if raw_events:
+                    _insert(CoordinationEvent, raw_events, returning=False)
+                if new_steps:
+                    pks = _insert(StepRun, [fields for _, fields in new_steps], returning=True)
                 if updates:
                     StepRun.objects.bulk_update(updates, STEP_CLOSING_FIELDS)
                 for pk, fields in progress.items():
@@ -205,10 +200,13 @@ class TrackingWriter:
         except Exception:
             # One bad row (its execution deleted meanwhile...) must not cost the others.
             logger.warning("bulk write of tracking rows failed; writing them one by one")
+            events = [CoordinationEvent(**_jsonable(fields)) for fields in raw_events]
+            inserts = [(pending, StepRun(**_jsonable(fields))) for pending, fields in new_steps]
             return self._write_one_by_one(events, inserts, updates, progress)
-        for pending, row in inserts:
-            pending.pk = row.pk
-        return len(events) + len(inserts) + len(updates) + len(progress)
+        if new_steps:
+            for (pending, _), pk in zip(new_steps, pks, strict=True):
+                pending.pk = pk
+        return len(raw_events) + len(new_steps) + len(updates) + len(progress)
 
     def _write_one_by_one(
         self,
@@ -273,6 +271,92 @@ class TrackingWriter:
                     time.sleep(reactor_settings.TRACKING_FLUSH_INTERVAL)
         finally:
             connections.close_all()
+
+
+#: the columns written per table, and what a row that lacks one gets
+_COLUMNS: dict[type[Any], tuple[str, ...]] = {
+    CoordinationEvent: (
+        "execution_id",
+        "step",
+        "reactor",
+        "primitive",
+        "key",
+        "kind",
+        "owner",
+        "token",
+        "at",
+        "detail",
+    ),
+    StepRun: (
+        "execution_id",
+        "step",
+        "kind",
+        "attempt",
+        "status",
+        "started_at",
+        "finished_at",
+        "error",
+        "detail",
+    ),
+}
+_MISSING: dict[str, Any] = {"finished_at": None, "error": None, "detail": {}}
+
+#: rows per INSERT statement (10 columns each: well under every backend's parameter limit)
+INSERT_BATCH = 90
+
+
+def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) -> list[Any]:
+    """Multi-row INSERTs of ``rows`` (field dicts, JSON fields not yet JSON) on the default
+    connection; the new pks when ``returning``.
+
+    Not ``bulk_create``: its per-field preparation made writing a step run cost the writer
+    (and, at the end of a run, the caller) more than running the step. Values are adapted here
+    per column kind — JSON once, datetimes and the execution key by the backend — which is all
+    these two tables hold.
+    """
+    connection = connections["default"]
+    ops = connection.ops
+    quote = ops.quote_name
+    meta = model._meta
+    # A row may lack fields set only later (a step run still running has no finished_at).
+    columns = list(_COLUMNS[model])
+    fields = [meta.get_field(name.removesuffix("_id")) for name in columns]
+    adapters: list[Any] = []
+    for field in fields:
+        kind = field.get_internal_type()
+        if kind == "JSONField":
+            adapters.append(
+                lambda v, ops=ops: None if v is None else ops.adapt_json_value(v, _Encoder)
+            )
+        elif kind == "DateTimeField":
+            adapters.append(ops.adapt_datetimefield_value)
+        elif field.is_relation:
+            target = field.target_field  # type: ignore[union-attr]
+            adapters.append(
+                lambda v, t=target, c=connection: None if v is None else t.get_db_prep_value(v, c)
+            )
+        else:
+            adapters.append(None)
+    names = ", ".join(quote(field.column) for field in fields)
+    one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    pks: list[Any] = []
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), INSERT_BATCH):
+            batch = rows[start : start + INSERT_BATCH]
+            params: list[Any] = []
+            for row in batch:
+                for name, adapt in zip(columns, adapters, strict=True):
+                    value = row.get(name, _MISSING.get(name))
+                    params.append(adapt(value) if adapt is not None else value)
+            sql = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES " + ", ".join(
+                [one_row] * len(batch)
+            )
+            if returning:
+                sql += f" RETURNING {quote(meta.pk.column)}"
+            cursor.execute(sql, params)
+            if returning:
+                pks.extend(row[0] for row in cursor.fetchall())
+    return pks
 
 
 def _running(pk: Any) -> Any:
