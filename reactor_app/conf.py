@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils.functional import empty
 
 from reactor_app.exceptions import ConfigurationError
 
@@ -19,7 +20,14 @@ class ReactorSettings:
     """The ``REACTOR_*`` settings with their defaults and validation."""
 
     def _get(self, name: str, default: Any) -> Any:
-        return getattr(django_settings, f"REACTOR_{name}", default)
+        # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
+        # __getattr__ costs a Python frame and, for a setting left at its default, an exception
+        # per read — several per admission. Still read on every access, so override_settings
+        # (a new settings object) and runtime assignments (made on this one) apply.
+        wrapped = django_settings._wrapped  # type: ignore[misc]
+        if wrapped is empty:
+            return getattr(django_settings, f"REACTOR_{name}", default)
+        return getattr(wrapped, f"REACTOR_{name}", default)
 
     @property
     def REDIS_URL(self) -> str | None:
