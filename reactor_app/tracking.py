@@ -14,6 +14,7 @@ returns. ``flush()`` writes whatever is buffered (read-your-writes).
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
@@ -170,15 +171,17 @@ def record_coordination(
     execution_id: Any = None,
     token: int | None = None,
     durable: bool = False,
+    at: datetime | None = None,
     **detail: Any,
 ) -> None:
     """Send the signals of one coordination event and store its ``CoordinationEvent`` row.
 
     ``execution_id`` must name an ``Execution`` row or be None (``Step.call`` owners are not
-    executions). The row is stamped now and written behind (``write_behind``); ``durable``
-    rows (operator actions, their audit trail) are written before this returns.
+    executions). The row is stamped now — or ``at``, when the event happened earlier on
+    another thread (a renewal) — and written behind (``write_behind``); ``durable`` rows
+    (operator actions, their audit trail) are written before this returns.
     """
-    at = timezone.now()
+    at = at or timezone.now()
     payload = {
         "kind": kind,
         "primitive": primitive,

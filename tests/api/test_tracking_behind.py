@@ -319,3 +319,24 @@ def test_without_the_flush_on_finish_a_run_waits_for_none_of_its_history(setting
     from reactor_app.models import Execution
 
     assert Execution.objects.get(pk=result.execution_id).current_step == ""
+
+
+def test_extended_events_keep_the_time_of_their_renewal() -> None:
+    @with_lock(lambda args: "behind:renewed", ttl=0.6)
+    class Long(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            time.sleep(1.2)  # two leases: renewed every 0.2 s
+            return Success(None)
+
+    class LongReactor(Reactor):
+        long = step(Long)
+
+    result = LongReactor.run()
+    assert result.ok
+    events = list(CoordinationEvent.objects.filter(execution_id=result.execution_id))
+    (released,) = [e for e in events if e.kind == "released"]
+    extended = sorted(e.at for e in events if e.kind == "extended")
+    assert len(extended) >= 2, events
+    # recorded when the step ended, stamped when each renewal happened
+    assert (released.at - extended[0]).total_seconds() > 0.5
+    assert extended == sorted(set(extended))
