@@ -24,6 +24,12 @@ def main(key: str, ttl: float, account: int, out: Path) -> None:
     import django
 
     django.setup()
+    from django.conf import settings
+
+    # No tracking rows: a writer thread stopped mid-flush would hold the SQLite write lock for
+    # the whole pause and block the test's own fenced write (a real hazard of pausing a
+    # process, but not the one under test here).
+    settings.REACTOR_TRACKING = "executions"
 
     from demo_project.shop.models import Account
     from reactor_app import Step, Success, with_lock
@@ -42,15 +48,16 @@ def main(key: str, ttl: float, account: int, out: Path) -> None:
             (out / "entered.json").write_text(json.dumps({"token": token, "pid": os.getpid()}))
             started = last_ok = time.monotonic()
             while time.monotonic() - started < DEADLINE:
+                check_started = time.monotonic()
                 try:
                     context.checkpoint()
                 except LeaseLost as lost:
-                    now = time.monotonic()
                     report["lease_lost"] = str(lost)
-                    # how long the process was away between its last good check and this one
-                    report["gap_before_detection"] = now - last_ok
+                    # From the start of the last check that passed to this failure: wherever
+                    # the pause fell, it spans it — unless a check passed after the pause.
+                    report["gap_before_detection"] = time.monotonic() - last_ok
                     break
-                last_ok = time.monotonic()
+                last_ok = check_started
             report["fenced_rows"] = fenced_update(
                 Account.objects.filter(number=account), token, balance=-1
             )
