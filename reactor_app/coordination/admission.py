@@ -126,15 +126,24 @@ class ForceReleased:
     woken: list[str] = field(default_factory=list)
 
 
-@lru_cache(maxsize=4096)
 def _admit_part(claim: Claim, prefix: str) -> tuple[tuple[str, ...], str]:
     """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
     same declaration on the same key hits the cache): no per-call key building or JSON
     encoding of what never changes."""
+    try:
+        return _cached_admit_part(claim, prefix)
+    except TypeError:  # a claim with an unhashable field: built every time, as before
+        return _build_admit_part(claim, prefix)
+
+
+def _build_admit_part(claim: Claim, prefix: str) -> tuple[tuple[str, ...], str]:
     module = PRIMITIVES[claim.primitive]
     keys = tuple(module.admit_keys(claim, prefix))
     spec = {"p": claim.primitive, "n": len(keys), **module.admit_spec(claim)}
     return keys, json.dumps(spec)
+
+
+_cached_admit_part = lru_cache(maxsize=4096)(_build_admit_part)
 
 
 def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
