@@ -9,7 +9,8 @@ background load falls on every row alike, medians in µs:
 * a five-primitive no-op ``Step.call``: lock + semaphore + two-window rate limit + period (a
   fresh period key per call, so it runs every time) + ordered lock;
 * the marginal cost of one uncoordinated no-op step inside a ``Reactor.run``: a 10-step run
-  against a 1-step run, divided by 9.
+  against a 1-step run, divided by 9 — at the default settings, and with
+  ``REACTOR_TRACKING_FLUSH_ON_FINISH = False`` (the run leaves its history to the writer).
 
     python bench/hot_path.py [--iterations 1000]
 
@@ -184,6 +185,9 @@ def main() -> None:
     def tracking_executions() -> Any:
         return override_settings(REACTOR_TRACKING="executions")
 
+    def no_flush() -> Any:
+        return override_settings(REACTOR_TRACKING_FLUSH_ON_FINISH=False)
+
     coordinator = Coordinator()
     bare_holder = Holder(owner="bench-bare")
 
@@ -227,6 +231,8 @@ def main() -> None:
                     ("five-primitive Step.call, default", five_call, None),
                     ("Reactor.run, 1 no-op step", one_step_run, None),
                     ("Reactor.run, 10 no-op steps", ten_step_run, None),
+                    ("Reactor.run, 1 step, FLUSH_ON_FINISH=False", one_step_run, no_flush),
+                    ("Reactor.run, 10 steps, FLUSH_ON_FINISH=False", ten_step_run, no_flush),
                 ],
                 options.iterations,
             )
@@ -261,6 +267,9 @@ def main() -> None:
         p50(samples["Reactor.run, 10 no-op steps"]),
     )
     print(f"\nmarginal uncoordinated step in a Reactor.run: {(ten - one) / 9:.1f} µs")
+    one = p50(samples["Reactor.run, 1 step, FLUSH_ON_FINISH=False"])
+    ten = p50(samples["Reactor.run, 10 steps, FLUSH_ON_FINISH=False"])
+    print(f"  same with REACTOR_TRACKING_FLUSH_ON_FINISH=False: {(ten - one) / 9:.1f} µs")
     print("\nRedis server time per call, all its commands (INFO commandstats deltas):")
     for name, micros in server_time.items():
         print(f"  {name:52} {micros:7.1f} µs")
