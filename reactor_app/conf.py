@@ -118,7 +118,7 @@ class ReactorSettings:
     @property
     def TRACKING_BUFFER_SIZE(self) -> int:
         """Size bound: this many buffered tracking rows wake the writer before the freshness
-        bound is up."""
+        bound is up (values under 64 act as 64: below that the bound is not even checked)."""
         value = self._get("TRACKING_BUFFER_SIZE", 1000)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigurationError(

@@ -16,11 +16,12 @@ pending row under the writer's lock; both are coalesced into one INSERT when the
 after the close, otherwise the close becomes an UPDATE of the row the earlier flush inserted.
 
 ``flush()`` writes everything buffered on the calling thread (serialised with the writer
-thread). It runs at interpreter exit (``atexit``), at Celery worker shutdown, when an
-execution pass ends (so a ``Result`` reader sees its rows), and whenever the caller is inside a
-database transaction: rows written from inside ``transaction.atomic`` ride in that transaction
-(a background connection could neither see the uncommitted execution row nor, on SQLite, write
-while the transaction holds the lock).
+thread). It runs at interpreter exit (``atexit``), at Celery worker shutdown, when a worker
+delivery ends and — unless ``REACTOR_TRACKING_FLUSH_ON_FINISH`` is off — when an in-process run
+ends (so a ``Result`` reader sees its rows), and whenever the caller is inside a database
+transaction: rows written from inside ``transaction.atomic`` ride in that transaction (a
+background connection could neither see the uncommitted execution row nor, on SQLite, write
+while the transaction holds the lock); whatever else was buffered in the process rides along.
 
 A hard crash (SIGKILL, power loss) loses what was buffered: at most one freshness bound of rows
 (or one buffer's worth) of that process. Executions themselves are never written behind.
