@@ -241,9 +241,14 @@ class Coordinator:
         prefix = self.prefix
         parts = [_admit_part(c, prefix) for c in ordered]
         groups = [list(keys) for keys, _ in parts]
+        sent_at = time.monotonic()
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
-            return self._admit_call(ordered, groups, holder, waiter_id, parts)
-        return self._admit_one_by_one(ordered, groups, holder, waiter_id)
+            result = self._admit_call(ordered, groups, holder, waiter_id, parts)
+        else:
+            result = self._admit_one_by_one(ordered, groups, holder, waiter_id)
+        if isinstance(result, Admitted):
+            result.sent_at = sent_at
+        return result
 
     def _admit_call(
         self,

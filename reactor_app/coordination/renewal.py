@@ -94,9 +94,9 @@ class Renewal:
         self.interval = interval if interval is not None else self.shortest_lease / 3
         self.lost: LeaseLost | None = None
         self.renewals = 0
-        #: monotonic time the leases were last granted (admission, then each renewal). Taken
-        #: when the renewal is created, right after the admission returned.
-        self.granted_at = time.monotonic()
+        #: monotonic time the leases were last granted, counted from when the request was
+        #: sent (the admission, then each renewal), so never later than the grant in Redis
+        self.granted_at = admitted.sent_at or time.monotonic()
         self.stopped = False
         self.due = self.granted_at + self.interval
         self._scheduler: RenewalScheduler | None = None
