@@ -340,3 +340,34 @@ def test_extended_events_keep_the_time_of_their_renewal() -> None:
     # recorded when the step ended, stamped when each renewal happened
     assert (released.at - extended[0]).total_seconds() > 0.5
     assert extended == sorted(set(extended))
+
+
+def test_a_worker_delivery_checkpoints_once_per_completed_step() -> None:
+    """A delivery, run here by calling the task's body (no Celery, no eager mode: the worker
+    path itself). Each completed step costs it one statement — the checkpoint a redelivery
+    resumes from — and its step runs and events are written in bulk at the end."""
+    from reactor_app.engine.dispatch import deliver
+    from reactor_app.models import Execution
+
+    def delivered(reactor: type[Reactor]) -> tuple[list[str], str]:
+        execution = Execution.objects.start(
+            reactor=reactor.path(), inputs={}, status="pending", context={"worker": True}
+        )
+        with CaptureQueriesContext(connection) as caller:
+            summary = deliver(str(execution.pk))
+        assert summary["outcome"] == "succeeded", summary
+        return [q["sql"] for q in caller.captured_queries], str(execution.pk)
+
+    delivered(OneLockedStep)  # warm
+    one, _ = delivered(OneLockedStep)
+    ten, ten_id = delivered(TenLockedSteps)
+    extra = len(ten) - len(one)
+    assert extra == 9, (one, ten)
+    checkpoints = [s for s in ten if s.startswith('UPDATE "reactor_app_execution"')]
+    assert (
+        len(checkpoints) - len([s for s in one if s.startswith('UPDATE "reactor_app_execution"')])
+        == 9
+    )
+    # the history is there when the delivery returns
+    assert StepRun.objects.filter(execution_id=ten_id, status="succeeded").count() == 10
+    assert CoordinationEvent.objects.filter(execution_id=ten_id).count() == 20
