@@ -269,7 +269,7 @@ class RenewalScheduler:
                         self._active.discard(id(renewal))
 
     def _renew(self, due: list[Renewal]) -> None:
-        """One round: every due renewal's leases in one pipeline per coordination client."""
+        """One round: every due renewal's leases in one pipeline per client and key prefix."""
         live: list[Renewal] = []
         for renewal in due:
             if renewal.stopped:
@@ -279,9 +279,11 @@ class RenewalScheduler:
                 renewal._lose(renewal.holds[0], "lease expired by the clock before renewal")
                 continue
             live.append(renewal)
-        by_client: dict[int, list[Renewal]] = {}
+        # one pipeline per client and key prefix (a group's keys are built with one prefix)
+        by_client: dict[tuple[int, str], list[Renewal]] = {}
         for renewal in live:
-            by_client.setdefault(id(renewal.coordinator.client), []).append(renewal)
+            coordinator = renewal.coordinator
+            by_client.setdefault((id(coordinator.client), coordinator.prefix), []).append(renewal)
         for group in by_client.values():
             sent_at = time.monotonic()
             try:
