@@ -20,3 +20,8 @@ class ReactorAppConfig(AppConfig):
         # Every installed app's reactors.py, as the admin does with admin.py: reactors register
         # themselves, so checks see their declarations and workers can find them by name.
         autodiscover_modules("reactors")
+
+        from reactor_app.write_behind import connect_celery_shutdown
+
+        # buffered tracking rows are written when a worker shuts down cleanly
+        connect_celery_shutdown()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils.functional import empty
 
 from reactor_app.exceptions import ConfigurationError
 
@@ -21,7 +22,14 @@ class ReactorSettings:
     """The ``REACTOR_*`` settings with their defaults and validation."""
 
     def _get(self, name: str, default: Any) -> Any:
-        return getattr(django_settings, f"REACTOR_{name}", default)
+        # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
+        # __getattr__ costs a Python frame and, for a setting left at its default, an exception
+        # per read — several per admission. Still read on every access, so override_settings
+        # (a new settings object) and runtime assignments (made on this one) apply.
+        wrapped = django_settings._wrapped  # type: ignore[misc]
+        if wrapped is empty:
+            return getattr(django_settings, f"REACTOR_{name}", default)
+        return getattr(wrapped, f"REACTOR_{name}", default)
 
     @property
     def REDIS_URL(self) -> str | None:
@@ -115,6 +123,44 @@ class ReactorSettings:
                 setting="TRACKING",
             )
         return str(value)
+
+    @property
+    def TRACKING_FLUSH_INTERVAL(self) -> float:
+        """Freshness bound (seconds): the longest a step-run row or coordination event waits in
+        the write-behind buffer before it is written (docs/operations.md)."""
+        value = self._get("TRACKING_FLUSH_INTERVAL", 0.25)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(
+                "REACTOR_TRACKING_FLUSH_INTERVAL must be a number of seconds > 0",
+                setting="TRACKING_FLUSH_INTERVAL",
+            )
+        return float(value)
+
+    @property
+    def TRACKING_BUFFER_SIZE(self) -> int:
+        """Size bound: this many buffered tracking rows wake the writer before the freshness
+        bound is up (values under 64 act as 64: below that the bound is not even checked)."""
+        value = self._get("TRACKING_BUFFER_SIZE", 1000)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigurationError(
+                "REACTOR_TRACKING_BUFFER_SIZE must be a positive integer",
+                setting="TRACKING_BUFFER_SIZE",
+            )
+        return value
+
+    @property
+    def TRACKING_FLUSH_ON_FINISH(self) -> bool:
+        """An in-process run writes its buffered step runs and events when it ends (bulk, O(1)
+        statements), so its ``Result``'s readers see its history at once. ``False``: it leaves
+        them to the writer thread (within the freshness bound) and waits for none of them.
+        Worker deliveries always write them when they end."""
+        value = self._get("TRACKING_FLUSH_ON_FINISH", True)
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                "REACTOR_TRACKING_FLUSH_ON_FINISH must be True or False",
+                setting="TRACKING_FLUSH_ON_FINISH",
+            )
+        return value
 
     @property
     def API_PERMISSION_CLASSES(self) -> list[str]:

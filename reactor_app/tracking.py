@@ -2,20 +2,35 @@
 
 ``REACTOR_TRACKING = "full"`` records step runs and coordination events; ``"executions"``
 records only the executions themselves (signals are always sent).
+
+Signals are sent synchronously, on the thread where the event happens, with the payloads
+documented below. The rows are written *behind* the work by ``write_behind.TrackingWriter``
+(stamped when the event happens, written within ``REACTOR_TRACKING_FLUSH_INTERVAL``), so
+neither a ``Step.call`` nor a step of a run waits on the database for its history. Operator
+actions (``durable=True``) are written at once: an audit row must exist when the action
+returns. ``flush()`` writes whatever is buffered (read-your-writes).
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
 from reactor_app import signals
 from reactor_app.conf import reactor_settings
-from reactor_app.models import CoordinationEvent, Execution, StepRun
+from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.serialization import to_json
 from reactor_app.status import EngineEvent, StepRunKind, StepRunStatus
+from reactor_app.write_behind import PendingStepRun, get_writer
+
+
+def flush(*, finishing: Any = None) -> int:
+    """Write this process's buffered tracking rows now (``write_behind.TrackingWriter.flush``)."""
+    return get_writer().flush(finishing=finishing)
+
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +67,10 @@ def _send(signal: Any, sender: type, payload: dict[str, Any]) -> None:
             )
 
 
+def _copied(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
+
+
 def full_tracking() -> bool:
     return reactor_settings.TRACKING == "full"
 
@@ -63,33 +82,52 @@ def emit_engine(kind: str, execution: Execution, **payload: Any) -> None:
     _send(signals.engine_event, Execution, payload)
 
 
+_STARTED_EVENT = {
+    StepRunKind.RUN: EngineEvent.STEP_STARTED,
+    StepRunKind.COMPENSATE: EngineEvent.COMPENSATION_STARTED,
+    StepRunKind.UNDO: EngineEvent.UNDO_STARTED,
+}
+
+
 class StepRecorder:
-    """The StepRun row of one attempt, from its *started* event to its closing event."""
+    """The StepRun row of one attempt, from its *started* event to its closing event.
+
+    The row is a ``PendingStepRun`` of the write-behind buffer: *started* queues it (so a slow
+    step shows as started within the freshness bound), the closing event updates it in place
+    (one INSERT when both happen between two flushes).
+    """
 
     def __init__(self, execution: Execution, step: str, kind: str, attempt: int) -> None:
         self.execution = execution
         self.step = step
         self.kind = kind
         self.attempt = attempt
-        self.row: StepRun | None = None
+        self.row: PendingStepRun | None = None
+
+    def _new_row(self, **fields: Any) -> PendingStepRun:
+        return PendingStepRun(
+            {
+                "execution_id": self.execution.pk,
+                "step": self.step,
+                "kind": self.kind,
+                "attempt": self.attempt,
+                **fields,
+            }
+        )
 
     def started(self, **detail: Any) -> None:
-        started_kind = {
-            StepRunKind.RUN: EngineEvent.STEP_STARTED,
-            StepRunKind.COMPENSATE: EngineEvent.COMPENSATION_STARTED,
-            StepRunKind.UNDO: EngineEvent.UNDO_STARTED,
-        }[self.kind]  # type: ignore[index]
         if full_tracking():
-            self.row = StepRun.objects.create(
-                execution=self.execution,
-                step=self.step,
-                kind=self.kind,
-                attempt=self.attempt,
-                status=StepRunStatus.STARTED,
-                started_at=timezone.now(),
-                detail=to_json(detail),
+            # a shallow copy: the writer makes it JSON later, and a body may change its args
+            self.row = self._new_row(detail={k: _copied(v) for k, v in detail.items()})
+            get_writer().update_step(
+                self.row, status=StepRunStatus.STARTED, started_at=timezone.now()
             )
-        emit_engine(started_kind, self.execution, step=self.step, attempt=self.attempt)
+        emit_engine(
+            _STARTED_EVENT[self.kind],  # type: ignore[index]
+            self.execution,
+            step=self.step,
+            attempt=self.attempt,
+        )
 
     def finished(self, event: str, error: dict[str, Any] | None = None, **detail: Any) -> None:
         _, status = _STEP_EVENTS[event]
@@ -97,21 +135,14 @@ class StepRecorder:
             now = timezone.now()
             if self.row is None:
                 # A step skipped or parked before its body started still leaves a row.
-                self.row = StepRun(
-                    execution=self.execution,
-                    step=self.step,
-                    kind=self.kind,
-                    attempt=self.attempt,
-                    started_at=now,
-                )
-            self.row.status = status or StepRunStatus.STARTED
-            self.row.finished_at = now
-            self.row.error = to_json(error)
-            self.row.detail = to_json({**(self.row.detail or {}), **detail})
-            if self.row.pk is None:
-                self.row.save(force_insert=True)
-            else:  # the closing write of every step: only what changed
-                self.row.save(update_fields=["status", "finished_at", "error", "detail"])
+                self.row = self._new_row(started_at=now, detail={})
+            get_writer().update_step(
+                self.row,
+                status=status or StepRunStatus.STARTED,
+                finished_at=now,
+                error=error,
+                detail={**(self.row.fields.get("detail") or {}), **detail},
+            )
         emit_engine(
             event, self.execution, step=self.step, attempt=self.attempt, error=error, **detail
         )
@@ -119,15 +150,13 @@ class StepRecorder:
     def parked(self, **detail: Any) -> None:
         if full_tracking():
             now = timezone.now()
-            StepRun.objects.create(
-                execution=self.execution,
-                step=self.step,
-                kind=self.kind,
-                attempt=self.attempt,
-                status=StepRunStatus.PARKED,
-                started_at=now,
-                finished_at=now,
-                detail=to_json(detail),
+            get_writer().update_step(
+                self._new_row(
+                    status=StepRunStatus.PARKED,
+                    started_at=now,
+                    finished_at=now,
+                    detail=detail,
+                )
             )
 
 
@@ -141,13 +170,18 @@ def record_coordination(
     reactor: str | None = None,
     execution_id: Any = None,
     token: int | None = None,
+    durable: bool = False,
+    at: datetime | None = None,
     **detail: Any,
 ) -> None:
     """Send the signals of one coordination event and store its ``CoordinationEvent`` row.
 
     ``execution_id`` must name an ``Execution`` row or be None (``Step.call`` owners are not
-    executions).
+    executions). The row is stamped now — or ``at``, when the event happened earlier on
+    another thread (a renewal) — and written behind (``write_behind``); ``durable`` rows
+    (operator actions, their audit trail) are written before this returns.
     """
+    at = at or timezone.now()
     payload = {
         "kind": kind,
         "primitive": primitive,
@@ -163,18 +197,23 @@ def record_coordination(
     _send(signals.coordination_event, CoordinationEvent, payload)
     if not full_tracking():
         return
+    fields = {
+        "execution_id": execution_id or None,
+        "step": step or "",
+        "reactor": reactor or "",
+        "primitive": primitive,
+        "key": key,
+        "kind": kind,
+        "owner": owner or "",
+        "token": token,
+        "at": at,
+        # made JSON by the writer, off the caller's path
+        "detail": detail,
+    }
+    if not durable:
+        get_writer().add_event(fields)
+        return
     try:
-        CoordinationEvent.objects.create(
-            execution_id=execution_id or None,
-            step=step or "",
-            reactor=reactor or "",
-            primitive=primitive,
-            key=key,
-            kind=kind,
-            owner=owner or "",
-            token=token,
-            at=timezone.now(),
-            detail=to_json(detail),
-        )
+        CoordinationEvent.objects.create(**{**fields, "detail": to_json(detail)})
     except Exception:  # pragma: no cover - history must never break the protected work
         logger.exception("could not record coordination event %s for %s", kind, key)

@@ -94,6 +94,7 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
             reactor=holder.get("reactor"),
             execution_id=_execution_id(holder.get("execution")),
             token=holder.get("token"),
+            durable=True,  # an operator action's audit row exists when the action returns
             by=by,
             count=holder.get("count"),
             woken=outcome.woken,
@@ -123,6 +124,7 @@ def ordered_skip(key: str, *, by: str) -> dict[str, Any]:
             step=head.step if same and head else None,
             reactor=head.reactor if same and head else None,
             execution_id=_execution_id(head.execution if same and head else None),
+            durable=True,
             by=by,
             nonce=skipped,
         )
@@ -145,6 +147,7 @@ def ordered_reset(key: str, *, by: str) -> dict[str, Any]:
         CoordinationEventKind.ORDERED_RESET,
         primitive="ordered_lock",
         key=key,
+        durable=True,
         by=by,
         epoch=epoch,
         previous=summary,

@@ -30,6 +30,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -63,6 +64,7 @@ from reactor_app.coordination.redis import (
     ScriptReply,
     Status,
     current_prefix,
+    decode_reply,
     get_client,
     hash_slot,
     holder_json,
@@ -135,6 +137,34 @@ class Extended:
 class ForceReleased:
     released: list[str] = field(default_factory=list)  # owners whose hold was removed
     woken: list[str] = field(default_factory=list)
+
+
+def _admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
+    """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
+    same declaration on the same key hits the cache): no per-call key building or JSON
+    encoding of what never changes. ``indexed``: the group ends with the live-holds index
+    keys (locks and semaphores, off a cluster)."""
+    try:
+        return _cached_admit_part(claim, prefix, indexed)
+    except TypeError:  # a claim with an unhashable field: built every time, as before
+        return _build_admit_part(claim, prefix, indexed)
+
+
+def _build_admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
+    module = PRIMITIVES[claim.primitive]
+    keys = list(module.admit_keys(claim, prefix))
+    if indexed and claim.primitive in holds_index.INDEXED:
+        keys.extend(holds_index.index_keys(prefix))
+    spec = {
+        "p": claim.primitive,
+        "n": len(keys),
+        **module.admit_spec(claim),
+        **_index_spec(claim, keys),
+    }
+    return tuple(keys), json.dumps(spec)
+
+
+_cached_admit_part = lru_cache(maxsize=4096)(_build_admit_part)
 
 
 def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
@@ -244,16 +274,22 @@ class Coordinator:
         self, claims: Iterable[Claim], holder: Holder, *, waiter_id: str | None = None
     ) -> AdmissionResult:
         """Take every claim or none: ``Admitted | Refused | PeriodHit | ChainFailed``."""
-        ordered = sort_claims(claims)
+        ordered = list(claims)
+        if len(ordered) > 1:
+            ordered = sort_claims(ordered)
         if not ordered:
             return Admitted(holds=[], holder=holder)
         prefix = self.prefix
-        groups = self._with_index(
-            ordered, [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in ordered]
-        )
+        parts = [_admit_part(c, prefix, holds_index.indexed(self.client)) for c in ordered]
+        groups = [list(keys) for keys, _ in parts]
+        sent_at = time.monotonic()
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
-            return self._admit_call(ordered, groups, holder, waiter_id)
-        return self._admit_one_by_one(ordered, groups, holder, waiter_id)
+            result = self._admit_call(ordered, groups, holder, waiter_id, parts)
+        else:
+            result = self._admit_one_by_one(ordered, groups, holder, waiter_id)
+        if isinstance(result, Admitted):
+            result.sent_at = sent_at
+        return result
 
     def _admit_call(
         self,
@@ -261,21 +297,16 @@ class Coordinator:
         groups: list[list[str]],
         holder: Holder,
         waiter_id: str | None,
+        parts: list[tuple[tuple[str, ...], str]] | None = None,
     ) -> AdmissionResult:
-        specs = [
-            {
-                "p": c.primitive,
-                "n": len(g),
-                **PRIMITIVES[c.primitive].admit_spec(c),
-                **_index_spec(c, g),
-            }
-            for c, g in zip(claims, groups, strict=True)
-        ]
+        prefix = self.prefix
+        parts = parts or [_admit_part(c, prefix, holds_index.indexed(self.client)) for c in claims]
+        specs = "[" + ",".join(fragment for _, fragment in parts) + "]"
         keys = [k for group in groups for k in group]
         reply = self._run(
             "admit",
             keys,
-            [holder_json(holder), json.dumps(specs), waiter_id or ""],
+            [holder_json(holder), specs, waiter_id or ""],
             claims[0] if len(claims) == 1 else None,
         )
         return self._admission_result(reply, claims, holder)
@@ -579,6 +610,51 @@ class Coordinator:
             granted_ms += [int(ms) for ms in reply.data.get("ttl_ms", [])]
             lost += [(batch_holds[e["index"]], e["reason"]) for e in reply.data.get("lost", [])]
         return Extended(extended=extended, granted_ms=granted_ms, lost=lost)
+
+    def extend_many(self, requests: Sequence[tuple[Sequence[Hold], str]]) -> list[Extended]:
+        """Renew several admissions' leases — ``(holds, owner)`` each — in ONE pipeline (the
+        renewal scheduler's round). A cluster client, whose pipeline cannot carry scripts of
+        several slots, renews them one call each."""
+        client = self.client
+        if len(requests) == 1 or is_cluster(client):
+            return [self.extend(holds, owner) for holds, owner in requests]
+        scripts = scripts_for(client)
+        prefix = self.prefix
+        plans: list[list[Hold]] = []
+        with unavailable_on_connection_error():
+            pipe = client.pipeline(transaction=False)
+            for holds, owner in requests:
+                items = [
+                    h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim, PeriodClaim))
+                ]
+                plans.append(items)
+                if not items:
+                    continue
+                groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
+                specs = [
+                    {
+                        "p": h.claim.primitive,
+                        "n": len(g),
+                        **PRIMITIVES[h.claim.primitive].extend_spec(h, owner),
+                    }
+                    for h, g in zip(items, groups, strict=True)
+                ]
+                scripts.queue(pipe, "extend", [k for g in groups for k in g], [json.dumps(specs)])
+            raws = iter(pipe.execute())
+        answers: list[Extended] = []
+        for items in plans:
+            if not items:
+                answers.append(Extended())
+                continue
+            data = decode_reply(next(raws)).data
+            answers.append(
+                Extended(
+                    extended=[items[i] for i in data.get("extended", [])],
+                    granted_ms=[int(ms) for ms in data.get("ttl_ms", [])],
+                    lost=[(items[e["index"]], e["reason"]) for e in data.get("lost", [])],
+                )
+            )
+        return answers
 
     def keep_alive(
         self,

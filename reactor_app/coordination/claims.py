@@ -102,6 +102,9 @@ class Hold:
 class Admitted:
     holds: list[Hold]
     holder: Holder
+    #: monotonic time the admission was sent (0: unknown). The leases were granted after it,
+    #: so a lease clock started here never outlives the lease in Redis (``renewal``).
+    sent_at: float = 0.0
 
     def token_for(self, key: str | None = None) -> int | None:
         for hold in self.holds:

@@ -104,10 +104,17 @@ def _forget_connections_after_fork() -> None:
     _clients.clear()
     _CoordinationConnectionFactory._pools = {}
     _scripts_by_client.clear()
+    _embedded_urls.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_connections_after_fork)
+
+
+#: embedded state folder -> its URL, once its server answered in this process. Resolving and
+#: PINGing the server on every call cost a connection per admission; a connection error
+#: (``unavailable_on_connection_error``) forgets it, so a server that died is started again.
+_embedded_urls: dict[str, str] = {}
 
 
 def redis_url() -> str:
@@ -130,8 +137,12 @@ def redis_url() -> str:
     if not reactor_settings.USES_EMBEDDED_REDIS:
         return configured
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
+    known = _embedded_urls.get(directory)
+    if known is not None:
+        return known
     embedded.ensure_server(directory)
-    return embedded.url(directory)
+    resolved = _embedded_urls[directory] = embedded.url(directory)
+    return resolved
 
 
 def _topology_for(url: str | None) -> str | Topology:
@@ -417,10 +428,22 @@ class Scripts:
     ) -> ScriptReply:
         """Run ``operation``; a connection failure becomes ``CoordinationUnavailable``."""
         with unavailable_on_connection_error(key=key, primitive=primitive):
-            raw = self._scripts[operation](keys=list(keys), args=list(args))
-        status, payload = raw
-        data = json.loads(payload) if payload else {}
-        return ScriptReply(Status(int(status)), _lists(data))
+            raw = self._scripts[operation](keys=keys, args=args)
+        return decode_reply(raw)
+
+    def queue(
+        self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> None:
+        """Queue ``operation`` on a pipeline of this client; decode its answer with
+        ``decode_reply``."""
+        self._scripts[operation](keys=keys, args=args, client=pipeline)
+
+
+def decode_reply(raw: Any) -> ScriptReply:
+    """A script's raw ``{status, json}`` answer as a ``ScriptReply``."""
+    status, payload = raw
+    data = json.loads(payload) if payload else {}
+    return ScriptReply(Status(int(status)), _lists(data))
 
 
 def _lists(value: Any) -> Any:
@@ -500,6 +523,7 @@ def unavailable_on_connection_error(
     except Exception as exc:
         if not is_unavailable(exc):
             raise
+        _embedded_urls.clear()  # the next call checks (and if need be starts) the server again
         hint = ""
         if isinstance(exc, redis_py.exceptions.AskError):
             # a one-server client pointed at a cluster node sees MOVED for most keys

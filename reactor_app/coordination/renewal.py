@@ -1,7 +1,7 @@
 """Keeping holds alive while the protected work runs (docs/design.md §2.6).
 
-``Renewal`` is a daemon thread started for one ``Admitted``: every ``interval`` seconds
-(a third of the shortest lease, so two renewals can fail before a lease lapses) it renews
+A ``Renewal`` covers one ``Admitted``: every ``interval`` seconds (a third of the shortest
+lease, so two renewals can fail before a lease lapses) it renews
 
 * locks declared with ``auto_extend`` — only while still owned by this owner with this fencing
   token (``lua/extend.lua``);
@@ -11,18 +11,32 @@
   while a dead one's reservation still lapses;
 * ordered-lock positions — a heartbeat, so a slow but live head is not passed over.
 
-If a hold is found gone or taken over, or Redis stays unreachable for longer than the
-shortest lease (so the lease has lapsed for sure), ``lost`` is set to a ``LeaseLost`` and
-``on_lost`` is called once; the thread then stops. ``on_extended(key, granted_ms)`` is called
-after each successful renewal, once per renewed lock or semaphore lease. The engine checks
-``lost`` (or calls ``raise_if_lost``) at its checkpoints. Period reservations are renewed
-without ``on_extended`` calls (the callback names only a key, which a lock may share).
-``stop()`` wakes the thread through an Event and joins it, so it returns promptly.
+Renewals do not get a thread each: one ``RenewalScheduler`` thread per process keeps every
+active renewal in a deadline heap, wakes at the earliest deadline, and renews every hold due
+by then (and those due within a fifth of their interval, so holds taken at nearly the same
+time share a trip) in ONE pipeline of ``extend`` script calls (docs/operations.md).
+
+A lease is lost by the clock as well as by a failed renewal: once the last successful renewal
+— or the admission — is older than the shortest lease by this process's monotonic clock, the
+lease has lapsed in Redis for sure (a process paused by SIGSTOP, a stalled VM, a thread starved
+for longer than the lease). ``raise_if_lost`` (the engine's checkpoints) says so at once,
+without waiting for the scheduler; the scheduler never renews such a hold.
+
+If a hold is found gone or taken over, its lease runs out by the clock, or Redis stays
+unreachable for longer than the shortest lease, ``lost`` is set to a ``LeaseLost`` and
+``on_lost`` is called once; the renewal then stops. ``on_extended(key, granted_ms)`` is called
+after each successful renewal, once per renewed lock or semaphore lease (period reservations
+are renewed without it: the callback names only a key, which a lock may share). ``stop()``
+removes the renewal and waits for a round in flight (one round trip at most), so no callback
+runs after it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +55,9 @@ from reactor_app.exceptions import CoordinationUnavailable, LeaseLost
 
 logger = logging.getLogger(__name__)
 
+#: a renewal due within this fraction of its interval rides along with an earlier one
+COALESCE_FRACTION = 0.2
+
 
 def _renewable(hold: Hold) -> bool:
     claim = hold.claim
@@ -58,8 +75,8 @@ def _lease_seconds(hold: Hold) -> float:
 
 
 class Renewal:
-    """Auto-extend / heartbeat thread for one admission. Use as a context manager, or
-    ``start()`` / ``stop()``."""
+    """Auto-extend / heartbeat of one admission, run by the process's ``RenewalScheduler``.
+    Use as a context manager, or ``start()`` / ``stop()``."""
 
     def __init__(
         self,
@@ -82,29 +99,36 @@ class Renewal:
         self.interval = interval if interval is not None else self.shortest_lease / 3
         self.lost: LeaseLost | None = None
         self.renewals = 0
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        #: monotonic time the leases were last granted, counted from when the request was
+        #: sent (the admission, then each renewal), so never later than the grant in Redis
+        self.granted_at = admitted.sent_at or time.monotonic()
+        self.stopped = False
+        self.due = self.granted_at + self.interval
+        self._scheduler: RenewalScheduler | None = None
 
     @property
     def needed(self) -> bool:
-        """False when nothing of the admission needs renewing (no thread is started)."""
+        """False when nothing of the admission needs renewing (nothing is scheduled)."""
         return bool(self.holds)
 
     def start(self) -> Renewal:
-        if self.needed and self._thread is None:
-            name = ",".join(h.claim.key for h in self.holds)
-            self._thread = threading.Thread(
-                target=self._run, name=f"reactor-renewal[{name}]", daemon=True
-            )
-            self._thread.start()
+        if self.needed and self._scheduler is None:
+            self._scheduler = scheduler()
+            self._scheduler.add(self)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self.stopped = True
+        if self._scheduler is not None:
+            self._scheduler.remove(self, timeout)
+
+    def expired(self) -> bool:
+        """True once the last grant is older than the shortest lease by the monotonic clock."""
+        return bool(self.holds) and time.monotonic() - self.granted_at >= self.shortest_lease
 
     def raise_if_lost(self) -> None:
+        if self.lost is None and not self.stopped and self.expired():
+            self._lose(self.holds[0], "lease expired by the clock: no renewal for a whole lease")
         if self.lost is not None:
             raise self.lost
 
@@ -119,49 +143,34 @@ class Renewal:
     ) -> None:
         self.stop()
 
-    # -- the thread ---------------------------------------------------------------------------
+    # -- called by the scheduler --------------------------------------------------------------
 
-    def _run(self) -> None:
-        last_success = time.monotonic()
-        pause = self.interval
-        while not self._stopping.wait(pause):
-            try:
-                lost = self._renew_once()
-            except CoordinationUnavailable as exc:
-                if time.monotonic() - last_success >= self.shortest_lease:
-                    self._lose(self.holds[0], f"Redis unreachable for the whole lease: {exc}")
-                    return
-                # try again sooner: the lease is running out
-                pause = max(self.interval / 3, 0.01)
-                logger.warning("renewal of %s failed, retrying: %s", self._keys(), exc)
-                continue
-            except Exception:  # never let the thread die silently
-                logger.exception("renewal of %s crashed", self._keys())
-                pause = max(self.interval / 3, 0.01)
-                continue
-            if lost is not None:
-                self._lose(*lost)
-                return
-            last_success = time.monotonic()
-            pause = self.interval
-
-    def _renew_once(self) -> tuple[Hold, str] | None:
-        owner = self.admitted.holder.owner
-        extended = self.coordinator.extend(self.leases, owner) if self.leases else Extended()
+    def _renewed(self, sent_at: float, extended: Extended) -> bool:
+        """Apply one round's answer for the leases; False when one was lost."""
         if extended.lost:
-            return extended.lost[0]
+            self._lose(*extended.lost[0])
+            return False
         for hold in self.positions:
             assert isinstance(hold.claim, OrderedLockClaim)
             if not self.coordinator.heartbeat(hold.claim):
-                return hold, "position reset, skipped or passed over"
+                self._lose(hold, "position reset, skipped or passed over")
+                return False
+        # the lease counts from when the renewal was sent, never from when the answer came
+        self.granted_at = sent_at
         self.renewals += 1
         if self.on_extended is not None:
             for hold, granted_ms in zip(extended.extended, extended.granted_ms, strict=True):
-                if not isinstance(hold.claim, PeriodClaim):
+                if isinstance(hold.claim, PeriodClaim):
+                    continue
+                try:
                     self.on_extended(hold.claim.key, granted_ms)
-        return None
+                except Exception:
+                    logger.exception("on_extended callback failed")
+        return True
 
     def _lose(self, hold: Hold, reason: str) -> None:
+        if self.lost is not None:
+            return
         self.lost = lease_lost(hold, self.admitted.holder, reason)
         logger.warning("%s", self.lost.message)
         if self.on_lost is not None:
@@ -172,6 +181,153 @@ class Renewal:
 
     def _keys(self) -> str:
         return ", ".join(f"{h.claim.primitive}:{h.claim.key}" for h in self.holds)
+
+
+class RenewalScheduler:
+    """The one renewal thread of a process: a deadline heap of ``Renewal``s."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        #: held while a round talks to Redis and runs callbacks; ``remove`` waits for it
+        self._round = threading.Lock()
+        self._heap: list[tuple[float, int, Renewal]] = []
+        self._active: set[int] = set()  # id() of renewals not stopped
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        #: the monotonic deadline the thread is waiting for (inf: no deadline, or busy)
+        self._sleeping_until = 0.0
+        self.pid = os.getpid()
+        #: rounds run and pipelines sent so far (tests and the benchmark read them)
+        self.rounds = 0
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def add(self, renewal: Renewal) -> None:
+        with self._lock:
+            self._active.add(id(renewal))
+            heapq.heappush(self._heap, (renewal.due, next(self._order), renewal))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="reactor-renewal", daemon=True
+                )
+                self._thread.start()
+            elif renewal.due < self._sleeping_until:
+                # an earlier deadline than the one the thread sleeps for. Only then: waking it
+                # for every hold would cost each admission a context switch.
+                self._wake.notify()
+
+    def remove(self, renewal: Renewal, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._active.discard(id(renewal))
+            # entries of stopped renewals are dropped lazily when they reach the top
+        # A round in flight may be renewing it right now: let it finish (it skips the
+        # callbacks of stopped renewals), so nothing runs on its behalf after stop().
+        on_own_thread = threading.current_thread() is self._thread
+        if not on_own_thread and self._round.acquire(timeout=timeout):
+            self._round.release()
+
+    def active(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    while self._heap and id(self._heap[0][2]) not in self._active:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._sleeping_until = float("inf")
+                        self._wake.wait()
+                        continue
+                    self._sleeping_until = self._heap[0][0]
+                    left = self._sleeping_until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(timeout=left)
+                self._sleeping_until = 0.0  # busy: whatever is added now is seen after the round
+                now = time.monotonic()
+                due: list[Renewal] = []
+                while self._heap:
+                    when, _, renewal = self._heap[0]
+                    if id(renewal) not in self._active:
+                        heapq.heappop(self._heap)
+                        continue
+                    if when > now + renewal.interval * COALESCE_FRACTION:
+                        break
+                    heapq.heappop(self._heap)
+                    due.append(renewal)
+            with self._round:
+                try:
+                    self._renew(due)
+                except Exception:  # never let the thread die silently
+                    logger.exception("renewal round crashed")
+                    for renewal in due:
+                        renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
+                self.rounds += 1
+            with self._lock:
+                for renewal in due:
+                    if id(renewal) in self._active and renewal.lost is None:
+                        heapq.heappush(self._heap, (renewal.due, next(self._order), renewal))
+                    else:
+                        self._active.discard(id(renewal))
+
+    def _renew(self, due: list[Renewal]) -> None:
+        """One round: every due renewal's leases in one pipeline per client and key prefix."""
+        live: list[Renewal] = []
+        for renewal in due:
+            if renewal.stopped:
+                continue
+            if renewal.expired():
+                # paused past the lease: renewing now could only find it gone, or worse
+                renewal._lose(renewal.holds[0], "lease expired by the clock before renewal")
+                continue
+            live.append(renewal)
+        # one pipeline per client and key prefix (a group's keys are built with one prefix)
+        by_client: dict[tuple[int, str], list[Renewal]] = {}
+        for renewal in live:
+            coordinator = renewal.coordinator
+            by_client.setdefault((id(coordinator.client), coordinator.prefix), []).append(renewal)
+        for group in by_client.values():
+            sent_at = time.monotonic()
+            try:
+                answers = group[0].coordinator.extend_many(
+                    [(r.leases, r.admitted.holder.owner) for r in group]
+                )
+            except CoordinationUnavailable as exc:
+                for renewal in group:
+                    if time.monotonic() - renewal.granted_at >= renewal.shortest_lease:
+                        renewal._lose(
+                            renewal.holds[0], f"Redis unreachable for the whole lease: {exc}"
+                        )
+                    else:  # try again sooner: the lease is running out
+                        renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
+                        logger.warning("renewal of %s failed, retrying: %s", renewal._keys(), exc)
+                continue
+            for renewal, extended in zip(group, answers, strict=True):
+                if renewal.stopped:
+                    continue  # stopped while the pipeline was out: its callbacks are over
+                if renewal._renewed(sent_at, extended):
+                    renewal.due = sent_at + renewal.interval
+
+
+_scheduler: RenewalScheduler | None = None
+_scheduler_guard = threading.Lock()
+
+
+def scheduler() -> RenewalScheduler:
+    """The process's renewal scheduler (a forked child gets its own, with its own thread)."""
+    global _scheduler
+    current = _scheduler
+    if current is None or current.pid != os.getpid():
+        with _scheduler_guard:
+            if _scheduler is None or _scheduler.pid != os.getpid():
+                _scheduler = RenewalScheduler()
+            current = _scheduler
+    return current
 
 
 def start_renewal(

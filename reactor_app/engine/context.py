@@ -174,10 +174,14 @@ class StepContext:
         return None
 
     def checkpoint(self) -> None:
-        """Raise ``LeaseLost`` if a lock covering this work — the step's own or an enclosing
-        reactor's — could not be renewed (the engine also checks after every body)."""
+        """Raise ``LeaseLost`` if a lease covering this work — the step's own or an enclosing
+        reactor's — could not be renewed, or has run out by the local monotonic clock (a
+        process paused longer than its lease knows it on waking). The engine also checks after
+        every body."""
         if self.lease_lost:
             raise self.lease_lost[0]
         for gate in reversed(self.gates):
             if gate.lost:
                 raise gate.lost[0]
+            if gate.keep_alive is not None:
+                gate.keep_alive.raise_if_lost()  # the clock check; records lease_lost once

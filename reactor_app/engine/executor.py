@@ -123,6 +123,8 @@ from reactor_app.models import Execution
 from reactor_app.serialization import decode, encode
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
+from reactor_app.tracking import flush as flush_tracking
+from reactor_app.write_behind import get_writer
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -229,6 +231,19 @@ class ExecutionRun:
         for name, value in fields.items():
             setattr(self.execution, name, value)
         self.execution.save(update_fields=["context", "heartbeat_at", "updated_at", *fields.keys()])
+
+    def checkpoint(self, **fields: Any) -> None:
+        """After a completed step. A worker delivery persists it (one statement: a redelivery
+        resumes from here); an in-process run writes its progress behind (``write_behind``), so
+        a caller waits for O(1) statements per run, not per step (docs/operations.md) — nothing
+        resumes an in-process run from its row, and ``finish`` writes the state it ends in."""
+        if self.park_on_contention:
+            self.persist(**fields)
+            return
+        for name, value in fields.items():
+            setattr(self.execution, name, value)
+        # the admin still shows where a live run is, one freshness bound late
+        get_writer().update_execution(self.execution.pk, **fields)
 
     def child_run(self, execution_id: str) -> ExecutionRun | None:
         if execution_id in self.children:
@@ -424,7 +439,7 @@ class ExecutionRun:
                     self.state.completed.append(outcome.record)
                 self.state.next_index += 1
                 # current_step is where the execution is (or resumes): the next step to run.
-                self.persist(current_step=self._resume_point() or name)
+                self.checkpoint(current_step=self._resume_point() or name)
                 if self._hands_off_after(name):
                     return RunEnd("handed_off")
                 continue
@@ -873,6 +888,15 @@ class ExecutionRun:
 
     def finish(self, end: RunEnd) -> None:
         """Write the end of this pass onto the execution row and emit its event."""
+        if self.park_on_contention or reactor_settings.TRACKING_FLUSH_ON_FINISH:
+            # The pass's buffered step runs and events first: whoever sees the row's new
+            # status (a Result, execution.wait()) finds its history written too — in bulk,
+            # O(1) statements whatever the number of steps (docs/operations.md).
+            flush_tracking(finishing=self.execution.pk)
+        else:
+            # In-process with the flush turned off, the caller waits for none of its history
+            # (written within the freshness bound); only the superseded progress is dropped.
+            get_writer().forget_progress(self.execution.pk)
         now = timezone.now()
         if end.status == "succeeded":
             self.persist(

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.utils import timezone
+
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
     AdmissionResult,
@@ -458,11 +460,17 @@ class Gate:
             "key": key,
             "token": getattr(error, "token", None),
             "primitive": getattr(error, "primitive", None) or self._primitive_of(key),
+            "at": timezone.now(),  # recorded later: stamped when it was detected
         }
         self.deferred_events.append((CoordinationEventKind.LEASE_LOST, detail))
 
     def _on_extended(self, key: str, ttl_ms: int) -> None:
-        detail = {"key": key, "ttl_ms": ttl_ms, "primitive": self._primitive_of(key)}
+        detail = {
+            "key": key,
+            "ttl_ms": ttl_ms,
+            "primitive": self._primitive_of(key),
+            "at": timezone.now(),  # recorded later: stamped when the renewal happened
+        }
         self.deferred_events.append((CoordinationEventKind.EXTENDED, detail))
 
     def _primitive_of(self, key: str | None) -> str:

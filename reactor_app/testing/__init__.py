@@ -5,6 +5,8 @@
 * ``assert_*`` — assertions on that state whose failure messages describe what was found;
 * ``reactor_app.testing.pytest_plugin`` — fixtures for a real Redis, a clean key space per
   test and a real Celery worker process (``pytest_plugins = [...]`` in your conftest);
+* ``within_freshness_bound(read)`` — read tracking rows (written behind the work) once they are
+  there, within the freshness bound;
 * ``WorkerProcess`` — start and stop a real ``celery -A <app> worker`` from Python.
 
 Everything here reads; nothing changes coordination state.
@@ -31,6 +33,7 @@ from reactor_app.testing.state import (
     SemaphoreState,
     coordination_state,
 )
+from reactor_app.testing.tracking import within_freshness_bound
 from reactor_app.testing.workers import WorkerProcess
 
 __all__ = [
@@ -50,4 +53,5 @@ __all__ = [
     "assert_semaphore_count",
     "assert_token_greater",
     "coordination_state",
+    "within_freshness_bound",
 ]

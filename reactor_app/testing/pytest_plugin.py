@@ -320,6 +320,19 @@ def celery_worker_process(
             delete_prefixed_keys(get_client(), prefix)
 
 
+def _flush_tracking() -> None:
+    """Write the test's buffered tracking rows into the test's own database, before it is
+    rolled back or flushed — never into the next test's."""
+    if "reactor_app.write_behind" not in sys.modules:
+        return
+    from reactor_app.write_behind import get_writer
+
+    try:
+        get_writer().flush()
+    except Exception as exc:  # a test without database access, or one that broke it
+        warnings.warn(f"could not write buffered tracking rows: {exc}", stacklevel=1)
+
+
 @pytest.fixture
 def reactor_key_space(request: pytest.FixtureRequest) -> Iterator[str]:
     """This test's ``REACTOR_KEY_PREFIX``; every key under it is deleted after the test.
@@ -338,6 +351,7 @@ def reactor_key_space(request: pytest.FixtureRequest) -> Iterator[str]:
     url = configured_redis_url()
     apply_settings(request, {**(worker.settings if worker else {}), "REACTOR_KEY_PREFIX": prefix})
     yield prefix
+    _flush_tracking()
     # Cheap for tests that never touched Redis: without the client module loaded, nothing in
     # this process can have written a key under this prefix.
     if url is None or "reactor_app.coordination.redis" not in sys.modules:

@@ -42,6 +42,7 @@ from reactor_app.testing import (
     assert_ordered_lock,
     assert_period_marked,
     coordination_state,
+    within_freshness_bound,
 )
 from tests.concurrency.harness import (
     held_elsewhere,
@@ -955,7 +956,13 @@ def test_step_call_records_its_coordination_events() -> None:
             return Success(context.owner)
 
     outcome = Direct.call(account_id=51)
-    events = list(CoordinationEvent.objects.filter(key="acct:51").order_by("at", "id"))
+
+    def both_events() -> list[CoordinationEvent]:
+        found = list(CoordinationEvent.objects.filter(key="acct:51").order_by("at", "id"))
+        return found if len(found) >= 2 else []
+
+    # written behind the call: present within the freshness bound
+    events = within_freshness_bound(both_events)
     assert [e.kind for e in events] == ["acquired", "released"]
     assert {e.owner for e in events} == {outcome.value}  # the per-call owner
     assert all(e.execution_id is None and e.step.endswith("Direct") for e in events)

@@ -35,6 +35,7 @@ from reactor_app.testing import (
     assert_not_locked,
     assert_ordered_lock,
     coordination_state,
+    within_freshness_bound,
 )
 from tests.api import users
 from tests.api.holding import FragileReactor, PaymentReactor, ShopSyncReactor, running
@@ -92,7 +93,12 @@ def test_coordination_page_shows_step_key_and_holder(staff_client: Client) -> No
         assert re.search(r"<strong>1</strong> step-level, <strong>1</strong> reactor-level", html)
 
         # the holder's execution page names the key and the step in its events
-        execution_page = text(staff_client.get(change_url))
+        # (events are written behind the work: they show within the freshness bound)
+        def page_with_events() -> str:
+            page = text(staff_client.get(change_url))
+            return page if "acct:11" in page else ""
+
+        execution_page = within_freshness_bound(page_with_events)
         assert "acct:11" in execution_page and "charge" in execution_page
     payment.finish()
     shop.finish()

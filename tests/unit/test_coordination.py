@@ -607,6 +607,41 @@ def test_renewal_reports_a_lost_lease(coordinator: Coordinator) -> None:
         renewal.raise_if_lost()
 
 
+def test_many_holds_are_renewed_by_one_thread_in_shared_pipelines(
+    coordinator: Coordinator,
+) -> None:
+    """One renewal thread per process, not one per hold; holds due together share a round
+    (one pipeline of extend calls)."""
+    import threading
+
+    from reactor_app.coordination.renewal import scheduler
+
+    before = {t.ident for t in threading.enumerate() if t.name.startswith("reactor-renewal")}
+    renewals: list[Renewal] = []
+    admissions: list[Admitted] = []
+    try:
+        for n in range(20):
+            admitted = coordinator.admit([LockClaim(f"many:{n}", ttl=0.6)], Holder(owner=f"o{n}"))
+            assert isinstance(admitted, Admitted)
+            admissions.append(admitted)
+            renewals.append(Renewal(admitted, coordinator=coordinator).start())
+        rounds_before = scheduler().rounds
+        time.sleep(1.5)  # 2.5 leases: without renewal every lock would have lapsed
+        threads = [t for t in threading.enumerate() if t.name.startswith("reactor-renewal")]
+        assert len(threads) == 1 and len(before - {t.ident for t in threads}) == 0
+        for n, renewal in enumerate(renewals):
+            assert renewal.lost is None and renewal.renewals >= 3, (n, renewal.renewals)
+            assert state.lock_state(f"many:{n}", client=coordinator.client).held
+        rounds = scheduler().rounds - rounds_before
+        renewed = sum(r.renewals for r in renewals)
+        assert rounds * 4 <= renewed, (rounds, renewed)  # shared rounds, not one per hold
+    finally:
+        for renewal in renewals:
+            renewal.stop()
+        for admitted in admissions:
+            coordinator.release(admitted, "success")
+
+
 # -- unreachable Redis ----------------------------------------------------------------------
 
 

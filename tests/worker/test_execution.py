@@ -26,7 +26,12 @@ from reactor_app.engine.dispatch import ExecutionClaim
 from reactor_app.exceptions import ContentionCeilingExceeded
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, ExecutionStatus, StepRunKind, StepRunStatus
-from reactor_app.testing import assert_locked, assert_not_locked, coordination_state
+from reactor_app.testing import (
+    assert_locked,
+    assert_not_locked,
+    coordination_state,
+    within_freshness_bound,
+)
 from tests.worker.helpers import overlapping, wait_until
 from tests.worker.reactors import (
     CrashReactor,
@@ -221,6 +226,13 @@ def test_a_redelivery_drops_the_holds_its_killed_predecessor_left(worker: Any) -
     )
     assert (step_lock.owner, step_lock.count) == (str(execution.id), 1)
     assert (outer_lock.owner, outer_lock.count) == (str(execution.id), 1)
+    # Tracking rows trail the work by the freshness bound and a hard crash loses what is still
+    # buffered (docs/operations.md): kill once the first acquisition's row is written.
+    assert within_freshness_bound(
+        CoordinationEvent.objects.filter(
+            execution=execution, kind=CoordinationEventKind.ACQUIRED, key="crash-held:k2"
+        ).exists
+    )
     os.kill(entered["pid"], signal.SIGKILL)
 
     result = execution.wait(timeout=60)

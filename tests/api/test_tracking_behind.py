@@ -1,0 +1,373 @@
+"""Tracking written behind the work: what a caller waits for, and what readers see.
+
+* ``Step.call`` waits for no database statement; an in-process run waits for a number of
+  statements that does not grow with its steps (counted on the caller's thread).
+* A step slower than the freshness bound shows ``started`` in the API while it runs.
+* After a run, its events are all there, stamped when they happened — not when written — on
+  success, failure and when a signal receiver raises; a ``Step.call``'s within the freshness
+  bound; a process that exits right after its work still wrote them (``atexit``).
+
+Transactional tests: rows written from inside a test's transaction would be written at once,
+in it (``reactor_app.write_behind``), which is not the path under test here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from reactor_app import Reactor, Step, Success, signals, step, with_lock
+from reactor_app.models import CoordinationEvent, StepRun
+from reactor_app.testing import within_freshness_bound
+from reactor_app.write_behind import get_writer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+API = "/api/reactor"
+
+
+def stamp() -> datetime:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+@with_lock(lambda args: "behind:call", ttl=30)
+class LockedNoop(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success(context.fencing_token())
+
+
+def locked_step(n: int) -> Any:
+    """A no-op step class holding its own lock (one key per position in the run)."""
+
+    @with_lock(lambda args: f"behind:step:{n}", ttl=30)
+    class Locked(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success(n)
+
+    Locked.__qualname__ = f"Locked{n}"
+    return Locked
+
+
+class OneLockedStep(Reactor):
+    s0 = step(locked_step(0))
+
+
+class TenLockedSteps(Reactor):
+    s0 = step(locked_step(0))
+    s1 = step(locked_step(1))
+    s2 = step(locked_step(2))
+    s3 = step(locked_step(3))
+    s4 = step(locked_step(4))
+    s5 = step(locked_step(5))
+    s6 = step(locked_step(6))
+    s7 = step(locked_step(7))
+    s8 = step(locked_step(8))
+    s9 = step(locked_step(9))
+
+
+# -- what a caller waits for ------------------------------------------------------------------
+
+
+def test_step_call_waits_for_no_database_statement() -> None:
+    assert LockedNoop.call().ok  # warm: the first call may start the writer thread
+    with CaptureQueriesContext(connection) as caller:
+        outcome = LockedNoop.call()
+    assert outcome.ok
+    assert [q["sql"] for q in caller.captured_queries] == []
+    # its history is still written, behind the call
+    assert within_freshness_bound(
+        lambda: (
+            CoordinationEvent.objects.filter(key="behind:call", token=outcome.value).count() == 2
+        )
+    )
+
+
+def test_an_in_process_run_waits_for_as_many_statements_with_ten_steps_as_with_one(
+    settings: Any,
+) -> None:
+    # A long freshness bound: the writer thread stays out of the way, so everything the runs
+    # wrote was written by the caller (at the end of the run) or is counted as missing below.
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60.0
+    assert OneLockedStep.run().ok  # warm
+    with CaptureQueriesContext(connection) as one:
+        first = OneLockedStep.run()
+    with CaptureQueriesContext(connection) as ten:
+        second = TenLockedSteps.run()
+    assert first.ok and second.ok
+    statements_one = [q["sql"] for q in one.captured_queries]
+    statements_ten = [q["sql"] for q in ten.captured_queries]
+    assert len(statements_ten) == len(statements_one), (statements_one, statements_ten)
+    assert len(statements_one) <= 10, statements_one
+    # and nothing was skipped: every step run and event of the ten steps is there
+    assert (
+        StepRun.objects.filter(execution_id=second.execution_id, status="succeeded").count() == 10
+    )
+    events = CoordinationEvent.objects.filter(execution_id=second.execution_id)
+    assert events.filter(kind="acquired").count() == 10
+    assert events.filter(kind="released").count() == 10
+
+
+# -- what readers see -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_run() -> Iterator[tuple[threading.Event, dict[str, Any]]]:
+    """A run whose only step waits for ``release`` (set by the test) in another thread."""
+    release = threading.Event()
+    seen: dict[str, Any] = {}
+
+    class Slow(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            seen["execution"] = context.execution_id
+            seen["entered"] = stamp()
+            release.wait(30)
+            return Success(None)
+
+    class SlowReactor(Reactor):
+        slow = step(Slow)
+
+    def run() -> None:
+        try:
+            seen["result"] = SlowReactor.run()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield release, seen
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_a_step_slower_than_the_freshness_bound_shows_started_while_it_runs(
+    staff_client: Client, slow_run: tuple[threading.Event, dict[str, Any]]
+) -> None:
+    release, seen = slow_run
+    execution = within_freshness_bound(lambda: seen.get("execution"), timeout=10)
+    assert execution
+
+    def running_in_api() -> list[dict[str, Any]]:
+        body = staff_client.get(f"{API}/executions/{execution}/").json()
+        return [r for r in body.get("step_runs", []) if r["status"] == "started"]
+
+    (live,) = within_freshness_bound(running_in_api)
+    assert live["step"] == "slow" and live["finished_at"] is None
+    # stamped when the step started, not when the row was written
+    started_at = datetime.fromisoformat(live["started_at"].replace("Z", "+00:00"))
+    assert abs((started_at - seen["entered"]).total_seconds()) < 0.2
+    release.set()
+    assert within_freshness_bound(lambda: seen.get("result"), timeout=30).ok
+    (done,) = StepRun.objects.filter(execution_id=execution)
+    assert done.status == "succeeded" and done.finished_at is not None
+
+
+BODY_SECONDS = 0.4
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+def test_a_runs_events_are_all_there_when_it_ends_with_their_true_times(fails: bool) -> None:
+    times: dict[str, datetime] = {}
+
+    @with_lock(lambda args: "behind:timed", ttl=30)
+    class Timed(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            times["body_start"] = stamp()
+            time.sleep(BODY_SECONDS)
+            times["body_end"] = stamp()
+            if fails:
+                raise RuntimeError("the body failed")
+            return Success(None)
+
+    class TimedReactor(Reactor):
+        timed = step(Timed)
+
+    result = TimedReactor.run()
+    assert result.ok is not fails
+    # read at once: the end of the run wrote its history before the result came back
+    events = {e.kind: e for e in CoordinationEvent.objects.filter(execution_id=result.execution_id)}
+    assert set(events) == {"acquired", "released"}
+    assert events["acquired"].at <= times["body_start"]
+    assert events["released"].at >= times["body_end"]
+    assert (events["released"].at - events["acquired"].at).total_seconds() >= BODY_SECONDS
+    assert events["released"].detail["outcome"] == ("failure" if fails else "success")
+    (run,) = StepRun.objects.filter(execution_id=result.execution_id)
+    assert run.status == ("failed" if fails else "succeeded")
+    assert run.started_at <= times["body_start"] and run.finished_at >= times["body_end"]
+
+
+def test_a_raising_signal_receiver_loses_no_event() -> None:
+    def broken(**payload: Any) -> None:
+        raise RuntimeError("a broken receiver")
+
+    signals.acquired.connect(broken)
+    try:
+        result = OneLockedStep.run()
+    finally:
+        signals.acquired.disconnect(broken)
+    assert result.ok
+    kinds = set(
+        CoordinationEvent.objects.filter(execution_id=result.execution_id).values_list(
+            "kind", flat=True
+        )
+    )
+    assert kinds == {"acquired", "released"}
+
+
+def test_a_step_calls_events_keep_their_true_times() -> None:
+    before = stamp()
+    outcome = LockedNoop.call()
+    after = stamp()
+    events = within_freshness_bound(
+        lambda: (
+            list(CoordinationEvent.objects.filter(key="behind:call", token=outcome.value))
+            if CoordinationEvent.objects.filter(key="behind:call", token=outcome.value).count() == 2
+            else []
+        )
+    )
+    assert sorted(e.kind for e in events) == ["acquired", "released"]
+    assert all(before <= e.at <= after for e in events)  # stamped during the call
+
+
+def test_a_process_exiting_right_after_its_work_still_writes_its_rows(
+    subprocess_env: Callable[..., dict[str, str]],
+) -> None:
+    script = textwrap.dedent(
+        """
+        import django
+        django.setup()
+        from django.conf import settings
+        from reactor_app import Step, Success, with_lock
+
+        # the writer thread would not write for a minute: only the exit can
+        settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60.0
+
+        @with_lock(lambda args: "behind:exit", ttl=30)
+        class Quick(Step):
+            def run(self, args, context):
+                return Success(None)
+
+        assert Quick.call().ok
+        # exits at once: the freshness bound has not passed, atexit writes the rows
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    kinds = sorted(
+        CoordinationEvent.objects.filter(key="behind:exit").values_list("kind", flat=True)
+    )
+    assert kinds == ["acquired", "released"]
+
+
+def test_rows_wait_in_the_buffer_for_the_writer_not_the_caller(settings: Any) -> None:
+    """The write-behind path itself: rows are buffered at once and written by the writer
+    thread within the freshness bound, not by the caller."""
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.5
+    writer = get_writer()
+    writer.flush()
+    outcome = LockedNoop.call()
+    assert writer.pending >= 2  # both events wait for the writer...
+    assert not CoordinationEvent.objects.filter(token=outcome.value, key="behind:call").exists()
+    started = time.monotonic()
+    assert within_freshness_bound(
+        lambda: (
+            CoordinationEvent.objects.filter(key="behind:call", token=outcome.value).count() == 2
+        )
+    )
+    waited = time.monotonic() - started
+    assert waited < 0.5 + 1.0  # ...which writes them within the bound (plus scheduling)
+
+
+def test_without_the_flush_on_finish_a_run_waits_for_none_of_its_history(settings: Any) -> None:
+    settings.REACTOR_TRACKING_FLUSH_ON_FINISH = False
+    assert OneLockedStep.run().ok  # warm
+    with CaptureQueriesContext(connection) as caller:
+        result = TenLockedSteps.run()
+    assert result.ok
+    statements = [q["sql"] for q in caller.captured_queries]
+    # the execution row at start and at the end: nothing per step, no history at all
+    assert not [s for s in statements if "steprun" in s or "coordinationevent" in s], statements
+    assert len(statements) <= 3, statements
+
+    def history() -> tuple[int, ...]:
+        runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
+        events = CoordinationEvent.objects.filter(execution_id=result.execution_id)
+        found = (runs.count(), events.count())
+        return found if found == (10, 20) else ()
+
+    assert within_freshness_bound(history) == (10, 20)
+    # the final write was not undone by a late progress write
+    from reactor_app.models import Execution
+
+    assert Execution.objects.get(pk=result.execution_id).current_step == ""
+
+
+def test_extended_events_keep_the_time_of_their_renewal() -> None:
+    @with_lock(lambda args: "behind:renewed", ttl=0.6)
+    class Long(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            time.sleep(1.2)  # two leases: renewed every 0.2 s
+            return Success(None)
+
+    class LongReactor(Reactor):
+        long = step(Long)
+
+    result = LongReactor.run()
+    assert result.ok
+    events = list(CoordinationEvent.objects.filter(execution_id=result.execution_id))
+    (released,) = [e for e in events if e.kind == "released"]
+    extended = sorted(e.at for e in events if e.kind == "extended")
+    assert len(extended) >= 2, events
+    # recorded when the step ended, stamped when each renewal happened
+    assert (released.at - extended[0]).total_seconds() > 0.5
+    assert extended == sorted(set(extended))
+
+
+def test_a_worker_delivery_checkpoints_once_per_completed_step() -> None:
+    """A delivery, run here by calling the task's body (no Celery, no eager mode: the worker
+    path itself). Each completed step costs it one statement — the checkpoint a redelivery
+    resumes from — and its step runs and events are written in bulk at the end."""
+    from reactor_app.engine.dispatch import deliver
+    from reactor_app.models import Execution
+
+    def delivered(reactor: type[Reactor]) -> tuple[list[str], str]:
+        execution = Execution.objects.start(
+            reactor=reactor.path(), inputs={}, status="pending", context={"worker": True}
+        )
+        with CaptureQueriesContext(connection) as caller:
+            summary = deliver(str(execution.pk))
+        assert summary["outcome"] == "succeeded", summary
+        return [q["sql"] for q in caller.captured_queries], str(execution.pk)
+
+    delivered(OneLockedStep)  # warm
+    one, _ = delivered(OneLockedStep)
+    ten, ten_id = delivered(TenLockedSteps)
+    extra = len(ten) - len(one)
+    assert extra == 9, (one, ten)
+    checkpoints = [s for s in ten if s.startswith('UPDATE "reactor_app_execution"')]
+    assert (
+        len(checkpoints) - len([s for s in one if s.startswith('UPDATE "reactor_app_execution"')])
+        == 9
+    )
+    # the history is there when the delivery returns
+    assert StepRun.objects.filter(execution_id=ten_id, status="succeeded").count() == 10
+    assert CoordinationEvent.objects.filter(execution_id=ten_id).count() == 20
