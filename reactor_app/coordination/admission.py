@@ -139,6 +139,10 @@ class ForceReleased:
     woken: list[str] = field(default_factory=list)
 
 
+#: the claims whose leases ``extend`` renews (ordered positions have their heartbeat)
+RENEWED_CLAIMS = (LockClaim, SemaphoreClaim, PeriodClaim)
+
+
 def _admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
     """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
     same declaration on the same key hits the cache): no per-call key building or JSON
@@ -582,7 +586,7 @@ class Coordinator:
         ``lease_ms`` grants that lease instead of each claim's own TTL (a hold kept across a
         park is made to cover the park); a lease is never shortened.
         """
-        items = [h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim, PeriodClaim))]
+        items = [h for h in holds if isinstance(h.claim, RENEWED_CLAIMS)]
         if not items:
             return Extended()
         groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
@@ -624,9 +628,7 @@ class Coordinator:
         with unavailable_on_connection_error():
             pipe = client.pipeline(transaction=False)
             for holds, owner in requests:
-                items = [
-                    h for h in holds if isinstance(h.claim, (LockClaim, SemaphoreClaim, PeriodClaim))
-                ]
+                items = [h for h in holds if isinstance(h.claim, RENEWED_CLAIMS)]
                 plans.append(items)
                 if not items:
                     continue
