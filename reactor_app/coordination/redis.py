@@ -504,9 +504,16 @@ CLUSTER_OUTAGE_MESSAGES = (
 )
 
 
+#: what a one-server client pointed at a cluster node meets
+_WRONG_TOPOLOGY_ERRORS = (redis_py.exceptions.AskError, redis_py.exceptions.ClusterCrossSlotError)
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` means the coordination Redis cannot answer now (an outage)."""
+    """True when ``exc`` means the coordination Redis cannot answer now (an outage) — or, for
+    a one-server client pointed at a cluster node, cannot answer at all (MOVED, CROSSSLOT)."""
     if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    if isinstance(exc, redis_py.exceptions.ClusterCrossSlotError):
         return True
     return isinstance(exc, redis_py.exceptions.RedisClusterException) and str(exc).startswith(
         CLUSTER_OUTAGE_MESSAGES
@@ -525,8 +532,9 @@ def unavailable_on_connection_error(
             raise
         _embedded_urls.clear()  # the next call checks (and if need be starts) the server again
         hint = ""
-        if isinstance(exc, redis_py.exceptions.AskError):
-            # a one-server client pointed at a cluster node sees MOVED for most keys
+        if isinstance(exc, _WRONG_TOPOLOGY_ERRORS):
+            # a one-server client pointed at a cluster node sees MOVED (or CROSSSLOT) for most
+            # keys
             hint = (
                 " (a MOVED/ASK reply reached the library: if this Redis is a cluster, "
                 "configure it as redis+cluster://host:port or REACTOR_REDIS = "

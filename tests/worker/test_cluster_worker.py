@@ -30,6 +30,8 @@ def celery_worker_settings(reactor_redis_cluster: Any) -> dict[str, Any]:
         # a long park backoff: whatever resumes sooner was woken by a release
         "REACTOR_CONTENTION_BACKOFF": [15.0, 30.0],
         "REACTOR_CONTENTION_CEILING": 500,
+        # the park-and-wake path is under test: no in-delivery wait before parking
+        "REACTOR_WORKER_WAIT": 0,
     }
 
 

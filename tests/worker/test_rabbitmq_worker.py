@@ -89,6 +89,8 @@ def celery_worker_settings(amqp_in_this_process: str) -> dict[str, Any]:
         "CELERY_WORKER_ENABLE_REMOTE_CONTROL": False,
         "REACTOR_CONTENTION_BACKOFF": [15.0, 30.0],
         "REACTOR_CONTENTION_CEILING": 500,
+        # the park-and-wake path is under test: no in-delivery wait before parking
+        "REACTOR_WORKER_WAIT": 0,
     }
 
 
