@@ -20,3 +20,9 @@ class ReactorAppConfig(AppConfig):
         # Every installed app's reactors.py, as the admin does with admin.py: reactors register
         # themselves, so checks see their declarations and workers can find them by name.
         autodiscover_modules("reactors")
+
+        # Prometheus collectors and OpenTelemetry spans, for whichever of the two is installed;
+        # neither is imported (nor any receiver connected) when absent.
+        from reactor_app.metrics import install
+
+        install()
