@@ -53,8 +53,12 @@ def _error(span: Any, error: Any) -> None:
 
 def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
     if kind in _EXECUTION_STARTS:
+        # a composed child runs inside its parent's delivery: its span is a child of the
+        # parent's (an async child runs in a delivery of its own: a root span)
+        parent_span = _executions.peek(execution.parent_id) if execution.parent_id else None
         span = _tracer().start_span(
             f"reactor {execution.reactor_name}",
+            context=trace.set_span_in_context(parent_span) if parent_span is not None else None,
             attributes={
                 "reactor.path": execution.reactor,
                 "reactor.execution_id": str(execution.pk),

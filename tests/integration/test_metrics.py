@@ -20,6 +20,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, StatusCode
 
+from reactor_app import Reactor, compose, from_input
 from reactor_app.metrics import installed, tracing
 from tests.conftest import PROJECT_ROOT
 from tests.worker.reactors import ExclusiveFailingReactor, ExclusiveReactor
@@ -125,6 +126,12 @@ class RecordingTracer:
         return span
 
 
+class ComposingReactor(Reactor):
+    inputs = ("key", "side")
+
+    inner = compose(ExclusiveReactor, key=from_input("key"), side=from_input("side"))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_each_execution_and_step_is_a_span(monkeypatch: pytest.MonkeyPatch) -> None:
     assert installed()["opentelemetry"]
@@ -150,4 +157,19 @@ def test_each_execution_and_step_is_a_span(monkeypatch: pytest.MonkeyPatch) -> N
     assert execution.status.status_code == StatusCode.ERROR
     failing = [s for s in tracer.spans[1:] if s.attributes.get("reactor.outcome") == "failed"]
     assert failing and failing[0].status.status_code == StatusCode.ERROR
+    assert all(span.ended for span in tracer.spans)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_composed_child_execution_span_is_a_child_of_its_parents(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tracer = RecordingTracer()
+    monkeypatch.setattr(tracing, "_tracer", lambda: tracer)
+    assert ComposingReactor.run(key=94, side=94).status == "succeeded"
+    names = [span.name for span in tracer.spans]
+    outer = tracer.spans[names.index("reactor ComposingReactor")]
+    inner = tracer.spans[names.index("reactor ExclusiveReactor")]
+    assert outer.parent is None
+    assert trace.get_current_span(inner.parent) is outer
     assert all(span.ended for span in tracer.spans)
