@@ -17,11 +17,13 @@ starts at ``from_step``:
 * **Coordination is taken afresh**: no holds, ordered positions, park counts or kept holds
   carry over. The reactor-level gate is entered as for a new run, and every step from
   ``from_step`` on is admitted as usual.
-* **Where it runs**: like ``Reactor.resume`` — in this process for a reactor that runs
-  synchronously, on a worker (an outbox row, enqueued after commit, as ``run_async``) for a
-  ``background = True`` reactor. ``on_worker=True`` sends any reactor to a worker (the admin
-  action does: a saga never runs inside an admin request); ``on_worker=False`` runs a
-  ``background = True`` one here.
+* **Where it runs**: where the reactor would run that step — in this process for a reactor
+  that runs synchronously (as ``Reactor.resume``), on a worker (an outbox row, enqueued after
+  commit, as ``run_async``) for a ``background = True`` reactor, and for
+  ``background = "after:<step>"`` on a worker when retrying from a step after that one (from an
+  earlier step: here, handing off after it as a first run does). ``on_worker=True`` sends any
+  reactor to a worker (the admin action does: a saga never runs inside an admin request);
+  ``on_worker=False`` runs any reactor here.
 
 Validation (``ExecutionNotRetryable``): only a ``failed`` root execution (a composed or async
 child is retried through its root); only once (a second retry of the same execution names
@@ -32,7 +34,7 @@ async child that never finished, has none).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -43,6 +45,9 @@ from reactor_app.exceptions import ExecutionNotRetryable
 from reactor_app.models import Execution
 from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
+
+if TYPE_CHECKING:
+    from reactor_app.dsl.reactor import Reactor
 
 #: ``state.extra`` entry of a retry: ``{"of": id, "from_step": name, "reused": [...], "by": ...}``
 RETRY = "retry"
@@ -55,13 +60,13 @@ def retry(
     its in-process run left it."""
     reactor = lookup(failed.reactor)
     order = list(reactor.plan.order)
-    worker = reactor.background is True if on_worker is None else on_worker
     with transaction.atomic():
         # under a row lock: of two concurrent retries of one execution, one wins
         failed = Execution.objects.select_for_update().get(pk=failed.pk)
         _check(failed)
         state = ExecutionState.from_json(failed.context)
         start = _start_index(failed, state, order, from_step)
+        worker = _on_worker(reactor, order, start) if on_worker is None else on_worker
         fresh = ExecutionState(
             results={name: state.results[name] for name in order[:start]},
             next_index=start,
@@ -94,6 +99,19 @@ def retry(
         run_inline(ExecutionRun(reactor, execution, dict(execution.inputs)))
         execution.refresh_from_db()
     return execution
+
+
+def _on_worker(reactor: type[Reactor], order: list[str], start: int) -> bool:
+    """Where the reactor would run this step: ``background = True`` on a worker; with
+    ``background = "after:<step>"``, the steps after that one on a worker (before it, the
+    retry runs here and hands off after it, as a first run would)."""
+    background = reactor.background
+    if background is True:
+        return True
+    if isinstance(background, str) and background.startswith("after:"):
+        after = background.removeprefix("after:")
+        return after in order and start > order.index(after)
+    return False
 
 
 def _check(failed: Execution) -> None:

@@ -98,3 +98,17 @@ class BackgroundRetryableReactor(Reactor):
     notify = step(NotifyStep, reservation=from_result("reserve"), charge=from_result("charge"))
 
     returns = "charge"
+
+
+@with_lock(lambda inputs: f"order:{inputs['key']}", ttl=30)
+class AfterReserveReactor(Reactor):
+    """``reserve`` in the caller, the rest on a worker."""
+
+    background = "after:reserve"
+    inputs = ("key",)
+
+    reserve = step(ReserveStep, key=from_input("key"))
+    charge = step(ChargeStep, key=from_input("key"), reservation=from_result("reserve"))
+    notify = step(NotifyStep, reservation=from_result("reserve"), charge=from_result("charge"))
+
+    returns = "charge"

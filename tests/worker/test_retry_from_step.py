@@ -24,7 +24,12 @@ from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.testing import assert_not_locked
 from tests.worker.helpers import wait_until
 from tests.worker.reactors import records
-from tests.worker.retry_reactors import BackgroundRetryableReactor, RetryableReactor, set_failing
+from tests.worker.retry_reactors import (
+    AfterReserveReactor,
+    BackgroundRetryableReactor,
+    RetryableReactor,
+    set_failing,
+)
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -151,6 +156,34 @@ def test_a_retry_on_a_worker_is_a_pending_outbox_row_a_delivery_runs(in_process:
     assert deliver(str(retried.pk))["outcome"] == "succeeded"
     retried.refresh_from_db()
     assert_retried_from_charge(failed, retried, 6)
+
+
+def test_a_retry_runs_where_the_reactor_would_run_that_step(in_process: None) -> None:
+    """``background = "after:reserve"``: from ``charge`` on a worker; from ``reserve`` here,
+    handing off after it as a first run does."""
+    set_failing(8, True)
+    first = AfterReserveReactor.run(key=8)
+    assert first.status == "handed_off"
+    assert deliver(first.execution_id)["outcome"] == "failed"
+    failed = Execution.objects.get(pk=first.execution_id)
+    set_failing(8, False)
+
+    retried = failed.retry()
+    assert retried.status == ExecutionStatus.PENDING and ran(retried) == []
+    assert deliver(str(retried.pk))["outcome"] == "succeeded"
+    assert [r["step"] for r in ran(retried)] == ["charge", "notify"]
+
+    set_failing(9, True)
+    first = AfterReserveReactor.run(key=9)
+    assert deliver(first.execution_id)["outcome"] == "failed"
+    failed = Execution.objects.get(pk=first.execution_id)
+    set_failing(9, False)
+    again = failed.retry(from_step="reserve")
+    # reserve ran here, in the call; the rest waits for a worker
+    assert again.status == ExecutionStatus.PENDING
+    assert [(r["step"], r["pid"]) for r in ran(again)] == [("reserve", os.getpid())]
+    assert deliver(str(again.pk))["outcome"] == "succeeded"
+    assert [r["step"] for r in ran(again)] == ["reserve", "charge", "notify"]
 
 
 def test_a_background_reactor_is_retried_on_a_worker(worker: Any) -> None:
