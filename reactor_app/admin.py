@@ -8,7 +8,8 @@
 * **Coordination events** — the history of every hold.
 * **Coordination** — live Redis state and the operator actions (``admin_views``).
 
-Runtime records are written by the engine only, so every ModelAdmin here is read-only.
+Runtime records are written by the engine only, so every ModelAdmin here is read-only. The one
+action on executions, **retry from a step**, creates a new execution (``retry_admin``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from reactor_app import admin_views
+from reactor_app import admin_views, retry_admin
 from reactor_app.api.live import blocker_data
 from reactor_app.models import (
     Coordination,
@@ -167,6 +168,7 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "rollback_failures_json",
         "root",
         "parent",
+        "retry_links",
         "correlation_id",
         "created_at",
         "started_at",
@@ -176,6 +178,7 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
     inlines = [StepRunInline, CoordinationEventInline]
+    actions = ["retry_failed"]
 
     @admin.display(description="reactor")
     def reactor_name(self, obj: Execution) -> str:
@@ -218,6 +221,49 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="engine state")
     def context_json(self, obj: Execution) -> SafeString:
         return pretty_json(readable(obj.context))
+
+    # -- retry from a step (reactor_app.engine.retry) --------------------------------------
+
+    def has_retry_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # re-running a saga changes the world: the operator permission, as for force-release
+        return admin_views.can_operate(request)
+
+    @admin.display(description="retry")
+    def retry_links(self, obj: Execution) -> SafeString | str:
+        """The retry this execution had or is (links), and the retry button when it can have
+        one; the button is shown to everyone and the page checks the permission."""
+        parts: list[SafeString] = []
+        if obj.retry_of_id:
+            parts.append(format_html("retry of {}", execution_link(obj.retry_of_id, short=True)))
+        for retried in obj.retries.all():
+            parts.append(format_html("retried as {}", execution_link(retried.pk, short=True)))
+        if retry_admin.retryable(obj):
+            parts.append(
+                format_html(
+                    '<a class="button" id="retry-execution" href="{}">Retry from a step…</a>',
+                    reverse("admin:reactor_app_execution_retry", args=[obj.pk]),
+                )
+            )
+        if not parts:
+            return "—"
+        return format_html_join(" · ", "{}", ((part,) for part in parts))
+
+    @admin.action(
+        description="Retry the selected failed executions from their failed step",
+        permissions=["retry"],
+    )
+    def retry_failed(self, request: HttpRequest, queryset: QuerySet) -> None:
+        retry_admin.retry_selected(self, request, queryset)
+
+    def get_urls(self) -> list[URLPattern]:
+        retry = path(
+            "<path:object_id>/retry/",
+            self.admin_site.admin_view(
+                lambda request, object_id: retry_admin.retry_page(self, request, object_id)
+            ),
+            name="reactor_app_execution_retry",
+        )
+        return [retry, *super().get_urls()]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

@@ -25,3 +25,9 @@ class ReactorAppConfig(AppConfig):
 
         # buffered tracking rows are written when a worker shuts down cleanly
         connect_celery_shutdown()
+
+        # Prometheus collectors and OpenTelemetry spans, for whichever of the two is installed;
+        # neither is imported (nor any receiver connected) when absent.
+        from reactor_app.metrics import install
+
+        install()

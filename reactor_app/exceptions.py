@@ -122,6 +122,13 @@ class ExecutionNotResumable(ReactorError):
     field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
 
 
+class ExecutionNotRetryable(ReactorError):
+    """The execution cannot be retried from that step (not failed, not a root, already
+    retried, or an unknown step)."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
+
+
 class CoordinationError(ReactorError):
     """Coordination refused or could not run the work."""
 

@@ -68,6 +68,14 @@ class Execution(models.Model):
         blank=True,
         help_text="run_async(idempotency_key=...): a second call with this key returns this row",
     )
+    retry_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="retries",
+        help_text="the failed execution this one retries (Execution.retry)",
+    )
 
     objects = ExecutionManager()
 
@@ -103,6 +111,16 @@ class Execution(models.Model):
         from reactor_app.engine.result import Result
 
         return Result.from_execution(self)
+
+    def retry(
+        self, from_step: str | None = None, *, on_worker: bool | None = None, by: str = ""
+    ) -> Execution:
+        """Run this failed execution again from ``from_step`` (default: the step that failed),
+        as a new execution linked by ``retry_of``, reusing the recorded results of the steps
+        before it. See ``reactor_app.engine.retry`` for what is reused and where it runs."""
+        from reactor_app.engine.retry import retry
+
+        return retry(self, from_step=from_step, on_worker=on_worker, by=by)
 
     def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> Result:
         """Block until the execution is terminal (or interrupted) and return its ``Result``."""

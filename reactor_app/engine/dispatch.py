@@ -511,7 +511,17 @@ def _record_resumed(run: ExecutionRun) -> None:
         step=parked_on.get("step") or None,
         reactor=run.reactor_path,
         execution_id=parked_on.get("execution") or run.execution_id,
+        **_parked_for(parked_on),
     )
+
+
+def _parked_for(parked_on: dict[str, Any]) -> dict[str, Any]:
+    """``{"parked_for": seconds}`` since the park, when it recorded its time (older parks
+    persisted before this field did not)."""
+    at = parked_on.get("at")
+    if not isinstance(at, (int, float)):
+        return {}
+    return {"parked_for": round(max(0.0, timezone.now().timestamp() - at), 3)}
 
 
 def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:

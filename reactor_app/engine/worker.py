@@ -164,6 +164,8 @@ def note_park(
         "step": label,
         "primitive": claim.primitive,
         "key": claim.key,
+        # wall clock: the resuming delivery may run in another process (wake latency metric)
+        "at": timezone.now().timestamp(),
     }
     record_coordination(
         CoordinationEventKind.PARKED,

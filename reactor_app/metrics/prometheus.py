@@ -1,0 +1,135 @@
+"""Prometheus collectors in ``prometheus_client``'s default registry, fed by signals.
+
+Imported only when ``prometheus_client`` is installed (``reactor_app.metrics.install``).
+Labels are bounded sets — primitive, reactor path, step name, status — never a coordination
+key or an execution id, whose values are unbounded and would blow up the scraper's series.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from reactor_app import signals
+from reactor_app.metrics import Pending, now
+from reactor_app.status import CoordinationEventKind, EngineEvent
+
+Kind = CoordinationEventKind
+
+#: seconds; steps and holds span a few milliseconds to minutes
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+ADMISSIONS = Counter(
+    "reactor_admissions",
+    "Coordination claims admitted (a first acquisition, not a re-entry by the same owner)",
+    ["primitive"],
+)
+REFUSALS = Counter(
+    "reactor_refusals",
+    "Coordination claims refused: the execution parked (worker) or failed (in-process wait "
+    "exhausted, or no waiting allowed)",
+    ["primitive", "outcome"],
+)
+PARKS = Counter(
+    "reactor_parks",
+    "Worker executions parked on contention (requeued, holding nothing of the refused step)",
+    ["primitive"],
+)
+LEASES_LOST = Counter(
+    "reactor_leases_lost", "Holds found lost (expired or taken) by their owner", ["primitive"]
+)
+FORCED_RELEASES = Counter(
+    "reactor_forced_releases", "Holds released by an operator or a redelivery", ["primitive"]
+)
+WAKE_LATENCY = Histogram(
+    "reactor_wake_latency_seconds",
+    "From a worker park to the delivery that resumed it (wall clock, across processes)",
+    ["primitive"],
+    buckets=DURATION_BUCKETS,
+)
+HOLD_DURATION = Histogram(
+    "reactor_hold_duration_seconds",
+    "From acquisition to release of a lock, semaphore slot or period/ordered reservation, "
+    "when both happen in this process",
+    ["primitive"],
+    buckets=DURATION_BUCKETS,
+)
+EXECUTIONS = Counter(
+    "reactor_executions",
+    "Execution runs that ended a delivery, by the status they ended in",
+    ["reactor", "status"],
+)
+STEP_DURATION = Histogram(
+    "reactor_step_duration_seconds",
+    "One attempt of a step body, by outcome (succeeded, failed, retried)",
+    ["reactor", "step", "outcome"],
+    buckets=DURATION_BUCKETS,
+)
+
+_EXECUTION_ENDS = {
+    EngineEvent.EXECUTION_SUCCEEDED: "succeeded",
+    EngineEvent.EXECUTION_FAILED: "failed",
+    EngineEvent.EXECUTION_HALTED: "halted",
+    EngineEvent.EXECUTION_PARKED: "parked",
+    EngineEvent.EXECUTION_INTERRUPTED: "interrupted",
+}
+_STEP_ENDS = {
+    EngineEvent.STEP_SUCCEEDED: "succeeded",
+    EngineEvent.STEP_FAILED: "failed",
+    EngineEvent.STEP_RETRIED: "retried",
+}
+
+_steps = Pending()
+_holds = Pending()
+
+
+def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
+    if kind == EngineEvent.STEP_STARTED:
+        _steps.push((execution.pk, payload.get("step"), payload.get("attempt")), now())
+        return
+    outcome = _STEP_ENDS.get(kind)  # type: ignore[call-overload]
+    if outcome is not None:
+        started = _steps.pop((execution.pk, payload.get("step"), payload.get("attempt")))
+        if started is not None:
+            STEP_DURATION.labels(execution.reactor, payload.get("step") or "", outcome).observe(
+                now() - started
+            )
+        return
+    status = _EXECUTION_ENDS.get(kind)  # type: ignore[call-overload]
+    if status is not None:
+        EXECUTIONS.labels(execution.reactor, status).inc()
+
+
+def on_coordination_event(
+    sender: Any, kind: str, primitive: str, key: str, owner: str, detail: dict[str, Any], **_: Any
+) -> None:
+    hold = (owner, primitive, key)
+    if kind == Kind.ACQUIRED:
+        _holds.push(hold, now())
+        if not detail.get("reentrant"):
+            ADMISSIONS.labels(primitive).inc()
+    elif kind in (Kind.RELEASED, Kind.FORCED_RELEASE):
+        started = _holds.pop(hold)
+        if started is not None:
+            HOLD_DURATION.labels(primitive).observe(now() - started)
+        if kind == Kind.FORCED_RELEASE:
+            FORCED_RELEASES.labels(primitive).inc()
+    elif kind == Kind.ACQUISITION_FAILED:
+        REFUSALS.labels(primitive, "failed").inc()
+    elif kind == Kind.PARKED:
+        REFUSALS.labels(primitive, "parked").inc()
+        PARKS.labels(primitive).inc()
+    elif kind == Kind.RESUMED:
+        waited = detail.get("parked_for")
+        if isinstance(waited, (int, float)) and waited >= 0:
+            WAKE_LATENCY.labels(primitive).observe(waited)
+    elif kind == Kind.LEASE_LOST:
+        LEASES_LOST.labels(primitive).inc()
+
+
+def connect() -> None:
+    signals.engine_event.connect(on_engine_event, dispatch_uid="reactor_app.metrics.prometheus")
+    signals.coordination_event.connect(
+        on_coordination_event, dispatch_uid="reactor_app.metrics.prometheus"
+    )

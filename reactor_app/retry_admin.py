@@ -1,0 +1,130 @@
+"""The admin's retry action: re-run a failed execution from a step, on a worker.
+
+* On the execution page, a **Retry from a step…** button (failed root executions not retried
+  yet) opens ``executions/<id>/retry/``: GET shows the steps whose recorded results will be
+  reused and asks for the step to start from (the failed one preselected); POST retries.
+* In the executions list, the **Retry the selected failed executions** action retries each
+  selected one from its failed step; the others are reported and left alone.
+
+Both need the operator permission (``reactor_app.force_release``, as every state-changing
+operator action) and are audited in the admin's history (a ``LogEntry`` on the failed
+execution naming the new one and the step) and in the new execution's ``context["retry"]``
+(``by``: the operator). The retry always runs on a worker: a saga never runs inside an admin
+request. See ``reactor_app.engine.retry`` for what a retry reuses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from reactor_app.admin_views import OPERATE_PERMISSION, can_operate
+from reactor_app.dsl.registry import lookup
+from reactor_app.engine.context import ExecutionState
+from reactor_app.exceptions import ExecutionNotRetryable, ReactorNotRegistered
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+
+def retryable(execution: Execution) -> bool:
+    """Whether the page offers a retry (the engine checks again, under a row lock)."""
+    return (
+        execution.status == ExecutionStatus.FAILED
+        and execution.parent_id is None
+        and not execution.retries.exists()
+    )
+
+
+def _require_operator(request: HttpRequest) -> None:
+    if not can_operate(request):
+        raise PermissionDenied(f"retrying an execution needs the {OPERATE_PERMISSION!r} permission")
+
+
+def _change_url(execution: Any) -> str:
+    return reverse("admin:reactor_app_execution_change", args=[execution.pk])
+
+
+def _retry(
+    model_admin: ModelAdmin, request: HttpRequest, failed: Execution, step: str | None
+) -> Execution:
+    retried = failed.retry(from_step=step, on_worker=True, by=request.user.get_username())
+    from_step = retried.context["retry"]["from_step"]
+    model_admin.log_change(request, failed, f"Retried from step {from_step!r} as {retried.pk}.")
+    return retried
+
+
+class RetryForm(forms.Form):
+    from_step = forms.ChoiceField(label="Run again from step")
+
+    def __init__(self, *args: Any, steps: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["from_step"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(name, name) for name in steps]
+
+
+def retry_page(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    _require_operator(request)
+    try:
+        failed = Execution.objects.get(pk=object_id)
+    except (Execution.DoesNotExist, ValidationError, ValueError) as exc:
+        raise Http404(f"no execution {object_id}") from exc
+    try:
+        order = list(lookup(failed.reactor).plan.order)
+    except ReactorNotRegistered as exc:
+        messages.error(request, f"cannot retry: {exc.message}")
+        return HttpResponseRedirect(_change_url(failed))
+    state = ExecutionState.from_json(failed.context)
+    failed_step = order[state.next_index] if state.next_index < len(order) else None
+    form = RetryForm(
+        request.POST if request.method == "POST" else None,
+        initial={"from_step": failed_step},
+        steps=order,
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            retried = _retry(model_admin, request, failed, form.cleaned_data["from_step"])
+        except ExecutionNotRetryable as exc:
+            messages.error(request, f"cannot retry: {exc.message}")
+            return HttpResponseRedirect(_change_url(failed))
+        messages.success(
+            request,
+            f"retrying {failed.pk} from step {retried.context['retry']['from_step']!r} as "
+            f"{retried.pk} on a worker",
+        )
+        return HttpResponseRedirect(_change_url(retried))
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "title": f"Retry {failed.reactor_name} {failed.pk}",
+        "execution": failed,
+        "execution_url": _change_url(failed),
+        "form": form,
+        "steps": [
+            {"name": name, "recorded": name in state.results, "failed": name == failed_step}
+            for name in order
+        ],
+        "retryable": retryable(failed),
+    }
+    return TemplateResponse(request, "admin/reactor_app/execution/retry.html", context)
+
+
+def retry_selected(model_admin: ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _require_operator(request)
+    for failed in queryset:
+        try:
+            retried = _retry(model_admin, request, failed, None)
+        except (ExecutionNotRetryable, ReactorNotRegistered) as exc:
+            messages.warning(request, f"{failed.pk}: {exc.message}")
+            continue
+        messages.success(request, f"{failed.pk}: retrying as {retried.pk} on a worker")
