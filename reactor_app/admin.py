@@ -27,7 +27,6 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from reactor_app import admin_views
-from reactor_app.api.live import blocker_data
 from reactor_app.models import (
     Coordination,
     CoordinationEvent,
@@ -35,6 +34,7 @@ from reactor_app.models import (
     ParkedExecution,
     StepRun,
 )
+from reactor_app.operator.live import blocker_data
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus
 
