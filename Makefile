@@ -21,19 +21,20 @@ STAMP := $(VENV)/.reactor-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 # Checks `make test` runs before pytest (the same as `make lint`).
-TEST_CHECKS ?= ruff-check format-check mypy
+TEST_CHECKS ?= ruff-check format-check mypy lint-imports
 PYTEST_ARGS ?= --durations=15
 
 export DJANGO_SETTINGS_MODULE ?= demo_project.settings
 
-.PHONY: help venv install migrate demo test test-django42 pytest lint ruff-check format-check mypy format \
+.PHONY: help venv install migrate demo test test-django42 pytest lint ruff-check format-check mypy \
+	lint-imports format \
 	bench browser-deps redis-status redis-stop clean
 
 help:
 	@echo "make demo          set everything up and run the step-lock demo"
 	@echo "make test          set everything up and run checks + the test suite"
 	@echo "make test-django42 the core of the suite against Django 4.2 (own virtualenv)"
-	@echo "make lint          ruff check, ruff format --check, mypy"
+	@echo "make lint          ruff check, ruff format --check, mypy, import contracts"
 	@echo "make format        ruff format + ruff check --fix"
 	@echo "make bench         run the benchmarks in bench/"
 	@echo "make migrate       apply migrations to the configured database"
@@ -120,7 +121,7 @@ bench: install migrate
 
 lint: install
 	@rc=0; \
-	for check in ruff-check format-check mypy; do \
+	for check in ruff-check format-check mypy lint-imports; do \
 		$(MAKE) --no-print-directory $$check || rc=1; \
 	done; \
 	exit $$rc
@@ -133,6 +134,10 @@ format-check: install
 
 mypy: install
 	$(BIN)/mypy reactor_app
+
+# The layer contracts of [tool.importlinter] in pyproject.toml (docs/architecture.md).
+lint-imports: install
+	$(BIN)/lint-imports --no-logo
 
 format: install
 	$(BIN)/ruff format .
@@ -163,5 +168,6 @@ redis-stop: install
 
 clean:
 	-[ -x $(BIN)/python ] && env -u REDIS_URL $(BIN)/python manage.py reactor_redis stop
-	rm -rf .reactor .pytest_cache .mypy_cache .ruff_cache .hypothesis test-artifacts
+	rm -rf .reactor .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis \
+		test-artifacts
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

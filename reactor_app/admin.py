@@ -28,7 +28,6 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from reactor_app import admin_views, retry_admin
-from reactor_app.api.live import blocker_data
 from reactor_app.models import (
     Coordination,
     CoordinationEvent,
@@ -36,6 +35,7 @@ from reactor_app.models import (
     ParkedExecution,
     StepRun,
 )
+from reactor_app.operator.live import blocker_data
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus
 

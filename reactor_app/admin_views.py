@@ -32,9 +32,9 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
 from reactor_app import timeline
-from reactor_app.api import live, operations
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.models import CoordinationEvent, Execution
+from reactor_app.operator import live, operations
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

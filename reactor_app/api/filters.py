@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 
-from reactor_app.api.live import HOLDING_PRIMITIVES, LEVELS, PRIMITIVES
+from reactor_app.operator.live import HOLDING_PRIMITIVES, LEVELS, PRIMITIVES
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 
 

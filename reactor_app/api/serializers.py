@@ -13,8 +13,8 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from reactor_app.api.live import blocker_data
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
+from reactor_app.operator.live import blocker_data
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus, StepRunStatus
 

@@ -20,7 +20,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
-from reactor_app.api import live
 from reactor_app.api.filters import ContentionFilters, EventFilters, ExecutionFilters, HoldFilters
 from reactor_app.api.pagination import MAX_PAGE_SIZE, ReactorPagination, positive_int
 from reactor_app.api.permissions import configured_permissions
@@ -35,6 +34,7 @@ from reactor_app.api.serializers import (
 )
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.models import ContentionState, CoordinationEvent, Execution
+from reactor_app.operator import live
 
 UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
 

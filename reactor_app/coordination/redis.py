@@ -310,7 +310,11 @@ def holder_json(holder: claim_types.Holder) -> str:
 
 
 class Status(IntEnum):
-    """Status codes answered by the Lua scripts (first element of every reply)."""
+    """Status codes answered by the Lua scripts (first element of every reply).
+
+    ``lua/_common.lua`` declares the same names and values for the scripts; a unit test
+    (``test_lua_status_codes_match_the_python_enum``) fails when the two differ.
+    """
 
     OK = 0
     LOCKED = 1

@@ -29,6 +29,19 @@ def _is_reactor(target: Any) -> bool:
     return isinstance(target, type) and issubclass(target, Reactor)
 
 
+def _check_child_arguments(spec: StepSpec, reactor: type[Reactor]) -> None:
+    """A child reactor's arguments (``compose``, ``async_reactor``) must be its inputs."""
+    where = f"{reactor.__qualname__}.{spec.name}"
+    unknown = sorted(set(spec.arguments) - set(spec.target.inputs))
+    if unknown:
+        raise DefinitionError(
+            f"{where}: {spec.target.__qualname__} has inputs {tuple(spec.target.inputs)} but "
+            f"is given {unknown}",
+            owner=where,
+            option=unknown[0],
+        )
+
+
 class ComposeSpec(StepSpec):
     kind: ClassVar[str] = "compose"
 
@@ -37,16 +50,7 @@ class ComposeSpec(StepSpec):
 
     def check(self, reactor: type[Reactor]) -> None:
         super().check(reactor)
-        where = f"{reactor.__qualname__}.{self.name}"
-        child_inputs = set(self.target.inputs)
-        unknown = sorted(set(self.arguments) - child_inputs)
-        if unknown:
-            raise DefinitionError(
-                f"{where}: {self.target.__qualname__} has inputs {tuple(self.target.inputs)} but "
-                f"is given {unknown}",
-                owner=where,
-                option=unknown[0],
-            )
+        _check_child_arguments(self, reactor)
 
 
 class MapSpec(StepSpec):
@@ -137,16 +141,7 @@ class AsyncReactorSpec(StepSpec):
 
     def check(self, reactor: type[Reactor]) -> None:
         super().check(reactor)
-        # the same rule as compose: the arguments must be the child's inputs
-        where = f"{reactor.__qualname__}.{self.name}"
-        unknown = sorted(set(self.arguments) - set(self.target.inputs))
-        if unknown:
-            raise DefinitionError(
-                f"{where}: {self.target.__qualname__} has inputs {tuple(self.target.inputs)} but "
-                f"is given {unknown}",
-                owner=where,
-                option=unknown[0],
-            )
+        _check_child_arguments(self, reactor)  # the same rule as compose
 
 
 class InterruptSpec(StepSpec):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from reactor_app.dsl import registry
 from reactor_app.dsl.coordination import Coordinated
-from reactor_app.dsl.step import StepSpec
+from reactor_app.dsl.step import StepSpec, declared_inputs
 from reactor_app.engine.planner import Plan, build_plan
 from reactor_app.exceptions import DefinitionError
 
@@ -34,14 +34,7 @@ class Reactor(Coordinated):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if isinstance(cls.inputs, str):
-            raise DefinitionError(
-                f"{cls.__qualname__}.inputs must be a tuple of names, e.g. ('account_id',), "
-                f"not the string {cls.inputs!r}",
-                owner=cls.__qualname__,
-                option="inputs",
-            )
-        cls.inputs = tuple(cls.inputs)
+        cls.inputs = declared_inputs(cls)
         specs: dict[str, StepSpec] = {}
         for base in reversed(cls.__mro__[1:]):
             specs.update(getattr(base, "steps", {}) if base is not Reactor else {})

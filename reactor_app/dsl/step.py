@@ -28,6 +28,22 @@ if TYPE_CHECKING:
     from reactor_app.engine.context import StepContext
 
 
+def declared_inputs(cls: type[Step] | type[Reactor]) -> tuple[str, ...]:
+    """``cls.inputs`` as a tuple of names, checked when a step or reactor class is created.
+
+    A bare string (``inputs = ("account_id")``, the comma forgotten) would otherwise read as
+    one input per character.
+    """
+    if isinstance(cls.inputs, str):
+        raise DefinitionError(
+            f"{cls.__qualname__}.inputs must be a tuple of names, e.g. ('account_id',), "
+            f"not the string {cls.inputs!r}",
+            owner=cls.__qualname__,
+            option="inputs",
+        )
+    return tuple(cls.inputs)
+
+
 class Step(Coordinated):
     """Base class of step classes. Override ``run``; ``compensate`` and ``undo`` are optional."""
 
@@ -38,14 +54,7 @@ class Step(Coordinated):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if isinstance(cls.inputs, str):
-            raise DefinitionError(
-                f"{cls.__qualname__}.inputs must be a tuple of names, e.g. ('account_id',), "
-                f"not the string {cls.inputs!r}",
-                owner=cls.__qualname__,
-                option="inputs",
-            )
-        cls.inputs = tuple(cls.inputs)
+        cls.inputs = declared_inputs(cls)
         cls.retry_policy = as_retries(cls.retries, cls.__qualname__)
 
     retry_policy: ClassVar[Retries] = Retries()

@@ -613,32 +613,26 @@ class ExecutionRun:
         return StepOutcome("failed", error=end.error, rollback_failures=list(end.rollback_failures))
 
     def _run_map(self, spec: MapSpec) -> StepOutcome:
-        try:
-            items = spec.over.resolve(self._scope())
-        except PathError as exc:
+        def bad_over(problem: str) -> StepOutcome:
+            # an unreadable and a non-list ``over`` fail alike, naming the argument and its source
             return StepOutcome(
                 "failed",
                 error=ArgumentResolutionError(
                     f"map_step {spec.name!r} of {self.reactor_path}: "
-                    f"over={spec.over.describe()}: {exc}",
+                    f"over={spec.over.describe()}{problem}",
                     reactor=self.reactor_path,
                     step=spec.name,
                     argument="over",
                     source=spec.over.describe(),
                 ),
             )
+
+        try:
+            items = spec.over.resolve(self._scope())
+        except PathError as exc:
+            return bad_over(f": {exc}")
         if not isinstance(items, (list, tuple)):
-            return StepOutcome(
-                "failed",
-                error=ArgumentResolutionError(
-                    f"map_step {spec.name!r} of {self.reactor_path}: over={spec.over.describe()} "
-                    f"must be a list, got {type(items).__name__}",
-                    reactor=self.reactor_path,
-                    step=spec.name,
-                    argument="over",
-                    source=spec.over.describe(),
-                ),
-            )
+            return bad_over(f" must be a list, got {type(items).__name__}")
         progress = self.state.extra.setdefault("map_progress", {}).setdefault(
             spec.name, {"elements": [], "values": [], "index": 0}
         )

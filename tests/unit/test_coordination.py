@@ -177,6 +177,34 @@ def test_status_table_covers_every_code() -> None:
     assert STATUSES[Status.LOST].error is LeaseLost
 
 
+def lua_status_codes() -> dict[str, int]:
+    """The status constants of ``lua/_common.lua``: the ``local NAME, ... = 0, ...`` lines
+    under its "Status codes" comment, up to the first blank line."""
+    folder = resources.files("reactor_app.coordination").joinpath("lua")
+    text = folder.joinpath("_common.lua").read_text(encoding="utf-8")
+    block = text.split("-- Status codes", 1)[1].split("\n\n", 1)[0]
+    codes: dict[str, int] = {}
+    for names, values in re.findall(r"^local ([A-Z_, ]+) = ([0-9, ]+)$", block, re.MULTILINE):
+        pairs = list(zip(names.split(","), values.split(","), strict=True))
+        codes.update({name.strip(): int(value) for name, value in pairs})
+    return codes
+
+
+def test_lua_status_codes_match_the_python_enum() -> None:
+    """Both directions: every Lua constant is a ``Status`` of that value, and every ``Status``
+    has its Lua constant (a code added on one side only fails here, not in production)."""
+    lua = lua_status_codes()
+    assert lua, "no status constants found in _common.lua"
+    assert lua == {status.name: status.value for status in Status}
+
+
+def test_lua_scripts_reply_only_known_status_codes() -> None:
+    known = {status.name for status in Status}
+    for name, source in script_sources().items():
+        used = set(re.findall(r"\breply\(([A-Z_]+)\b", source))
+        assert used <= known, (name, used - known)
+
+
 # -- lock -----------------------------------------------------------------------------------
 
 

@@ -1,10 +1,23 @@
 -- _common.lua — fragment spliced into operation scripts by their include line.
--- Helpers only: the Redis clock, the reply shape, big-number formatting.
+-- Helpers only: the Redis clock, the KEYS split, the reply shape, big-number formatting.
 
--- Status codes; the Python side's one table is reactor_app.coordination.redis.STATUSES.
+-- Status codes; the Python side's one table is reactor_app.coordination.redis.STATUSES
+-- (tests/unit/test_coordination.py checks that the two agree, name for name).
 local OK, LOCKED, SEMAPHORE_FULL, RATE_LIMITED, PERIOD_MARKED = 0, 1, 2, 3, 4
 local ORDERED_WAIT, ORDERED_STALE, CHAIN_FAILED, LOST, NOT_FOUND = 5, 6, 7, 8, 9
 local PERIOD_IN_FLIGHT = 10
+
+-- Operation scripts take a list of items (claims, holds, renewals), each naming its Redis keys
+-- by count: item.n consecutive KEYS, in list order (a script must get every key it touches in
+-- KEYS, one flat list). Gives every item its own slice as item.keys.
+local function split_keys(items)
+  local offset = 0
+  for _, item in ipairs(items) do
+    item.keys = {}
+    for j = 1, item.n do item.keys[j] = KEYS[offset + j] end
+    offset = offset + item.n
+  end
+end
 
 -- Every script answers {status, json payload}.
 local function reply(status, payload)

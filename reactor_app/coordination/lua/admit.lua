@@ -81,12 +81,7 @@ local holder = cjson.decode(ARGV[1])
 local claims = cjson.decode(ARGV[2])
 local waiter = ARGV[3] or ''
 
-local offset = 0
-for _, claim in ipairs(claims) do
-  claim.keys = {}
-  for j = 1, claim.n do claim.keys[j] = KEYS[offset + j] end
-  offset = offset + claim.n
-end
+split_keys(claims)
 
 local function refusal(status, payload, waiters_key, waiter_score)
   payload.status = status

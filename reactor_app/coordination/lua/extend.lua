@@ -67,11 +67,9 @@ local function extend_period(keys, item)
   return nil, left
 end
 
-local offset = 0
+split_keys(items)
 for i, item in ipairs(items) do
-  local keys = {}
-  for j = 1, item.n do keys[j] = KEYS[offset + j] end
-  offset = offset + item.n
+  local keys = item.keys
   local reason, ttl
   if item.p == 'lock' then reason, ttl = extend_lock(keys, item)
   elseif item.p == 'period' then reason, ttl = extend_period(keys, item)

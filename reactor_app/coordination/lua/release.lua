@@ -193,11 +193,9 @@ local function release_rate_limit(keys, spec)
   end
 end
 
-local offset = 0
+split_keys(holds)
 for _, spec in ipairs(holds) do
-  local keys = {}
-  for j = 1, spec.n do keys[j] = KEYS[offset + j] end
-  offset = offset + spec.n
+  local keys = spec.keys
   if spec.p == 'lock' then release_lock(keys, spec)
   elseif spec.p == 'semaphore' then release_semaphore(keys, spec)
   elseif spec.p == 'ordered_lock' then release_ordered(keys, spec)

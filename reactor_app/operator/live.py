@@ -5,7 +5,7 @@ the ORM.
 ``live_holds`` lists every lock and semaphore hold with its attribution (owning step or the
 reactor level, execution, acquisition time, TTL left, nesting count, fencing token);
 ``inspect_key`` answers "what is the state of this key?" for any of the five primitives.
-The operator verbs (force release, ordered-lock skip and reset) live in ``actions``.
+The operator verbs (force release, ordered-lock skip and reset) live in ``operations``.
 
 Everything is read through ``reactor_app.coordination.state``; this module only filters,
 normalises times to aware datetimes and labels the level of each hold.
