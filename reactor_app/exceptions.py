@@ -202,6 +202,22 @@ class CoordinationKeyError(CoordinationError):
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
 
 
+class RateLimitCostError(CoordinationKeyError):
+    """The cost a weighted rate limit would charge is invalid (below 1, not an integer, or more
+    than a window's whole budget, so it could never be admitted); the work did not run."""
+
+    field_names: ClassVar[tuple[str, ...]] = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "cause",
+        "cost",
+        "limit",
+        "period",
+    )
+
+
 class ContentionCeilingExceeded(CoordinationError):
     """The step was parked on contention more times than REACTOR_CONTENTION_CEILING allows."""
 
