@@ -47,6 +47,7 @@ STATUS_COLOURS = {
     ExecutionStatus.SUCCEEDED: "#1e8449",
     ExecutionStatus.FAILED: "#c0392b",
     ExecutionStatus.HALTED: "#566573",
+    ExecutionStatus.CANCELLED: "#7b7d7d",
 }
 STATUS_HINTS = {
     ExecutionStatus.PARKED: "waiting on contention; will resume (not a failure)",

@@ -122,6 +122,18 @@ class ExecutionNotResumable(ReactorError):
     field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
 
 
+class ExecutionCancelled(ReactorError):
+    """The execution was cancelled by an operator; its completed steps were rolled back."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "execution_id", "reason", "by")
+
+
+class ExecutionNotCancellable(ReactorError):
+    """The execution has already ended (succeeded, failed, halted or cancelled)."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("execution_id", "status")
+
+
 class CoordinationError(ReactorError):
     """Coordination refused or could not run the work."""
 

@@ -175,9 +175,21 @@ class StepContext:
 
     def checkpoint(self) -> None:
         """Raise ``LeaseLost`` if a lock covering this work — the step's own or an enclosing
-        reactor's — could not be renewed (the engine also checks after every body)."""
+        reactor's — could not be renewed (the engine also checks after every body), and
+        ``ExecutionCancelled`` if the execution was cancelled (the step fails without retry
+        and the execution rolls back and ends ``cancelled``)."""
         if self.lease_lost:
             raise self.lease_lost[0]
         for gate in reversed(self.gates):
             if gate.lost:
                 raise gate.lost[0]
+        if self.execution_id is not None:
+            # an operator's cancel (engine.cancel), from any process: stop the body here
+            from reactor_app.engine.cancel import raise_if_cancelled
+
+            raise_if_cancelled(
+                self.root_execution_id,
+                self.execution_id,
+                reactor=self.reactor.path() if self.reactor else None,
+                step=self.step_name,
+            )
