@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from reactor_app import admin_views
+from reactor_app import admin_cancel, admin_views
 from reactor_app.api.live import blocker_data
 from reactor_app.models import (
     Coordination,
@@ -177,6 +177,32 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
     inlines = [StepRunInline, CoordinationEventInline]
+    # the one write operators have on executions: cancelling (admin_cancel)
+    actions = [admin_cancel.cancel_selected]
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return admin_cancel.can_cancel(request)
+
+    def get_urls(self) -> list[URLPattern]:
+        cancel = path(
+            "<path:object_id>/cancel/",
+            self.admin_site.admin_view(
+                lambda request, object_id: admin_cancel.cancel_page(self, request, object_id)
+            ),
+            name="reactor_app_execution_cancel",
+        )
+        return [cancel, *super().get_urls()]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        execution = self.get_object(request, object_id)
+        context = {**(extra_context or {}), **admin_cancel.page_context(request, execution)}
+        return super().change_view(request, object_id, form_url, extra_context=context)
 
     @admin.display(description="reactor")
     def reactor_name(self, obj: Execution) -> str:

@@ -14,12 +14,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import transaction
+from django.test import Client
+from django.urls import reverse
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
@@ -28,6 +32,7 @@ from reactor_app.exceptions import ExecutionNotCancellable, ExecutionNotResumabl
 from reactor_app.models import ContentionState, CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.testing import assert_not_locked, coordination_state
+from tests.api import users
 from tests.worker.cancel_reactors import (
     ApprovalReactor,
     CancellableReactor,
@@ -186,3 +191,116 @@ def test_an_ended_execution_cannot_be_cancelled(worker: Any) -> None:
         execution.cancel("too late")
     assert raised.value.status == ExecutionStatus.SUCCEEDED  # type: ignore[attr-defined]
     assert status(execution) == ExecutionStatus.SUCCEEDED
+
+
+# -- the API endpoint and the admin -----------------------------------------------------------
+
+API = "/api/reactor/executions/{}/cancel/"
+
+
+@pytest.fixture
+def canceller(django_user_model: Any) -> Client:
+    """Staff with the cancel permission."""
+    return users.logged_in(users._staff(django_user_model, "canceller", "cancel_execution"))
+
+
+@pytest.fixture
+def viewer(django_user_model: Any) -> Client:
+    """Staff who may read executions but not cancel them."""
+    return users.logged_in(users._staff(django_user_model, "viewer"))
+
+
+def post_json(client: Client, url: str, body: Any) -> Any:
+    return client.post(url, data=json.dumps(body), content_type="application/json")
+
+
+def test_the_api_cancels_a_parked_execution_and_answers_each_error(
+    worker: Any, canceller: Client, viewer: Client
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    side = hold_lock(f"cancel-side:{key}")
+    try:
+        parked = CancellableReactor.run_async(key=key, seconds=0)
+        wait_until(lambda: parked_on(parked, "gated"), 30, message="it never parked on 'gated'")
+        url = API.format(parked.pk)
+
+        # permission-checked: staff without the permission is refused, nothing changes
+        assert post_json(viewer, url, {"reason": "x"}).status_code == 403
+        assert status(parked) == ExecutionStatus.PARKED
+        # bad input: 400 naming the field, nothing changes
+        for body in ({"reason": 42}, {"reason": "x", "force": True}, ["x"]):
+            answer = post_json(canceller, url, body)
+            assert answer.status_code == 400, (body, answer.content)
+        assert status(parked) == ExecutionStatus.PARKED
+        # unknown id: 404
+        assert post_json(canceller, API.format(uuid.uuid4()), {"reason": "x"}).status_code == 404
+
+        answer = post_json(canceller, url, {"reason": "fraud suspected"})
+        assert answer.status_code == 200, answer.content
+        assert answer.json()["status"] == ExecutionStatus.CANCELLED
+        row = Execution.objects.get(pk=parked.pk)
+        assert row.status == ExecutionStatus.CANCELLED
+        assert row.error["reason"] == "fraud suspected" and row.error["by"] == "canceller"
+        assert len(ran("undo:charge", parked)) == 1
+        (event,) = audit_events(parked)
+        assert event.detail["by"] == "canceller"
+
+        # an ended execution: 409 with a message
+        again = post_json(canceller, url, {"reason": "twice"})
+        assert again.status_code == 409
+        assert "already ended (cancelled)" in again.json()["detail"]
+    finally:
+        wake(Coordinator().release(side, "success").woken)
+
+
+def test_the_api_answers_202_for_a_running_execution_which_then_stops(
+    worker: Any, canceller: Client
+) -> None:
+    key = uuid.uuid4().hex[:8]
+    running = CancellableReactor.run_async(key=key, seconds=30)
+    wait_until(lambda: ran("enter:work", running), 30, message="the work step never started")
+    answer = post_json(canceller, API.format(running.pk), {})
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["status"] == ExecutionStatus.RUNNING
+    assert running.wait(timeout=20).status == ExecutionStatus.CANCELLED
+    assert len(ran("undo:charge", running)) == 1
+
+
+def test_the_admin_action_and_button_cancel_with_confirmation(
+    worker: Any, canceller: Client, viewer: Client
+) -> None:
+    changelist = reverse("admin:reactor_app_execution_changelist")
+    first = Execution.objects.get(pk=ApprovalReactor.run(key=uuid.uuid4().hex[:8]).execution_id)
+    second = Execution.objects.get(pk=ApprovalReactor.run(key=uuid.uuid4().hex[:8]).execution_id)
+    assert first.status == second.status == ExecutionStatus.INTERRUPTED
+    selected = {"action": "cancel_selected", ACTION_CHECKBOX_NAME: [str(first.pk)]}
+
+    # the action is offered only to who may cancel
+    assert "cancel_selected" in canceller.get(changelist).content.decode()
+    assert "cancel_selected" not in viewer.get(changelist).content.decode()
+
+    # first a confirmation page (nothing cancelled yet), then the cancel
+    confirm = canceller.post(changelist, selected)
+    assert confirm.status_code == 200 and b"confirm-cancel" in confirm.content
+    assert status(first) == ExecutionStatus.INTERRUPTED
+    done = canceller.post(changelist, {**selected, "confirm": "yes", "reason": "batch cleanup"})
+    assert done.status_code == 302
+    row = Execution.objects.get(pk=first.pk)
+    assert row.status == ExecutionStatus.CANCELLED and row.error["reason"] == "batch cleanup"
+    assert len(ran("undo:charge", first)) == 1
+    assert audit_events(first)[0].detail["by"] == "canceller"
+
+    # the execution page's button: shown to who may cancel a live execution, with a confirm
+    page = reverse("admin:reactor_app_execution_change", args=[second.pk])
+    button = reverse("admin:reactor_app_execution_cancel", args=[second.pk])
+    assert button in canceller.get(page).content.decode()
+    assert button not in viewer.get(page).content.decode()
+    assert viewer.get(button).status_code == 403
+    assert viewer.post(button, {"reason": "no"}).status_code == 403
+    assert status(second) == ExecutionStatus.INTERRUPTED
+    assert b"confirm-cancel" in canceller.get(button).content
+    assert status(second) == ExecutionStatus.INTERRUPTED  # a GET only confirms
+    assert canceller.post(button, {"reason": "customer left"}).status_code == 302
+    assert status(second) == ExecutionStatus.CANCELLED
+    # no button on an ended execution
+    assert button not in canceller.get(page).content.decode()
