@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.exceptions import (
+    ConfigurationError,
     ExecutionCancelled,
     ExecutionNotCancellable,
     InputValidationError,
@@ -53,6 +55,9 @@ IDLE = (ExecutionStatus.PENDING, ExecutionStatus.PARKED, ExecutionStatus.INTERRU
 #: how long a cancel request outlives its execution's end (seconds): long enough for any pass
 #: still in flight to see it, short enough to clean itself up
 REQUEST_TTL = 7 * 86400
+#: seconds the engine stops polling for cancel requests after a failed read (see cancel_request)
+POLL_REST = 5.0
+_rest_until = 0.0
 #: the longest reason kept (the rest is cut): it is shown in the admin and stored on the row
 MAX_REASON = 1000
 
@@ -77,11 +82,13 @@ def cancel_request(*execution_ids: Any) -> dict[str, Any] | None:
     """The cancel request of the first of ``execution_ids`` that has one, else None.
 
     Polled by the engine; an unreachable Redis reads as "not cancelled" (a run is never failed
-    by the poll itself: the next boundary looks again)."""
+    by the poll itself). After a failed read the poll rests for ``POLL_REST`` seconds, so an
+    outage does not add a connection timeout to every step of runs that need no Redis."""
+    global _rest_until
     from reactor_app.coordination.redis import get_client
 
     ids = [str(i) for i in execution_ids if i]
-    if not ids:
+    if not ids or time.monotonic() < _rest_until:
         return None
     try:
         client = get_client()
@@ -91,7 +98,11 @@ def cancel_request(*execution_ids: Any) -> dict[str, Any] | None:
             if raw:
                 data = json.loads(raw)
                 return data if isinstance(data, dict) else {"reason": str(data)}
+    except ConfigurationError:
+        # no coordination Redis configured: nothing can have been cancelled through it
+        _rest_until = time.monotonic() + POLL_REST
     except Exception:
+        _rest_until = time.monotonic() + POLL_REST
         logger.warning("could not read the cancel flag of %s", ids, exc_info=True)
     return None
 
@@ -166,10 +177,13 @@ def _let_go(run: ExecutionRun) -> None:
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.coordination.claims import (
         Admitted,
+        Claim,
         Hold,
         Holder,
+        LockClaim,
         OrderedLockClaim,
         OrderedPosition,
+        SemaphoreClaim,
     )
     from reactor_app.coordination.registry import HoldRegistry
     from reactor_app.engine.dispatch import _kept_hold, wake
@@ -212,6 +226,19 @@ def _let_go(run: ExecutionRun) -> None:
         except ReactorError:
             logger.warning("could not abandon the ordered positions of %s", run.execution_id)
         run.state.ordered.clear()
+    # leave the lines it waited in: a release would otherwise hand the key to a waiter that
+    # will never come (the grant only lapses after a moment)
+    for row in ContentionState.objects.filter(execution_id=run.execution_id):
+        waited: Claim | None = None
+        if row.primitive == "lock":
+            waited = LockClaim(row.key)
+        elif row.primitive == "semaphore":
+            waited = SemaphoreClaim(row.key, limit=1)
+        if waited is not None:
+            try:
+                coordinator.unregister_waiter(waited, run.owner)
+            except ReactorError:
+                logger.warning("could not leave the waiters of %s %r", row.primitive, row.key)
     ContentionState.objects.filter(execution_id=run.execution_id).delete()
     if woken:
         wake(woken)
@@ -249,7 +276,17 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
     )
     claim = ExecutionClaim(execution.id, f"cancel:{uuid.uuid4().hex[:8]}")
     if not claim.acquire(wait=0.0):
-        return execution  # a delivery is inside it: it sees the flag
+        # A delivery is inside it: it sees the flag at its next boundary — unless it is just
+        # parking it, and then the next look would wait for the park's backoff. A delivery
+        # sent for when that claim ends bounds the wait (a duplicate finds nothing to do).
+        from reactor_app.engine.dispatch import enqueue_quietly
+
+        try:
+            countdown = claim.ttl_left() + 0.5
+        except ReactorError:
+            countdown = claim.ttl
+        enqueue_quietly(execution.id, countdown=countdown)
+        return execution
     try:
         with transaction.atomic():
             row = Execution.objects.select_for_update().get(pk=execution.id)

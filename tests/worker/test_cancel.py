@@ -136,6 +136,9 @@ def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -
         assert len(ran("undo:charge", parked)) == 1
         assert ran("undo:charge", parked)[0]["token"] is not None  # under its lock
         assert not ContentionState.objects.filter(execution_id=parked.pk).exists()
+        # it left the line of the step lock it waited on
+        side_waiters = Coordinator().waiters(LockClaim(f"cancel-side:{key}"))
+        assert str(parked.pk) not in side_waiters
         # the kept reactor-level lock is gone and the waiter was woken
         assert not coordination_state().lock(f"cancel-flow:{key}").held or (
             coordination_state().lock(f"cancel-flow:{key}").owner == str(waiter.pk)
