@@ -20,7 +20,13 @@ from reactor_app import (
     with_lock,
     with_ordered_lock,
 )
+from reactor_app.testing import coordination_state
 from tests.worker.reactors import record
+
+
+def lock_owner(key: str) -> str | None:
+    """Who holds ``key`` in Redis right now (not what the step believes)."""
+    return coordination_state().lock(key).owner
 
 
 def account_key(args: dict[str, Any]) -> str:
@@ -51,6 +57,7 @@ class Charge(Step):
             "undo:charge",
             execution=context.execution_id,
             token=context.fencing_token(account_key(args)),
+            holder=lock_owner(account_key(args)),
             at=time.time_ns(),
         )
 
@@ -120,4 +127,44 @@ class ApprovalReactor(Reactor):
 
     charge = step(Charge, key=from_input("key"))
     approval = interrupt()
+    after = step(After, key=from_input("key"))
+
+
+def work_key(args: dict[str, Any]) -> str:
+    return f"cancel-work:{args['work']}"
+
+
+@with_lock(work_key, ttl=30)
+class LockedWork(Step):
+    """A long body inside a step lock, checking for a cancel every 50 ms."""
+
+    inputs = ("work", "seconds")
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        token = context.fencing_token(work_key(args))
+        record("enter:locked_work", execution=context.execution_id, token=token)
+        deadline = time.monotonic() + float(args["seconds"])
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            context.checkpoint()
+        return Success("worked")
+
+    def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> Any:
+        # still inside the step's lock: the gate is left after the compensation
+        record(
+            "compensate:locked_work",
+            execution=context.execution_id,
+            error=type(error).__name__,
+            token=context.fencing_token(work_key(args)),
+            holder=lock_owner(work_key(args)),
+        )
+
+
+class LockedWorkReactor(Reactor):
+    """charge (locked) → locked_work (a step lock shared by ``work``) → after."""
+
+    inputs = ("key", "work", "seconds")
+
+    charge = step(Charge, key=from_input("key"))
+    locked_work = step(LockedWork, work=from_input("work"), seconds=from_input("seconds"))
     after = step(After, key=from_input("key"))

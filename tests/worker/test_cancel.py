@@ -2,14 +2,17 @@
 
 * running: the worker inside a step that calls ``context.checkpoint()`` stops there, rolls
   back the completed step under its lock, releases the reactor-level lock and wakes the
-  execution parked on it;
+  execution parked on it; a running step holding a lock of its own is compensated while the
+  lock is still held (checked in Redis), then the lock's parked waiter is woken;
 * parked (keeping its reactor-level lock across the park): ended at once by the canceller, the
   completed steps undone under their locks, the kept lock released, its waiter woken; it never
   runs again, even when the key it waited on frees;
 * pending: never delivered into a run, its ordered-lock position abandoned (the next position
   goes at once, not after the poison-pill timeout);
 * interrupted: ended, rolled back, and no longer resumable;
-* an ended execution cannot be cancelled.
+* an ended execution cannot be cancelled;
+* the API endpoint (200/202/400/403/404/409) and the admin action and button (permission,
+  confirmation, audit event).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from tests.worker.cancel_reactors import (
     ApprovalReactor,
     CancellableReactor,
     InLineReactor,
+    LockedWorkReactor,
 )
 from tests.worker.helpers import wait_until
 from tests.worker.reactors import records
@@ -108,6 +112,7 @@ def test_a_running_execution_stops_at_its_checkpoint_and_rolls_back_under_its_lo
     assert ran("compensate:work", first)[0]["error"] == "ExecutionCancelled"
     (undo,) = ran("undo:charge", first)
     assert undo["token"] is not None and undo["token"] >= charge["token"]
+    assert undo["holder"] == str(first.pk)  # the lock really held in Redis during the undo
     assert ran("work", first) == [] and ran("gated", first) == [] and ran("after", first) == []
     assert audit_events(first)[0].detail["reason"] == "customer asked"
 
@@ -116,6 +121,34 @@ def test_a_running_execution_stops_at_its_checkpoint_and_rolls_back_under_its_lo
     assert ran("after", waiter)
     assert_not_locked(f"cancel-flow:{key}")
     assert_not_locked(f"cancel-acct:{key}")
+
+
+def test_a_running_step_holding_a_lock_is_compensated_under_it_and_its_waiter_woken(
+    worker: Any,
+) -> None:
+    work = uuid.uuid4().hex[:8]
+    first = LockedWorkReactor.run_async(key=uuid.uuid4().hex[:8], work=work, seconds=30)
+    wait_until(lambda: ran("enter:locked_work", first), 30, message="the step never started")
+    (entered,) = ran("enter:locked_work", first)
+    # another execution needs the same step lock: it parks on it
+    second = LockedWorkReactor.run_async(key=uuid.uuid4().hex[:8], work=work, seconds=0)
+    wait_until(lambda: parked_on(second, "locked_work"), 30, message="the waiter never parked")
+    assert coordination_state().lock(f"cancel-work:{work}").owner == str(first.pk)
+
+    Execution.objects.get(pk=first.pk).cancel("stop it")
+    assert first.wait(timeout=20).status == ExecutionStatus.CANCELLED
+    # the interrupted step was compensated while it still held its lock (same token), then
+    # the completed step undone under its own lock
+    (compensated,) = ran("compensate:locked_work", first)
+    assert compensated["error"] == "ExecutionCancelled"
+    assert compensated["token"] == entered["token"]
+    assert compensated["holder"] == str(first.pk)  # in Redis, not only in memory
+    (undo,) = ran("undo:charge", first)
+    assert undo["token"] is not None and undo["holder"] == str(first.pk)
+    assert ran("after", first) == []
+    # the step lock was released and its parked waiter woken (its backoff is 20-40 s)
+    assert second.wait(timeout=15).ok
+    assert ran("enter:locked_work", second)[0]["token"] > entered["token"]
 
 
 def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -> None:
@@ -134,7 +167,8 @@ def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -
         assert row.status == ExecutionStatus.CANCELLED
         assert row.error["type"] == "ExecutionCancelled" and row.rollback_failures == []
         assert len(ran("undo:charge", parked)) == 1
-        assert ran("undo:charge", parked)[0]["token"] is not None  # under its lock
+        # under its lock, taken in Redis by the cancelled execution for the undo
+        assert ran("undo:charge", parked)[0]["holder"] == str(parked.pk)
         assert not ContentionState.objects.filter(execution_id=parked.pk).exists()
         # it left the line of the step lock it waited on
         side_waiters = Coordinator().waiters(LockClaim(f"cancel-side:{key}"))
