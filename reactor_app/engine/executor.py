@@ -265,9 +265,11 @@ class ExecutionRun:
         end: RunEnd | None = None
         abandoned = False
         try:
-            cancel = self._cancel_request()
+            cancel = self._cancel_request() if self.parent is None else None
             if cancel is not None:
-                # cancelled while it waited (or its delivery died): never enter it again
+                # cancelled while it waited (or its delivery died): never enter it again. (A
+                # composed child stops at its first step boundary instead, inside its gate:
+                # what the tree holds outside it belongs to its parent.)
                 end = end_cancelled(self, cancel, gate_held=False)
                 return end
             gate, end = self._enter_reactor_gate()
@@ -338,6 +340,10 @@ class ExecutionRun:
             return RunEnd("halted", reason=outcome.reason)
         if outcome.status == "parked":
             return RunEnd("parked", park=outcome.park)
+        if self._stopped_by_cancel(outcome.error):
+            return RunEnd(
+                "cancelled", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+            )
         return RunEnd(
             "failed", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
         )
@@ -419,6 +425,16 @@ class ExecutionRun:
         """An operator's cancel of this execution or of its root (engine.cancel)."""
         return cancel_request(self.root.execution_id, self.execution_id)
 
+    def _stopped_by_cancel(self, error: ReactorError | None) -> bool:
+        """A failure that is this execution's cancel (a checkpoint raised it, or a composed
+        child stopped for it) — not an async child cancelled on its own, which fails us."""
+        if isinstance(error, ExecutionCancelled) and error.fields().get("execution_id") in (
+            self.execution_id,
+            self.root.execution_id,
+        ):
+            return True
+        return self._cancel_request() is not None
+
     def _run_steps(self) -> RunEnd:
         plan = self.reactor.plan
         while self.state.next_index < len(plan.order):
@@ -451,7 +467,7 @@ class ExecutionRun:
             failures = list(outcome.rollback_failures)
             failures.extend(self._settle_children())
             failures.extend(roll_back(self))
-            if isinstance(outcome.error, ExecutionCancelled) or self._cancel_request():
+            if self._stopped_by_cancel(outcome.error):
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
                 cancel = self._cancel_request() or {}
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
