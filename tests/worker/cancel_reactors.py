@@ -14,6 +14,7 @@ from reactor_app import (
     Reactor,
     Step,
     Success,
+    compose,
     from_input,
     interrupt,
     step,
@@ -167,4 +168,24 @@ class LockedWorkReactor(Reactor):
 
     charge = step(Charge, key=from_input("key"))
     locked_work = step(LockedWork, work=from_input("work"), seconds=from_input("seconds"))
+    after = step(After, key=from_input("key"))
+
+
+class ChildWork(Reactor):
+    """A composed child: charge (locked) → work (checkpoints)."""
+
+    inputs = ("key", "seconds")
+
+    charge = step(Charge, key=from_input("key"))
+    work = step(Work, seconds=from_input("seconds"))
+
+
+@with_lock(lambda inputs: f"cancel-parent:{inputs['key']}", ttl=30)
+class ParentReactor(Reactor):
+    """charge → a composed child doing the long work → after; exclusive per key."""
+
+    inputs = ("key", "child_key", "seconds")
+
+    charge = step(Charge, key=from_input("key"))
+    child = compose(ChildWork, key=from_input("child_key"), seconds=from_input("seconds"))
     after = step(After, key=from_input("key"))

@@ -41,6 +41,7 @@ from tests.worker.cancel_reactors import (
     CancellableReactor,
     InLineReactor,
     LockedWorkReactor,
+    ParentReactor,
 )
 from tests.worker.helpers import wait_until
 from tests.worker.reactors import records
@@ -149,6 +150,29 @@ def test_a_running_step_holding_a_lock_is_compensated_under_it_and_its_waiter_wo
     # the step lock was released and its parked waiter woken (its backoff is 20-40 s)
     assert second.wait(timeout=15).ok
     assert ran("enter:locked_work", second)[0]["token"] > entered["token"]
+
+
+def test_cancelling_a_root_stops_its_composed_child_and_rolls_back_both(worker: Any) -> None:
+    key, child_key = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    root = ParentReactor.run_async(key=key, child_key=child_key, seconds=30)
+    wait_until(lambda: ran("enter:work", root) or child_entered(root), 30, message="no work")
+    Execution.objects.get(pk=root.pk).cancel("whole tree")
+    assert root.wait(timeout=20).status == ExecutionStatus.CANCELLED
+    child = Execution.objects.get(parent_id=root.pk)
+    assert child.status == ExecutionStatus.CANCELLED
+    # both charges undone, the child's first (newest first), each under its lock; the root's
+    # undo still ran inside the root's exclusive lock (the child released none of it)
+    (child_undo,) = ran("undo:charge", child)
+    (root_undo,) = ran("undo:charge", root)
+    assert child_undo["at"] < root_undo["at"]
+    assert child_undo["holder"] == root_undo["holder"] == str(root.pk)
+    assert ran("after", root) == []
+    assert_not_locked(f"cancel-parent:{key}")
+
+
+def child_entered(root: Any) -> bool:
+    child = Execution.objects.filter(parent_id=root.pk).first()
+    return child is not None and bool(ran("enter:work", child))
 
 
 def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -> None:
