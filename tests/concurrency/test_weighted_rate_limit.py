@@ -317,3 +317,22 @@ def test_a_named_limit_takes_a_cost_at_the_declaration(settings: Any) -> None:
     assert Named.run(tokens=3).ok
     too_big = Named.run(tokens=11)
     assert isinstance(too_big.error, RateLimitCostError) and too_big.error.limit == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_constant_cost_above_a_named_limit_is_a_check_warning_and_a_clear_error(
+    settings: Any,
+) -> None:
+    from django.core.checks import run_checks
+
+    settings.REACTOR_RATE_LIMITS = {"tiny": {"limit": 3, "period": "second"}}
+
+    @with_rate_limit("tiny", cost=5)
+    class TooCostly(Reactor):
+        pass
+
+    warnings = [w for w in run_checks() if w.id == "reactor_app.W002"]
+    assert any("'tiny'" in w.msg and "cost=5" in w.msg for w in warnings), warnings
+    result = TooCostly.run()
+    assert isinstance(result.error, RateLimitCostError), result.error
+    assert result.error.cost == 5 and result.error.limit == 3
