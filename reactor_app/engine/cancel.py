@@ -303,6 +303,17 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
 
 
 def _refuse_ended(execution: Execution) -> None:
+    if execution.parent_id and not (execution.context or {}).get("dispatch"):
+        # A composed child (or a map element run as a reactor) is a part of its root's run,
+        # which would just run it again: the tree is what can be cancelled.
+        root = execution.root_id or execution.parent_id
+        raise ExecutionNotCancellable(
+            f"execution {execution.id} is composed into execution {root} and runs as part of "
+            f"it; cancel {root} instead",
+            execution_id=str(execution.id),
+            status=execution.status,
+            root=str(root),
+        )
     if execution.is_terminal:
         raise ExecutionNotCancellable(
             f"execution {execution.id} has already ended ({execution.status}); "

@@ -160,6 +160,9 @@ def test_cancelling_a_root_stops_its_composed_child_and_rolls_back_both(worker: 
     assert root.wait(timeout=20).status == ExecutionStatus.CANCELLED
     child = Execution.objects.get(parent_id=root.pk)
     assert child.status == ExecutionStatus.CANCELLED
+    # a composed child is part of its root's run: it is not cancelled on its own
+    with pytest.raises(ExecutionNotCancellable, match=f"cancel {root.pk} instead"):
+        child.cancel("just the child")
     # both charges undone, the child's first (newest first), each under its lock; the root's
     # undo still ran inside the root's exclusive lock (the child released none of it)
     (child_undo,) = ran("undo:charge", child)
