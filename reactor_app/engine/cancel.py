@@ -287,6 +287,8 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
             countdown = claim.ttl
         enqueue_quietly(execution.id, countdown=countdown)
         return execution
+    # renewed while the rollback runs, however long: no delivery may take the run over meanwhile
+    claim.start_renewal()
     try:
         with transaction.atomic():
             row = Execution.objects.select_for_update().get(pk=execution.id)
