@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from reactor_app import admin_views, retry_admin
+from reactor_app import admin_cancel, admin_views, retry_admin
 from reactor_app.models import (
     Coordination,
     CoordinationEvent,
@@ -48,6 +48,7 @@ STATUS_COLOURS = {
     ExecutionStatus.SUCCEEDED: "#1e8449",
     ExecutionStatus.FAILED: "#c0392b",
     ExecutionStatus.HALTED: "#566573",
+    ExecutionStatus.CANCELLED: "#7b7d7d",
 }
 STATUS_HINTS = {
     ExecutionStatus.PARKED: "waiting on contention; will resume (not a failure)",
@@ -178,7 +179,32 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
     inlines = [StepRunInline, CoordinationEventInline]
-    actions = ["retry_failed"]
+    # operators' writes on executions: cancelling (admin_cancel) and retrying (retry_admin)
+    actions = [admin_cancel.cancel_selected, "retry_failed"]
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return admin_cancel.can_cancel(request)
+
+    def _cancel_urls(self) -> list[URLPattern]:
+        cancel = path(
+            "<path:object_id>/cancel/",
+            self.admin_site.admin_view(
+                lambda request, object_id: admin_cancel.cancel_page(self, request, object_id)
+            ),
+            name="reactor_app_execution_cancel",
+        )
+        return [cancel]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        execution = self.get_object(request, object_id)
+        context = {**(extra_context or {}), **admin_cancel.page_context(request, execution)}
+        return super().change_view(request, object_id, form_url, extra_context=context)
 
     @admin.display(description="reactor")
     def reactor_name(self, obj: Execution) -> str:
@@ -263,7 +289,7 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
             ),
             name="reactor_app_execution_retry",
         )
-        return [retry, *super().get_urls()]
+        return [retry, *self._cancel_urls(), *super().get_urls()]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

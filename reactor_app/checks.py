@@ -69,7 +69,8 @@ def check_redis_url(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 @register("reactor_app")
 def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """Warn about ``with_rate_limit("name")`` declarations whose name is not configured."""
+    """Warn about ``with_rate_limit("name")`` declarations whose name is not configured, or
+    whose constant ``cost`` is more than the named limit allows."""
     from reactor_app.coordination.rate_limit import named_windows
     from reactor_app.dsl.coordination import RateLimitDeclaration
     from reactor_app.dsl.registry import all_reactors
@@ -83,7 +84,7 @@ def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]
             if not isinstance(declaration, RateLimitDeclaration) or declaration.name is None:
                 continue
             try:
-                named_windows(declaration.name)
+                windows = named_windows(declaration.name)
             except ConfigurationError as exc:
                 warnings.append(
                     Warning(
@@ -91,6 +92,22 @@ def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]
                         hint=f"add {declaration.name!r} to REACTOR_RATE_LIMITS",
                         obj=owner,
                         id="reactor_app.W001",
+                    )
+                )
+                continue
+            cost = declaration.cost
+            tight = [w for w in windows if isinstance(cost, int) and cost > w.limit]
+            if tight:
+                # a constant cost no window can ever admit: every run would fail with
+                # RateLimitCostError (checked at import for inline limits)
+                warnings.append(
+                    Warning(
+                        f"with_rate_limit({declaration.name!r}, cost={cost}) is more than "
+                        f"REACTOR_RATE_LIMITS[{declaration.name!r}] allows per "
+                        f"{tight[0].label} ({tight[0].limit}): it can never be admitted",
+                        hint="lower the cost or raise the named limit",
+                        obj=owner,
+                        id="reactor_app.W002",
                     )
                 )
     return warnings

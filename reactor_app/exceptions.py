@@ -129,6 +129,18 @@ class ExecutionNotRetryable(ReactorError):
     field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
 
 
+class ExecutionCancelled(ReactorError):
+    """The execution was cancelled by an operator; its completed steps were rolled back."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "execution_id", "reason", "by")
+
+
+class ExecutionNotCancellable(ReactorError):
+    """The execution has already ended (succeeded, failed, halted or cancelled)."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("execution_id", "status")
+
+
 class CoordinationError(ReactorError):
     """Coordination refused or could not run the work."""
 
@@ -207,6 +219,22 @@ class CoordinationKeyError(CoordinationError):
     """The coordination key function raised or returned nothing."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
+
+
+class RateLimitCostError(CoordinationKeyError):
+    """The cost a weighted rate limit would charge is invalid (below 1, not an integer, or more
+    than a window's whole budget, so it could never be admitted); the work did not run."""
+
+    field_names: ClassVar[tuple[str, ...]] = (
+        "reactor",
+        "step",
+        "key",
+        "primitive",
+        "cause",
+        "cost",
+        "limit",
+        "period",
+    )
 
 
 class ContentionCeilingExceeded(CoordinationError):

@@ -94,6 +94,7 @@ class Execution(models.Model):
                 fields=["idempotency_key"], name="reactor_exec_idempotency_key_uniq"
             )
         ]
+        permissions = [("cancel_execution", "Can cancel executions")]
 
     def __str__(self) -> str:
         return f"{self.reactor.rsplit('.', 1)[-1]} {self.id} ({self.status})"
@@ -121,6 +122,17 @@ class Execution(models.Model):
         from reactor_app.engine.retry import retry
 
         return retry(self, from_step=from_step, on_worker=on_worker, by=by)
+
+    def cancel(self, reason: str = "", *, by: str | None = None) -> Execution:
+        """Cancel this execution: pending, parked and interrupted ones end ``cancelled`` now
+        (completed steps rolled back, holds released, waiters woken); a running one stops at
+        its next step boundary or ``context.checkpoint()`` (see ``engine.cancel``). Raises
+        ``ExecutionNotCancellable`` when it has already ended. Returns the refreshed row."""
+        from reactor_app.engine.cancel import cancel_execution
+
+        row = cancel_execution(self.pk, reason, by=by)
+        self.refresh_from_db()
+        return row
 
     def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> Result:
         """Block until the execution is terminal (or interrupted) and return its ``Result``."""

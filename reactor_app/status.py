@@ -13,10 +13,16 @@ class ExecutionStatus(models.TextChoices):
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
     HALTED = "halted", "halted"
+    CANCELLED = "cancelled", "cancelled"  # stopped by an operator, completed steps rolled back
 
 
 TERMINAL_STATUSES = frozenset(
-    {ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.HALTED}
+    {
+        ExecutionStatus.SUCCEEDED,
+        ExecutionStatus.FAILED,
+        ExecutionStatus.HALTED,
+        ExecutionStatus.CANCELLED,
+    }
 )
 
 
@@ -46,6 +52,7 @@ class EngineEvent(models.TextChoices):
     EXECUTION_PARKED = "execution_parked"
     EXECUTION_RESUMED = "execution_resumed"
     EXECUTION_INTERRUPTED = "execution_interrupted"
+    EXECUTION_CANCELLED = "execution_cancelled"
     STEP_STARTED = "step_started"
     STEP_SUCCEEDED = "step_succeeded"
     STEP_FAILED = "step_failed"
@@ -73,3 +80,4 @@ class CoordinationEventKind(models.TextChoices):
     FORCED_RELEASE = "forced_release"
     ORDERED_SKIPPED = "ordered_skipped"
     ORDERED_RESET = "ordered_reset"
+    CANCELLED = "cancelled"  # an operator cancelled the execution (audit; detail: by, reason)

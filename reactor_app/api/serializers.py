@@ -217,6 +217,26 @@ class HoldPageSerializer(serializers.Serializer):
     results = HoldSerializer(many=True)
 
 
+class CancelSerializer(serializers.Serializer):
+    """The body of ``POST executions/<id>/cancel/``: why (shown on the execution and audited)."""
+
+    reason = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=1000, trim_whitespace=True
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        initial = getattr(self, "initial_data", {}) or {}
+        if not isinstance(initial.get("reason", ""), str):
+            # DRF would turn 123 into "123": a reason is text or absent
+            raise serializers.ValidationError({"reason": ["must be a string"]})
+        unknown = set(initial) - set(self.fields)
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["unknown field; only 'reason' is accepted"] for name in sorted(unknown)}
+            )
+        return attrs
+
+
 class ErrorSerializer(serializers.Serializer):
     """A 400/503 body: ``{"<parameter>": ["message"]}`` or ``{"detail": "message"}``."""
 

@@ -1,4 +1,5 @@
-"""API views: read-only listings of executions, live holds, coordination events and contention.
+"""API views: read-only listings of executions, live holds, coordination events and contention,
+and one verb, ``POST executions/<id>/cancel/`` (``engine.cancel``).
 
 Listings validate their query parameters first (``filters``), so a bad parameter is a 400
 before any query runs; the managers own the queries. Holds come from Redis on every request
@@ -14,7 +15,8 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from drf_spectacular.utils import extend_schema_view as spectacular_view
 from rest_framework import status, viewsets
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.decorators import action
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,6 +26,7 @@ from reactor_app.api.filters import ContentionFilters, EventFilters, ExecutionFi
 from reactor_app.api.pagination import MAX_PAGE_SIZE, ReactorPagination, positive_int
 from reactor_app.api.permissions import configured_permissions
 from reactor_app.api.serializers import (
+    CancelSerializer,
     ContentionSerializer,
     CoordinationEventSerializer,
     ErrorSerializer,
@@ -32,7 +35,11 @@ from reactor_app.api.serializers import (
     HoldPageSerializer,
     HoldSerializer,
 )
-from reactor_app.exceptions import CoordinationUnavailable
+from reactor_app.exceptions import (
+    CoordinationUnavailable,
+    ExecutionNotCancellable,
+    InputValidationError,
+)
 from reactor_app.models import ContentionState, CoordinationEvent, Execution
 from reactor_app.operator import live
 
@@ -111,7 +118,54 @@ class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
         return executions.order_by("-created_at", "-id")
 
     def get_serializer_class(self) -> Any:
+        if self.action == "cancel":
+            return CancelSerializer
         return ExecutionDetailSerializer if self.action == "retrieve" else ExecutionSerializer
+
+    @extend_schema(
+        summary="Cancel an execution",
+        description=(
+            "A pending, parked or interrupted execution ends `cancelled` at once (its completed "
+            "steps rolled back, its holds released); a running one stops at its next step "
+            "boundary or checkpoint — the answer is then 202 with the execution still "
+            "`running`. Needs the `reactor_app.cancel_execution` permission."
+        ),
+        request=CancelSerializer,
+        responses={
+            200: ExecutionSerializer,
+            202: ExecutionSerializer,
+            400: OpenApiResponse(ErrorSerializer, description="an invalid body"),
+            403: NOT_ALLOWED,
+            404: OpenApiResponse(ErrorSerializer, description="no such execution"),
+            409: OpenApiResponse(ErrorSerializer, description="the execution has already ended"),
+            503: OpenApiResponse(ErrorSerializer, description="Redis unreachable"),
+        },
+    )
+    # drf-spectacular's own inspector, not the project's default (see extend_schema_view)
+    @action(detail=True, methods=["post"], schema=AutoSchema)
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        from reactor_app.engine.cancel import cancel_execution
+
+        if not request.user.has_perm("reactor_app.cancel_execution"):
+            raise PermissionDenied("cancelling needs the reactor_app.cancel_execution permission")
+        execution = self.get_object()  # 404 for an unknown id
+        body = CancelSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            row = cancel_execution(
+                execution.pk, body.validated_data["reason"], by=request.user.get_username()
+            )
+        except ExecutionNotCancellable as exc:
+            return Response(
+                {"detail": exc.message, "status": exc.fields()["status"]},
+                status=status.HTTP_409_CONFLICT,
+            )
+        except InputValidationError as exc:
+            raise ValidationError({"reason": [exc.message]}) from exc
+        except CoordinationUnavailable as exc:
+            raise CoordinationStoreUnavailable(exc.message) from exc
+        code = status.HTTP_200_OK if row.is_terminal else status.HTTP_202_ACCEPTED
+        return Response(ExecutionSerializer(row).data, status=code)
 
 
 @extend_schema_view(

@@ -806,8 +806,10 @@ def refusal_error(
     if error_class is RateLimitExceeded:
         limit = refused.detail.get("limit")
         label = refused.detail.get("label")
+        cost = refused.detail.get("cost") or getattr(claim, "cost", 1)
+        charged = f" (this admission costs {cost})" if cost != 1 else ""
         return RateLimitExceeded(
-            f"{where}: rate limit {claim.key!r} allows {limit} per {label}"
+            f"{where}: rate limit {claim.key!r} allows {limit} per {label}{charged}"
             + _after(refused.retry_after),
             retry_after=refused.retry_after,
             limit=limit,

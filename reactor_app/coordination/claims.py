@@ -59,6 +59,8 @@ class RateLimitClaim:
     key: str
     windows: tuple[RateWindow, ...]
     strategy: Literal["sliding", "fixed"] = "sliding"
+    #: units this admission charges against every window (weighted limits; 1 = one admission)
+    cost: int = 1
     primitive: Primitive = field(default="rate_limit", init=False)
 
 

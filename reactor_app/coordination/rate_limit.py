@@ -3,12 +3,18 @@
 Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as text):
 
 * ``{prefix}:rate_limit:{K}:W`` — sliding strategy (the default): a zset of admissions,
-  ``member -> admission time (epoch µs)``. An admission at ``t`` counts while
-  ``now < t + window``, so no window of that length ever admits more than ``limit``, and a
-  refusal knows exactly when the entry that matters leaves (``retry_after``).
-* ``{prefix}:rate_limit:{K}:W:fixed`` — fixed strategy: a counter that expires at the window's
-  epoch-aligned end. Constant memory for very large limits; a burst of up to twice the limit
-  can straddle a window edge.
+  ``member -> admission time (epoch µs)``; a member is ``"<µs>-<seq>"`` for a cost of 1 and
+  ``"<µs>-<seq>*<cost>"`` for a weighted admission. An admission at ``t`` counts (its cost)
+  while ``now < t + window``, so no window of that length ever charges more than ``limit``,
+  and a refusal knows exactly when enough cost leaves (``retry_after``).
+* ``{prefix}:rate_limit:{K}:W:cost`` — sliding strategy: hash ``{cost, n}``, the running total
+  cost of the zset's members and how many members it accounts for. Admission adds to it and
+  the purge of expired members subtracts their costs, so a check is O(log n + expired) for
+  any cost; when ``n`` disagrees with the zset (the hash expired, or an older release of this
+  library admitted without it) the total is rebuilt from the members once.
+* ``{prefix}:rate_limit:{K}:W:fixed`` — fixed strategy: a counter (``INCRBY cost``) that
+  expires at the window's epoch-aligned end. Constant memory for very large limits; a burst of
+  up to twice the limit can straddle a window edge.
 * ``{prefix}:rate_limit:{K}:seq`` — a sequence making sliding-window members unique.
 * ``{prefix}:rate_limit:{K}:windows`` — hash ``label -> json {seconds, limit, strategy}``,
   written by every admission (the limits travel with it), so operators see the window counts
@@ -179,6 +185,24 @@ def window_key(
     return key(PRIMITIVE, user_key, *parts, prefix=prefix)
 
 
+def cost_key(user_key: str, seconds: float, prefix: str | None = None) -> str:
+    """The running total cost of a sliding window (see the module docstring)."""
+    return key(PRIMITIVE, user_key, seconds_text(seconds), "cost", prefix=prefix)
+
+
+def _cost_keys(claim: RateLimitClaim, prefix: str) -> list[str]:
+    if claim.strategy == "fixed":
+        return []
+    return [cost_key(claim.key, w.seconds, prefix) for w in claim.windows]
+
+
+def member_cost(member: str | bytes) -> int:
+    """The cost a sliding-window member carries (``"<µs>-<seq>*<cost>"``; 1 without ``*``)."""
+    text = member.decode() if isinstance(member, bytes) else member
+    _, star, cost = text.rpartition("*")
+    return int(cost) if star and cost.isdigit() else 1
+
+
 # -- script argument encoding ----------------------------------------------------------------
 
 
@@ -191,6 +215,7 @@ def admit_keys(claim: RateLimitClaim, prefix: str) -> list[str]:
         sequence_key(claim.key, prefix),
         *[window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows],
         windows_key(claim.key, prefix),
+        *_cost_keys(claim, prefix),
     ]
 
 
@@ -200,6 +225,7 @@ def admit_spec(claim: RateLimitClaim) -> dict[str, Any]:
     return {
         "strategy": claim.strategy,
         "stored": True,  # the windows hash follows the window keys
+        "cost": int(claim.cost),  # the running-total keys (sliding) follow the windows hash
         "windows": [
             {"ms": max(1, round(w.seconds * 1000)), "limit": int(w.limit), "label": w.label}
             for w in claim.windows
@@ -208,12 +234,19 @@ def admit_spec(claim: RateLimitClaim) -> dict[str, Any]:
 
 
 def release_keys(claim: RateLimitClaim, prefix: str) -> list[str]:
-    return [window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows]
+    return [
+        *[window_key(claim.key, w.seconds, claim.strategy, prefix) for w in claim.windows],
+        *_cost_keys(claim, prefix),
+    ]
 
 
 def release_spec(hold: Hold) -> dict[str, Any]:
     assert isinstance(hold.claim, RateLimitClaim)
-    spec: dict[str, Any] = {"strategy": hold.claim.strategy}
+    spec: dict[str, Any] = {
+        "strategy": hold.claim.strategy,
+        "cost": int(hold.claim.cost),
+        "w": len(hold.claim.windows),
+    }
     member = getattr(hold, "detail", {}).get("member")
     if member:
         spec["member"] = member
@@ -240,7 +273,8 @@ def rate_limit_count(
     client: Any = None,
     prefix: str | None = None,
 ) -> int:
-    """Admissions counted now in the window of that length (label or seconds)."""
+    """Units charged now in the window of that length (label or seconds): the number of
+    admissions, or the sum of their costs for a weighted limit."""
     client = client or get_client()
     seconds = parse_period(window)
     name = window_key(user_key, seconds, strategy, prefix)
@@ -249,7 +283,9 @@ def rate_limit_count(
             return int(client.get(name) or 0)
         now_seconds, micros = server_time(client, name)
         now_us = now_seconds * 1_000_000 + micros
-        return int(client.zcount(name, f"({now_us - round(seconds * 1_000_000)}", "+inf"))
+        # an operator's read: summing the members is exact and needs no script
+        members = client.zrangebyscore(name, f"({now_us - round(seconds * 1_000_000)}", "+inf")
+        return sum(member_cost(m) for m in members)
 
 
 def stored_windows(

@@ -26,9 +26,11 @@ from reactor_app.coordination.claims import (
     RateWindow,
     SemaphoreClaim,
 )
-from reactor_app.exceptions import CoordinationKeyError, DefinitionError
+from reactor_app.exceptions import CoordinationKeyError, DefinitionError, RateLimitCostError
 
 KeyFunction = Callable[[Mapping[str, Any]], Any]
+#: a weighted rate limit's cost: a constant, or computed from the arguments (inputs)
+CostFunction = Callable[[Mapping[str, Any]], Any]
 T = TypeVar("T")
 
 #: attribute under which declarations travel on functions, step classes and reactor classes
@@ -138,11 +140,67 @@ class RateLimitDeclaration(Declaration):
     windows: tuple[RateWindow, ...] = ()
     strategy: str = "sliding"
     wait: float = 0.0
+    #: units charged per admission: a positive int, or a function of the arguments (inputs)
+    cost: int | CostFunction = 1
 
     def wait_seconds(self) -> float:
         # In-process only: the caller sleeps until the window frees (the refusal's exact
         # retry_after), up to ``wait``; a worker parks instead.
         return self.wait
+
+    def options(self) -> dict[str, Any]:
+        data = super().options()
+        if callable(self.cost):
+            data["cost"] = f"computed ({getattr(self.cost, '__name__', 'function')})"
+        return data
+
+    def compute_cost(
+        self,
+        args: Mapping[str, Any],
+        windows: tuple[RateWindow, ...],
+        *,
+        key: str,
+        reactor: str | None,
+        step: str | None,
+    ) -> int:
+        """The cost of this admission, checked against every window's budget.
+
+        A cost no window could ever admit is an error now, not a park that never ends; like a
+        bad key, it fails the work before anything is taken (``RateLimitCostError``)."""
+        where = f"step {step!r} of {reactor}" if step else f"reactor {reactor}"
+        common = {"reactor": reactor, "step": step, "key": key, "primitive": self.primitive}
+        cost: Any = self.cost
+        if callable(cost):
+            try:
+                cost = cost(args)
+            except Exception as exc:
+                known = f" (it receives {sorted(args)})" if isinstance(exc, KeyError) else ""
+                raise RateLimitCostError(
+                    f"the rate-limit cost function of {where} raised "
+                    f"{type(exc).__name__}: {exc}{known}; the work did not run",
+                    cause=exc,
+                    **common,
+                ) from exc
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise RateLimitCostError(
+                f"the rate-limit cost of {where} must be a positive integer, got {cost!r}; "
+                "the work did not run",
+                cause=f"cost {cost!r}",
+                cost=cost if isinstance(cost, (int, float)) else repr(cost),
+                **common,
+            )
+        for window in windows:
+            if cost > window.limit:
+                raise RateLimitCostError(
+                    f"{where}: rate limit {key!r} allows {window.limit} per {window.label}, "
+                    f"so a cost of {cost} could never be admitted; the work did not run",
+                    cause="cost above the window's limit",
+                    cost=cost,
+                    limit=window.limit,
+                    period=window.label,
+                    **common,
+                )
+        return int(cost)
 
     def compute_key(self, args: Mapping[str, Any], *, reactor: str | None, step: str | None) -> str:
         if self.name is not None:
@@ -157,11 +215,25 @@ class RateLimitDeclaration(Declaration):
 
         return named_windows(self.name)
 
-    def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
+    def claim(
+        self,
+        key: str,
+        position: OrderedPosition | None = None,
+        *,
+        args: Mapping[str, Any] | None = None,
+        reactor: str | None = None,
+        step: str | None = None,
+    ) -> Claim:
+        """The claim for ``key``; ``args`` are needed when the cost is computed from them."""
+        windows = self.resolved_windows()
+        cost = 1
+        if self.cost != 1:
+            cost = self.compute_cost(args or {}, windows, key=key, reactor=reactor, step=step)
         return RateLimitClaim(
             key=key,
-            windows=self.resolved_windows(),
+            windows=windows,
             strategy="fixed" if self.strategy == "fixed" else "sliding",
+            cost=cost,
         )
 
 
@@ -394,6 +466,7 @@ def with_rate_limit(
     limits: Mapping[Any, int] | None = None,
     strategy: str = "sliding",
     wait: float = 0,
+    cost: int | CostFunction = 1,
 ) -> Callable[[T], T]:
     """At most ``limit`` executions of the decorated work per window per key.
 
@@ -403,9 +476,21 @@ def with_rate_limit(
     for constant memory on very large limits. ``wait`` (seconds, in-process runs): how long a
     caller waits for the window to free before ``RateLimitExceeded``; on a worker the
     execution is parked until then instead.
+
+    ``cost`` makes the limit weighted: each admission charges that many units of ``limit``
+    (``cost=lambda args: args["tokens"]`` for a token budget). A constant cost above a
+    window's limit is a ``DefinitionError`` now; a computed one that is not a positive integer
+    or exceeds a limit fails the work with ``RateLimitCostError`` (it could never run).
     """
     owner = "with_rate_limit"
     wait_seconds = _positive_number(owner, "wait", wait, allow_zero=True)
+    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 1):
+        raise DefinitionError(
+            f"{owner}: cost must be a positive integer or a function of the arguments such as "
+            f"lambda args: args['tokens'], got {cost!r}",
+            owner=owner,
+            option="cost",
+        )
     if strategy not in ("sliding", "fixed"):
         raise DefinitionError(
             f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
@@ -421,8 +506,10 @@ def with_rate_limit(
                 owner=owner,
                 option="name",
             )
+        # a constant cost is checked against the named windows when it is charged: settings
+        # may change after import
         declaration = RateLimitDeclaration(
-            key_fn=None, name=key, strategy=strategy, wait=wait_seconds
+            key_fn=None, name=key, strategy=strategy, wait=wait_seconds, cost=cost
         )
         return lambda target: _attach(declaration, target)
     key_fn = _key_function(owner, key)
@@ -442,8 +529,17 @@ def with_rate_limit(
                 option="limit",
             )
         windows = _windows_from(owner, {period: limit})
+    if not callable(cost):
+        for window in windows:
+            if cost > window.limit:
+                raise DefinitionError(
+                    f"{owner}: cost={cost} is more than the limit of {window.limit} per "
+                    f"{window.label}, so the work could never be admitted",
+                    owner=owner,
+                    option="cost",
+                )
     declaration = RateLimitDeclaration(
-        key_fn=key_fn, windows=windows, strategy=strategy, wait=wait_seconds
+        key_fn=key_fn, windows=windows, strategy=strategy, wait=wait_seconds, cost=cost
     )
     return lambda target: _attach(declaration, target)
 

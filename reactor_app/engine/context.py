@@ -176,8 +176,9 @@ class StepContext:
     def checkpoint(self) -> None:
         """Raise ``LeaseLost`` if a lease covering this work — the step's own or an enclosing
         reactor's — could not be renewed, or has run out by the local monotonic clock (a
-        process paused longer than its lease knows it on waking). The engine also checks after
-        every body."""
+        process paused longer than its lease knows it on waking), and ``ExecutionCancelled`` if
+        the execution was cancelled (the step fails without retry and the execution rolls back
+        and ends ``cancelled``). The engine also checks after every body."""
         if self.lease_lost:
             raise self.lease_lost[0]
         for gate in reversed(self.gates):
@@ -185,3 +186,13 @@ class StepContext:
                 raise gate.lost[0]
             if gate.keep_alive is not None:
                 gate.keep_alive.raise_if_lost()  # the clock check; records lease_lost once
+        if self.execution_id is not None:
+            # an operator's cancel (engine.cancel), from any process: stop the body here
+            from reactor_app.engine.cancel import raise_if_cancelled
+
+            raise_if_cancelled(
+                self.root_execution_id,
+                self.execution_id,
+                reactor=self.reactor.path() if self.reactor else None,
+                step=self.step_name,
+            )

@@ -85,6 +85,7 @@ from reactor_app.dsl.kinds import (
     MapSpec,
 )
 from reactor_app.dsl.step import StepSpec
+from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled
 from reactor_app.engine.context import (
     KEPT_HOLDS,
     CompletedStep,
@@ -115,6 +116,7 @@ from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationError,
     CoordinationUnavailable,
+    ExecutionCancelled,
     InputValidationError,
     ReactorError,
     StepFailed,
@@ -278,6 +280,13 @@ class ExecutionRun:
         end: RunEnd | None = None
         abandoned = False
         try:
+            cancel = self._cancel_request() if self.parent is None else None
+            if cancel is not None:
+                # cancelled while it waited (or its delivery died): never enter it again. (A
+                # composed child stops at its first step boundary instead, inside its gate:
+                # what the tree holds outside it belongs to its parent.)
+                end = end_cancelled(self, cancel, gate_held=False)
+                return end
             gate, end = self._enter_reactor_gate()
             if end is None:
                 end = self._run_steps()
@@ -346,6 +355,10 @@ class ExecutionRun:
             return RunEnd("halted", reason=outcome.reason)
         if outcome.status == "parked":
             return RunEnd("parked", park=outcome.park)
+        if self._stopped_by_cancel(outcome.error):
+            return RunEnd(
+                "cancelled", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+            )
         return RunEnd(
             "failed", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
         )
@@ -423,9 +436,26 @@ class ExecutionRun:
             failures = self._settle_children() + roll_back(self)
         return RunEnd("failed", error=error, rollback_failures=failures)
 
+    def _cancel_request(self) -> dict[str, Any] | None:
+        """An operator's cancel of this execution or of its root (engine.cancel)."""
+        return cancel_request(self.root.execution_id, self.execution_id)
+
+    def _stopped_by_cancel(self, error: ReactorError | None) -> bool:
+        """A failure that is this execution's cancel (a checkpoint raised it, or a composed
+        child stopped for it) — not an async child cancelled on its own, which fails us."""
+        if isinstance(error, ExecutionCancelled) and error.fields().get("execution_id") in (
+            self.execution_id,
+            self.root.execution_id,
+        ):
+            return True
+        return self._cancel_request() is not None
+
     def _run_steps(self) -> RunEnd:
         plan = self.reactor.plan
         while self.state.next_index < len(plan.order):
+            cancel = self._cancel_request()  # a step boundary: stop here when cancelled
+            if cancel is not None:
+                return end_cancelled(self, cancel, gate_held=True)
             name = plan.order[self.state.next_index]
             spec = plan.specs[name]
             self.execution.current_step = name
@@ -452,6 +482,11 @@ class ExecutionRun:
             failures = list(outcome.rollback_failures)
             failures.extend(self._settle_children())
             failures.extend(roll_back(self))
+            if self._stopped_by_cancel(outcome.error):
+                # stopped by a checkpoint (or a cancelled child): rolled back like a failure
+                cancel = self._cancel_request() or {}
+                error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
+                return RunEnd("cancelled", error=error, rollback_failures=failures)
             return RunEnd("failed", error=outcome.error, rollback_failures=failures)
         awaited = self._await_children(None)
         if awaited is not None:
@@ -912,6 +947,14 @@ class ExecutionRun:
                 finished_at=now,
             )
             emit_engine(EngineEvent.EXECUTION_FAILED, self.execution, error=end.error)
+        elif end.status == "cancelled":
+            self.persist(
+                status=ExecutionStatus.CANCELLED,
+                error=end.error.as_dict() if end.error else None,
+                rollback_failures=to_json(end.rollback_failures),
+                finished_at=now,
+            )
+            emit_engine(EngineEvent.EXECUTION_CANCELLED, self.execution, error=end.error)
         elif end.status == "parked":
             if self.requeue_in is not None:
                 requeue_at = now + timedelta(seconds=self.requeue_in)
@@ -958,6 +1001,8 @@ _RELEASE_OUTCOMES: dict[str, ReleaseOutcome] = {
     "parked": "park",
     "interrupted": "park",
     "handed_off": "park",
+    # ends the run without failing a strict ordered line or marking a period bucket
+    "cancelled": "halt",
 }
 
 

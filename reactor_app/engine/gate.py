@@ -50,7 +50,11 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
-from reactor_app.dsl.coordination import Declaration, OrderedLockDeclaration
+from reactor_app.dsl.coordination import (
+    Declaration,
+    OrderedLockDeclaration,
+    RateLimitDeclaration,
+)
 from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -157,6 +161,10 @@ class Gate:
             position = None
             if isinstance(declaration, OrderedLockDeclaration):
                 position = self._position(declaration, key)
+            if isinstance(declaration, RateLimitDeclaration):
+                # a weighted limit's cost is computed from the same arguments as its key
+                claims.append(declaration.claim(key, args=self.args, reactor=reactor, step=step))
+                continue
             claims.append(declaration.claim(key, position))
         self.claims = claims
         return claims

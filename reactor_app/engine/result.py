@@ -94,6 +94,7 @@ def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Resu
         ExecutionStatus.SUCCEEDED,
         ExecutionStatus.FAILED,
         ExecutionStatus.HALTED,
+        ExecutionStatus.CANCELLED,
         ExecutionStatus.INTERRUPTED,
     }
     while True:

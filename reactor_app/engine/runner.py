@@ -24,6 +24,7 @@ from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationError,
     CoordinationUnavailable,
+    ExecutionCancelled,
     InputValidationError,
     ReactorError,
     RetriesExhausted,
@@ -261,7 +262,8 @@ class UnitRunner:
                     outcome: Outcome = as_outcome(instance.run(self.args, context))
                     context.checkpoint()
                 except Exception as exc:
-                    outcome = Failure(exc)
+                    # a cancelled execution stops here: no further attempt
+                    outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
                 if self.run is not None:
                     outcome = storable(outcome, self.label)
                 if isinstance(outcome, (Success, Skipped, Halt)):

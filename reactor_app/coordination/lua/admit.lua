@@ -21,10 +21,12 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     the limit of the latest admission, for operators), waiters zset
   I = 0, or 3 with the live-holds index (see _common.lua): by-time zset, by-key zset, counts
       hash — then the claim's spec carries `ik`, its user key
-  rate_limit (1+W+S): sequence counter, then per window a zset (sliding: member -> admitted
-                    us) or a counter (fixed, expiring at the epoch-aligned window end), then
-                    (S = 1 when the spec says `stored`) the windows hash (label -> json
-                    {seconds, limit, strategy}) for operators
+  rate_limit (1+W+S+T): sequence counter, then per window a zset (sliding: member
+                    "<us>-<seq>" or "<us>-<seq>*<cost>" -> admitted us) or a counter (fixed,
+                    expiring at the epoch-aligned window end), then (S = 1 when the spec says
+                    `stored`) the windows hash (label -> json {seconds, limit, strategy}) for
+                    operators, then (sliding: T = W) per window the running-total hash
+                    {cost = sum of the members' costs, n = members accounted for}
 
 ARGV[1]  holder json: {owner, execution?, step?, reactor?}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
@@ -33,7 +35,9 @@ ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count}
            lock:         ttl_ms, ik? (user key, when the index keys follow)
            semaphore:    limit, ttl_ms (lease), ik?
            rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}],
-                         stored? (true: the windows hash key follows the window keys)
+                         stored? (true: the windows hash key follows the window keys),
+                         cost? (units charged to every window, default 1; never above a
+                         window's limit — the caller refuses that before admission)
 ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
          refusal by a lock, semaphore, ordered lock or period in flight it is added to that
          claim's waiters, in the same atomic step, so a release can never slip between refusal
@@ -48,8 +52,9 @@ Returns {status, json}; every refusal payload has `index` (0-based claim) and `t
                     since = acquired ms, ttl_ms}}; or, for a free key granted to its head
                     waiter, {retry_after_ms = grant left, blocker = {granted_to, ttl_ms}}
   2 SEMAPHORE_FULL {retry_after_ms = earliest lease expiry - now, limit, held, blocker}
-  3 RATE_LIMITED   {retry_after_ms = max over full windows of (oldest counted entry + window
-                    - now), limit, label, window_ms, count}
+  3 RATE_LIMITED   {retry_after_ms = max over full windows of (admission time of the entry
+                    whose departure leaves room for `cost` + window - now), limit, label,
+                    window_ms, count (units charged in that window), cost}
   4 PERIOD_MARKED  {marked_by, bucket (start s), bucket_end (s), woken?}; an ordered position
                     that passed its gate in this call is completed (a skipped step is
                     terminal) and `woken` lists the parked waiters of the next position
@@ -314,27 +319,79 @@ end
 
 -- ------------------------------------------------------------------ rate limit
 
+-- the cost a sliding-window member carries: "<us>-<seq>*<cost>", or 1 without "*"
+local function member_cost(member)
+  local c = string.match(member, '%*(%d+)$')
+  return c and tonumber(c) or 1
+end
+
+-- the running total of a sliding window after purging its expired members, O(expired); the
+-- total is rebuilt from the members (O(n), once) when its member count disagrees with the
+-- zset's: the total key expired, or an admission was made without it
+local function window_total(name, total_key, cutoff_us, window_ms)
+  local stored = redis.call('HMGET', total_key, 'cost', 'n')
+  local total, n = tonumber(stored[1]), tonumber(stored[2])
+  local expired = redis.call('ZRANGEBYSCORE', name, '-inf', cutoff_us)
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', name, '-inf', cutoff_us)
+    if total then
+      for _, member in ipairs(expired) do total = total - member_cost(member) end
+      n = n - #expired
+    end
+  end
+  local card = redis.call('ZCARD', name)
+  if not total or n ~= card then
+    total = 0
+    for _, member in ipairs(redis.call('ZRANGE', name, 0, -1)) do
+      total = total + member_cost(member)
+    end
+    n = card
+  end
+  if card == 0 then
+    redis.call('DEL', total_key)
+  else
+    redis.call('HSET', total_key, 'cost', total, 'n', n)
+    redis.call('PEXPIRE', total_key, math.ceil(window_ms) + 1)
+  end
+  return total
+end
+
+-- when enough cost has left the window for `need` more units: the oldest members leave first,
+-- so walk them in admission order until their costs add up to `need` (O(members walked))
+local function departure_us(name, need)
+  local start, batch, departed = 0, 128, 0
+  while true do
+    local entries = redis.call('ZRANGE', name, start, start + batch - 1, 'WITHSCORES')
+    if #entries == 0 then return nil end
+    for j = 1, #entries, 2 do
+      departed = departed + member_cost(entries[j])
+      if departed >= need then return tonumber(entries[j + 1]) end
+    end
+    start = start + batch
+  end
+end
+
 local function check_rate_limit(claim)
   local worst = nil
+  local cost = claim.cost or 1
+  local totals = 1 + #claim.windows + (claim.stored and 1 or 0)
   for i, window in ipairs(claim.windows) do
     local name = claim.keys[i + 1]
     local count, retry_us
     if claim.strategy == 'fixed' then
       count = tonumber(redis.call('GET', name) or '0')
-      if count >= window.limit then
+      if count + cost > window.limit then
         local ttl = redis.call('PTTL', name)
         retry_us = (ttl > 0 and ttl or 1) * 1000
       end
     else
       local window_us = window.ms * 1000
       -- an entry admitted at t counts while now < t + window
-      redis.call('ZREMRANGEBYSCORE', name, '-inf', int(now.us - window_us))
-      count = redis.call('ZCARD', name)
-      if count >= window.limit then
-        -- the entry whose departure brings the count below the limit
-        local edge = redis.call('ZRANGE', name, count - window.limit, count - window.limit,
-          'WITHSCORES')
-        retry_us = tonumber(edge[2]) + window_us - now.us
+      count = window_total(name, claim.keys[totals + i], int(now.us - window_us), window.ms)
+      if count + cost > window.limit then
+        -- the entry whose departure leaves room for this cost
+        local at = departure_us(name, count + cost - window.limit)
+        retry_us = at and (at + window_us - now.us) or window_us
       end
     end
     if retry_us and (not worst or retry_us > worst.retry_us) then
@@ -345,7 +402,7 @@ local function check_rate_limit(claim)
   if worst then
     return nil, refusal(RATE_LIMITED, {
       retry_after_ms = worst.retry_us / 1000, limit = worst.limit, label = worst.label,
-      window_ms = worst.window_ms, count = worst.count,
+      window_ms = worst.window_ms, count = worst.count, cost = cost,
     })
   end
   return {}
@@ -366,10 +423,11 @@ end
 
 local function take_rate_limit(claim, plan)
   store_windows(claim)
+  local cost = claim.cost or 1
   if claim.strategy == 'fixed' then
     for i, window in ipairs(claim.windows) do
       local name = claim.keys[i + 1]
-      redis.call('INCR', name)
+      redis.call('INCRBY', name, cost)
       if redis.call('PTTL', name) < 0 then
         -- windows are aligned on the epoch, so every process agrees on their edges
         redis.call('PEXPIRE', name, math.max(window.ms - now.ms % window.ms, 1))
@@ -380,11 +438,19 @@ local function take_rate_limit(claim, plan)
   -- members must be unique even for admissions within one microsecond
   local seq = redis.call('INCR', claim.keys[1])
   local member = int(now.us) .. '-' .. seq
+  -- the cost travels in the member, so a purge knows what leaves with it
+  if cost ~= 1 then member = member .. '*' .. cost end
+  local totals = 1 + #claim.windows + (claim.stored and 1 or 0)
   local longest = 0
   for i, window in ipairs(claim.windows) do
     local name = claim.keys[i + 1]
     redis.call('ZADD', name, int(now.us), member)
     redis.call('PEXPIRE', name, math.ceil(window.ms) + 1)
+    -- the check just brought the total up to date (window_total), so it stays exact
+    local total_key = claim.keys[totals + i]
+    redis.call('HINCRBY', total_key, 'cost', cost)
+    redis.call('HINCRBY', total_key, 'n', 1)
+    redis.call('PEXPIRE', total_key, math.ceil(window.ms) + 1)
     longest = math.max(longest, window.ms)
   end
   redis.call('PEXPIRE', claim.keys[1], math.ceil(longest) + 1)

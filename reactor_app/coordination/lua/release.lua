@@ -28,7 +28,8 @@ KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec
   I = 0, or 3 with the live-holds index (_common.lua): by-time zset, by-key zset, counts hash
   ordered_lock (4): state hash, positions zset, holders hash, waiters zset
   period       (3): done mark hash, reservations hash, waiters zset
-  rate_limit   (W): one zset (sliding) or counter (fixed) per window
+  rate_limit (W+T): one zset (sliding) or counter (fixed) per window; then (sliding: T = W)
+                    each window's running-total hash {cost, n} (see admit.lua)
 
 ARGV[1]  outcome (see above)
 ARGV[2]  holder json: {owner, execution?}
@@ -36,7 +37,8 @@ ARGV[3]  holds json, in release order; each {p = primitive, n = key count} plus:
            ordered_lock: nonce, epoch (ms), strict (bool), ttl_ms
            period:       every, bucket? (start epoch s), bucket_end? (epoch s) — as admitted;
                          without them the bucket of the current Redis time is used
-           rate_limit:   strategy, member? (the sliding-window entry added at admission)
+           rate_limit:   strategy, member? (the sliding-window entry added at admission),
+                         cost? (units charged, default 1), w? (window count, default all keys)
            lock, semaphore: ik? (user key, when the index keys follow)
 
 Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base keys],
@@ -184,11 +186,21 @@ end
 
 local function release_rate_limit(keys, spec)
   if outcome ~= 'give_back' then return end -- a charge is spent once the work was admitted
-  for _, name in ipairs(keys) do
+  local cost = spec.cost or 1
+  local windows = spec.w or #keys
+  for i = 1, windows do
+    local name = keys[i]
     if spec.strategy == 'fixed' then
-      if tonumber(redis.call('GET', name) or '0') > 0 then redis.call('DECR', name) end
+      local count = tonumber(redis.call('GET', name) or '0')
+      if count > 0 then redis.call('DECRBY', name, math.min(cost, count)) end
     elseif spec.member then
-      redis.call('ZREM', name, spec.member)
+      local total_key = keys[windows + i]
+      -- the running total follows its member out (a missing total is rebuilt on next check)
+      if redis.call('ZREM', name, spec.member) == 1 and total_key
+          and redis.call('EXISTS', total_key) == 1 then
+        redis.call('HINCRBY', total_key, 'cost', -cost)
+        redis.call('HINCRBY', total_key, 'n', -1)
+      end
     end
   end
 end
