@@ -273,6 +273,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
         by=by,
         reason=text,
         status=execution.status,
+        durable=True,  # an operator's action: audited before it returns, never written behind
     )
     claim = ExecutionClaim(execution.id, f"cancel:{uuid.uuid4().hex[:8]}")
     if not claim.acquire(wait=0.0):
