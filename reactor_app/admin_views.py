@@ -93,10 +93,12 @@ class HoldSearchForm(forms.Form):
         required=False, max_length=255, label="Reactor", help_text="path or class name"
     )
     h_primitive = forms.ChoiceField(
-        required=False, choices=[("", "all"), *[(p, p) for p in live.HOLDING_PRIMITIVES]]
+        required=False,
+        label="Primitive",
+        choices=[("", "all"), *[(p, p) for p in live.HOLDING_PRIMITIVES]],
     )
     h_level = forms.ChoiceField(
-        required=False, choices=[("", "all"), *[(lv, lv) for lv in live.LEVELS]]
+        required=False, label="Level", choices=[("", "all"), *[(lv, lv) for lv in live.LEVELS]]
     )
     cursor = forms.CharField(required=False, max_length=2048, widget=forms.HiddenInput)
 
@@ -255,7 +257,9 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
     first_query = request.GET.copy()
     first_query.pop("cursor", None)
 
-    form = InspectForm(request.GET or None)
+    # bound only when the inspect form itself was submitted: a hold search is not an empty
+    # inspection (which would show "This field is required." under it)
+    form = InspectForm(request.GET if "key" in request.GET else None)
     inspected: dict[str, Any] | None = None
     inspect_error: str | None = None
     if form.is_bound and form.is_valid() and unavailable is None:

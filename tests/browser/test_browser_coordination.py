@@ -173,3 +173,40 @@ def test_operator_finds_the_holder_of_a_key_and_its_timeline(
     assert page.locator("#holding-table").inner_text().count("No live holds.") == 1
     page.screenshot(path=str(ARTIFACTS / "timeline-released.png"), full_page=True)
     assert Execution.objects.get(pk=payment.execution_id).status == "succeeded"
+
+
+def test_operator_finds_one_holder_among_ten_thousand_holds_through_the_search_box(
+    live_server: Any, django_user_model: Any, browser_page: Any
+) -> None:
+    """At 10,000 live holds the page shows one page of them, and the search box finds the one
+    key the operator asks about (the live-holds index answers; nothing scans every key)."""
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.coordination.claims import Admitted, Holder, LockClaim
+
+    coordinator = Coordinator()
+    crowd = Holder(owner="crowd", reactor="tests.browser.Crowd")
+    for n in range(10_000):
+        assert isinstance(coordinator.admit([LockClaim(f"crowd:{n}", ttl=300)], crowd), Admitted)
+    needle = Holder(owner="needle-owner", step="charge", reactor="tests.browser.Needle")
+    assert isinstance(coordinator.admit([LockClaim("needle:42", ttl=300)], needle), Admitted)
+
+    django_user_model.objects.create_superuser("operator", "op@example.com", "secret-pw")
+    page = browser_page
+    page.goto(f"{live_server.url}/admin/login/?next={COORDINATION}")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "secret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{COORDINATION}")
+
+    rows = page.locator("#holds-table tbody tr[data-key]")
+    assert 0 < rows.count() <= 50  # one page, not ten thousand rows
+    assert len(page.content()) < 200 * 1024
+
+    page.fill("#id_q", "needle:")
+    page.click("#hold-search input[type=submit]")
+    found = page.locator('#holds-table tr[data-key="needle:42"]')
+    found.wait_for()
+    assert rows.count() == 1
+    assert found.locator("td.hold-step").inner_text() == "charge"
+    assert "needle-owner" in found.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "coordination-search.png"), full_page=True)
