@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import pytest
+from django.db.models import F
 
 from demo_project.shop.models import Account
 from reactor_app import Reactor, Step, Success, from_input, step, with_lock
@@ -52,7 +53,7 @@ class FencedWrite(Step):
         time.sleep(0.03)
         context.checkpoint()
         written = fenced_update(
-            Account.objects.filter(number=args["account"]), token, balance=token
+            Account.objects.filter(number=args["account"]), token, balance=F("balance") + 1
         )
         return Success({"token": token, "start": start, "end": now_ns(), "written": written})
 

@@ -791,7 +791,7 @@ def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the
 
     def apply_body(args: dict[str, Any], context: Any) -> Any:
         entered.append(args["n"])
-        time.sleep(0.08)
+        time.sleep(0.3)  # longer than the arrival spacing: later arrivals queue on the line
         return Failure("bad event", retryable=False) if args["n"] == 3 else Success(args["n"])
 
     class R(Reactor):
@@ -810,7 +810,8 @@ def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the
     def arrive(n: int) -> None:
         from django.db import connection
 
-        time.sleep(n * 0.03)  # arrival order = n
+        # arrival order = n, spaced widely enough to hold on a loaded 2-core machine
+        time.sleep(n * 0.15)
         try:
             results[n] = R.run(stream="s", n=n)
         finally:
