@@ -393,14 +393,7 @@ class Gate:
             raise self._unavailable(exc) from exc
         if not answer.lost:
             return holds
-        for hold, reason in answer.lost:
-            self._event(
-                CoordinationEventKind.LEASE_LOST,
-                hold.claim,
-                token=hold.token,
-                reason=reason,
-                during="park",
-            )
+        self._record_lost_while_parked(answer.lost)
         still_ours = [hold for hold in holds if any(hold is h for h in answer.extended)]
         if still_ours:
             self._release(Admitted(holds=still_ours, holder=holder), "park", tracked=False)
@@ -420,6 +413,16 @@ class Gate:
             token=hold.token,
             reason=reason,
         )
+
+    def _record_lost_while_parked(self, lost: Sequence[tuple[Hold, str]]) -> None:
+        for hold, reason in lost:
+            self._event(
+                CoordinationEventKind.LEASE_LOST,
+                hold.claim,
+                token=hold.token,
+                reason=reason,
+                during="park",
+            )
 
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
         where = f"step {self.scope.step!r} of " if self.scope.step else "reactor "
@@ -530,14 +533,7 @@ class Gate:
             except CoordinationUnavailable:
                 logger.warning("could not lengthen the holds kept across a park: %s", kept)
             else:
-                for hold, reason in extended.lost:
-                    self._event(
-                        CoordinationEventKind.LEASE_LOST,
-                        hold.claim,
-                        token=hold.token,
-                        reason=reason,
-                        during="park",
-                    )
+                self._record_lost_while_parked(extended.lost)
         described = []
         for hold in kept:
             claim = hold.claim
