@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import Settings
 from django.conf import settings as django_settings
 from django.utils.functional import empty
 
@@ -16,6 +17,29 @@ from reactor_app.exceptions import ConfigurationError
 TRACKING_MODES = ("full", "executions")
 #: ``REACTOR_REDIS_URL`` value that opts in to the embedded development server
 EMBEDDED = "embedded"
+
+
+def _read(holder: Any, name: str, default: Any) -> Any:
+    """``getattr(holder, name, default)`` without the exception a missing setting costs.
+
+    Follows Django's chain of settings objects by their instance dicts: an
+    ``override_settings`` layer (``UserSettingsHolder``: its own values, ``_deleted`` names,
+    then ``default_settings`` below it) down to the project's ``Settings``. Anything else is
+    read with ``getattr``.
+    """
+    while True:
+        values = getattr(holder, "__dict__", None)
+        if values is None:
+            return getattr(holder, name, default)
+        if name in values:
+            return values[name]
+        deleted = values.get("_deleted")
+        if deleted is not None and name in deleted:
+            return default
+        below = values.get("default_settings")
+        if below is None:
+            return default if isinstance(holder, Settings) else getattr(holder, name, default)
+        holder = below
 
 
 class ReactorSettings:
@@ -29,7 +53,7 @@ class ReactorSettings:
         wrapped = django_settings._wrapped  # type: ignore[misc]
         if wrapped is empty:
             return getattr(django_settings, f"REACTOR_{name}", default)
-        return getattr(wrapped, f"REACTOR_{name}", default)
+        return _read(wrapped, f"REACTOR_{name}", default)
 
     @property
     def REDIS_URL(self) -> str | None:

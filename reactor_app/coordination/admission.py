@@ -171,6 +171,20 @@ def _build_admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[s
 _cached_admit_part = lru_cache(maxsize=4096)(_build_admit_part)
 
 
+#: ``lua/lock_release.lua``'s states (1 is "kept": still nested)
+LOCK_FREED, LOCK_NOT_HELD = 0, 2
+
+
+@lru_cache(maxsize=4096)
+def _lock_keys(user_key: str, prefix: str, indexed: bool, *, admit: bool) -> tuple[str, ...]:
+    """A lock's keys for the fast-path scripts (built once per key), index keys last."""
+    claim = LockClaim(user_key)
+    keys = lock.admit_keys(claim, prefix) if admit else lock.release_keys(claim, prefix)
+    if indexed:
+        keys.extend(holds_index.index_keys(prefix))
+    return tuple(keys)
+
+
 def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
     """Claims in ``ADMISSION_ORDER`` (stable for claims of one primitive)."""
     return sorted(claims, key=lambda claim: ADMISSION_ORDER.index(claim.primitive))
@@ -283,6 +297,12 @@ class Coordinator:
             ordered = sort_claims(ordered)
         if not ordered:
             return Admitted(holds=[], holder=holder)
+        if len(ordered) == 1 and type(ordered[0]) is LockClaim:
+            sent_at = time.monotonic()
+            result = self._admit_lock(ordered[0], holder, waiter_id)
+            if isinstance(result, Admitted):
+                result.sent_at = sent_at
+            return result
         prefix = self.prefix
         parts = [_admit_part(c, prefix, holds_index.indexed(self.client)) for c in ordered]
         groups = [list(keys) for keys, _ in parts]
@@ -314,6 +334,52 @@ class Coordinator:
             claims[0] if len(claims) == 1 else None,
         )
         return self._admission_result(reply, claims, holder)
+
+    def _admit_lock(
+        self, claim: LockClaim, holder: Holder, waiter_id: str | None
+    ) -> AdmissionResult:
+        """One lock on its own — the most common admission — through ``lua/lock_admit.lua``:
+        the same rules as in ``admit.lua``, flat arguments and answer, no JSON either way."""
+        client = self.client
+        keys = _lock_keys(claim.key, self.prefix, holds_index.indexed(client), admit=True)
+        with unavailable_on_connection_error(key=claim.key, primitive="lock"):
+            raw = scripts_for(client).call(
+                "lock_admit",
+                keys,
+                (
+                    holder.owner,
+                    holder.step or "",
+                    holder.execution_id or "",
+                    holder.reactor or "",
+                    lock.seconds_to_ms(claim.ttl),
+                    waiter_id or "",
+                    claim.key,
+                ),
+            )
+        if int(raw[0]) == Status.OK:
+            hold = TrackedHold(
+                claim=claim, fresh=bool(raw[2]), token=int(raw[3]), detail={"time": raw[1]}
+            )
+            return Admitted(holds=[hold], holder=holder)
+        _, at, retry_ms, owner, step, execution, reactor, since, ttl_ms, _granted_to = raw
+        return Refused(
+            claim=claim,
+            retry_after=None if int(retry_ms) < 0 else _seconds(retry_ms),
+            blocker={
+                "owner": owner or None,
+                "step": step or None,
+                "execution": execution or None,
+                "reactor": reactor or None,
+                "since": int(since) / 1000 if int(since) > 0 else None,
+                "ttl": None if int(ttl_ms) < 0 else _seconds(ttl_ms),
+            },
+            detail={
+                "time": at,
+                "status": int(Status.LOCKED),
+                "stale": False,
+                "stale_epoch": False,
+            },
+        )
 
     def _admission_result(
         self, reply: ScriptReply, claims: list[Claim], holder: Holder
@@ -390,6 +456,8 @@ class Coordinator:
         holds = list(reversed(admitted.holds))
         if not holds:
             return Released()
+        if len(holds) == 1 and type(holds[0].claim) is LockClaim:
+            return self._release_lock(holds[0].claim, admitted.holder)
         groups = self._with_index(
             [h.claim for h in holds],
             [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
@@ -417,6 +485,20 @@ class Coordinator:
             not_held += [base_keys[name] for name in reply.data.get("not_held", [])]
             marked += [base_keys[name] for name in reply.data.get("marked", [])]
         return Released(freed=freed, woken=woken, not_held=not_held, marked=marked)
+
+    def _release_lock(self, claim: LockClaim, holder: Holder) -> Released:
+        """One lock on its own through ``lua/lock_release.lua`` (see ``_admit_lock``)."""
+        client = self.client
+        keys = _lock_keys(claim.key, self.prefix, holds_index.indexed(client), admit=False)
+        with unavailable_on_connection_error(key=claim.key, primitive="lock"):
+            state, woken = scripts_for(client).call("lock_release", keys, (holder.owner, claim.key))
+        name = ("lock", claim.key)
+        state = int(state)
+        return Released(
+            freed=[name] if state == LOCK_FREED else [],
+            woken=[str(woken)] if woken else [],
+            not_held=[name] if state == LOCK_NOT_HELD else [],
+        )
 
     # -- waiting --------------------------------------------------------------------------
 

@@ -435,6 +435,11 @@ class Scripts:
             raw = self._scripts[operation](keys=keys, args=args)
         return decode_reply(raw)
 
+    def call(self, operation: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        """Run ``operation`` and return its raw answer (the fast-path scripts answer flat
+        lists, not ``{status, json}``); the caller maps connection failures."""
+        return self._scripts[operation](keys=keys, args=args)
+
     def queue(
         self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> None:

@@ -43,7 +43,7 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
-from reactor_app.coordination.redis import get_client, redis_url
+from reactor_app.coordination.redis import get_client, redis_url, scripts_for
 from reactor_app.coordination.renewal import Renewal
 
 FORK = multiprocessing.get_context("fork")
@@ -544,3 +544,97 @@ def test_five_primitives_cost_one_script_call_to_admit_and_one_to_release(
     assert evalsha(after_admit, after_release) == 1
     assert after_release.get("cmdstat_eval", 0) == before.get("cmdstat_eval", 0)
     assert admit_sent == ["EVALSHA"] and release_sent == ["EVALSHA"]
+
+
+def test_a_single_lock_takes_the_fast_path_and_keeps_the_general_scripts_rules(
+    coordinator: Coordinator,
+) -> None:
+    """One lock alone goes through ``lock_admit.lua`` / ``lock_release.lua``; a lock among
+    other claims through ``admit.lua`` / ``release.lua``. Both must answer alike: the same
+    sequence — take, re-enter, refuse with a registered waiter, FIFO grant on release, refuse a
+    newcomer during the grant, admit the granted waiter — is played through each."""
+
+    def play(general: bool) -> list[Any]:
+        key = f"parity:{'general' if general else 'fast'}"
+        # a rate limit beside the lock sends it through the general scripts
+        extra = [RateLimitClaim(key, rate_limit.windows_from(limits={"hour": 10**6}))]
+        claims = [LockClaim(key, ttl=30), *extra] if general else [LockClaim(key, ttl=30)]
+        seen: list[Any] = []
+
+        def admit(owner: str, waiter: str | None = None) -> Any:
+            result = coordinator.admit(claims, holder(owner), waiter_id=waiter)
+            if isinstance(result, Admitted):
+                lock_hold = result.holds[0]
+                seen.append(("admitted", owner, lock_hold.fresh, lock_hold.token is not None))
+            else:
+                assert isinstance(result, Refused)
+                blocker = result.blocker or {}
+                seen.append(
+                    ("refused", owner, blocker.get("owner"), result.retry_after is not None)
+                )
+            return result
+
+        first = admit("a")
+        again = admit("a")
+        assert isinstance(first, Admitted) and isinstance(again, Admitted)
+        assert first.holds[0].token == again.holds[0].token  # re-entry keeps the token
+        admit("b", waiter="w-b")
+        assert coordinator.waiters(LockClaim(key)) == ["w-b"]
+        inner = coordinator.release(again, "success")
+        seen.append(("released", inner.freed, inner.woken, inner.not_held))
+        outer = coordinator.release(first, "success")
+        seen.append(("released", outer.freed, outer.woken, outer.not_held))
+        admit("c")  # the freed key is granted to w-b: a newcomer is refused meanwhile
+        granted = admit("b", waiter="w-b")
+        assert isinstance(granted, Admitted)
+        assert granted.holds[0].token > first.holds[0].token  # fencing tokens only grow
+        gone = coordinator.release(first, "success")  # not a's any more
+        seen.append(("released", gone.freed, gone.woken, gone.not_held))
+        coordinator.release(granted, "success")
+        return [
+            tuple(k.replace(key, "K") if isinstance(k, str) else k for k in entry)
+            if entry[0] != "released"
+            else (
+                "released",
+                [(p, k.replace(key, "K")) for p, k in entry[1] if p == "lock"],
+                entry[2],
+                [(p, k.replace(key, "K")) for p, k in entry[3] if p == "lock"],
+            )
+            for entry in seen
+        ]
+
+    client = coordinator.client
+    shas = {
+        script.sha: name
+        for name, script in scripts_for(client)._scripts.items()
+        if name in ("admit", "release", "lock_admit", "lock_release")
+    }
+    used: list[str] = []
+    send = client.execute_command
+
+    def recording(*args: Any, **options: Any) -> Any:
+        if str(args[0]).upper() == "EVALSHA":
+            used.append(shas.get(str(args[1]), "other"))
+        return send(*args, **options)
+
+    client.execute_command = recording
+    try:
+        fast = play(general=False)
+        fast_scripts, used[:] = set(used), []
+        general = play(general=True)
+        general_scripts = set(used)
+    finally:
+        del client.execute_command
+    assert fast_scripts == {"lock_admit", "lock_release"}
+    assert general_scripts == {"admit", "release"}
+    assert fast == general
+    assert fast == [
+        ("admitted", "a", True, True),
+        ("admitted", "a", False, True),
+        ("refused", "b", "a", True),
+        ("released", [], [], []),
+        ("released", [("lock", "K")], ["w-b"], []),
+        ("refused", "c", None, True),  # blocked by the grant, not by a holder
+        ("admitted", "b", True, True),
+        ("released", [], [], [("lock", "K")]),
+    ]

@@ -78,6 +78,7 @@ See docs/coordination.md "Guarantees".
 ]]
 
 -- @include _common.lua
+-- @include _lock.lua
 -- @include _calendar.lua
 -- @include _ordered.lua
 
@@ -215,56 +216,15 @@ end
 -- ------------------------------------------------------------------ lock
 
 local function check_lock(claim)
-  local hold = claim.keys[1]
-  local current = redis.call('HMGET', hold, 'owner', 'step', 'execution', 'reactor',
-    'acquired_at')
-  if not current[1] then
-    -- a free key handed to the head waiter by the last release: only that waiter may take
-    -- it until the grant lapses (FIFO hand-off; see release.lua)
-    local grant = redis.call('ZRANGEBYSCORE', claim.keys[3], '-inf', '(0', 'WITHSCORES',
-      'LIMIT', 0, 1)
-    if grant[1] then
-      local until_ms = -tonumber(grant[2])
-      if until_ms > now.ms and grant[1] ~= GRANT_PREFIX .. waiter then
-        return nil, refusal(LOCKED, {
-          retry_after_ms = until_ms - now.ms,
-          blocker = {granted_to = string.sub(grant[1], #GRANT_PREFIX + 1),
-                     ttl_ms = until_ms - now.ms},
-        }, claim.keys[3], now.ms)
-      end
-    end
-    return {fresh = true}
-  end
-  if current[1] == holder.owner then return {fresh = false} end
-  local ttl = redis.call('PTTL', hold)
-  return nil, refusal(LOCKED, {
-    retry_after_ms = ttl > 0 and ttl or nil,
-    blocker = {owner = current[1], step = current[2] or nil, execution = current[3] or nil,
-               reactor = current[4] or nil, since = tonumber(current[5]),
-               ttl_ms = ttl > 0 and ttl or nil},
-  }, claim.keys[3], now.ms)
+  local state, refused = lock_check(claim.keys[1], claim.keys[3], holder.owner, waiter, now.ms)
+  if refused then return nil, refusal(LOCKED, refused, claim.keys[3], now.ms) end
+  return {state = state}
 end
 
 local function take_lock(claim, plan)
-  local hold, fence = claim.keys[1], claim.keys[2]
-  if plan.fresh then
-    -- the hand-off grant (ours, or lapsed) is used up
-    redis.call('ZREMRANGEBYSCORE', claim.keys[3], '-inf', '(0')
-    -- never below the Redis clock in µs: a fence lost in a restart cannot issue old tokens
-    local last = tonumber(redis.call('GET', fence) or '0')
-    local token = int(math.max(last + 1, now.us))
-    redis.call('SET', fence, token)
-    redis.call('HSET', hold, 'owner', holder.owner, 'count', 1, 'step', holder.step or '',
-      'execution', holder.execution or '', 'reactor', holder.reactor or '',
-      'acquired_at', now.ms, 'token', token)
-    redis.call('PEXPIRE', hold, claim.ttl_ms)
-    index_add(index_of(claim.keys, 4, claim.ik), 'lock', holder.owner, now.ms)
-    return {fresh = true, token = token}
-  end
-  -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
-  redis.call('HINCRBY', hold, 'count', 1)
-  if redis.call('PTTL', hold) < claim.ttl_ms then redis.call('PEXPIRE', hold, claim.ttl_ms) end
-  return {fresh = false, token = redis.call('HGET', hold, 'token')}
+  local token = lock_take(claim.keys[1], claim.keys[2], claim.keys[3], holder, claim.ttl_ms,
+    now, plan.state, index_of(claim.keys, 4, claim.ik))
+  return {fresh = plan.state ~= 'again', token = token}
 end
 
 -- ------------------------------------------------------------------ semaphore

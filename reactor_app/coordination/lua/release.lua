@@ -46,6 +46,7 @@ Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base ke
 ]]
 
 -- @include _common.lua
+-- @include _lock.lua
 -- @include _calendar.lua
 -- @include _ordered.lua
 
@@ -58,33 +59,20 @@ local terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rol
 
 local report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
 
-local function wake_one(base, waiters, message, grant)
+local function wake_one(base, waiters, message)
   redis.call('PUBLISH', base, cjson.encode(message))
-  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', '(0') -- an older grant, unused
   local popped = redis.call('ZPOPMIN', waiters, 1)
-  if popped[1] then
-    table.insert(report.woken, popped[1])
-    if grant then
-      -- FIFO hand-off: the popped head waiter alone may take the key for a moment, so a
-      -- newcomer (or a waiter further back) cannot overtake it while it is woken
-      redis.call('ZADD', waiters, -(now.ms + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
-    end
-  end
+  if popped[1] then table.insert(report.woken, popped[1]) end
   table.insert(report.freed, base)
 end
 
 local function release_lock(keys, spec)
-  local hold, waiters = keys[1], keys[2]
-  local index = index_of(keys, 3, spec.ik)
-  if redis.call('HGET', hold, 'owner') ~= holder.owner then
-    table.insert(report.not_held, hold)
-    index_remove(index, 'lock', holder.owner) -- lapsed: its index entry is stale
-    return
-  end
-  if redis.call('HINCRBY', hold, 'count', -1) <= 0 then
-    redis.call('DEL', hold)
-    index_remove(index, 'lock', holder.owner)
-    wake_one(hold, waiters, {primitive = 'lock', freed = true}, true)
+  local state, popped = lock_release(keys[1], keys[2], holder.owner, function() return now.ms end,
+    index_of(keys, 3, spec.ik))
+  if state == 'not_held' then table.insert(report.not_held, keys[1])
+  elseif state == 'freed' then
+    if popped then table.insert(report.woken, popped) end
+    table.insert(report.freed, keys[1])
   end
 end
 

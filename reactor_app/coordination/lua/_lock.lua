@@ -1,0 +1,100 @@
+-- _lock.lua — fragment: the lock's check, take and release, shared by the general scripts
+-- (admit.lua, release.lua) and the single-lock fast path (lock_admit.lua, lock_release.lua), so
+-- the lock has one set of rules whichever script carries it. Needs _common.lua before it.
+--
+-- A lock's keys, in this order: hold hash (owner, count, step, execution, reactor, acquired_at
+-- ms, token), fence (the last token issued; admission only), waiters zset (waiter id ->
+-- registered ms; plus at most one "grant:<waiter id>" -> -(grant expiry ms)); then, optionally,
+-- the three live-holds index keys (see index_of in _common.lua).
+
+-- The message a freed lock PUBLISHes on its hold key (constant: encoded once here).
+local LOCK_FREED_MESSAGE = '{"freed":true,"primitive":"lock"}'
+
+-- Can `owner` take the lock? Returns "fresh" (free), "granted" (free, with a hand-off grant
+-- that is this waiter's or has lapsed), "again" (re-entry by its owner), or
+-- nil plus a refusal {retry_after_ms?, blocker} — the blocker is the holder, or
+-- {granted_to, ttl_ms} while a free key is granted to another waiter (FIFO hand-off).
+local function lock_check(hold, waiters, owner, waiter, now_ms)
+  local current = redis.call('HMGET', hold, 'owner', 'step', 'execution', 'reactor',
+    'acquired_at')
+  if not current[1] then
+    -- a free key handed to the head waiter by the last release: only that waiter may take
+    -- it until the grant lapses
+    local grant = redis.call('ZRANGEBYSCORE', waiters, '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, 1)
+    if grant[1] then
+      local until_ms = -tonumber(grant[2])
+      if until_ms > now_ms and grant[1] ~= GRANT_PREFIX .. waiter then
+        return nil, {retry_after_ms = until_ms - now_ms,
+                     blocker = {granted_to = string.sub(grant[1], #GRANT_PREFIX + 1),
+                                ttl_ms = until_ms - now_ms}}
+      end
+      return 'granted' -- ours, or lapsed: free, and the grant is used up by the take
+    end
+    return 'fresh'
+  end
+  if current[1] == owner then return 'again' end
+  local ttl = redis.call('PTTL', hold)
+  return nil, {
+    retry_after_ms = ttl > 0 and ttl or nil,
+    blocker = {owner = current[1], step = current[2] or nil, execution = current[3] or nil,
+               reactor = current[4] or nil, since = tonumber(current[5]),
+               ttl_ms = ttl > 0 and ttl or nil},
+  }
+end
+
+-- Take the lock checked by lock_check (`state` is its answer); returns the fencing token
+-- (text). `h` is the holder {owner, step?, execution?, reactor?}; `index` from index_of.
+local function lock_take(hold, fence, waiters, h, ttl_ms, now, state, index)
+  if state ~= 'again' then
+    -- the hand-off grant (ours, or lapsed) is used up
+    if state == 'granted' then redis.call('ZREMRANGEBYSCORE', waiters, '-inf', '(0') end
+    -- never below the Redis clock in µs, so a fence lost in a restart cannot issue old
+    -- tokens; and above the last token, which the Redis clock nearly always is already (one
+    -- SET ... GET then, a second SET only when it is not)
+    local token = int(now.us)
+    local last = tonumber(redis.call('SET', fence, token, 'GET') or '0')
+    if last >= now.us then
+      token = int(last + 1)
+      redis.call('SET', fence, token)
+    end
+    redis.call('HSET', hold, 'owner', h.owner, 'count', 1, 'step', h.step or '',
+      'execution', h.execution or '', 'reactor', h.reactor or '',
+      'acquired_at', now.ms, 'token', token)
+    redis.call('PEXPIRE', hold, ttl_ms)
+    index_add(index, 'lock', h.owner, now.ms)
+    return token
+  end
+  -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
+  redis.call('HINCRBY', hold, 'count', 1)
+  if redis.call('PTTL', hold) < ttl_ms then redis.call('PEXPIRE', hold, ttl_ms) end
+  return redis.call('HGET', hold, 'token')
+end
+
+-- Release one nesting level of `owner`'s hold; `now_ms` is a function, called (a TIME) only
+-- when a waiter is granted the key. Returns "not_held" (lapsed or taken over),
+-- "kept" (still nested) or "freed", and for "freed" the waiter popped (or nil): the release
+-- PUBLISHes on the hold key and grants the free key to that head waiter for HANDOFF_GRANT_MS,
+-- so waiters are served in the order they registered.
+local function lock_release(hold, waiters, owner, now_ms, index)
+  local current = redis.call('HMGET', hold, 'owner', 'count')
+  if current[1] ~= owner then
+    index_remove(index, 'lock', owner) -- lapsed: its index entry is stale
+    return 'not_held'
+  end
+  if (tonumber(current[2]) or 1) > 1 then
+    redis.call('HINCRBY', hold, 'count', -1)
+    return 'kept'
+  end
+  redis.call('DEL', hold)
+  index_remove(index, 'lock', owner)
+  redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
+  -- a grant sorts first (negative score); an unused one is dropped on the way to the head
+  -- waiter (rare: the take of a granted key removes its grant)
+  local popped = redis.call('ZPOPMIN', waiters, 1)
+  while popped[1] and tonumber(popped[2]) < 0 do popped = redis.call('ZPOPMIN', waiters, 1) end
+  if popped[1] then
+    redis.call('ZADD', waiters, -(now_ms() + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
+    return 'freed', popped[1]
+  end
+  return 'freed', nil
+end

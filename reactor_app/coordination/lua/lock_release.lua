@@ -1,0 +1,21 @@
+--[[ lock_release.lua — release one lock hold: the single-lock fast path of release.lua.
+
+The same rules as a lock in release.lua (shared through _lock.lua): one nesting level per
+release; at zero the key is freed, a wake message is PUBLISHed on the hold key and the head
+waiter is popped and granted the key for HANDOFF_GRANT_MS. A lock's release does not depend on
+the outcome, so none is passed.
+
+KEYS  hold hash, waiters zset; then, optionally, the three live-holds index keys
+ARGV  owner, user key for the index (only read when the index keys are passed)
+
+Returns {state, woken}: state 0 freed, 1 kept (still nested), 2 not held (lapsed or taken
+over); woken = the waiter id popped for the freed key, or "".
+]]
+
+-- @include _common.lua
+-- @include _lock.lua
+
+local function now_ms() return redis_now().ms end
+local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], now_ms, index_of(KEYS, 3, ARGV[2]))
+local code = ({freed = 0, kept = 1, not_held = 2})[state]
+return {code, popped or ''}
