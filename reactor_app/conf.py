@@ -250,6 +250,17 @@ class ReactorSettings:
         return float(value)
 
     @property
+    def CANCEL_POLL(self) -> float:
+        """Seconds between two reads of a running execution's cancel flag at step boundaries
+        and ``checkpoint()`` (0: read at every one). Default 0.05."""
+        value = self._get("CANCEL_POLL", 0.05)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigurationError(
+                "REACTOR_CANCEL_POLL must be a number of seconds >= 0", setting="CANCEL_POLL"
+            )
+        return float(value)
+
+    @property
     def RETENTION(self) -> float | None:
         """Seconds finished executions (with their step runs and events) are kept before the
         ``reactor_app.purge`` task deletes them; ``None`` keeps them forever. Default 30 days."""

@@ -3,7 +3,12 @@
 A cancel is a request first: a Redis key per execution (``{prefix}:cancel:<id>``, the reason
 and who asked) that every process running the execution polls — at each step boundary, at the
 start of every pass and at ``context.checkpoint()`` — so it works whichever process (a Celery
-worker, a web process running ``Reactor.run``) is inside the run. Then:
+worker, a web process running ``Reactor.run``) is inside the run. Reading the flag is a Redis
+round trip, the largest cost of an uncoordinated step, so step boundaries and checkpoints read
+it at most every ``REACTOR_CANCEL_POLL`` seconds (default 0.05) per run: a run stops at the
+first boundary after that much time has passed since the request, at the latest. A cancel
+requested by the very process running the execution is seen at its next boundary, and the start
+of a pass and the decision whether a failure was a cancel always read the flag. Then:
 
 * **Not running** (pending, parked, interrupted): the canceller ends it itself, at once. It takes
   the execution claim a delivery would take (so no delivery starts it meanwhile), flips the row
@@ -28,8 +33,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -68,6 +75,15 @@ def _key(execution_id: Any) -> str:
     return redis_key("cancel", str(execution_id))
 
 
+#: the runs (their ids) whose flag was read and found clear, with the monotonic time of that
+#: read — the most recent ``_CHECKED_KEPT`` only (an old entry just means one more read)
+_checked: OrderedDict[tuple[str, ...], float] = OrderedDict()
+_CHECKED_KEPT = 4096
+#: executions cancelled by this very process: its own runs see them at the next boundary
+_requested_here: set[str] = set()
+_guard = threading.Lock()
+
+
 def request_cancel(execution_id: Any, reason: str, by: str | None) -> None:
     """Raise the flag every process running ``execution_id`` polls."""
     from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
@@ -76,28 +92,46 @@ def request_cancel(execution_id: Any, reason: str, by: str | None) -> None:
     request = {"reason": reason, "by": by, "at": timezone.now().isoformat()}
     with unavailable_on_connection_error(key=name, primitive="cancel"):
         get_client().set(name, json.dumps(request), ex=REQUEST_TTL)
+    with _guard:
+        if len(_requested_here) >= _CHECKED_KEPT:
+            _requested_here.clear()  # only a shortcut: the poll still finds older requests
+        _requested_here.add(str(execution_id))
 
 
-def cancel_request(*execution_ids: Any) -> dict[str, Any] | None:
+def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | None:
     """The cancel request of the first of ``execution_ids`` that has one, else None.
 
     Polled by the engine; an unreachable Redis reads as "not cancelled" (a run is never failed
     by the poll itself). After a failed read the poll rests for ``POLL_REST`` seconds, so an
-    outage does not add a connection timeout to every step of runs that need no Redis."""
+    outage does not add a connection timeout to every step of runs that need no Redis.
+    ``fresh=False`` (step boundaries, checkpoints) answers "not cancelled" without reading when
+    the same run's flag was read clear less than ``REACTOR_CANCEL_POLL`` seconds ago."""
     global _rest_until
+    from reactor_app.conf import reactor_settings
     from reactor_app.coordination.redis import get_client
 
-    ids = [str(i) for i in execution_ids if i]
-    if not ids or time.monotonic() < _rest_until:
+    ids = tuple(dict.fromkeys(str(i) for i in execution_ids if i))
+    now = time.monotonic()
+    if not ids or now < _rest_until:
         return None
+    if not fresh and not _requested_here.intersection(ids):
+        with _guard:
+            last = _checked.get(ids)
+        if last is not None and now - last < reactor_settings.CANCEL_POLL:
+            return None
     try:
         client = get_client()
         # one key at a time: the ids need not share a cluster slot
-        for execution_id in dict.fromkeys(ids):
+        for execution_id in ids:
             raw = client.get(_key(execution_id))
             if raw:
                 data = json.loads(raw)
                 return data if isinstance(data, dict) else {"reason": str(data)}
+        with _guard:
+            _checked[ids] = now
+            _checked.move_to_end(ids)
+            if len(_checked) > _CHECKED_KEPT:
+                _checked.popitem(last=False)
     except ConfigurationError:
         # no coordination Redis configured: nothing can have been cancelled through it
         _rest_until = time.monotonic() + POLL_REST
@@ -110,8 +144,9 @@ def cancel_request(*execution_ids: Any) -> dict[str, Any] | None:
 def raise_if_cancelled(
     *execution_ids: Any, reactor: str | None = None, step: str | None = None
 ) -> None:
-    """``context.checkpoint()``: stop the step body when its execution was cancelled."""
-    request = cancel_request(*execution_ids)
+    """``context.checkpoint()``: stop the step body when its execution was cancelled (the
+    flag read at most every ``REACTOR_CANCEL_POLL``, see the module docstring)."""
+    request = cancel_request(*execution_ids, fresh=False)
     if request is not None:
         raise cancelled_error(request, execution_ids[-1], reactor=reactor, step=step)
 

@@ -436,9 +436,10 @@ class ExecutionRun:
             failures = self._settle_children() + roll_back(self)
         return RunEnd("failed", error=error, rollback_failures=failures)
 
-    def _cancel_request(self) -> dict[str, Any] | None:
-        """An operator's cancel of this execution or of its root (engine.cancel)."""
-        return cancel_request(self.root.execution_id, self.execution_id)
+    def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
+        """An operator's cancel of this execution or of its root (engine.cancel); ``fresh=False``
+        at step boundaries, which read the flag at most every ``REACTOR_CANCEL_POLL``."""
+        return cancel_request(self.root.execution_id, self.execution_id, fresh=fresh)
 
     def _stopped_by_cancel(self, error: ReactorError | None) -> bool:
         """A failure that is this execution's cancel (a checkpoint raised it, or a composed
@@ -453,7 +454,7 @@ class ExecutionRun:
     def _run_steps(self) -> RunEnd:
         plan = self.reactor.plan
         while self.state.next_index < len(plan.order):
-            cancel = self._cancel_request()  # a step boundary: stop here when cancelled
+            cancel = self._cancel_request(fresh=False)  # a step boundary: stop if cancelled
             if cancel is not None:
                 return end_cancelled(self, cancel, gate_held=True)
             name = plan.order[self.state.next_index]

@@ -1,0 +1,112 @@
+"""How often a running execution reads its cancel flag (``REACTOR_CANCEL_POLL``).
+
+The flag is a Redis key read at step boundaries and ``checkpoint()``; reading it at every one
+would cost each uncoordinated step a round trip, so a run reads it at most every
+``REACTOR_CANCEL_POLL`` seconds. These tests count the reads of a real Redis client and check
+that a request written by "another process" (the flag set in Redis directly, as
+``request_cancel`` does elsewhere) still stops the run within that bound.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from reactor_app import Reactor, Step, Success, step, value
+from reactor_app.coordination.redis import get_client
+from reactor_app.engine import cancel
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Noop(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success(None)
+
+
+class TenNoops(Reactor):
+    s0 = step(Noop)
+    s1 = step(Noop)
+    s2 = step(Noop)
+    s3 = step(Noop)
+    s4 = step(Noop)
+    s5 = step(Noop)
+    s6 = step(Noop)
+    s7 = step(Noop)
+    s8 = step(Noop)
+    s9 = step(Noop)
+
+
+#: monotonic time the flag was raised, and each step's start (read by the test)
+marks: dict[str, Any] = {}
+
+
+class Tick(Step):
+    """10 ms of work; the third tick raises the cancel flag the way another process would."""
+
+    inputs = ("n",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        marks.setdefault("ticks", []).append(time.monotonic())
+        if args["n"] == 2:
+            request = {"reason": "from elsewhere", "by": "test", "at": "now"}
+            get_client().set(cancel._key(context.execution_id), json.dumps(request), ex=60)
+            marks["raised"] = time.monotonic()
+        time.sleep(0.01)
+        return Success(None)
+
+
+#: sixty 10 ms steps, the flag raised in the third
+SixtyTicks = type("SixtyTicks", (Reactor,), {f"t{n}": step(Tick, n=value(n)) for n in range(60)})
+
+
+@pytest.fixture
+def flag_reads() -> Iterator[list[str]]:
+    """Every cancel-flag read of the coordination client, by key."""
+    client = get_client()
+    reads: list[str] = []
+    original = client.get
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        if ":cancel:" in str(name):
+            reads.append(str(name))
+        return original(name, *args, **kwargs)
+
+    client.get = counting
+    try:
+        yield reads
+    finally:
+        del client.get
+
+
+def test_step_boundaries_read_the_flag_at_most_every_cancel_poll(flag_reads: list[str]) -> None:
+    with override_settings(REACTOR_CANCEL_POLL=60):
+        assert TenNoops.run().ok
+    # the start of the pass reads it, then the first boundary and checkpoint; the rest rest
+    assert 1 <= len(flag_reads) <= 3
+    flag_reads.clear()
+    with override_settings(REACTOR_CANCEL_POLL=0):
+        assert TenNoops.run().ok
+    # every boundary and every checkpoint after a body
+    assert len(flag_reads) >= 20
+
+
+def test_a_request_from_elsewhere_stops_the_run_within_the_poll_interval() -> None:
+    marks.clear()
+    with override_settings(REACTOR_CANCEL_POLL=0.1):
+        result = SixtyTicks.run()
+    assert not result.ok
+    execution = Execution.objects.get(pk=result.execution_id)
+    assert execution.status == ExecutionStatus.CANCELLED
+    after = [t for t in marks["ticks"] if t > marks["raised"]]
+    # no step starts more than one poll interval (plus one 10 ms step and scheduling slack)
+    # after the request; a run that never read the flag again would run all sixty (0.6 s)
+    assert max(after, default=marks["raised"]) - marks["raised"] < 0.1 + 0.01 + 0.3
+    assert len(marks["ticks"]) < 60
