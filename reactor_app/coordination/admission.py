@@ -56,6 +56,7 @@ from reactor_app.coordination.claims import (
     Outcome,
     PeriodClaim,
     PeriodHit,
+    RefusalDetail,
     Refused,
     SemaphoreClaim,
 )
@@ -373,12 +374,7 @@ class Coordinator:
                 "since": int(since) / 1000 if int(since) > 0 else None,
                 "ttl": None if int(ttl_ms) < 0 else _seconds(ttl_ms),
             },
-            detail={
-                "time": at,
-                "status": int(Status.LOCKED),
-                "stale": False,
-                "stale_epoch": False,
-            },
+            detail=RefusalDetail(status=int(Status.LOCKED), time=str(at)),
         )
 
     def _admission_result(
@@ -406,17 +402,30 @@ class Coordinator:
         if reply.status is Status.CHAIN_FAILED:
             assert isinstance(claim, OrderedLockClaim)
             return ChainFailed(claim=claim, first_failed=data.get("first_failed"), woken=_ids(data))
-        detail = {k: v for k, v in data.items() if k not in ("index", "retry_after_ms", "blocker")}
-        detail["status"] = int(reply.status)
-        # a position from before a reset, or already passed over: the caller re-assigns
-        detail["stale"] = detail["stale_epoch"] = reply.status is Status.ORDERED_STALE
-        if "window_ms" in detail:
-            detail["window"] = detail.pop("window_ms") / 1000
+        window_ms = data.get("window_ms")
+        refusal = RefusalDetail(
+            status=int(reply.status),
+            time=str(data.get("time", "")),
+            stale=reply.status is Status.ORDERED_STALE,
+            limit=data.get("limit"),
+            held=data.get("held"),
+            label=data.get("label"),
+            window=None if window_ms is None else window_ms / 1000,
+            count=data.get("count"),
+            cost=data.get("cost"),
+            bucket=data.get("bucket"),
+            bucket_end=data.get("bucket_end"),
+            nonce=data.get("nonce"),
+            epoch=data.get("epoch"),
+            head=data.get("head"),
+            last_completed=data.get("last_completed"),
+            reason=data.get("reason"),
+        )
         return Refused(
             claim=claim,
             retry_after=_seconds(data.get("retry_after_ms")),
             blocker=_blocker(data.get("blocker")),
-            detail=detail,
+            detail=refusal,
         )
 
     def _admit_one_by_one(
@@ -536,7 +545,7 @@ class Coordinator:
         if (
             not isinstance(result, Refused)
             or deadline_for(result) <= time.monotonic()
-            or result.detail.get("stale")
+            or result.detail.stale
         ):
             return result
         with unavailable_on_connection_error(
@@ -560,7 +569,7 @@ class Coordinator:
                         pause = min(remaining, max(result.retry_after, MIN_PAUSE))
                     self._sleep_until_woken(pubsub if subscribed else None, pause)
                 result = self.admit(claims, holder, waiter_id=waiter_id)
-                if not isinstance(result, Refused) or result.detail.get("stale"):
+                if not isinstance(result, Refused) or result.detail.stale:
                     return result
         finally:
             with unavailable_on_connection_error():
@@ -847,8 +856,7 @@ def refusal_error(
 ) -> CoordinationError:
     """The public error for a contention refusal, naming reactor, step and key (§1.3)."""
     claim = refused.claim
-    code = refused.detail.get("status")
-    status = Status(code) if code is not None else _REFUSAL_STATUS[claim.primitive]
+    status = Status(refused.detail.status)
     error_class = STATUSES[status].error
     where = _where(reactor, step)
     common: dict[str, Any] = {
@@ -866,7 +874,7 @@ def refusal_error(
             **common,
         )
     if error_class is SemaphoreAcquisitionError:
-        limit = refused.detail.get("limit", getattr(claim, "limit", None))
+        limit = refused.detail.limit or getattr(claim, "limit", None)
         return SemaphoreAcquisitionError(
             f"{where}: all {limit} slots of semaphore {claim.key!r} are taken"
             + _after(refused.retry_after),
@@ -875,7 +883,7 @@ def refusal_error(
             **common,
         )
     if error_class is PeriodInFlightError:
-        bucket = refused.detail.get("bucket")
+        bucket = refused.detail.bucket
         return PeriodInFlightError(
             f"{where}: period {claim.key!r} (bucket starting {bucket}) is being run by "
             f"{_who(refused.blocker)}; it will be done or free when that run ends"
@@ -886,9 +894,9 @@ def refusal_error(
             **common,
         )
     if error_class is RateLimitExceeded:
-        limit = refused.detail.get("limit")
-        label = refused.detail.get("label")
-        cost = refused.detail.get("cost") or getattr(claim, "cost", 1)
+        limit = refused.detail.limit
+        label = refused.detail.label
+        cost = refused.detail.cost or getattr(claim, "cost", 1)
         charged = f" (this admission costs {cost})" if cost != 1 else ""
         return RateLimitExceeded(
             f"{where}: rate limit {claim.key!r} allows {limit} per {label}{charged}"
@@ -898,14 +906,14 @@ def refusal_error(
             period=label,
             **common,
         )
-    nonce = refused.detail.get("nonce")
-    last_completed = refused.detail.get("last_completed")
-    if refused.detail.get("stale"):
+    nonce = refused.detail.nonce
+    last_completed = refused.detail.last_completed
+    if refused.detail.stale:
         text = f"{where}: ordered lock {claim.key!r}: position {nonce} is stale (reset or passed)"
     else:
         text = (
             f"{where}: ordered lock {claim.key!r}: position {nonce} waits for position "
-            f"{refused.detail.get('head')} (last completed {last_completed})"
+            f"{refused.detail.head} (last completed {last_completed})"
         )
     return OrderedLockWaitError(
         text + _after(refused.retry_after),
@@ -914,17 +922,6 @@ def refusal_error(
         retry_after=refused.retry_after,
         **common,
     )
-
-
-#: the refusal status of each primitive, for a ``Refused`` built without a script status (the
-#: error class itself comes from the one table, ``redis.STATUSES``)
-_REFUSAL_STATUS: dict[str, Status] = {
-    "lock": Status.LOCKED,
-    "semaphore": Status.SEMAPHORE_FULL,
-    "rate_limit": Status.RATE_LIMITED,
-    "ordered_lock": Status.ORDERED_WAIT,
-    "period": Status.PERIOD_IN_FLIGHT,
-}
 
 
 def lease_lost(hold: Hold, holder: Holder, reason: str) -> LeaseLost:

@@ -115,14 +115,38 @@ class Admitted:
         return None
 
 
+@dataclass(frozen=True)
+class RefusalDetail:
+    """What a refusal says beyond its hint and blocker: the admission script's status code and
+    Redis time, and the fields of the refusing primitive (``None`` where they do not apply)."""
+
+    status: int  # ``coordination.redis.Status`` of the refusal
+    time: str = ""  # Redis TIME of the decision, "seconds.micros"
+    #: an ordered position from before a reset, or already passed over: re-assign it
+    stale: bool = False
+    limit: int | None = None  # semaphore slots, or the full rate-limit window's limit
+    held: int | None = None  # semaphore slots taken
+    label: str | None = None  # rate limit: the full window's label ("second", "3600s"...)
+    window: float | None = None  # rate limit: that window's length in seconds
+    count: int | None = None  # rate limit: units charged in that window
+    cost: int | None = None  # rate limit: units this admission would charge
+    bucket: int | None = None  # period in flight: the bucket's start (epoch seconds)
+    bucket_end: int | None = None
+    nonce: int | None = None  # ordered lock: this position
+    epoch: int | None = None
+    head: int | None = None  # ordered lock: the position it waits for
+    last_completed: int | None = None
+    reason: str | None = None  # ordered lock, stale: "epoch" or "passed"
+
+
 @dataclass
 class Refused:
     """Contention: nothing was taken. ``retry_after`` is the primitive's own hint in seconds."""
 
     claim: Claim
+    detail: RefusalDetail
     retry_after: float | None = None
     blocker: dict[str, Any] | None = None  # holder snapshot: owner, step, execution, since, ttl
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -300,7 +300,7 @@ class Gate:
                 raise self._unavailable(exc) from exc
             if held_keys is not None and not isinstance(answer, Admitted):
                 held_keys.settle(registered)
-            if isinstance(answer, Refused) and answer.detail.get("stale_epoch"):
+            if isinstance(answer, Refused) and answer.detail.stale:
                 self.forget_position()
                 self.claims = []
                 claims = [c for c in self.compute_claims() if wanted(c)]
@@ -329,7 +329,7 @@ class Gate:
             answer = self.coordinator.admit_waiting(
                 claims, holder, budget, waiter_id=waiting_id, waits=self.waits_while_parked()
             )
-        if not isinstance(answer, Refused) or answer.detail.get("stale_epoch"):
+        if not isinstance(answer, Refused) or answer.detail.stale:
             return answer
         answer = self.coordinator.admit(claims, holder, waiter_id=parked_id)
         for claim in claims:

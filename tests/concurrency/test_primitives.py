@@ -329,7 +329,7 @@ def test_a_semaphore_limit_change_applies_at_once(coordinator: Coordinator) -> N
     # and lowered: two are inside, so a limit of 2 (or 1) refuses a third at once
     for limit in (2, 1):
         refused = coordinator.admit([SemaphoreClaim("elastic", limit=limit)], holder("c"))
-        assert isinstance(refused, Refused) and refused.detail["held"] == 2
+        assert isinstance(refused, Refused) and refused.detail.held == 2
 
 
 # -- rate limit -------------------------------------------------------------------------------
@@ -388,7 +388,7 @@ def test_rate_limit_retry_after_is_exact_to_the_window_edge(coordinator: Coordin
         time.sleep(0.05)
     refused = coordinator.admit([claim], holder("late"))
     assert isinstance(refused, Refused) and refused.retry_after is not None
-    seconds, micros = refused.detail["time"].split(".")
+    seconds, micros = refused.detail.time.split(".")
     refused_at = int(seconds) * 1_000_000 + int(micros)
     expected = (firsts[0] + 1_000_000 - refused_at) / 1_000_000
     assert abs(refused.retry_after - expected) < 0.002, (refused.retry_after, expected)
@@ -462,7 +462,7 @@ def test_a_dead_ordered_head_is_passed_over_after_the_poison_pill_timeout(
     killed_at = kill_holder(url, prefix, [head])
     claim = OrderedLockClaim("dead-line", alive, poison_pill_timeout=timeout)
     refused = coordinator.admit([claim], holder("alive"))
-    assert isinstance(refused, Refused) and refused.detail["head"] == dead.nonce
+    assert isinstance(refused, Refused) and refused.detail.head == dead.nonce
     admitted = coordinator.admit_waiting([claim], holder("alive"), 5)
     waited = time.monotonic() - killed_at
     assert isinstance(admitted, Admitted)

@@ -50,7 +50,7 @@ def redis_micros(hold: Any) -> int:
 
 
 def refused_micros(refused: Refused) -> int:
-    seconds, micros = refused.detail["time"].split(".")
+    seconds, micros = refused.detail.time.split(".")
     return int(seconds) * 1_000_000 + int(micros)
 
 
@@ -177,7 +177,7 @@ def test_retry_after_is_exact_for_the_cost(coordinator: Coordinator) -> None:
     assert isinstance(two, Refused) and two.retry_after is not None
     expected = (times[0] + 1_000_000 - refused_micros(two)) / 1_000_000
     assert abs(two.retry_after - expected) < 0.002, (two.retry_after, expected)
-    assert two.detail["count"] == 10 and two.detail["cost"] == 2
+    assert two.detail.count == 10 and two.detail.cost == 2
 
     # a cost of 7 needs 7 units to leave: 4 (first) + 3 (second) — the second's departure
     seven = coordinator.admit([RateLimitClaim("exact", (window,), cost=7)], holder("seven"))
@@ -201,7 +201,7 @@ def test_fixed_strategy_charges_the_cost_with_incrby(coordinator: Coordinator) -
 
     assert isinstance(coordinator.admit([claim(6)], holder("a")), Admitted)
     refused = coordinator.admit([claim(5)], holder("b"))
-    assert isinstance(refused, Refused) and refused.detail["count"] == 6
+    assert isinstance(refused, Refused) and refused.detail.count == 6
     assert isinstance(coordinator.admit([claim(4)], holder("c")), Admitted)
     count = rate_limit.rate_limit_count(
         "fixed", 60, strategy="fixed", client=coordinator.client, prefix=coordinator.prefix
@@ -229,7 +229,7 @@ def test_a_lost_running_total_is_rebuilt_from_the_members(coordinator: Coordinat
     coordinator.client.delete(rate_limit.cost_key("rebuild", 60.0, coordinator.prefix))
     # 8 charged: a cost of 3 is refused, a cost of 2 still fits
     over = coordinator.admit([RateLimitClaim("rebuild", (window,), cost=3)], holder("over"))
-    assert isinstance(over, Refused) and over.detail["count"] == 8
+    assert isinstance(over, Refused) and over.detail.count == 8
     fits = coordinator.admit([RateLimitClaim("rebuild", (window,), cost=2)], holder("fits"))
     assert isinstance(fits, Admitted)
 

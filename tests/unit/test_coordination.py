@@ -522,7 +522,7 @@ def test_ordered_lock_strict_chain_fails_after_a_failure_until_reset(
     epoch = coordinator.reset("line")
     assert epoch > positions[0].epoch
     stale = coordinator.admit([claims[1]], BOB)
-    assert isinstance(stale, Refused) and stale.detail["stale"] and stale.detail["stale_epoch"]
+    assert isinstance(stale, Refused) and stale.detail.stale and stale.detail.reason == "epoch"
     assert isinstance(refusal_error(stale, "R", "s"), OrderedLockWaitError)
     fresh = coordinator.assign_position("line", BOB)
     assert fresh.nonce == 1 and fresh.epoch == epoch
@@ -542,7 +542,7 @@ def test_ordered_lock_retry_keeps_the_position_and_skip_passes_the_head(
     assert coordinator.skip("q") == 1
     assert isinstance(coordinator.admit([OrderedLockClaim("q", second)], BOB), Admitted)
     stale = coordinator.admit([OrderedLockClaim("q", first)], ALICE)
-    assert isinstance(stale, Refused) and stale.detail["stale"]  # skipped: re-assign
+    assert isinstance(stale, Refused) and stale.detail.stale  # skipped: re-assign
 
 
 def test_non_strict_ordered_lock_continues_after_a_failure(coordinator: Coordinator) -> None:
