@@ -31,15 +31,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from reactor_app.coordination import (
     holds_index,
     lock,
     ordered_lock,
-    period,
-    rate_limit,
     semaphore,
 )
 from reactor_app.coordination.claims import (
@@ -58,8 +55,8 @@ from reactor_app.coordination.claims import (
     PeriodHit,
     RefusalDetail,
     Refused,
-    SemaphoreClaim,
 )
+from reactor_app.coordination.primitives import REGISTRY, RENEWABLE
 from reactor_app.coordination.redis import (
     STATUSES,
     ScriptReply,
@@ -87,14 +84,6 @@ from reactor_app.exceptions import (
 if TYPE_CHECKING:
     from reactor_app.coordination.renewal import Renewal
 
-#: primitive name -> the module that owns its key layout and argument encoding
-PRIMITIVES: dict[str, ModuleType] = {
-    "lock": lock,
-    "semaphore": semaphore,
-    "rate_limit": rate_limit,
-    "period": period,
-    "ordered_lock": ordered_lock,
-}
 
 ReleaseOutcome = Outcome | Literal["give_back"]
 
@@ -140,10 +129,6 @@ class ForceReleased:
     woken: list[str] = field(default_factory=list)
 
 
-#: the claims whose leases ``extend`` renews (ordered positions have their heartbeat)
-RENEWED_CLAIMS = (LockClaim, SemaphoreClaim, PeriodClaim)
-
-
 def _admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
     """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
     same declaration on the same key hits the cache): no per-call key building or JSON
@@ -156,7 +141,7 @@ def _admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ..
 
 
 def _build_admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
-    module = PRIMITIVES[claim.primitive]
+    module = REGISTRY[claim.primitive]
     keys = list(module.admit_keys(claim, prefix))
     if indexed and claim.primitive in holds_index.INDEXED:
         keys.extend(holds_index.index_keys(prefix))
@@ -469,7 +454,7 @@ class Coordinator:
             return self._release_lock(holds[0].claim, admitted.holder)
         groups = self._with_index(
             [h.claim for h in holds],
-            [PRIMITIVES[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
+            [REGISTRY[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
         )
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
@@ -481,7 +466,7 @@ class Coordinator:
                 for hold, group in zip(batch_holds, batch_groups, strict=True)
             }
             specs = _specs(
-                batch_holds, batch_groups, lambda h: PRIMITIVES[h.claim.primitive].release_spec(h)
+                batch_holds, batch_groups, lambda h: REGISTRY[h.claim.primitive].release_spec(h)
             )
             reply = self._run(
                 "release",
@@ -513,7 +498,7 @@ class Coordinator:
 
     def wake_channel(self, claim: Claim) -> str | None:
         """The pub/sub channel a release of ``claim``'s key PUBLISHes on (None: never)."""
-        channel: str | None = PRIMITIVES[claim.primitive].wake_channel(claim, self.prefix)
+        channel: str | None = REGISTRY[claim.primitive].wake_channel(claim, self.prefix)
         return channel
 
     def admit_waiting(
@@ -609,7 +594,7 @@ class Coordinator:
         """Park ``waiter_id`` on ``claim``'s key: the next release that frees it returns the id
         in ``Released.woken``. (``admit(..., waiter_id=...)`` registers atomically on refusal,
         which is what workers should use.) False for the rate limit, which never releases."""
-        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        name = REGISTRY[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return False
         score = claim.position.nonce if isinstance(claim, OrderedLockClaim) else None
@@ -628,7 +613,7 @@ class Coordinator:
         """Give ``to_id`` the place ``from_id`` had in ``claim``'s waiter order (a worker
         delivery that waited in-process and now parks keeps its turn), dropping ``from_id``.
         ``to_id`` must already be registered (the parking admission registered it)."""
-        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        name = REGISTRY[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return
         with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
@@ -642,7 +627,7 @@ class Coordinator:
     def unregister_waiter(self, claim: Claim, waiter_id: str) -> None:
         """Take ``waiter_id`` out of ``claim``'s waiter order (a worker delivery that stopped
         waiting in-process and parked under its own id instead)."""
-        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        name = REGISTRY[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return
         with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
@@ -650,7 +635,7 @@ class Coordinator:
 
     def waiters(self, claim: Claim) -> list[str]:
         """Parked waiter ids of ``claim``'s key, first to be woken first."""
-        name = PRIMITIVES[claim.primitive].claim_waiters_key(claim, self.prefix)
+        name = REGISTRY[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
             return []
         with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
@@ -677,17 +662,17 @@ class Coordinator:
         ``lease_ms`` grants that lease instead of each claim's own TTL (a hold kept across a
         park is made to cover the park); a lease is never shortened.
         """
-        items = [h for h in holds if isinstance(h.claim, RENEWED_CLAIMS)]
+        items = [h for h in holds if h.claim.primitive in RENEWABLE]
         if not items:
             return Extended()
-        groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
+        groups = [RENEWABLE[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
         extended: list[Hold] = []
         granted_ms: list[int] = []
         lost: list[tuple[Hold, str]] = []
 
         def spec(hold: Hold) -> dict[str, Any]:
             return {
-                **PRIMITIVES[hold.claim.primitive].extend_spec(hold, owner),
+                **RENEWABLE[hold.claim.primitive].extend_spec(hold, owner),
                 **({} if lease_ms is None else {"ttl_ms": lease_ms}),
                 # a lease of 0 ms never lengthens one: extend.lua only checks the hold
                 **({} if renew is None or renew(hold) else {"ttl_ms": 0}),
@@ -719,16 +704,16 @@ class Coordinator:
         with unavailable_on_connection_error():
             pipe = client.pipeline(transaction=False)
             for holds, owner in requests:
-                items = [h for h in holds if isinstance(h.claim, RENEWED_CLAIMS)]
+                items = [h for h in holds if h.claim.primitive in RENEWABLE]
                 plans.append(items)
                 if not items:
                     continue
-                groups = [PRIMITIVES[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
+                groups = [RENEWABLE[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
                 specs = [
                     {
                         "p": h.claim.primitive,
                         "n": len(g),
-                        **PRIMITIVES[h.claim.primitive].extend_spec(h, owner),
+                        **RENEWABLE[h.claim.primitive].extend_spec(h, owner),
                     }
                     for h, g in zip(items, groups, strict=True)
                 ]
@@ -939,7 +924,6 @@ def lease_lost(hold: Hold, holder: Holder, reason: str) -> LeaseLost:
 
 
 __all__ = [
-    "PRIMITIVES",
     "Coordinator",
     "Extended",
     "ForceReleased",

@@ -28,6 +28,8 @@ from reactor_app.coordination.redis import (
 )
 
 PRIMITIVE = "lock"
+#: an owned hold until released (see coordination.primitives.Primitive.HOLDS)
+HOLDS = True
 
 
 def seconds_to_ms(seconds: float) -> int:

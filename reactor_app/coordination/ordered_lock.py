@@ -45,6 +45,8 @@ from reactor_app.coordination.redis import (
 )
 
 PRIMITIVE = "ordered_lock"
+#: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)
+HOLDS = False
 DEFAULT_TTL = 86400.0  # seconds the line's state survives without activity
 
 

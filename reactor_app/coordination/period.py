@@ -39,6 +39,8 @@ from reactor_app.coordination.redis import (
 )
 
 PRIMITIVE = "period"
+#: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)
+HOLDS = False
 
 #: calendar-aligned units (UTC); "week" is the ISO week, starting on Monday
 UNITS = ("second", "minute", "hour", "day", "week", "month", "year")

@@ -43,6 +43,8 @@ from reactor_app.coordination.redis import (
 from reactor_app.exceptions import ConfigurationError
 
 PRIMITIVE = "rate_limit"
+#: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)
+HOLDS = False
 
 #: named periods and their length in seconds
 PERIODS: dict[str, float] = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}

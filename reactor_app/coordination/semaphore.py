@@ -30,6 +30,8 @@ from reactor_app.coordination.redis import (
 )
 
 PRIMITIVE = "semaphore"
+#: an owned hold until released (see coordination.primitives.Primitive.HOLDS)
+HOLDS = True
 #: the holders-hash field holding the limit of the latest admission (starts with NUL: never
 #: an owner id)
 LIMIT_FIELD = "\0limit"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from reactor_app.coordination import primitives
 from reactor_app.coordination.claims import (
     Claim,
     LockClaim,
@@ -36,9 +37,11 @@ T = TypeVar("T")
 #: attribute under which declarations travel on functions, step classes and reactor classes
 DECLARATIONS_ATTR = "__reactor_coordination__"
 
-PRIMITIVES = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
-#: primitives re-taken for compensate/undo (docs/design.md §2.5): exclusion only, never quotas
-ROLLBACK_PRIMITIVES = ("lock", "semaphore")
+#: every primitive, in admission order (coordination.primitives is the one registry)
+PRIMITIVES = primitives.NAMES
+#: primitives re-taken for compensate/undo (docs/design.md §2.5): the owned holds — exclusion
+#: only, never quotas
+ROLLBACK_PRIMITIVES = primitives.HOLDING
 
 
 @dataclass(frozen=True)

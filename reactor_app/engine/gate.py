@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from reactor_app.coordination import primitives
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
     AdmissionResult,
@@ -68,7 +69,7 @@ logger = logging.getLogger(__name__)
 #: what a reactor-level hold keeps across a worker park (``Gate.suspend``); everything else is
 #: given back with outcome ``park`` (an ordered position is kept by that outcome, a period check
 #: and a rate-limit charge have nothing to give back)
-KEPT_ACROSS_PARK = ("lock", "semaphore")
+KEPT_ACROSS_PARK = primitives.HOLDING
 
 
 @dataclass
@@ -440,7 +441,7 @@ class Gate:
         self.admitted = admitted
         for hold in admitted.holds:
             claim = hold.claim
-            if self.scope.held_keys is not None and claim.primitive in ("lock", "semaphore"):
+            if self.scope.held_keys is not None and primitives.holds(claim.primitive):
                 self.scope.held_keys.push(
                     claim.primitive, claim.key, self.scope.step, getattr(claim, "limit", None)
                 )
@@ -493,7 +494,7 @@ class Gate:
             (
                 h.claim.primitive
                 for h in holds
-                if h.claim.key == key and h.claim.primitive in ("lock", "semaphore")
+                if h.claim.key == key and primitives.holds(h.claim.primitive)
             ),
             "lock",
         )
@@ -571,7 +572,7 @@ class Gate:
             logger.exception("could not release %s; holds will expire by TTL", self.claims)
         for hold in reversed(admitted.holds):
             claim = hold.claim
-            registered = tracked and claim.primitive in ("lock", "semaphore")
+            registered = tracked and primitives.holds(claim.primitive)
             if self.scope.held_keys is not None and registered:
                 self.scope.held_keys.pop(claim.primitive, claim.key)
             self._event(CoordinationEventKind.RELEASED, claim, token=hold.token, outcome=outcome)

@@ -21,12 +21,13 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination import primitives
 from reactor_app.coordination import state as coordination_state
 
 #: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
-PRIMITIVES = ("ordered_lock", "period", "lock", "semaphore", "rate_limit")
+PRIMITIVES = primitives.NAMES
 #: primitives whose holds are "held" (listed as live holds and force-releasable)
-HOLDING_PRIMITIVES = ("lock", "semaphore")
+HOLDING_PRIMITIVES = primitives.HOLDING
 #: the rate-limit windows reported for a key no named limit describes
 STANDARD_WINDOWS = ("second", "minute", "hour", "day")
 #: hold levels: a step's own hold, or one taken around the whole reactor run

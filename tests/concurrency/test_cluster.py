@@ -26,7 +26,7 @@ from reactor_app import (
     with_semaphore,
 )
 from reactor_app.coordination import state
-from reactor_app.coordination.admission import PRIMITIVES, Coordinator
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
     Holder,
@@ -38,6 +38,7 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
+from reactor_app.coordination.primitives import REGISTRY
 from reactor_app.coordination.redis import get_client, hash_slot, is_cluster, key
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
@@ -88,7 +89,7 @@ def test_a_step_spanning_slots_is_admitted_claim_by_claim_and_released(
     coordinator = Coordinator()
     claims = five_claims("acct:1")[2:]  # lock, semaphore, rate limit
     prefix = coordinator.prefix
-    names = [PRIMITIVES[c.primitive].admit_keys(c, prefix)[0] for c in claims]
+    names = [REGISTRY[c.primitive].admit_keys(c, prefix)[0] for c in claims]
     assert len({hash_slot(n) for n in names}) == 3
     assert len({node_port(cluster, n) for n in names}) >= 2, "the step should span nodes"
 
@@ -136,7 +137,7 @@ def test_five_primitives_on_five_slots_are_all_taken_and_all_released(cluster: A
     coordinator = Coordinator()
     claims = five_claims("acct:5")
     prefix = coordinator.prefix
-    groups = [PRIMITIVES[c.primitive].admit_keys(c, prefix) for c in claims]
+    groups = [REGISTRY[c.primitive].admit_keys(c, prefix) for c in claims]
     assert len({hash_slot(g[0]) for g in groups}) == 5
     admitted = coordinator.admit(claims, Holder(owner="o5", execution_id="e5", step="s"))
     assert isinstance(admitted, Admitted), admitted

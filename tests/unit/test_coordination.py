@@ -205,6 +205,28 @@ def test_lua_scripts_reply_only_known_status_codes() -> None:
         assert used <= known, (name, used - known)
 
 
+def test_the_primitive_registry_and_the_scripts_name_the_same_primitives() -> None:
+    """One registry (``coordination.primitives``) names the primitives; the scripts dispatch on
+    the same names. A primitive added on one side only fails here."""
+    from reactor_app.coordination import primitives
+    from reactor_app.coordination.claims import ADMISSION_ORDER
+
+    assert primitives.NAMES == ADMISSION_ORDER
+    assert all(primitives.get(name).PRIMITIVE == name for name in primitives.NAMES)
+    sources = script_sources()
+    checks = re.search(r"^local CHECK = \{(.*?)\}", sources["admit"], re.MULTILINE | re.DOTALL)
+    takes = re.search(r"^local TAKE = \{(.*?)\}", sources["admit"], re.MULTILINE | re.DOTALL)
+    assert checks and takes
+    for table in (checks.group(1), takes.group(1)):
+        assert set(re.findall(r"(\w+) = \w+", table)) == set(primitives.NAMES)
+    released = set(re.findall(r"spec\.p == '(\w+)'", sources["release"]))
+    assert released == set(primitives.NAMES)
+    renewed = set(re.findall(r"item\.p == '(\w+)'", sources["extend"]))
+    assert renewed == set(primitives.RENEWABLE)
+    # the owned holds are what the live-holds index, the held-key registry and rollback know
+    assert primitives.HOLDING == ("lock", "semaphore")
+
+
 # -- lock -----------------------------------------------------------------------------------
 
 

@@ -73,7 +73,8 @@ for i, item in ipairs(items) do
   local reason, ttl
   if item.p == 'lock' then reason, ttl = extend_lock(keys, item)
   elseif item.p == 'period' then reason, ttl = extend_period(keys, item)
-  else reason, ttl = extend_semaphore(keys, item) end
+  elseif item.p == 'semaphore' then reason, ttl = extend_semaphore(keys, item)
+  else return redis.error_reply('extend: not a renewed primitive: ' .. tostring(item.p)) end
   if reason then
     table.insert(lost, {index = i - 1, reason = reason})
   else
