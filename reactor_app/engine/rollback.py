@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from reactor_app.dsl.coordination import DeclarationSet
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
-from reactor_app.engine.gate import Gate, GateScope
+from reactor_app.engine.gate import Gate
+from reactor_app.engine.host import gate_scope, host_of, step_context
 from reactor_app.exceptions import (
     CompensationFailed,
     ConfigurationError,
@@ -22,7 +23,6 @@ from reactor_app.exceptions import (
     UndoFailed,
 )
 from reactor_app.status import EngineEvent, StepRunKind
-from reactor_app.tracking import StepRecorder
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
@@ -52,7 +52,8 @@ def run_rollback_hook(
     placed on the step in its reactor (``with_lock(...)(step(Cls, ...))``); defaults to the
     class's own. Rollback must re-take what the forward path took, wherever it was declared.
     """
-    reactor = run.reactor_path if run else ""
+    host = host_of(run)
+    reactor = host.reactor_path
     declarations = (declared if declared is not None else step_class.declarations()).for_rollback()
     gate = None
     if declarations:
@@ -60,18 +61,8 @@ def run_rollback_hook(
             d.primitive: d.effective_rollback_wait  # type: ignore[attr-defined]
             for d in declarations
         }
-        gate = Gate(
-            declarations,
-            args,
-            GateScope(
-                reactor=reactor,
-                step=label,
-                owner=owner,
-                execution_id=run.execution_id if run else None,
-                held_keys=held_keys,
-            ),
-            waits=rollback_waits,
-        )
+        scope = gate_scope(host, step=label, owner=owner, held_keys=held_keys, parks=False)
+        gate = Gate(declarations, args, scope, waits=rollback_waits)
         wait = max(rollback_waits.values())
         try:
             gate.enter(wait=wait, park=False)  # rollback never parks
@@ -86,25 +77,19 @@ def run_rollback_hook(
                     "error": error.as_dict(),
                 }
             ]
-    recorder = StepRecorder(run.execution, label, kind, 1) if run else None
+    recorder = host.recorder(label, kind, 1)
     succeeded_event, failed_event = _EVENTS[kind]  # type: ignore[index]
     try:
         if recorder:
             recorder.started()
-        context = StepContext(
-            execution_id=run.execution_id if run else None,
-            root_execution_id=run.root.execution_id if run else None,
-            step_name=label,
+        context = step_context(
+            host,
+            parent_context,
+            step=label,
             attempt=1,
-            reactor=run.reactor if run else None,
-            reactor_instance=run.instance
-            if run
-            else (parent_context.reactor_instance if parent_context else None),
-            inputs=run.inputs if run else {},
             owner=owner,
-            gates=[*(run.gates if run else []), *([gate] if gate else [])],
             held_keys=held_keys,
-            lease_lost=gate.lost if gate else [],
+            gate=gate,
         )
         try:
             call(context)

@@ -17,7 +17,8 @@ from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
-from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip, fresh_owner
+from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
+from reactor_app.engine.host import gate_scope, host_of, step_context
 from reactor_app.engine.worker import outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -137,9 +138,6 @@ def failure_error(
 
 
 #: ``state.extra`` key: failed attempts of a step that parked before its next attempt
-ATTEMPTS = "attempts"
-
-
 class UnitRunner:
     """Runs one step class with resolved arguments: attempts, coordination, compensation."""
 
@@ -158,6 +156,7 @@ class UnitRunner:
         max_attempts: int | None = None,
     ) -> None:
         self.run = run
+        self.host = host_of(run)
         self.max_attempts = max_attempts or step_class.retry_policy.max_attempts
         self.step_class = step_class
         self.args = args
@@ -172,61 +171,39 @@ class UnitRunner:
         # The one check a step declaring nothing pays.
         self.declarations = declarations.ordered() if declarations else []
         self.wait = declarations.wait_seconds() if declarations else 0.0
-        self.reactor = run.reactor_path if run else ""
+        self.reactor = self.host.reactor_path
 
     def _gate(self) -> Gate | None:
         if not self.declarations:
             return None
-        run = self.run
-        return Gate(
-            self.declarations,
-            self.args,
-            GateScope(
-                reactor=self.reactor,
-                step=self.label,
-                owner=self.owner,
-                execution_id=run.execution_id if run else None,
-                held_keys=self.held_keys,
-                positions=run.state.ordered if run else None,
-                position_slot=self.position_slot,
-                waiter_id=run.waiter_id if run else None,
-                worker_wait=run.worker_wait if run else 0.0,
-                on_position=run.persist if run else None,
-            ),
+        scope = gate_scope(
+            self.host,
+            step=self.label,
+            owner=self.owner,
+            held_keys=self.held_keys,
+            position_slot=self.position_slot,
         )
+        return Gate(self.declarations, self.args, scope)
 
     def _context(self, attempt: int, gate: Gate | None) -> StepContext:
-        run, parent = self.run, self.parent_context
-        gates = list(parent.gates) if parent else (list(run.gates) if run else [])
-        if gate is not None:
-            gates.append(gate)
-        return StepContext(
-            execution_id=run.execution_id if run else (parent.execution_id if parent else None),
-            root_execution_id=run.root.execution_id
-            if run
-            else (parent.root_execution_id if parent else None),
-            step_name=self.label,
+        return step_context(
+            self.host,
+            self.parent_context,
+            step=self.label,
             attempt=attempt,
-            reactor=run.reactor if run else None,
-            reactor_instance=run.instance if run else (parent.reactor_instance if parent else None),
-            inputs=run.inputs if run else {},
             owner=self.owner,
-            gates=gates,
             held_keys=self.held_keys,
-            lease_lost=gate.lost if gate is not None else [],
+            gate=gate,
         )
 
     def _recorder(self, kind: str, attempt: int) -> StepRecorder | None:
-        if self.run is None:
-            return None
-        return StepRecorder(self.run.execution, self.label, kind, attempt)
+        return self.host.recorder(self.label, kind, attempt)
 
     def execute(self, *, park: bool) -> StepOutcome:
         policy = self.step_class.retry_policy
         instance = self.step_class()
         # Attempts spent before a park count: parks do not spend retries, nor give them back.
-        spent = self.run.state.extra.get(ATTEMPTS, {}) if self.run else {}
-        attempt = int(spent.pop(self.label, 0))
+        attempt = self.host.take_spent_attempts(self.label)
         while True:
             attempt += 1
             gate = self._gate()
@@ -264,7 +241,7 @@ class UnitRunner:
                 except Exception as exc:
                     # a cancelled execution stops here: no further attempt
                     outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
-                if self.run is not None:
+                if self.host.stores_results:
                     outcome = storable(outcome, self.label)
                 if isinstance(outcome, (Success, Skipped, Halt)):
                     # Only a success marks a period bucket; a skip or halt is still terminal.
@@ -276,7 +253,7 @@ class UnitRunner:
                     if recorder:
                         recorder.finished(EngineEvent.STEP_RETRIED, error=retried.as_dict())
                     delay = policy.delay_after(attempt)
-                    if park and self.run is not None and delay > 0:
+                    if park and delay > 0:
                         # A worker never sleeps out a backoff inside its delivery: that would
                         # keep the worker slot, the execution claim and the outer holds. The
                         # step's own holds are released below; the execution is requeued.
@@ -295,8 +272,7 @@ class UnitRunner:
 
     def _keep_attempts(self, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""
-        if self.run is not None and spent > 0:
-            self.run.state.extra.setdefault(ATTEMPTS, {})[self.label] = spent
+        self.host.keep_spent_attempts(self.label, spent)
 
     def _finish_ok(self, outcome: Outcome, recorder: StepRecorder | None) -> StepOutcome:
         if isinstance(outcome, Success):
