@@ -627,7 +627,7 @@ def _wake(woken: Sequence[str]) -> None:
     """Re-enqueue parked executions a release (or a skip) let through: at once, not at their
     backoff requeue."""
     if woken:
-        from reactor_app.engine.dispatch import wake
+        from reactor_app.engine.enqueueing import wake
 
         wake(list(woken))
 
