@@ -20,7 +20,8 @@ otherwise, so a failed, halted, parked or retried holder never uses the bucket u
 
 A freed lock is granted to the waiter popped for it for HANDOFF_GRANT_MS (a "grant:<id>"
 member with score -expiry in the waiters zset): admit.lua refuses everyone else meanwhile, so
-waiters are served in the order they registered.
+waiters are served in the order they registered. Its wake message names that waiter
+({primitive, freed, to = waiter id, grant_ms}); other wake messages name nobody.
 
 KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
   lock       (2+I): hold hash, waiters zset
@@ -59,7 +60,6 @@ local terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rol
 local report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
 
 local function wake_one(base, waiters, message, grant)
-  redis.call('PUBLISH', base, cjson.encode(message))
   redis.call('ZREMRANGEBYSCORE', waiters, '-inf', '(0') -- an older grant, unused
   local popped = redis.call('ZPOPMIN', waiters, 1)
   if popped[1] then
@@ -68,8 +68,12 @@ local function wake_one(base, waiters, message, grant)
       -- FIFO hand-off: the popped head waiter alone may take the key for a moment, so a
       -- newcomer (or a waiter further back) cannot overtake it while it is woken
       redis.call('ZADD', waiters, -(now.ms + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
+      -- named in the wake message, so the other waiters need not wake to ask
+      message.to = popped[1]
+      message.grant_ms = HANDOFF_GRANT_MS
     end
   end
+  redis.call('PUBLISH', base, cjson.encode(message))
   table.insert(report.freed, base)
 end
 
