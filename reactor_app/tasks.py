@@ -1,4 +1,4 @@
-"""Celery tasks: thin shells around ``engine.dispatch`` (see docs/design.md, "Celery").
+"""Celery tasks: thin shells around ``engine.delivery`` and ``engine.sweeper`` (docs/design.md).
 
 Payloads carry identities only — an execution id — and the execution is committed before its
 task is sent. ``acks_late`` + ``reject_on_worker_lost``: a task whose worker dies is
@@ -73,8 +73,8 @@ SWEEP_SCHEDULE: dict[str, Any] = sweep_schedule()
 )
 def run_execution(self: Any, execution_id: str, requeue_token: str | None = None) -> dict[str, Any]:
     """Run (or continue) one execution on this worker. ``requeue_token`` names the park a
-    countdown requeue belongs to (see ``engine.dispatch.deliver``)."""
-    from reactor_app.engine.dispatch import deliver
+    countdown requeue belongs to (see ``engine.delivery.deliver``)."""
+    from reactor_app.engine.delivery import deliver
 
     return deliver(execution_id, task_id=self.request.id, requeue_token=requeue_token)
 
@@ -82,7 +82,7 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
 @shared_task(name="reactor_app.sweep", acks_late=True)
 def sweep() -> dict[str, Any]:
     """Re-enqueue executions whose worker vanished; time out overdue interrupts."""
-    from reactor_app.engine.dispatch import sweep as sweep_executions
+    from reactor_app.engine.sweeper import sweep as sweep_executions
 
     requeued = sweep_executions()
     return {"requeued": requeued}

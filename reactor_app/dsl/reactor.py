@@ -97,7 +97,7 @@ class Reactor(Coordinated):
         ``InputNotSerializable``). ``execution.wait(timeout)`` blocks until it is finished and
         returns its ``Result``.
         """
-        from reactor_app.engine.dispatch import run_async
+        from reactor_app.engine.enqueueing import run_async
 
         return run_async(cls, inputs, idempotency_key=idempotency_key)
 
@@ -108,7 +108,7 @@ class Reactor(Coordinated):
         Inline (or on a worker for a ``background`` reactor: ``status == "handed_off"``).
         Raises ``ExecutionNotResumable`` if it is not waiting there — e.g. a second resume.
         """
-        from reactor_app.engine.dispatch import resume
+        from reactor_app.engine.interrupt_delivery import resume
 
         return resume(cls, execution_id, step=step, payload=payload)
 
@@ -117,6 +117,6 @@ class Reactor(Coordinated):
         cls, correlation_id: str, *, step: str | None = None, payload: Any = None
     ) -> Result:
         """``resume`` the execution of this reactor paused under ``correlation_id``."""
-        from reactor_app.engine.dispatch import resume_by_correlation
+        from reactor_app.engine.interrupt_delivery import resume_by_correlation
 
         return resume_by_correlation(cls, correlation_id, step=step, payload=payload)

@@ -221,14 +221,15 @@ def _let_go(run: ExecutionRun) -> None:
         SemaphoreClaim,
     )
     from reactor_app.coordination.registry import HoldRegistry
-    from reactor_app.engine.dispatch import _kept_hold, wake
+    from reactor_app.engine.enqueueing import wake
     from reactor_app.engine.executor import KEPT_HOLDS
+    from reactor_app.engine.sweeper import kept_hold
     from reactor_app.models import ContentionState
 
     coordinator = Coordinator()
     holder = Holder(owner=run.owner, execution_id=run.execution_id, reactor=run.reactor_path)
     woken: list[str] = []
-    kept = [h for e in run.state.extra.pop(KEPT_HOLDS, None) or [] if (h := _kept_hold(e))]
+    kept = [h for e in run.state.extra.pop(KEPT_HOLDS, None) or [] if (h := kept_hold(e))]
     if kept:
         try:
             woken += coordinator.release(Admitted(holds=kept, holder=holder), "halt").woken
@@ -288,7 +289,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
 
     Raises ``Execution.DoesNotExist``, ``ExecutionNotCancellable`` (already ended),
     ``InputValidationError`` (a reason that is not text) or ``CoordinationUnavailable``."""
-    from reactor_app.engine.dispatch import ExecutionClaim
+    from reactor_app.engine.claim import ExecutionClaim
     from reactor_app.models import Execution
     from reactor_app.tracking import record_coordination
 
@@ -315,7 +316,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
         # A delivery is inside it: it sees the flag at its next boundary — unless it is just
         # parking it, and then the next look would wait for the park's backoff. A delivery
         # sent for when that claim ends bounds the wait (a duplicate finds nothing to do).
-        from reactor_app.engine.dispatch import enqueue_quietly
+        from reactor_app.engine.enqueueing import enqueue_quietly
 
         try:
             countdown = claim.ttl_left() + 0.5

@@ -56,6 +56,7 @@ from reactor_app.dsl.coordination import (
     OrderedLockDeclaration,
     RateLimitDeclaration,
 )
+from reactor_app.engine.worker_wait import wait_for_turn
 from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -327,8 +328,9 @@ class Gate:
         waiting_id = f"{WAITING_PREFIX}{parked_id}"
         answer = self.coordinator.admit(claims, holder, waiter_id=waiting_id)
         if isinstance(answer, Refused) and _worth_waiting(answer, budget):
-            answer = self.coordinator.admit_waiting(
-                claims, holder, budget, waiter_id=waiting_id, waits=self.waits_while_parked()
+            # woken only when the release names this waiter (engine.worker_wait)
+            answer = wait_for_turn(
+                self.coordinator, claims, holder, answer, budget=budget, waiter_id=waiting_id
             )
         if not isinstance(answer, Refused) or answer.detail.stale:
             return answer
@@ -340,12 +342,6 @@ class Gate:
             else:
                 self.coordinator.unregister_waiter(claim, waiting_id)
         return answer
-
-    def waits_while_parked(self) -> dict[str, float]:
-        """Every primitive may be waited for in a worker's budget (its declared ``wait`` is
-        the synchronous caller's bound, not the worker's)."""
-        budget = self.scope.worker_wait
-        return {claim.primitive: budget for claim in self.claims}
 
     def _verify_kept(
         self, claims: Sequence[Claim], kept: Sequence[Mapping[str, Any]]
@@ -628,7 +624,7 @@ def _wake(woken: Sequence[str]) -> None:
     """Re-enqueue parked executions a release (or a skip) let through: at once, not at their
     backoff requeue."""
     if woken:
-        from reactor_app.engine.dispatch import wake
+        from reactor_app.engine.enqueueing import wake
 
         wake(list(woken))
 

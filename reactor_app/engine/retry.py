@@ -89,7 +89,7 @@ def retry(
             retry_of=failed,
         )
         if worker:
-            from reactor_app.engine.dispatch import _take_position_at_enqueue, enqueue_on_commit
+            from reactor_app.engine.enqueueing import _take_position_at_enqueue, enqueue_on_commit
 
             _take_position_at_enqueue(reactor, decode(failed.inputs), execution)
             enqueue_on_commit(execution.id)

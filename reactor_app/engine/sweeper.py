@@ -1,14 +1,17 @@
-"""Sweeps run by the workers themselves, so nothing strands when no beat is configured.
+"""The sweep, and the timers that run it from the workers themselves.
 
-``engine.dispatch.sweep`` re-enqueues executions whose delivery vanished (a killed worker, a
-message lost with a restarted broker, a requeue that could not be sent during an outage),
-renews the holds parked executions keep, and times out interrupts. Deployments used to have to
-schedule it with Celery beat; forgetting meant executions parked forever. Now every worker
-process starts a ``SweepTimer`` (``reactor_app.tasks`` connects it to Celery's
-``worker_process_init``): every ``REACTOR_SWEEP_INTERVAL`` seconds each timer tries to take a
-short Redis lease, and the one that wins sweeps — one sweep per interval across the whole
-fleet, whatever the number of workers. ``REACTOR_SWEEP_INTERVAL = 0`` turns it off (run the
-``reactor_app.sweep`` task from beat, or ``manage.py reactor_sweep`` from cron, instead).
+``sweep`` re-enqueues executions whose delivery vanished (a killed worker, a message lost with
+a restarted broker, a requeue that could not be sent during an outage): worker executions whose
+heartbeat is older than ``REACTOR_SWEEP_AFTER`` and whose claim is free. It also renews the
+holds parked executions keep (``renew_kept_holds``) and times out overdue interrupts
+(``engine.interrupt_delivery.time_out_interrupt``).
+
+Deployments used to have to schedule it with Celery beat; forgetting meant executions parked
+forever. Now every worker process starts a ``SweepTimer`` (``reactor_app.tasks`` connects it to
+Celery's ``worker_process_init``): every ``REACTOR_SWEEP_INTERVAL`` seconds each timer tries to
+take a short Redis lease, and the one that wins sweeps — one sweep per interval across the
+whole fleet, whatever the number of workers. ``REACTOR_SWEEP_INTERVAL = 0`` turns it off (run
+the ``reactor_app.sweep`` task from beat, or ``manage.py reactor_sweep`` from cron, instead).
 
 The bound this gives is in docs/operations.md ("Recovery").
 """
@@ -19,14 +22,108 @@ import logging
 import os
 import socket
 import threading
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import close_old_connections, connections
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Hold, LockClaim, SemaphoreClaim
 from reactor_app.coordination.redis import get_client, key
-from reactor_app.engine.dispatch import sweep
+from reactor_app.engine.claim import ExecutionClaim
+from reactor_app.engine.context import KEPT_HOLDS
+from reactor_app.engine.delivery import RUNNABLE
+from reactor_app.engine.enqueueing import enqueue
+from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_interrupt
+from reactor_app.engine.worker import park_margin
+from reactor_app.exceptions import ReactorError
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
 
 logger = logging.getLogger(__name__)
+
+
+def sweep(now: datetime | None = None) -> list[str]:
+    """Re-enqueue worker executions whose delivery vanished; time out overdue interrupts.
+
+    An execution is abandoned when its heartbeat is older than ``REACTOR_SWEEP_AFTER`` and its
+    claim is free (a live delivery renews the claim however long its step runs). A parked
+    execution is abandoned only once its own requeue is overdue by the same margin. Returns
+    the ids enqueued.
+    """
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=reactor_settings.SWEEP_AFTER)
+    enqueued: list[str] = []
+    candidates = Execution.objects.filter(
+        status__in=RUNNABLE, heartbeat_at__lt=stale, context__worker=True
+    ).only("id", "status", "heartbeat_at", "context")
+    for execution in candidates.iterator():
+        if execution.status == ExecutionStatus.PARKED:
+            requeue_at = parse_datetime((execution.context or {}).get("requeue_at") or "")
+            if requeue_at is not None and requeue_at > stale:
+                continue
+        if ExecutionClaim.is_held(execution.id):
+            continue
+        # compare-and-set on the heartbeat: of two sweepers only one enqueues
+        won = Execution.objects.filter(pk=execution.pk, heartbeat_at=execution.heartbeat_at).update(
+            heartbeat_at=now
+        )
+        if won:
+            enqueue(execution.id)
+            enqueued.append(str(execution.id))
+    renew_kept_holds(now)
+    interrupted = Execution.objects.filter(status=ExecutionStatus.INTERRUPTED).only(
+        "id", "context", "current_step"
+    )
+    for execution in interrupted.iterator():
+        entry = (execution.context or {}).get("interrupts", {}).get(execution.current_step)
+        overdue = bool(entry) and "payload" not in entry and deadline_passed(entry, now)
+        if overdue and time_out_interrupt(execution.id, now):
+            enqueued.append(str(execution.id))
+    return enqueued
+
+
+def renew_kept_holds(now: datetime | None = None) -> int:
+    """Lengthen the reactor-level holds parked executions keep, for as long as they stay
+    parked: until each is due back (its ``requeue_at``, or now when overdue) plus
+    ``park_margin()``. A hold found lost is left to the execution, whose resume then fails
+    with ``LeaseLost``. Returns how many holds were renewed."""
+    now = now or timezone.now()
+    parked = Execution.objects.filter(
+        status=ExecutionStatus.PARKED, context__has_key=KEPT_HOLDS
+    ).only("id", "root", "context")
+    coordinator = Coordinator()
+    renewed = 0
+    for execution in parked.iterator():
+        context = execution.context or {}
+        holds = [h for e in context.get(KEPT_HOLDS) or [] if (h := kept_hold(e)) is not None]
+        if not holds:
+            continue
+        requeue_at = parse_datetime(context.get("requeue_at") or "")
+        due = max((requeue_at - now).total_seconds(), 0.0) if requeue_at else 0.0
+        owner = str(execution.root_id or execution.id)
+        try:
+            extended = coordinator.extend(holds, owner, lease_ms=int((due + park_margin()) * 1000))
+        except ReactorError:
+            logger.warning("could not renew the kept holds of %s", execution.id)
+            continue
+        renewed += len(extended.extended)
+    return renewed
+
+
+def kept_hold(entry: dict[str, Any]) -> Hold | None:
+    """A hold described by ``Gate.suspend`` (primitive, key, token, limit)."""
+    primitive, key = entry.get("primitive"), entry.get("key")
+    if not key:
+        return None
+    if primitive == "lock":
+        return Hold(claim=LockClaim(str(key)), fresh=True, token=entry.get("token"))
+    if primitive == "semaphore":
+        return Hold(claim=SemaphoreClaim(str(key), limit=int(entry.get("limit") or 1)), fresh=True)
+    return None
 
 
 class SweepTimer:

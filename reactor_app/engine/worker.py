@@ -404,7 +404,7 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
     event (``detail={"reason": "redelivery"}``) for each and wakes their parked waiters.
     """
     from reactor_app.coordination.admission import Coordinator
-    from reactor_app.engine.dispatch import wake
+    from reactor_app.engine.enqueueing import wake
 
     run.state.extra.pop(KEPT_HOLDS, None)
     registry = run.held_keys.registry

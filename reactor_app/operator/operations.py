@@ -101,7 +101,7 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
         )
     if outcome.woken:
         # the freed key had parked waiters: re-enqueue them now rather than at their backoff
-        from reactor_app.engine.dispatch import wake
+        from reactor_app.engine.enqueueing import wake
 
         wake(outcome.woken)
     logger.warning(

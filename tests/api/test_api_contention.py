@@ -15,7 +15,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from reactor_app.engine import dispatch
+from reactor_app.engine import delivery as dispatch
+from reactor_app.engine import enqueueing
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from tests.api.holding import GATES, Gate, PaymentReactor, running
@@ -33,7 +34,7 @@ def test_contended_worker_run_parks_and_is_reported_as_parked_not_failed(
         # what would be sent to the broker: the id and, for a park's requeue, its countdown
         enqueued.append((str(execution_id), options.get("countdown")))
 
-    monkeypatch.setattr(dispatch, "enqueue", record_enqueue)
+    monkeypatch.setattr(enqueueing, "enqueue", record_enqueue)
     waiter_gate = GATES["e2e-waiter"] = Gate()
     waiter_gate.release.set()  # once admitted, the waiter's body finishes at once
     try:

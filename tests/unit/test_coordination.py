@@ -212,7 +212,7 @@ def test_the_primitive_registry_and_the_scripts_name_the_same_primitives() -> No
     from reactor_app.coordination.claims import ADMISSION_ORDER
 
     assert primitives.NAMES == ADMISSION_ORDER
-    assert all(primitives.get(name).PRIMITIVE == name for name in primitives.NAMES)
+    assert all(name == primitives.get(name).PRIMITIVE for name in primitives.NAMES)
     sources = script_sources()
     checks = re.search(r"^local CHECK = \{(.*?)\}", sources["admit"], re.MULTILINE | re.DOTALL)
     takes = re.search(r"^local TAKE = \{(.*?)\}", sources["admit"], re.MULTILINE | re.DOTALL)

@@ -7,7 +7,8 @@
 -- registered ms; plus at most one "grant:<waiter id>" -> -(grant expiry ms)); then, optionally,
 -- the three live-holds index keys (see index_of in _common.lua).
 
--- The message a freed lock PUBLISHes on its hold key (constant: encoded once here).
+-- The message a freed lock PUBLISHes on its hold key when no waiter is granted it (constant:
+-- encoded once here); a grant's message names its waiter instead (see lock_release).
 local LOCK_FREED_MESSAGE = '{"freed":true,"primitive":"lock"}'
 
 -- Can `owner` take the lock? Returns "fresh" (free), "granted" (free, with a hand-off grant
@@ -73,8 +74,9 @@ end
 -- Release one nesting level of `owner`'s hold; `now_ms` is a function, called (a TIME) only
 -- when a waiter is granted the key. Returns "not_held" (lapsed or taken over),
 -- "kept" (still nested) or "freed", and for "freed" the waiter popped (or nil): the release
--- PUBLISHes on the hold key and grants the free key to that head waiter for HANDOFF_GRANT_MS,
--- so waiters are served in the order they registered.
+-- grants the free key to that head waiter for HANDOFF_GRANT_MS, so waiters are served in the
+-- order they registered, and PUBLISHes on the hold key {primitive, freed, to = that waiter,
+-- grant_ms} (without `to` when nobody waits).
 local function lock_release(hold, waiters, owner, now_ms, index)
   local current = redis.call('HMGET', hold, 'owner', 'count')
   if current[1] ~= owner then
@@ -87,14 +89,17 @@ local function lock_release(hold, waiters, owner, now_ms, index)
   end
   redis.call('DEL', hold)
   index_remove(index, 'lock', owner)
-  redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
   -- a grant sorts first (negative score); an unused one is dropped on the way to the head
   -- waiter (rare: the take of a granted key removes its grant)
   local popped = redis.call('ZPOPMIN', waiters, 1)
   while popped[1] and tonumber(popped[2]) < 0 do popped = redis.call('ZPOPMIN', waiters, 1) end
   if popped[1] then
     redis.call('ZADD', waiters, -(now_ms() + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
+    -- the message names the granted waiter, so other waiting workers need not wake to ask
+    redis.call('PUBLISH', hold, cjson.encode(
+      {primitive = 'lock', freed = true, to = popped[1], grant_ms = HANDOFF_GRANT_MS}))
     return 'freed', popped[1]
   end
+  redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
   return 'freed', nil
 end

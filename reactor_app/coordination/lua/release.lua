@@ -20,7 +20,8 @@ otherwise, so a failed, halted, parked or retried holder never uses the bucket u
 
 A freed lock is granted to the waiter popped for it for HANDOFF_GRANT_MS (a "grant:<id>"
 member with score -expiry in the waiters zset): admit.lua refuses everyone else meanwhile, so
-waiters are served in the order they registered.
+waiters are served in the order they registered. Its wake message names that waiter
+({primitive, freed, to = waiter id, grant_ms}); other wake messages name nobody.
 
 KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
   lock       (2+I): hold hash, waiters zset

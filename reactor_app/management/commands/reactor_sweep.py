@@ -1,6 +1,6 @@
 """``manage.py reactor_sweep`` — re-enqueue executions whose worker vanished.
 
-The same work as the periodic ``reactor_app.sweep`` task (see ``engine.dispatch.sweep``): a
+The same work as the periodic ``reactor_app.sweep`` task (see ``engine.sweeper.sweep``): a
 worker execution whose heartbeat is older than ``REACTOR_SWEEP_AFTER`` seconds and whose claim
 is free is sent to the queue again, and an interrupt past its timeout is failed (the execution
 rolls back on a worker). ``--after`` overrides the staleness threshold for this run.
@@ -27,7 +27,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from reactor_app.engine.dispatch import sweep
+        from reactor_app.engine.sweeper import sweep
 
         if options["after"] is not None:
             with override_settings(REACTOR_SWEEP_AFTER=options["after"]):

@@ -1,0 +1,210 @@
+"""Running an execution on a worker: the body of the ``reactor_app.run_execution`` task.
+
+``deliver`` takes the execution claim (``engine.claim``), runs one pass of the engine and
+follows up once the claim is let go:
+
+1. Load the row; drop the delivery if the execution is finished, or if it is a countdown
+   requeue left over from an earlier park (its ``requeue_token`` names another park).
+2. Take the claim. A delivery that finds it taken exits; if the execution is not finished it
+   looks again when the claim would lapse (its holder may have been killed).
+3. Run one pass. With ``acks_late`` and ``reject_on_worker_lost`` a killed worker's task is
+   redelivered, and the engine continues from the execution's last checkpoint. A delivery
+   that finds the execution still ``running`` once it holds the claim is taking over from a
+   dead delivery: it first drops the holds that one left (``engine.worker.drop_stale_holds``),
+   so the redelivery does not re-enter them as an extra nesting level.
+4. Follow up: a pass that ends ``parked`` is requeued with ``apply_async(countdown=...)`` at
+   the delay ``engine.worker.note_park`` chose — never with Celery's ``retry``, which would
+   spend ``max_retries`` on contention. The release that frees the key re-enqueues the waiter
+   at once (``engine.enqueueing.wake``); the countdown requeue stays as the safety net and
+   duplicate deliveries are harmless thanks to the claim. A finished child wakes a parent
+   parked on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.utils import timezone
+
+from reactor_app.conf import reactor_settings
+from reactor_app.dsl.registry import lookup
+from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
+from reactor_app.engine.enqueueing import enqueue_quietly
+from reactor_app.engine.executor import ExecutionRun, RunEnd
+from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
+from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
+from reactor_app.models import Execution
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.tracking import record_coordination
+
+logger = logging.getLogger(__name__)
+
+#: statuses a delivery may (continue to) run
+RUNNABLE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING, ExecutionStatus.PARKED)
+
+
+def deliver(
+    execution_id: str, *, task_id: str | None = None, requeue_token: str | None = None
+) -> dict[str, Any]:
+    """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
+
+    ``requeue_token`` marks the countdown requeue of one park; it is dropped when the execution
+    has parked again since (that newer park has its own requeue), so leftover requeues never
+    pile up into extra contention attempts.
+    """
+    summary: dict[str, Any] = {"execution_id": execution_id}
+    execution = Execution.objects.filter(pk=execution_id).first()
+    if execution is None:
+        return {**summary, "outcome": "missing"}
+    if execution.status not in RUNNABLE:
+        return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+    if _stale_requeue(execution, requeue_token):
+        return {**summary, "outcome": "stale_requeue", "status": execution.status}
+    try:
+        # building the claim may reach Redis already (a cluster client maps its slots)
+        claim = ExecutionClaim(execution_id, delivery_owner(task_id))
+        claimed = claim.acquire(wait=CLAIM_WAIT)
+    except CoordinationUnavailable:
+        return {**summary, **_retry_after_outage(execution)}
+    if not claimed:
+        execution.refresh_from_db()
+        if execution.status in RUNNABLE:
+            # Running elsewhere — or its delivery was killed and the claim has yet to lapse,
+            # even one that had only just taken a parked execution: look again then. A parked
+            # one keeps its park's token, so if a live delivery parks it again meanwhile this
+            # look is recognised as stale and dropped.
+            token = (execution.context or {}).get("requeue_token")
+            try:
+                countdown = claim.ttl_left() + 0.5
+            except CoordinationUnavailable:
+                countdown = claim.ttl
+            enqueue_quietly(
+                execution_id,
+                countdown=countdown,
+                requeue_token=token if execution.status == ExecutionStatus.PARKED else None,
+            )
+        return {**summary, "outcome": "claimed_elsewhere", "status": execution.status}
+    run: ExecutionRun | None = None
+    try:
+        claim.start_renewal()
+        execution.refresh_from_db()
+        if execution.status not in RUNNABLE or _stale_requeue(execution, requeue_token):
+            return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+        try:
+            lookup(execution.reactor)
+        except ReactorNotRegistered as missing:
+            return {**summary, **_fail_unrunnable(execution, missing)}
+        run = _run_pass(execution, claim)
+    except ClaimLost:
+        # Another delivery may run it now, or nobody (the claim vanished with a restarted
+        # Redis): look again once a claim would have lapsed; a duplicate is harmless.
+        logger.warning("delivery of %s stopped: its claim lapsed", execution_id)
+        enqueue_quietly(execution_id, countdown=claim.ttl)
+        return {**summary, "outcome": "claim_lost"}
+    finally:
+        claim.release()
+    return {**summary, **_follow_up(run)}
+
+
+def _retry_after_outage(execution: Execution) -> dict[str, Any]:
+    """The coordination Redis is unreachable before this delivery could claim the execution:
+    nothing ran; send it again after a backoff. If the broker is unreachable too, the sweeper
+    re-enqueues it once the heartbeat is stale (docs/operations.md, "Recovery")."""
+    delay = backoff_seconds(1)
+    logger.warning("coordination store unreachable; %s requeued in %.1fs", execution.id, delay)
+    enqueue_quietly(execution.id, countdown=delay)
+    return {"outcome": "coordination_unavailable", "status": execution.status}
+
+
+def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dict[str, Any]:
+    """End an execution whose reactor this worker cannot import: terminal, with the reason on
+    the row (the sweeper only re-enqueues runnable rows, so it is not retried forever)."""
+    logger.error("execution %s failed: %s", execution.id, missing.message)
+    now = timezone.now()
+    execution.status = ExecutionStatus.FAILED
+    execution.error = missing.as_dict()
+    execution.finished_at = now
+    execution.heartbeat_at = now
+    execution.save(update_fields=["status", "error", "finished_at", "heartbeat_at", "updated_at"])
+    if (
+        execution.parent_id
+        and Execution.objects.filter(pk=execution.parent_id, status=ExecutionStatus.PARKED).exists()
+    ):
+        enqueue_quietly(execution.parent_id)  # a parent waiting on this child sees it ended
+    return {"outcome": "failed", "status": execution.status, "error": missing.message}
+
+
+def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
+    if requeue_token is None or execution.status != ExecutionStatus.PARKED:
+        return False
+    return (execution.context or {}).get("requeue_token") != requeue_token
+
+
+def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
+    from reactor_app.dsl.registry import lookup
+
+    was_parked = execution.status == ExecutionStatus.PARKED
+    # Still "running" although this delivery now holds the claim: the delivery that set it
+    # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
+    taken_over = execution.status == ExecutionStatus.RUNNING
+    run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs), mode="worker")
+    run.on_persist = claim.check
+    if taken_over:
+        drop_stale_holds(run)
+    if was_parked:
+        _record_resumed(run)
+    marker = run.state.extra.get("dispatch") or {}
+    end = run.execute_async_step() if marker.get("kind") == "async_step" else run.execute()
+    run.finish(end)
+    run.last_end = end
+    return run
+
+
+def _record_resumed(run: ExecutionRun) -> None:
+    parked_on = run.state.extra.pop("parked_on", None)
+    if not parked_on or not parked_on.get("key"):
+        return
+    record_coordination(
+        CoordinationEventKind.RESUMED,
+        primitive=parked_on["primitive"],
+        key=parked_on["key"],
+        owner=run.owner,
+        step=parked_on.get("step") or None,
+        reactor=run.reactor_path,
+        execution_id=parked_on.get("execution") or run.execution_id,
+        **_parked_for(parked_on),
+    )
+
+
+def _parked_for(parked_on: dict[str, Any]) -> dict[str, Any]:
+    """``{"parked_for": seconds}`` since the park, when it recorded its time (older parks
+    persisted before this field did not)."""
+    at = parked_on.get("at")
+    if not isinstance(at, (int, float)):
+        return {}
+    return {"parked_for": round(max(0.0, timezone.now().timestamp() - at), 3)}
+
+
+def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
+    """After the claim is let go: requeue a parked execution, wake a waiting parent."""
+    if run is None:
+        return {}
+    execution = run.execution
+    end: RunEnd | None = run.last_end
+    if execution.status == ExecutionStatus.PARKED:
+        delay = run.requeue_in
+        if delay is None:  # waiting on an async child, which wakes us when it ends
+            delay = reactor_settings.CONTENTION_BACKOFF[1]
+        enqueue_quietly(
+            execution.id, countdown=delay, requeue_token=run.state.extra.get("requeue_token")
+        )
+        return {"outcome": "parked", "status": execution.status, "requeue_in": round(delay, 3)}
+    marker = run.state.extra.get("dispatch") or {}
+    if execution.is_terminal and marker and execution.parent_id:
+        parent_waits = Execution.objects.filter(
+            pk=execution.parent_id, status=ExecutionStatus.PARKED
+        ).exists()
+        if parent_waits:
+            enqueue_quietly(execution.parent_id)
+    return {"outcome": end.status if end else execution.status, "status": execution.status}

@@ -1,0 +1,245 @@
+"""Sending executions to workers: the outbox, the broker message, and waking parked waiters.
+
+* ``run_async`` / ``hand_off_new`` persist an execution and enqueue it **after commit**
+  (``transaction.on_commit``): a task carries the execution id only, never inputs or state.
+  The committed row is the outbox; a message the broker refuses is left to the sweeper.
+* ``enqueue`` sends the ``reactor_app.run_execution`` task; a park's own countdown requeue
+  carries a token naming that park (see ``engine.delivery``).
+* ``wake`` re-enqueues parked waiters at once when a release frees their key (the gate calls
+  it); deliveries waiting in-process were already woken by the release's PUBLISH.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Holder
+from reactor_app.engine.context import ExecutionState, to_json
+from reactor_app.engine.executor import REACTOR_SLOT, input_errors
+from reactor_app.engine.gate import WAITING_PREFIX
+from reactor_app.engine.result import Result
+from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
+from reactor_app.models import Execution
+from reactor_app.serialization import encode
+from reactor_app.status import ExecutionStatus
+
+if TYPE_CHECKING:
+    from reactor_app.dsl.reactor import Reactor
+
+logger = logging.getLogger(__name__)
+
+
+def enqueue(
+    execution_id: Any, *, countdown: float | None = None, requeue_token: str | None = None
+) -> None:
+    """Send the execution's task (identities only: the execution id, and for a park's own
+    requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
+    queue when that is not set."""
+    from reactor_app.tasks import run_execution
+
+    options: dict[str, Any] = {}
+    queue = reactor_settings.CELERY_QUEUE
+    if queue:
+        options["queue"] = queue
+    if countdown is not None and countdown > 0:
+        options["countdown"] = countdown
+    kwargs = {"requeue_token": requeue_token} if requeue_token else {}
+    run_execution.apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
+
+
+def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> None:
+    """Enqueue once the current transaction commits, so a worker always finds the row.
+
+    The row is the outbox: once it is committed the work will run, so a broker that cannot
+    take the message is logged, not raised — raising would invite the caller to retry a call
+    that already succeeded (and run twice). The sweeper (``sweep``) enqueues the row later.
+    """
+    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown))
+
+
+def _enqueue_or_leave_to_sweeper(execution_id: Any, countdown: float | None) -> None:
+    try:
+        enqueue(execution_id, countdown=countdown)
+    except Exception:
+        logger.warning(
+            "could not send execution %s to the broker; it stays pending and the sweeper "
+            "(reactor_app.sweep) will enqueue it",
+            execution_id,
+            exc_info=True,
+        )
+
+
+def enqueue_quietly(execution_id: Any, **options: Any) -> bool:
+    """``enqueue``, logging instead of raising when the broker refuses: the sweeper is the
+    safety net for a message that could not be sent."""
+    try:
+        enqueue(execution_id, **options)
+    except Exception:
+        logger.exception("could not enqueue %s; the sweeper will", execution_id)
+        return False
+    return True
+
+
+def wake(waiter_ids: Iterable[str]) -> None:
+    """Re-enqueue parked waiters at once (a release freed their key). Failures only log: the
+    countdown requeue of each waiter is the safety net."""
+    for waiter in waiter_ids:
+        if str(waiter).startswith(WAITING_PREFIX):
+            continue  # a delivery waiting in-process: the release's PUBLISH already woke it
+        try:
+            uuid.UUID(str(waiter))
+        except ValueError:
+            logger.warning("ignoring woken waiter %r: not an execution id", waiter)
+            continue
+        try:
+            enqueue(waiter)
+        except Exception:
+            logger.exception("could not wake %s; its backoff requeue will", waiter)
+
+
+def _worker_context(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    state = ExecutionState()
+    state.extra["worker"] = True
+    state.extra.update(extra or {})
+    return state.to_json()
+
+
+def run_async(
+    reactor: type[Reactor], inputs: dict[str, Any], *, idempotency_key: str | None = None
+) -> Execution:
+    """``Reactor.run_async``: persist a pending execution, enqueue it after commit, return it.
+
+    The semantics are an outbox: the returned row is committed (or will be, with the caller's
+    transaction) and *will* run. Broker trouble never raises here — the task is sent after
+    commit, and a send that fails is left to the sweeper, which enqueues pending rows whose
+    heartbeat is older than ``REACTOR_SWEEP_AFTER``.
+
+    Raises at the call, before anything is stored: ``InputValidationError`` for missing or
+    unexpected inputs, ``InputNotSerializable`` (also a ``TypeError``) for an input the codec
+    cannot hand to a worker as the same value (``reactor_app.serialization``), and
+    ``IdempotencyKeyReused`` when ``idempotency_key`` names an earlier call of another reactor
+    or with other inputs. The same key with the same call returns the existing execution.
+    """
+    error = input_errors(reactor, inputs)
+    if error is not None:
+        raise error
+    stored_inputs = {}
+    for name, value in inputs.items():
+        try:
+            stored_inputs[name] = encode(value, where=f"input {name!r}")
+        except TypeError as exc:
+            raise InputNotSerializable(
+                f"cannot run {reactor.__qualname__} on a worker: {exc}",
+                reactor=reactor.path(),
+                step=None,
+                field_errors={name: str(exc)},
+            ) from exc
+    if idempotency_key is not None:
+        existing = _same_call(reactor, stored_inputs, idempotency_key)
+        if existing is not None:
+            return existing
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            execution = Execution.objects.start(
+                reactor=reactor.path(),
+                inputs=stored_inputs,
+                status=ExecutionStatus.PENDING,
+                heartbeat_at=now,
+                context=_worker_context(),
+                idempotency_key=idempotency_key,
+            )
+            _take_position_at_enqueue(reactor, inputs, execution)
+            enqueue_on_commit(execution.id)
+    except IntegrityError:
+        # A concurrent call with the same key won the insert (the unique constraint decides).
+        existing = _same_call(reactor, stored_inputs, idempotency_key)
+        if existing is None:
+            raise
+        return existing
+    return execution
+
+
+def _same_call(
+    reactor: type[Reactor], stored_inputs: dict[str, Any], idempotency_key: str | None
+) -> Execution | None:
+    """The execution an earlier call with ``idempotency_key`` made, if it was the same call."""
+    if idempotency_key is None:
+        return None
+    existing = Execution.objects.with_idempotency_key(idempotency_key)
+    if existing is None:
+        return None
+    if existing.reactor != reactor.path() or existing.inputs != stored_inputs:
+        raise IdempotencyKeyReused(
+            f"the idempotency key {idempotency_key!r} was used for execution {existing.id} "
+            f"({existing.reactor} with other inputs or another reactor); use a new key for a "
+            "different call",
+            reactor=reactor.path(),
+            step=None,
+            field_errors={"idempotency_key": "already used for a different call"},
+            execution_id=str(existing.id),
+        )
+    return existing
+
+
+def _take_position_at_enqueue(
+    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
+) -> None:
+    """A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4), so the position is
+    taken now: with several workers, the order in which deliveries start is not the order in
+    which runs were enqueued. The executor finds it under the reactor's slot and reuses it."""
+    declaration = reactor.ordered_lock_config
+    if declaration is None:
+        return
+    execution_id = str(execution.id)
+    try:
+        key = declaration.compute_key(inputs, reactor=reactor.path(), step=None)
+        position = Coordinator().assign_position(
+            key,
+            Holder(owner=execution_id, execution_id=execution_id, reactor=reactor.path()),
+            declaration.ttl,
+        )
+    except ReactorError:
+        return  # the worker's gate meets the same problem and fails the run with it
+    context = dict(execution.context or {})
+    context.setdefault("ordered", {})[REACTOR_SLOT] = {
+        "key": key,
+        "nonce": position.nonce,
+        "epoch": position.epoch,
+    }
+    execution.context = context
+    execution.save(update_fields=["context"])
+
+
+def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
+    """``run()`` of a ``background = True`` reactor: the whole run goes to a worker.
+
+    Invalid inputs give a ``failed`` result (``run()`` returns failures rather than raising);
+    inputs a worker could not read back raise, as for ``run_async``.
+    """
+    error = input_errors(reactor, inputs)
+    if error is not None:
+        return _failed_call(reactor, inputs, error)
+    execution = run_async(reactor, inputs)
+    return Result(status="handed_off", execution_id=str(execution.id))
+
+
+def _failed_call(reactor: type[Reactor], inputs: dict[str, Any], error: ReactorError) -> Result:
+    now = timezone.now()
+    execution = Execution.objects.start(
+        reactor=reactor.path(),
+        inputs=to_json(inputs),
+        status=ExecutionStatus.FAILED,
+        error=error.as_dict(),
+        finished_at=now,
+        heartbeat_at=now,
+    )
+    return execution.to_result()

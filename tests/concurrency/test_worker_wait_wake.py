@@ -1,0 +1,154 @@
+"""A worker delivery waiting in-process is woken only when the release names it.
+
+Real Redis, real threads, ``engine.worker_wait.wait_for_turn`` as ``Gate._admit_or_park``
+calls it. A release that frees a lock grants it to the head waiter and names it in the wake
+message; the waiters further back keep sleeping (they ask Redis nothing) until their turn — or
+until the grant would have lapsed unused, when they ask again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim, Refused
+from reactor_app.engine.worker_wait import wait_for_turn
+
+KEY = "acct:wake"
+
+
+class CountingCoordinator(Coordinator):
+    """Counts the admissions each waiter asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: dict[str | None, int] = {}
+        self._guard = threading.Lock()
+
+    def admit(self, claims: Any, holder: Holder, *, waiter_id: str | None = None) -> Any:
+        with self._guard:
+            self.asked[waiter_id] = self.asked.get(waiter_id, 0) + 1
+        return super().admit(claims, holder, waiter_id=waiter_id)
+
+
+def hold(owner: str) -> Admitted:
+    admitted = Coordinator().admit([LockClaim(KEY, ttl=30)], Holder(owner=owner))
+    assert isinstance(admitted, Admitted), admitted
+    return admitted
+
+
+def wait_until(condition: Any, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(message)
+        time.sleep(0.01)
+
+
+class Waiter(threading.Thread):
+    """One delivery: refused, then waits its turn; holds the key ``hold_for`` seconds."""
+
+    def __init__(self, coordinator: Coordinator, name: str, hold_for: float, budget: float):
+        super().__init__(daemon=True)
+        self.coordinator = coordinator
+        self.waiter_id = f"wait:{name}"
+        self.holder = Holder(owner=name)
+        self.hold_for = hold_for
+        self.budget = budget
+        self.entered: float | None = None
+        self.left: float | None = None
+        self.answer: Any = None
+
+    def run(self) -> None:
+        claims = [LockClaim(KEY, ttl=30)]
+        first = self.coordinator.admit(claims, self.holder, waiter_id=self.waiter_id)
+        assert isinstance(first, Refused), first
+        self.answer = wait_for_turn(
+            self.coordinator,
+            claims,
+            self.holder,
+            first,
+            budget=self.budget,
+            waiter_id=self.waiter_id,
+        )
+        if isinstance(self.answer, Admitted):
+            self.entered = time.monotonic()
+            time.sleep(self.hold_for)
+            self.left = time.monotonic()
+            Coordinator().release(self.answer, "success")
+
+
+def test_the_release_wakes_the_waiter_it_names_and_only_that_one() -> None:
+    holder = hold("holder")
+    coordinator = CountingCoordinator()
+    first = Waiter(coordinator, "first", hold_for=0.5, budget=20)
+    second = Waiter(coordinator, "second", hold_for=0.0, budget=20)
+    first.start()
+    wait_until(lambda: Coordinator().waiters(LockClaim(KEY)) == ["wait:first"], 5, "no first")
+    second.start()
+    wait_until(
+        lambda: Coordinator().waiters(LockClaim(KEY)) == ["wait:first", "wait:second"],
+        5,
+        "the second never queued",
+    )
+    # both subscribed and asked once more after subscribing, then sleep
+    wait_until(lambda: coordinator.asked.get("wait:second") == 2, 5, "second never settled")
+    time.sleep(0.2)
+    before = dict(coordinator.asked)
+
+    released_at = time.monotonic()
+    Coordinator().release(holder, "success")
+    wait_until(lambda: first.entered is not None, 5, "the named waiter was not woken")
+    assert first.entered - released_at < 1.0  # woken by the release, not by a timeout
+    time.sleep(0.2)  # the first holds the key for 0.5 s
+    # the second was not named: it slept through the release and asked nothing
+    assert coordinator.asked.get("wait:second") == before["wait:second"]
+
+    second.join(10)
+    first.join(10)
+    assert isinstance(second.answer, Admitted)
+    assert first.left is not None and second.entered is not None
+    assert second.entered >= first.left  # no overlap
+    assert second.entered - first.left < 1.0  # woken by the first's release
+    assert coordinator.asked["wait:second"] == before["wait:second"] + 1
+
+
+def test_a_waiter_asks_again_when_a_grant_to_another_lapses_unused() -> None:
+    """The head waiter is gone (its delivery died): the next one is not stranded until its
+    budget ends; it asks again when the grant lapses (release.lua: HANDOFF_GRANT_MS)."""
+    holder = hold("holder")
+    claim = LockClaim(KEY, ttl=30)
+    assert Coordinator().register_waiter(claim, "wait:gone")
+    coordinator = CountingCoordinator()
+    survivor = Waiter(coordinator, "survivor", hold_for=0.0, budget=20)
+    survivor.start()
+    wait_until(
+        lambda: Coordinator().waiters(claim) == ["wait:gone", "wait:survivor"],
+        5,
+        "the survivor never queued",
+    )
+    wait_until(lambda: coordinator.asked.get("wait:survivor") == 2, 5, "never settled")
+
+    pubsub = Coordinator().client.pubsub()
+    channel = Coordinator().wake_channel(claim)
+    pubsub.subscribe(channel)
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    released_at = time.monotonic()
+    Coordinator().release(holder, "success")
+    message = pubsub.get_message(timeout=5)
+    pubsub.close()
+    # the wake message names the waiter the key was granted to
+    wake = json.loads(message["data"])
+    assert wake["to"] == "wait:gone" and wake["grant_ms"] > 0
+
+    survivor.join(20)
+    assert isinstance(survivor.answer, Admitted), survivor.answer
+    waited = survivor.entered - released_at
+    grant = wake["grant_ms"] / 1000
+    # not before the grant lapsed, and long before its 20 s budget would have ended
+    assert grant - 0.05 <= waited < grant + 2.0, waited
