@@ -13,6 +13,8 @@
   child into this run's result (a succeeded ``async_step`` joins the rollback log).
 * Before a rollback, ``settle_children`` waits for running async children so that their
   successes are undone too.
+* ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
+  ``engine.mapping``).
 """
 
 from __future__ import annotations
@@ -90,8 +92,6 @@ def dispatch_child(
     run: ExecutionRun, spec: AsyncStepSpec | AsyncReactorSpec, args: dict[str, Any]
 ) -> StepOutcome:
     """Create the child execution and enqueue it after commit; nothing held is handed on."""
-    from reactor_app.engine.dispatch import enqueue_on_commit
-
     if isinstance(spec, AsyncStepSpec):
         step_class = spec.step_class()
         assert step_class is not None
@@ -112,21 +112,15 @@ def dispatch_child(
             EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
         )
         return StepOutcome("failed", error=refused)
-    child_id = uuid.uuid4()
-    context = ExecutionState()
-    context.extra["worker"] = True
-    context.extra["dispatch"] = {"kind": kind, "step": spec.name}
     with transaction.atomic():
-        Execution.objects.start(
-            id=child_id,
-            reactor=reactor_path,
-            inputs=encode(args, strict=False, where="arguments"),
+        child_id = start_worker_child(
+            run,
+            reactor_path=reactor_path,
+            args=args,
+            marker={"kind": kind, "step": spec.name},
             parent=run.execution,
             # an async step belongs to this tree; an async reactor is a tree of its own
-            root_id=run.root.execution.id if kind == "async_step" else child_id,
-            status=ExecutionStatus.PENDING,
-            heartbeat_at=timezone.now(),
-            context=context.to_json(),
+            root_id=run.root.execution.id if kind == "async_step" else None,
         )
         run.state.extra.setdefault("async", {})[spec.name] = {
             "child": str(child_id),
@@ -136,8 +130,41 @@ def dispatch_child(
         }
         run.state.next_index += 1
         run.persist(current_step=spec.name)
-        enqueue_on_commit(child_id)
     return StepOutcome("dispatched")
+
+
+def start_worker_child(
+    run: ExecutionRun,
+    *,
+    reactor_path: str,
+    args: dict[str, Any],
+    marker: dict[str, Any],
+    parent: Execution,
+    root_id: Any,
+) -> uuid.UUID:
+    """Create a pending child execution for a worker and enqueue it once the caller's
+    transaction commits (so the worker finds the row). ``marker`` (``state.extra["dispatch"]``)
+    tells the delivery what to run: ``kind="async_step"`` runs one step of ``reactor_path``
+    (``ExecutionRun.execute_async_step``), owned by the child's own id; ``root_id`` None makes
+    the child a tree of its own (``async_reactor``)."""
+    from reactor_app.engine.dispatch import enqueue_on_commit
+
+    child_id = uuid.uuid4()
+    context = ExecutionState()
+    context.extra["worker"] = True
+    context.extra["dispatch"] = marker
+    Execution.objects.start(
+        id=child_id,
+        reactor=reactor_path,
+        inputs=encode(args, strict=False, where="arguments"),
+        parent=parent,
+        root_id=root_id if root_id is not None else child_id,
+        status=ExecutionStatus.PENDING,
+        heartbeat_at=timezone.now(),
+        context=context.to_json(),
+    )
+    enqueue_on_commit(child_id)
+    return child_id
 
 
 def await_children(run: ExecutionRun, names: frozenset[str] | None) -> StepOutcome | None:

@@ -350,8 +350,13 @@ class ExecutionRun:
         return RunEnd("failed", error=error, rollback_failures=failures)
 
     def execute_async_step(self) -> RunEnd:
-        """The body of an ``async_step`` task: one unit, holds owned by this execution's id."""
+        """The body of an ``async_step`` task: one unit, holds owned by this execution's id.
+
+        Also one element of a parallel ``map_step`` (``engine.mapping``): the marker then names
+        the element's label (``<step>[<index>]``) and the execution's inputs are its arguments.
+        """
         name = self.state.extra["dispatch"]["step"]
+        label = self.state.extra["dispatch"].get("label") or name
         spec = self.reactor.steps[name]
         step_class = spec.step_class()
         assert step_class is not None
@@ -359,13 +364,13 @@ class ExecutionRun:
         self.persist(
             status=ExecutionStatus.RUNNING,
             started_at=self.execution.started_at or timezone.now(),
-            current_step=name,
+            current_step=label,
         )
         emit_engine(
             EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
             self.execution,
         )
-        outcome = self.run_unit(spec, step_class, dict(self.inputs), name)
+        outcome = self.run_unit(spec, step_class, dict(self.inputs), label)
         if outcome.status in ("completed", "skipped"):
             self.state.extra["skipped"] = outcome.status == "skipped"
             return RunEnd("succeeded", value=outcome.value)
