@@ -12,7 +12,8 @@
   child's delivery wakes it when it ends (``engine.dispatch``). ``settle_child`` turns a finished
   child into this run's result (a succeeded ``async_step`` joins the rollback log).
 * Before a rollback, ``settle_children`` waits for running async children so that their
-  successes are undone too.
+  successes are undone too — and for a parallel map's running elements, undoing those that
+  completed (``settle_map_elements``).
 * ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
   ``engine.mapping``).
 """
@@ -45,6 +46,14 @@ from reactor_app.tracking import StepRecorder
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.executor import ExecutionRun
+
+
+#: ``state.extra`` key: the element executions of each parallel map step still being joined
+#: (``engine.mapping.run_parallel``)
+MAP_ELEMENTS = "map_parallel"
+
+#: seconds a rollback waits for a parallel map's running elements before reporting them
+ELEMENT_SETTLE_TIMEOUT = 300.0
 
 
 def run_child(
@@ -231,6 +240,11 @@ def settle_child(
     return StepOutcome("failed", error=error)
 
 
+def children_to_settle(run: ExecutionRun) -> bool:
+    """Whether a rollback of ``run`` has children to wait for first (``settle_children``)."""
+    return bool(run.state.extra.get("async") or run.state.extra.get(MAP_ELEMENTS))
+
+
 def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
     """Before a rollback: wait for running async steps so that their successes are undone
     too (rollback never parks, so a worker blocks here as well)."""
@@ -253,7 +267,64 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
             pending.pop(name)
             continue
         settle_child(run, name, entry, child)
+    return failures + settle_map_elements(run)
+
+
+def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
+    """Before a rollback that is not the map's own failure (a cancel, a refusal at the
+    reactor gate on a later pass, an unexpected error) while a parallel map's elements run:
+    wait for them (rollback never parks), then undo those that completed, newest first — they
+    are the newest steps of the run, so before everything in the rollback log."""
+    from reactor_app.engine.rollback import undo_record
+
+    failures: list[dict[str, Any]] = []
+    pending = run.state.extra.get(MAP_ELEMENTS) or {}
+    for name in list(pending):
+        elements = pending.pop(name)["elements"]
+        rows: dict[str, Execution] = {}
+        for element in elements:
+            row = Execution.objects.filter(pk=element["execution"]).first()
+            if row is not None and row.status not in TERMINAL_STATUSES:
+                row = block_on(row, ELEMENT_SETTLE_TIMEOUT)
+            if row is None or row.status not in TERMINAL_STATUSES:
+                failures.append(
+                    {
+                        "step": element["label"],
+                        "kind": "undo",
+                        "reason": "map_element_unfinished",
+                        "child_execution": element["execution"],
+                    }
+                )
+                continue
+            rows[element["execution"]] = row
+        done = completed_elements(elements, rows)
+        failures.extend(undo_record(run, CompletedStep(step=name, kind="map", elements=done)))
     return failures
+
+
+def completed_elements(
+    elements: list[dict[str, Any]], rows: dict[str, Execution]
+) -> list[dict[str, Any]]:
+    """The rollback-log entries of a parallel map's succeeded (not skipped) elements, oldest
+    first by when they finished, so that a reverse walk undoes the newest first. Undone by the
+    parent, under its owner (``child_execution`` None), like an ``async_step``."""
+    done: list[tuple[Any, dict[str, Any]]] = []
+    for element in elements:
+        row = rows.get(element["execution"])
+        if row is None or row.status != ExecutionStatus.SUCCEEDED:
+            continue
+        if (row.context or {}).get("skipped"):
+            continue  # a skipped step is never undone
+        entry = {
+            "label": element["label"],
+            "args": element["args"],
+            "result": decode(row.result),
+            "child_execution": None,
+            "element_execution": element["execution"],
+        }
+        done.append((row.finished_at, entry))
+    done.sort(key=lambda pair: (pair[0] is None, pair[0]))
+    return [entry for _, entry in done]
 
 
 def block_on(child: Execution, timeout: float) -> Execution:

@@ -91,6 +91,7 @@ from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled
 from reactor_app.engine.children import (
     await_children,
+    children_to_settle,
     dispatch_child,
     input_errors,
     run_child,
@@ -455,7 +456,7 @@ class ExecutionRun:
         """The reactor gate refused on a later pass (resume, hand-off, redelivery): steps that
         completed on earlier passes are rolled back as for any failure."""
         failures: list[dict[str, Any]] = []
-        if self.state.completed or self.state.extra.get("async"):
+        if self.state.completed or children_to_settle(self):
             failures = settle_children(self) + roll_back(self)
         return RunEnd("failed", error=error, rollback_failures=failures)
 

@@ -17,7 +17,8 @@ the whole map then sits in the rollback log as one entry whose elements are undo
        checkpointed under ``state.extra["map_parallel"]``. The parent parks: it holds
        nothing of the elements (its own reactor-level holds follow the usual park rule).
     2. Each element's delivery wakes the root of the tree when it ends (``engine.dispatch``);
-       the countdown requeue of the park is the safety net.
+       the park's own requeue (the contention backoff, growing with each look) covers an
+       element that ended before the park was persisted.
     3. A later pass finds an element still running → parks again. Once all have ended:
          all succeeded → the results in element order; the map enters the rollback log
             with its elements in completion order (undone newest first).
@@ -26,6 +27,9 @@ the whole map then sits in the rollback log as one entry whose elements are undo
             and semaphore; the step fails with the first failed element's error, and the
             executor rolls back the earlier steps as for any failure.
          one halted (none failed) → the step halts, as a sequential map's halted element.
+    4. A rollback of the parent for another reason while elements run (a cancel, a refusal
+       at its reactor gate on a later pass) waits for them and undoes those that completed
+       first (``engine.children.settle_map_elements``).
 
 In the caller's process a ``parallel`` map runs its elements one after another (above).
 """
@@ -38,12 +42,17 @@ from django.db import transaction
 
 from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
-from reactor_app.engine.children import run_child, start_worker_child
+from reactor_app.engine.children import (
+    MAP_ELEMENTS,
+    completed_elements,
+    run_child,
+    start_worker_child,
+)
 from reactor_app.engine.context import CompletedStep, to_json
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
-from reactor_app.engine.worker import guard_hand_off
+from reactor_app.engine.worker import backoff_seconds, guard_hand_off
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,
@@ -60,7 +69,7 @@ if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
 
 #: ``state.extra`` key: the element executions of each parallel map step still being joined
-PARALLEL = "map_parallel"
+PARALLEL = MAP_ELEMENTS
 
 
 def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
@@ -166,6 +175,11 @@ def run_parallel(
     if any(i in rows and rows[i].status not in TERMINAL_STATUSES for i in ids):
         # Parked until the last element ends (each one's delivery wakes this execution);
         # a failed element waits for the others too, so that every success can be undone.
+        # An element that ends before this park is persisted finds nothing parked to wake:
+        # the parent's own requeue then looks again, soon at first, backing off while the
+        # elements run long (the contention backoff; never counted as contention).
+        entry["looks"] = int(entry.get("looks", 0)) + 1
+        run.root.requeue_in = backoff_seconds(entry["looks"])
         return StepOutcome("parked", reason=f"awaiting the elements of {spec.name}")
     pending.pop(spec.name)
     return _join(run, spec, entry["elements"], rows)
@@ -226,34 +240,17 @@ def _join(
     """Every element has ended: the results in element order, or the failure after the
     completed elements were undone, newest first."""
     values: list[Any] = []
-    completed: list[tuple[Any, dict[str, Any]]] = []
     failure: StepOutcome | None = None
     halted: StepOutcome | None = None
     for element in elements:
         row = rows.get(element["execution"])
         if row is not None and row.status == ExecutionStatus.SUCCEEDED:
-            value = decode(row.result)
-            values.append(value)
-            if not (row.context or {}).get("skipped"):
-                completed.append(
-                    (
-                        row.finished_at,
-                        {
-                            "label": element["label"],
-                            "args": element["args"],
-                            "result": value,
-                            "child_execution": None,  # undone here, under this owner
-                            "element_execution": element["execution"],
-                        },
-                    )
-                )
+            values.append(decode(row.result))
         elif row is not None and row.status == ExecutionStatus.HALTED:
             halted = halted or StepOutcome("halted", reason=(row.context or {}).get("halt_reason"))
         elif failure is None:
             failure = _element_failure(run, spec, element, row)
-    # newest last, so that the rollback log's reverse walk undoes the newest first
-    completed.sort(key=lambda pair: (pair[0] is None, pair[0]))
-    done = [entry for _, entry in completed]
+    done = completed_elements(elements, rows)
     if failure is not None:
         partial = CompletedStep(step=spec.name, kind="map", elements=done)
         failure.rollback_failures = list(failure.rollback_failures) + undo_record(run, partial)

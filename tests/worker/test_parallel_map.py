@@ -186,3 +186,19 @@ def test_in_process_a_parallel_map_runs_its_elements_one_after_another() -> None
     assert {e["pid"] for e in elements} == {os.getpid()}
     assert {e["execution"] for e in elements} == {result.execution_id}
     assert not Execution.objects.filter(parent_id=result.execution_id).exists()
+
+
+def test_cancelling_the_parked_parent_waits_for_its_elements_and_undoes_them(worker: Any) -> None:
+    execution = ParallelMapReactor.run_async(items=items(0.6, 0.9, 1.2), fail_on=-1)
+    wait_until(lambda: len(records("enter:element")) == 3, timeout=15)
+    wait_until(
+        lambda: Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PARKED, timeout=5
+    )
+    execution.cancel(reason="changed our mind")
+    result = execution.wait(timeout=20)
+    assert result.status == ExecutionStatus.CANCELLED, result.error
+
+    elements = {e["item"]: e for e in records("element")}
+    assert set(elements) == {1, 2, 3}  # they were running: the rollback waited for them
+    newest_first = sorted((1, 2, 3), key=lambda n: elements[n]["end"], reverse=True)
+    assert [u["item"] for u in records("undone")] == [*newest_first, "prepare"]
