@@ -3,7 +3,8 @@
 ``compose(ChildReactor, **arguments)`` runs a child reactor inside this execution tree (same
 root owner, fully part of rollback). ``map_step(StepOrReactor, over=source, **arguments)`` runs
 once per element of ``over``; ``element()`` reads the current element, and each iteration is
-coordinated on its own arguments.
+coordinated on its own arguments. ``map_step(Step, ..., parallel=True)`` fans the elements out
+as worker deliveries when the execution runs on a worker (``engine.mapping``).
 
 ``async_step(StepClass, ...)`` and ``async_reactor(ChildReactor, ...)`` hand work to a Celery
 worker (``engine.dispatch``); ``interrupt(...)`` pauses the execution until it is resumed.
@@ -56,9 +57,17 @@ class ComposeSpec(StepSpec):
 class MapSpec(StepSpec):
     kind: ClassVar[str] = "map"
 
-    def __init__(self, target: Any, over: Source, arguments: dict[str, Any], where: Any) -> None:
+    def __init__(
+        self,
+        target: Any,
+        over: Source,
+        arguments: dict[str, Any],
+        where: Any,
+        parallel: bool = False,
+    ) -> None:
         super().__init__(target, arguments, where)
         self.over = over
+        self.parallel = parallel
 
     def dependencies(self) -> set[str]:
         deps = super().dependencies()
@@ -84,12 +93,45 @@ def compose(child: Any, /, *, where: Any = None, **arguments: Any) -> ComposeSpe
 
 
 def map_step(
-    target: Any, /, *, over: Source | None = None, where: Any = None, **arguments: Any
+    target: Any,
+    /,
+    *,
+    over: Source | None = None,
+    where: Any = None,
+    parallel: bool = False,
+    **arguments: Any,
 ) -> MapSpec:
-    """Run ``target`` (a Step or Reactor subclass) once per element of ``over``."""
+    """Run ``target`` (a Step or Reactor subclass) once per element of ``over``.
+
+    ``parallel=True`` (a Step target only): on a worker, the elements run concurrently, each as
+    its own worker delivery (a child execution, like an ``async_step``), coordinated on its own
+    arguments and owned by its own execution — so a lock keyed on the element serializes equal
+    elements and a semaphore on the step bounds the fan-out. The parent parks, holding nothing
+    of the elements, until they have all ended; the results are joined in element order. A
+    failed element fails the step once the others have ended: the elements that completed are
+    undone, newest first, then the parent rolls back its earlier steps as for any failure. In
+    the caller's process (``Reactor.run`` of a reactor that is not ``background``) the elements
+    run one after another, exactly as without ``parallel``. ``parallel`` is therefore not
+    available as an argument name of the mapped step (pass ``parallel=value(...)`` for that).
+    """
     if not (_is_reactor(target) or (isinstance(target, type) and issubclass(target, Step))):
         raise DefinitionError(
             f"map_step() takes a Step or Reactor subclass, got {target!r}", option="target"
+        )
+    if isinstance(parallel, Source):
+        # ``parallel=value(...)``: an argument of the mapped step that happens to be named so
+        arguments["parallel"] = parallel
+        parallel = False
+    if not isinstance(parallel, bool):
+        raise DefinitionError(
+            f"map_step(parallel=...) must be True or False, got {parallel!r}", option="parallel"
+        )
+    if parallel and _is_reactor(target):
+        raise DefinitionError(
+            f"map_step({target.__qualname__}, parallel=True): parallel maps fan out Step "
+            "elements only; a reactor element belongs to this execution's tree and rollback "
+            "(compose semantics) and runs in its delivery. Map a Step, or drop parallel=True",
+            option="parallel",
         )
     if not isinstance(over, Source):
         raise DefinitionError(
@@ -97,7 +139,7 @@ def map_step(
             f"map over, got {over!r}",
             option="over",
         )
-    return MapSpec(target, over, arguments, where)
+    return MapSpec(target, over, arguments, where, parallel=parallel)
 
 
 # --------------------------------------------------------------------------------------------

@@ -134,6 +134,15 @@ class StepSpec:
         self.owner: type[Reactor] | None = None
         self._declarations = DeclarationSet()
         for arg_name, source in arguments.items():
+            if arg_name == "parallel" and isinstance(source, bool):
+                # the option of map_step, given to a kind that has none: say so rather than
+                # asking for value(True) as if it were an argument of the step
+                raise DefinitionError(
+                    f"parallel={source!r} is an option of map_step(...) only (it fans a map's "
+                    f"elements out to workers); {type(self).__name__} has no such option. To "
+                    "pass an argument named 'parallel', wrap it: parallel=value(...)",
+                    option="parallel",
+                )
             if not isinstance(source, Source):
                 raise DefinitionError(
                     f"argument {arg_name!r}: use from_input(...), from_result(...), value(...) "

@@ -191,13 +191,14 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     ``execute``'s ``finally`` with outcome ``halt``). Otherwise (a pass that stopped before its
     gate, or the canceller of an idle execution) the holds it kept across a park, its registry
     entries and its ordered positions are let go here, after the rollback."""
+    from reactor_app.engine.children import children_to_settle, settle_children
     from reactor_app.engine.executor import RunEnd
     from reactor_app.engine.rollback import roll_back
 
     failures: list[dict[str, Any]] = []
     try:
-        if run.state.completed or run.state.extra.get("async"):
-            failures = run._settle_children() + roll_back(run)
+        if run.state.completed or children_to_settle(run):
+            failures = settle_children(run) + roll_back(run)
     except Exception as exc:  # a rollback bug must not leave the run neither here nor there
         logger.exception("rollback of cancelled %s failed", run.execution_id)
         failures.append({"step": None, "kind": "undo", "reason": "error", "error": str(exc)})

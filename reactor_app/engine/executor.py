@@ -58,25 +58,28 @@ the root's owner and held-key registry). ``mode="sync"`` runs in the caller's pr
 A delivery that takes over an execution left ``running`` by a dead delivery first drops the
 holds that delivery left behind (``engine.worker.drop_stale_holds``), so they are not re-entered
 as an extra nesting level.
+
+Where the step kinds of 3d live: plain steps here (``run_unit`` → ``engine.runner``);
+``compose`` and ``async_step``/``async_reactor`` children, and reading their results, in
+``engine.children``; ``map_step`` in ``engine.mapping``; the interrupt step in
+``engine.interrupts`` (resuming one is ``engine.dispatch``'s); cancel in ``engine.cancel``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.coordination.registry import HoldRegistry
-from reactor_app.dsl.arguments import PathError, Scope
+from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.kinds import (
     AsyncReactorSpec,
     AsyncStepSpec,
@@ -86,16 +89,25 @@ from reactor_app.dsl.kinds import (
 )
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled
+from reactor_app.engine.children import (
+    await_children,
+    children_to_settle,
+    dispatch_child,
+    input_errors,
+    run_child,
+    settle_children,
+)
 from reactor_app.engine.context import (
     KEPT_HOLDS,
-    CompletedStep,
     ExecutionState,
     HeldKeys,
     to_json,
 )
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
-from reactor_app.engine.result import Result, error_from_dict
-from reactor_app.engine.rollback import roll_back, undo_record
+from reactor_app.engine.interrupts import run_interrupt
+from reactor_app.engine.mapping import run_map
+from reactor_app.engine.result import Result
+from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.runner import (
     StepOutcome,
     UnitRunner,
@@ -106,7 +118,6 @@ from reactor_app.engine.runner import (
 from reactor_app.engine.worker import (
     ClaimLost,
     guard_dispatcher_keys,
-    guard_hand_off,
     kept_hold_cover,
     note_park,
     outage_delay,
@@ -123,7 +134,7 @@ from reactor_app.exceptions import (
 )
 from reactor_app.models import Execution
 from reactor_app.serialization import decode, encode
-from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
+from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 from reactor_app.tracking import flush as flush_tracking
 from reactor_app.write_behind import get_writer
@@ -247,6 +258,14 @@ class ExecutionRun:
         # the admin still shows where a live run is, one freshness bound late
         get_writer().update_execution(self.execution.pk, **fields)
 
+    def spawn_child(
+        self, reactor: type[Reactor], execution: Execution, inputs: dict[str, Any]
+    ) -> ExecutionRun:
+        """A composed child of this run: same tree, same mode (``engine.children``)."""
+        child = ExecutionRun(reactor, execution, inputs, parent=self, mode=self.mode)
+        self.children[child.execution_id] = child
+        return child
+
     def child_run(self, execution_id: str) -> ExecutionRun | None:
         if execution_id in self.children:
             return self.children[execution_id]
@@ -323,7 +342,7 @@ class ExecutionRun:
             cause=exc,
         )
         try:
-            failures = self._settle_children() + roll_back(self)
+            failures = settle_children(self) + roll_back(self)
         except Exception as again:
             logger.exception("rollback after an unexpected error failed too")
             failures = [
@@ -332,8 +351,13 @@ class ExecutionRun:
         return RunEnd("failed", error=error, rollback_failures=failures)
 
     def execute_async_step(self) -> RunEnd:
-        """The body of an ``async_step`` task: one unit, holds owned by this execution's id."""
+        """The body of an ``async_step`` task: one unit, holds owned by this execution's id.
+
+        Also one element of a parallel ``map_step`` (``engine.mapping``): the marker then names
+        the element's label (``<step>[<index>]``) and the execution's inputs are its arguments.
+        """
         name = self.state.extra["dispatch"]["step"]
+        label = self.state.extra["dispatch"].get("label") or name
         spec = self.reactor.steps[name]
         step_class = spec.step_class()
         assert step_class is not None
@@ -341,13 +365,13 @@ class ExecutionRun:
         self.persist(
             status=ExecutionStatus.RUNNING,
             started_at=self.execution.started_at or timezone.now(),
-            current_step=name,
+            current_step=label,
         )
         emit_engine(
             EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
             self.execution,
         )
-        outcome = self._run_unit(spec, step_class, dict(self.inputs), name)
+        outcome = self.run_unit(spec, step_class, dict(self.inputs), label)
         if outcome.status in ("completed", "skipped"):
             self.state.extra["skipped"] = outcome.status == "skipped"
             return RunEnd("succeeded", value=outcome.value)
@@ -432,8 +456,8 @@ class ExecutionRun:
         """The reactor gate refused on a later pass (resume, hand-off, redelivery): steps that
         completed on earlier passes are rolled back as for any failure."""
         failures: list[dict[str, Any]] = []
-        if self.state.completed or self.state.extra.get("async"):
-            failures = self._settle_children() + roll_back(self)
+        if self.state.completed or children_to_settle(self):
+            failures = settle_children(self) + roll_back(self)
         return RunEnd("failed", error=error, rollback_failures=failures)
 
     def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
@@ -461,7 +485,7 @@ class ExecutionRun:
             spec = plan.specs[name]
             self.execution.current_step = name
             readers_of = plan.dependencies.get(name, frozenset())
-            outcome = self._await_children(readers_of) or self._run_spec(spec)
+            outcome = await_children(self, readers_of) or self._run_spec(spec)
             if outcome.status == "dispatched":
                 continue  # checkpointed with the child; its result is read later
             if outcome.status in ("completed", "skipped"):
@@ -481,7 +505,7 @@ class ExecutionRun:
             if outcome.status == "interrupted":
                 return RunEnd("interrupted", reason=outcome.reason)
             failures = list(outcome.rollback_failures)
-            failures.extend(self._settle_children())
+            failures.extend(settle_children(self))
             failures.extend(roll_back(self))
             if self._stopped_by_cancel(outcome.error):
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
@@ -489,13 +513,13 @@ class ExecutionRun:
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
                 return RunEnd("cancelled", error=error, rollback_failures=failures)
             return RunEnd("failed", error=outcome.error, rollback_failures=failures)
-        awaited = self._await_children(None)
+        awaited = await_children(self, None)
         if awaited is not None:
             if awaited.status == "parked":
                 return RunEnd("parked")
             if awaited.status == "halted":
                 return RunEnd("halted", reason=awaited.reason)
-            failures = self._settle_children() + roll_back(self)
+            failures = settle_children(self) + roll_back(self)
             return RunEnd("failed", error=awaited.error, rollback_failures=failures)
         return RunEnd("succeeded", value=self._value())
 
@@ -517,7 +541,7 @@ class ExecutionRun:
             return self.state.results.get(self.reactor.returns)
         return dict(self.state.results)
 
-    def _scope(self, element: Any = None, with_element: bool = False) -> Scope:
+    def scope(self, element: Any = None, with_element: bool = False) -> Scope:
         if with_element:
             return Scope(self.inputs, self.state.results, element)
         return Scope(self.inputs, self.state.results)
@@ -541,25 +565,25 @@ class ExecutionRun:
                 ),
             )
         if isinstance(spec, InterruptSpec):
-            return self._run_interrupt(spec)
+            return run_interrupt(self, spec)
         if isinstance(spec, MapSpec):
-            return self._run_map(spec)
+            return run_map(self, spec)
         try:
-            args = resolve_arguments(spec, self._scope(), self.reactor_path)
+            args = resolve_arguments(spec, self.scope(), self.reactor_path)
         except ArgumentResolutionError as error:
             return StepOutcome("failed", error=error)
         if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec)):
-            return self._dispatch_child(spec, args)
+            return dispatch_child(self, spec, args)
         if isinstance(spec, ComposeSpec):
             if not spec.arguments:
                 # No arguments: the child receives the reactor inputs it declares.
                 args = {name: args[name] for name in spec.target.inputs if name in args}
-            return self._run_child(spec.target, args, label=spec.name)
+            return run_child(self, spec.target, args, label=spec.name)
         step_class = spec.step_class()
         assert step_class is not None
-        return self._run_unit(spec, step_class, args, spec.name)
+        return self.run_unit(spec, step_class, args, spec.name)
 
-    def _run_unit(
+    def run_unit(
         self, spec: StepSpec, step_class: Any, args: dict[str, Any], label: str
     ) -> StepOutcome:
         try:
@@ -606,313 +630,6 @@ class ExecutionRun:
             primitive=park.refused.claim.primitive if park else None,
             key=park.refused.claim.key if park else None,
         )
-
-    def _run_child(
-        self, reactor: type[Reactor], inputs: dict[str, Any], *, label: str
-    ) -> StepOutcome:
-        known = self.state.extra.setdefault("children", {})
-        child: ExecutionRun | None = None
-        if label in known:
-            child = self.child_run(known[label])
-        if child is None:
-            error = input_errors(reactor, inputs)
-            if error is not None:
-                return StepOutcome("failed", error=error)
-            execution = Execution.objects.start(
-                reactor=reactor.path(),
-                inputs=encode(inputs, strict=False, where="inputs"),
-                parent=self.execution,
-                root_id=self.root.execution.id,
-                status=ExecutionStatus.PENDING,
-            )
-            child = ExecutionRun(reactor, execution, inputs, parent=self, mode=self.mode)
-            self.children[child.execution_id] = child
-            known[label] = child.execution_id
-        end = child.execute()
-        child.finish(end)
-        if end.status == "succeeded":
-            known.pop(label, None)
-            record = CompletedStep(
-                step=label,
-                kind="compose",
-                args=to_json(inputs),
-                result=end.value,
-                child_execution=child.execution_id,
-            )
-            return StepOutcome("completed", value=end.value, record=record)
-        if end.status == "parked":
-            return StepOutcome("parked", park=end.park)
-        if end.status == "halted":
-            known.pop(label, None)
-            return StepOutcome("halted", reason=end.reason)
-        known.pop(label, None)
-        return StepOutcome("failed", error=end.error, rollback_failures=list(end.rollback_failures))
-
-    def _run_map(self, spec: MapSpec) -> StepOutcome:
-        def bad_over(problem: str) -> StepOutcome:
-            # an unreadable and a non-list ``over`` fail alike, naming the argument and its source
-            return StepOutcome(
-                "failed",
-                error=ArgumentResolutionError(
-                    f"map_step {spec.name!r} of {self.reactor_path}: "
-                    f"over={spec.over.describe()}{problem}",
-                    reactor=self.reactor_path,
-                    step=spec.name,
-                    argument="over",
-                    source=spec.over.describe(),
-                ),
-            )
-
-        try:
-            items = spec.over.resolve(self._scope())
-        except PathError as exc:
-            return bad_over(f": {exc}")
-        if not isinstance(items, (list, tuple)):
-            return bad_over(f" must be a list, got {type(items).__name__}")
-        progress = self.state.extra.setdefault("map_progress", {}).setdefault(
-            spec.name, {"elements": [], "values": [], "index": 0}
-        )
-        while progress["index"] < len(items):
-            index = progress["index"]
-            label = f"{spec.name}[{index}]"
-            try:
-                args = resolve_arguments(
-                    spec,
-                    self._scope(items[index], with_element=True),
-                    self.reactor_path,
-                    default_to_inputs=not spec.is_reactor,
-                )
-            except ArgumentResolutionError as error:
-                outcome = StepOutcome("failed", error=error)
-            else:
-                if spec.is_reactor:
-                    outcome = self._run_child(spec.target, args, label=label)
-                else:
-                    outcome = self._run_unit(spec, spec.target, args, label)
-            if outcome.status == "completed":
-                record = outcome.record
-                progress["elements"].append(
-                    {
-                        "label": label,
-                        "args": record.args if record else args,
-                        "result": outcome.value,
-                        "child_execution": record.child_execution if record else None,
-                    }
-                )
-            if outcome.status in ("completed", "skipped"):
-                progress["values"].append(outcome.value)
-                progress["index"] += 1
-                self.persist()
-                continue
-            if outcome.status == "failed":
-                # Roll back the iterations that completed, newest first, then fail the step.
-                partial = CompletedStep(step=spec.name, kind="map", elements=progress["elements"])
-                failures = list(outcome.rollback_failures) + undo_record(self, partial)
-                self.state.extra["map_progress"].pop(spec.name, None)
-                return StepOutcome("failed", error=outcome.error, rollback_failures=failures)
-            return outcome  # parked or halted: keep the progress for a resume
-        self.state.extra["map_progress"].pop(spec.name, None)
-        record = CompletedStep(
-            step=spec.name, kind="map", elements=progress["elements"], result=progress["values"]
-        )
-        return StepOutcome("completed", value=progress["values"], record=record)
-
-    # -- interrupts -----------------------------------------------------------------------
-
-    def _run_interrupt(self, spec: InterruptSpec) -> StepOutcome:
-        """The resume payload is the step's result; without one the execution pauses here."""
-        entries = self.state.extra.setdefault("interrupts", {})
-        entry = entries.get(spec.name)
-        recorder = StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1)
-        if self.parent is not None:
-            return StepOutcome(
-                "failed",
-                error=StepFailed(
-                    f"interrupt {spec.name!r} of {self.reactor_path} is inside a composed reactor, "
-                    "which cannot pause the execution it belongs to: run the child with "
-                    "async_reactor(...) (its own execution, resumable by id) or move the interrupt "
-                    "to the outer reactor",
-                    reactor=self.reactor_path,
-                    step=spec.name,
-                ),
-            )
-        if entry and "payload" in entry:
-            recorder.finished(EngineEvent.STEP_SUCCEEDED, resumed=True)
-            return StepOutcome("completed", value=entry["payload"])
-        if entry and entry.get("timed_out"):
-            error = StepFailed(
-                f"interrupt {spec.name!r} of {self.reactor_path} was not resumed within "
-                f"{spec.timeout}s",
-                reactor=self.reactor_path,
-                step=spec.name,
-            )
-            recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict())
-            return StepOutcome("failed", error=error)
-        try:
-            correlation_id = spec.compute_correlation_id(self.inputs)
-        except Exception as exc:
-            return StepOutcome(
-                "failed",
-                error=StepFailed(
-                    f"the correlation_id function of interrupt {spec.name!r} of "
-                    f"{self.reactor_path} "
-                    f"raised {type(exc).__name__}: {exc}",
-                    reactor=self.reactor_path,
-                    step=spec.name,
-                    cause=exc,
-                ),
-            )
-        now = timezone.now()
-        entries[spec.name] = {
-            "since": now.isoformat(),
-            "correlation_id": correlation_id,
-            "deadline": (now + timedelta(seconds=spec.timeout)).isoformat()
-            if spec.timeout
-            else None,
-        }
-        self.execution.correlation_id = correlation_id
-        return StepOutcome("interrupted", reason=spec.name)
-
-    # -- async children ---------------------------------------------------------------------
-
-    def _dispatch_child(
-        self, spec: AsyncStepSpec | AsyncReactorSpec, args: dict[str, Any]
-    ) -> StepOutcome:
-        """Create the child execution and enqueue it after commit; nothing held is handed on."""
-        from reactor_app.engine.dispatch import enqueue_on_commit
-
-        if isinstance(spec, AsyncStepSpec):
-            step_class = spec.step_class()
-            assert step_class is not None
-            try:
-                validate_arguments(step_class, args, self.reactor_path, spec.name)
-            except InputValidationError as invalid:
-                return StepOutcome("failed", error=invalid)
-            reactor_path, kind = self.reactor_path, "async_step"
-        else:
-            wrong_inputs = input_errors(spec.target, args)
-            if wrong_inputs is not None:
-                return StepOutcome("failed", error=wrong_inputs)
-            reactor_path, kind = spec.target.path(), "async_reactor"
-        try:
-            guard_hand_off(self, spec, args)
-        except CoordinationError as refused:  # HandOffRefused, or a key function that raised
-            StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1).finished(
-                EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
-            )
-            return StepOutcome("failed", error=refused)
-        child_id = uuid.uuid4()
-        context = ExecutionState()
-        context.extra["worker"] = True
-        context.extra["dispatch"] = {"kind": kind, "step": spec.name}
-        with transaction.atomic():
-            Execution.objects.start(
-                id=child_id,
-                reactor=reactor_path,
-                inputs=encode(args, strict=False, where="arguments"),
-                parent=self.execution,
-                # an async step belongs to this tree; an async reactor is a tree of its own
-                root_id=self.root.execution.id if kind == "async_step" else child_id,
-                status=ExecutionStatus.PENDING,
-                heartbeat_at=timezone.now(),
-                context=context.to_json(),
-            )
-            self.state.extra.setdefault("async", {})[spec.name] = {
-                "child": str(child_id),
-                "kind": kind,
-                "args": to_json(args),
-                "timeout": spec.result_timeout,
-            }
-            self.state.next_index += 1
-            self.persist(current_step=spec.name)
-            enqueue_on_commit(child_id)
-        return StepOutcome("dispatched")
-
-    def _await_children(self, names: frozenset[str] | None) -> StepOutcome | None:
-        """Read the results of pending async children among ``names`` (None: all of them).
-
-        None when every one is settled and succeeded; else the outcome for the reader: parked
-        (worker, a child still running), failed (a child failed, or timed out) or halted.
-        """
-        pending = self.state.extra.get("async") or {}
-        for name in [n for n in pending if names is None or n in names]:
-            entry = pending[name]
-            child = Execution.objects.filter(pk=entry["child"]).first()
-            if child is not None and child.status not in TERMINAL_STATUSES:
-                if self.park_on_contention:
-                    return StepOutcome("parked", reason=f"awaiting {name}")
-                child = _block_on(child, float(entry["timeout"]))
-            outcome = self._settle_child(name, entry, child)
-            if outcome is not None:
-                return outcome
-        return None
-
-    def _settle_child(
-        self, name: str, entry: dict[str, Any], child: Execution | None
-    ) -> StepOutcome | None:
-        if child is None or child.status not in TERMINAL_STATUSES:
-            status = child.status if child is not None else "missing"
-            return StepOutcome(
-                "failed",
-                error=StepFailed(
-                    f"{entry['kind']} {name!r} of {self.reactor_path} did not finish within "
-                    f"{entry['timeout']}s (child execution {entry['child']} is {status})",
-                    reactor=self.reactor_path,
-                    step=name,
-                ),
-            )
-        self.state.extra["async"].pop(name)
-        if child.status == ExecutionStatus.SUCCEEDED:
-            self.state.results[name] = decode(child.result)
-            skipped = (child.context or {}).get("skipped")
-            if entry["kind"] == "async_step" and not skipped:
-                # an async step is part of this saga: undone if a later step fails
-                self.state.completed.append(
-                    CompletedStep(
-                        step=name,
-                        kind="step",
-                        args=entry["args"],
-                        result=decode(child.result),
-                        child_execution=entry["child"],
-                    )
-                )
-            self.persist()
-            return None
-        self.persist()
-        if child.status == ExecutionStatus.HALTED:
-            return StepOutcome("halted", reason=(child.context or {}).get("halt_reason"))
-        error = error_from_dict(child.error)
-        if not isinstance(error, ReactorError):
-            error = StepFailed(
-                f"{entry['kind']} {name!r} of {self.reactor_path} failed",
-                reactor=self.reactor_path,
-                step=name,
-            )
-        return StepOutcome("failed", error=error)
-
-    def _settle_children(self) -> list[dict[str, Any]]:
-        """Before a rollback: wait for running async steps so that their successes are undone
-        too (rollback never parks, so a worker blocks here as well)."""
-        failures: list[dict[str, Any]] = []
-        pending = self.state.extra.get("async") or {}
-        for name in list(pending):
-            entry = pending[name]
-            child = Execution.objects.filter(pk=entry["child"]).first()
-            if child is not None and child.status not in TERMINAL_STATUSES:
-                child = _block_on(child, float(entry["timeout"]))
-            if child is None or child.status not in TERMINAL_STATUSES:
-                failures.append(
-                    {
-                        "step": name,
-                        "kind": "undo",
-                        "reason": "async_child_unfinished",
-                        "child_execution": entry["child"],
-                    }
-                )
-                pending.pop(name)
-                continue
-            self._settle_child(name, entry, child)
-        return failures
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -1007,36 +724,11 @@ _RELEASE_OUTCOMES: dict[str, ReleaseOutcome] = {
 }
 
 
-def _block_on(child: Execution, timeout: float) -> Execution:
-    """A synchronous reader of an async child's result: poll its row until it is terminal or
-    ``timeout`` runs out (the child runs on a worker; there is nothing to subscribe to)."""
-    deadline = time.monotonic() + timeout
-    while child.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
-        time.sleep(0.05)
-        child.refresh_from_db()
-    return child
-
-
-def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidationError | None:
-    """Missing or unexpected inputs of a run, as one structured error."""
-    field_errors = {name: "required" for name in reactor.inputs if name not in inputs}
-    field_errors.update({name: "unexpected input" for name in inputs if name not in reactor.inputs})
-    if not field_errors:
-        return None
-    described = ", ".join(f"{k}: {v}" for k, v in field_errors.items())
-    return InputValidationError(
-        f"invalid inputs for {reactor.__qualname__}: {described}",
-        reactor=reactor.path(),
-        step=None,
-        field_errors=field_errors,
-    )
-
-
 def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     """``Reactor.run``: create the execution row and run it to the end in this process (or, for
     ``background = True``, hand the whole run to a worker)."""
     if reactor.background is True:
-        from reactor_app.engine.dispatch import hand_off_new
+        from reactor_app.engine.enqueueing import hand_off_new
 
         return hand_off_new(reactor, inputs)
     error = input_errors(reactor, inputs)
@@ -1057,7 +749,7 @@ def run_inline(run: ExecutionRun) -> Result:
     end = run.execute()
     run.finish(end)
     if end.status == "handed_off":
-        from reactor_app.engine.dispatch import enqueue_on_commit
+        from reactor_app.engine.enqueueing import enqueue_on_commit
 
         enqueue_on_commit(run.execution.id)
     return run.result(end)

@@ -12,7 +12,7 @@
   handing an ``async_step`` or ``async_reactor`` to a worker while this execution holds a lock (or a
   limit-1 semaphore) the dispatched work declares would deadlock: the worker could never take
   the key its own dispatcher holds. ``guard_hand_off`` refuses that before anything is created
-  or enqueued.
+  or enqueued (for a parallel ``map_step``, per element).
 * ``ClaimLost``: the delivery's claim on its execution lapsed, so another delivery may now be
   running it; the engine stops at the next checkpoint.
 * **Taking over after a crash**: holds belong to the root execution id, not to a delivery, so a
@@ -38,7 +38,7 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.arguments import FromInput, Scope, Value
 from reactor_app.dsl.coordination import Declaration, LockDeclaration, SemaphoreDeclaration
-from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
+from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec, MapSpec
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.context import KEPT_HOLDS
 from reactor_app.exceptions import ContentionCeilingExceeded, HandOffRefused, ReactorError
@@ -225,7 +225,7 @@ def dispatched_keys(spec: StepSpec, args: dict[str, Any]) -> list[tuple[str, str
     arguments) and those of its steps whose arguments come from inputs and constants alone —
     the only step keys knowable before the child runs.
     """
-    if isinstance(spec, AsyncStepSpec):
+    if isinstance(spec, (AsyncStepSpec, MapSpec)):  # a parallel map's element is one step
         return _keys(
             spec.declarations.ordered(), args, spec.owner.path() if spec.owner else "", spec.name
         )
@@ -262,7 +262,7 @@ def guard_hand_off(run: ExecutionRun, spec: StepSpec, args: dict[str, Any]) -> N
         in_target = ""
         if declared_by and declared_by != spec.name:
             in_target = f" (step {declared_by!r} of {target})"
-        kind = "async_step" if isinstance(spec, AsyncStepSpec) else "async_reactor"
+        kind = _hand_off_kind(spec)
         message = (
             f"step {spec.name!r} of {run.reactor_path}: handing {target} to a worker "
             f"({kind}) would deadlock: it declares {primitive} {key!r}{in_target}, which this "
@@ -297,6 +297,12 @@ def guard_hand_off(run: ExecutionRun, spec: StepSpec, args: dict[str, Any]) -> N
             primitive=primitive,
             holder=holder,
         )
+
+
+def _hand_off_kind(spec: StepSpec) -> str:
+    if isinstance(spec, MapSpec):
+        return "map_step(parallel=True)"
+    return "async_step" if isinstance(spec, AsyncStepSpec) else "async_reactor"
 
 
 def dispatcher_owners(run: ExecutionRun) -> list[str]:

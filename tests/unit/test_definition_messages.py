@@ -1,7 +1,7 @@
 """Checks used by two callers each answer alike wherever they fire.
 
 Each check below lives in one place (``dsl.step.declared_inputs``, the child-arguments check
-of ``dsl.kinds``, the ``over`` errors of ``ExecutionRun._run_map``) and has two callers; these
+of ``dsl.kinds``, the ``over`` errors of ``engine.mapping.run_map``) and has two callers; these
 tests pin both callers to the same wording, option and fields.
 """
 

@@ -1,0 +1,352 @@
+"""Child executions of a run: composed reactors in this process, async children on workers.
+
+* ``compose(Child, ...)`` (``run_child``): the child runs the same main loop in this process,
+  as part of this tree — the root's owner, the root's held-key registry — and of its rollback.
+  A child that parks parks the tree; its id is kept under ``state.extra["children"]`` so the
+  next pass continues the same child execution.
+* ``async_step`` / ``async_reactor`` (``dispatch_child``): after the hand-off guard, a child
+  execution row is created and its task enqueued after commit; nothing held is handed on. The
+  step is checkpointed as dispatched (``state.extra["async"]``) and the loop moves on.
+* Reading a child's result (``await_children``): a synchronous run blocks on the row up to the
+  step's ``result_timeout``; a worker delivery parks — holding nothing of the child — and the
+  child's delivery wakes it when it ends (``engine.dispatch``). ``settle_child`` turns a finished
+  child into this run's result (a succeeded ``async_step`` joins the rollback log).
+* Before a rollback, ``settle_children`` waits for running async children so that their
+  successes are undone too — and for a parallel map's running elements, undoing those that
+  completed (``settle_map_elements``).
+* ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
+  ``engine.mapping``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
+from reactor_app.engine.context import CompletedStep, ExecutionState, to_json
+from reactor_app.engine.result import error_from_dict
+from reactor_app.engine.runner import StepOutcome, validate_arguments
+from reactor_app.engine.worker import guard_hand_off
+from reactor_app.exceptions import (
+    CoordinationError,
+    InputValidationError,
+    ReactorError,
+    StepFailed,
+)
+from reactor_app.models import Execution
+from reactor_app.serialization import decode, encode
+from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
+from reactor_app.tracking import StepRecorder
+
+if TYPE_CHECKING:
+    from reactor_app.dsl.reactor import Reactor
+    from reactor_app.engine.executor import ExecutionRun
+
+
+#: ``state.extra`` key: the element executions of each parallel map step still being joined
+#: (``engine.mapping.run_parallel``)
+MAP_ELEMENTS = "map_parallel"
+
+#: seconds a rollback waits for a parallel map's running elements before reporting them
+ELEMENT_SETTLE_TIMEOUT = 300.0
+
+
+def run_child(
+    run: ExecutionRun, reactor: type[Reactor], inputs: dict[str, Any], *, label: str
+) -> StepOutcome:
+    known = run.state.extra.setdefault("children", {})
+    child: ExecutionRun | None = None
+    if label in known:
+        child = run.child_run(known[label])
+    if child is None:
+        error = input_errors(reactor, inputs)
+        if error is not None:
+            return StepOutcome("failed", error=error)
+        execution = Execution.objects.start(
+            reactor=reactor.path(),
+            inputs=encode(inputs, strict=False, where="inputs"),
+            parent=run.execution,
+            root_id=run.root.execution.id,
+            status=ExecutionStatus.PENDING,
+        )
+        child = run.spawn_child(reactor, execution, inputs)
+        known[label] = child.execution_id
+    end = child.execute()
+    child.finish(end)
+    if end.status == "succeeded":
+        known.pop(label, None)
+        record = CompletedStep(
+            step=label,
+            kind="compose",
+            args=to_json(inputs),
+            result=end.value,
+            child_execution=child.execution_id,
+        )
+        return StepOutcome("completed", value=end.value, record=record)
+    if end.status == "parked":
+        return StepOutcome("parked", park=end.park)
+    if end.status == "halted":
+        known.pop(label, None)
+        return StepOutcome("halted", reason=end.reason)
+    known.pop(label, None)
+    return StepOutcome("failed", error=end.error, rollback_failures=list(end.rollback_failures))
+
+
+def dispatch_child(
+    run: ExecutionRun, spec: AsyncStepSpec | AsyncReactorSpec, args: dict[str, Any]
+) -> StepOutcome:
+    """Create the child execution and enqueue it after commit; nothing held is handed on."""
+    if isinstance(spec, AsyncStepSpec):
+        step_class = spec.step_class()
+        assert step_class is not None
+        try:
+            validate_arguments(step_class, args, run.reactor_path, spec.name)
+        except InputValidationError as invalid:
+            return StepOutcome("failed", error=invalid)
+        reactor_path, kind = run.reactor_path, "async_step"
+    else:
+        wrong_inputs = input_errors(spec.target, args)
+        if wrong_inputs is not None:
+            return StepOutcome("failed", error=wrong_inputs)
+        reactor_path, kind = spec.target.path(), "async_reactor"
+    try:
+        guard_hand_off(run, spec, args)
+    except CoordinationError as refused:  # HandOffRefused, or a key function that raised
+        StepRecorder(run.execution, spec.name, StepRunKind.RUN, 1).finished(
+            EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
+        )
+        return StepOutcome("failed", error=refused)
+    with transaction.atomic():
+        child_id = start_worker_child(
+            run,
+            reactor_path=reactor_path,
+            args=args,
+            marker={"kind": kind, "step": spec.name},
+            parent=run.execution,
+            # an async step belongs to this tree; an async reactor is a tree of its own
+            root_id=run.root.execution.id if kind == "async_step" else None,
+        )
+        run.state.extra.setdefault("async", {})[spec.name] = {
+            "child": str(child_id),
+            "kind": kind,
+            "args": to_json(args),
+            "timeout": spec.result_timeout,
+        }
+        run.state.next_index += 1
+        run.persist(current_step=spec.name)
+    return StepOutcome("dispatched")
+
+
+def start_worker_child(
+    run: ExecutionRun,
+    *,
+    reactor_path: str,
+    args: dict[str, Any],
+    marker: dict[str, Any],
+    parent: Execution,
+    root_id: Any,
+) -> uuid.UUID:
+    """Create a pending child execution for a worker and enqueue it once the caller's
+    transaction commits (so the worker finds the row). ``marker`` (``state.extra["dispatch"]``)
+    tells the delivery what to run: ``kind="async_step"`` runs one step of ``reactor_path``
+    (``ExecutionRun.execute_async_step``), owned by the child's own id; ``root_id`` None makes
+    the child a tree of its own (``async_reactor``)."""
+    from reactor_app.engine.enqueueing import enqueue_on_commit
+
+    child_id = uuid.uuid4()
+    context = ExecutionState()
+    context.extra["worker"] = True
+    context.extra["dispatch"] = marker
+    Execution.objects.start(
+        id=child_id,
+        reactor=reactor_path,
+        inputs=encode(args, strict=False, where="arguments"),
+        parent=parent,
+        root_id=root_id if root_id is not None else child_id,
+        status=ExecutionStatus.PENDING,
+        heartbeat_at=timezone.now(),
+        context=context.to_json(),
+    )
+    enqueue_on_commit(child_id)
+    return child_id
+
+
+def await_children(run: ExecutionRun, names: frozenset[str] | None) -> StepOutcome | None:
+    """Read the results of pending async children among ``names`` (None: all of them).
+
+    None when every one is settled and succeeded; else the outcome for the reader: parked
+    (worker, a child still running), failed (a child failed, or timed out) or halted.
+    """
+    pending = run.state.extra.get("async") or {}
+    for name in [n for n in pending if names is None or n in names]:
+        entry = pending[name]
+        child = Execution.objects.filter(pk=entry["child"]).first()
+        if child is not None and child.status not in TERMINAL_STATUSES:
+            if run.park_on_contention:
+                return StepOutcome("parked", reason=f"awaiting {name}")
+            child = block_on(child, float(entry["timeout"]))
+        outcome = settle_child(run, name, entry, child)
+        if outcome is not None:
+            return outcome
+    return None
+
+
+def settle_child(
+    run: ExecutionRun, name: str, entry: dict[str, Any], child: Execution | None
+) -> StepOutcome | None:
+    if child is None or child.status not in TERMINAL_STATUSES:
+        status = child.status if child is not None else "missing"
+        return StepOutcome(
+            "failed",
+            error=StepFailed(
+                f"{entry['kind']} {name!r} of {run.reactor_path} did not finish within "
+                f"{entry['timeout']}s (child execution {entry['child']} is {status})",
+                reactor=run.reactor_path,
+                step=name,
+            ),
+        )
+    run.state.extra["async"].pop(name)
+    if child.status == ExecutionStatus.SUCCEEDED:
+        run.state.results[name] = decode(child.result)
+        skipped = (child.context or {}).get("skipped")
+        if entry["kind"] == "async_step" and not skipped:
+            # an async step is part of this saga: undone if a later step fails
+            run.state.completed.append(
+                CompletedStep(
+                    step=name,
+                    kind="step",
+                    args=entry["args"],
+                    result=decode(child.result),
+                    child_execution=entry["child"],
+                )
+            )
+        run.persist()
+        return None
+    run.persist()
+    if child.status == ExecutionStatus.HALTED:
+        return StepOutcome("halted", reason=(child.context or {}).get("halt_reason"))
+    error = error_from_dict(child.error)
+    if not isinstance(error, ReactorError):
+        error = StepFailed(
+            f"{entry['kind']} {name!r} of {run.reactor_path} failed",
+            reactor=run.reactor_path,
+            step=name,
+        )
+    return StepOutcome("failed", error=error)
+
+
+def children_to_settle(run: ExecutionRun) -> bool:
+    """Whether a rollback of ``run`` has children to wait for first (``settle_children``)."""
+    return bool(run.state.extra.get("async") or run.state.extra.get(MAP_ELEMENTS))
+
+
+def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
+    """Before a rollback: wait for running async steps so that their successes are undone
+    too (rollback never parks, so a worker blocks here as well)."""
+    failures: list[dict[str, Any]] = []
+    pending = run.state.extra.get("async") or {}
+    for name in list(pending):
+        entry = pending[name]
+        child = Execution.objects.filter(pk=entry["child"]).first()
+        if child is not None and child.status not in TERMINAL_STATUSES:
+            child = block_on(child, float(entry["timeout"]))
+        if child is None or child.status not in TERMINAL_STATUSES:
+            failures.append(
+                {
+                    "step": name,
+                    "kind": "undo",
+                    "reason": "async_child_unfinished",
+                    "child_execution": entry["child"],
+                }
+            )
+            pending.pop(name)
+            continue
+        settle_child(run, name, entry, child)
+    return failures + settle_map_elements(run)
+
+
+def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
+    """Before a rollback that is not the map's own failure (a cancel, a refusal at the
+    reactor gate on a later pass, an unexpected error) while a parallel map's elements run:
+    wait for them (rollback never parks), then undo those that completed, newest first — they
+    are the newest steps of the run, so before everything in the rollback log."""
+    from reactor_app.engine.rollback import undo_record
+
+    failures: list[dict[str, Any]] = []
+    pending = run.state.extra.get(MAP_ELEMENTS) or {}
+    for name in list(pending):
+        elements = pending.pop(name)["elements"]
+        rows: dict[str, Execution] = {}
+        for element in elements:
+            row = Execution.objects.filter(pk=element["execution"]).first()
+            if row is not None and row.status not in TERMINAL_STATUSES:
+                row = block_on(row, ELEMENT_SETTLE_TIMEOUT)
+            if row is None or row.status not in TERMINAL_STATUSES:
+                failures.append(
+                    {
+                        "step": element["label"],
+                        "kind": "undo",
+                        "reason": "map_element_unfinished",
+                        "child_execution": element["execution"],
+                    }
+                )
+                continue
+            rows[element["execution"]] = row
+        done = completed_elements(elements, rows)
+        failures.extend(undo_record(run, CompletedStep(step=name, kind="map", elements=done)))
+    return failures
+
+
+def completed_elements(
+    elements: list[dict[str, Any]], rows: dict[str, Execution]
+) -> list[dict[str, Any]]:
+    """The rollback-log entries of a parallel map's succeeded (not skipped) elements, oldest
+    first by when they finished, so that a reverse walk undoes the newest first. Undone by the
+    parent, under its owner (``child_execution`` None), like an ``async_step``."""
+    done: list[tuple[Any, dict[str, Any]]] = []
+    for element in elements:
+        row = rows.get(element["execution"])
+        if row is None or row.status != ExecutionStatus.SUCCEEDED:
+            continue
+        if (row.context or {}).get("skipped"):
+            continue  # a skipped step is never undone
+        entry = {
+            "label": element["label"],
+            "args": element["args"],
+            "result": decode(row.result),
+            "child_execution": None,
+            "element_execution": element["execution"],
+        }
+        done.append((row.finished_at, entry))
+    done.sort(key=lambda pair: (pair[0] is None, pair[0]))
+    return [entry for _, entry in done]
+
+
+def block_on(child: Execution, timeout: float) -> Execution:
+    """A synchronous reader of an async child's result: poll its row until it is terminal or
+    ``timeout`` runs out (the child runs on a worker; there is nothing to subscribe to)."""
+    deadline = time.monotonic() + timeout
+    while child.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
+        time.sleep(0.05)
+        child.refresh_from_db()
+    return child
+
+
+def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidationError | None:
+    """Missing or unexpected inputs of a run, as one structured error."""
+    field_errors = {name: "required" for name in reactor.inputs if name not in inputs}
+    field_errors.update({name: "unexpected input" for name in inputs if name not in reactor.inputs})
+    if not field_errors:
+        return None
+    described = ", ".join(f"{k}: {v}" for k, v in field_errors.items())
+    return InputValidationError(
+        f"invalid inputs for {reactor.__qualname__}: {described}",
+        reactor=reactor.path(),
+        step=None,
+        field_errors=field_errors,
+    )

@@ -1,0 +1,283 @@
+"""``map_step``: one step (or composed reactor) per element of a list.
+
+Each element is its own unit, labelled ``<step>[<index>]`` and coordinated on its own
+arguments (``element()`` reads the element). Progress is kept per element in
+``state.extra["map_progress"]``, so a park or a redelivery continues at the element it stopped
+at. A failed element rolls back the elements that completed, newest first, and fails the step;
+the whole map then sits in the rollback log as one entry whose elements are undone in reverse.
+
+``parallel=True`` on a worker delivery (``run_parallel``)::
+
+    1. First pass: resolve every element's arguments, validate them and run the hand-off
+       guard per element (a key this execution holds → ``HandOffRefused``); any refusal fails
+       the step with nothing created. Then, in one transaction, one child execution per
+       element (an ``async_step``-kind delivery running this map's step with the element's
+       arguments, labelled ``<step>[<index>]``, owned by its own execution id, so it is
+       coordinated on its own arguments) and its task after commit; the element ids are
+       checkpointed under ``state.extra["map_parallel"]``. The parent parks: it holds
+       nothing of the elements (its own reactor-level holds follow the usual park rule).
+    2. Each element's delivery wakes the root of the tree when it ends (``engine.dispatch``);
+       the park's own requeue (the contention backoff, growing with each look) covers an
+       element that ended before the park was persisted.
+    3. A later pass finds an element still running → parks again. Once all have ended:
+         all succeeded → the results in element order; the map enters the rollback log
+            with its elements in completion order (undone newest first).
+         one failed → after all ended (so each success is known), the completed elements
+            are undone here, newest first, under this execution's owner re-taking their lock
+            and semaphore; the step fails with the first failed element's error, and the
+            executor rolls back the earlier steps as for any failure.
+         one halted (none failed) → the step halts, as a sequential map's halted element.
+    4. A rollback of the parent for another reason while elements run (a cancel, a refusal
+       at its reactor gate on a later pass) waits for them and undoes those that completed
+       first (``engine.children.settle_map_elements``).
+
+In the caller's process a ``parallel`` map runs its elements one after another (above).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from reactor_app.dsl.arguments import PathError
+from reactor_app.dsl.kinds import MapSpec
+from reactor_app.engine.children import (
+    MAP_ELEMENTS,
+    completed_elements,
+    run_child,
+    start_worker_child,
+)
+from reactor_app.engine.context import CompletedStep, to_json
+from reactor_app.engine.result import error_from_dict
+from reactor_app.engine.rollback import undo_record
+from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
+from reactor_app.engine.worker import backoff_seconds, guard_hand_off
+from reactor_app.exceptions import (
+    ArgumentResolutionError,
+    CoordinationError,
+    InputValidationError,
+    ReactorError,
+    StepFailed,
+)
+from reactor_app.models import Execution
+from reactor_app.serialization import decode
+from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
+from reactor_app.tracking import StepRecorder
+
+if TYPE_CHECKING:
+    from reactor_app.engine.executor import ExecutionRun
+
+#: ``state.extra`` key: the element executions of each parallel map step still being joined
+PARALLEL = MAP_ELEMENTS
+
+
+def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
+    """Run ``spec`` once per element, in order; the checkpoint is per element."""
+
+    def bad_over(problem: str) -> StepOutcome:
+        # an unreadable and a non-list ``over`` fail alike, naming the argument and its source
+        return StepOutcome(
+            "failed",
+            error=ArgumentResolutionError(
+                f"map_step {spec.name!r} of {run.reactor_path}: "
+                f"over={spec.over.describe()}{problem}",
+                reactor=run.reactor_path,
+                step=spec.name,
+                argument="over",
+                source=spec.over.describe(),
+            ),
+        )
+
+    try:
+        items = spec.over.resolve(run.scope())
+    except PathError as exc:
+        return bad_over(f": {exc}")
+    if not isinstance(items, (list, tuple)):
+        return bad_over(f" must be a list, got {type(items).__name__}")
+    if spec.parallel and run.park_on_contention:
+        return run_parallel(run, spec, items)
+    progress = run.state.extra.setdefault("map_progress", {}).setdefault(
+        spec.name, {"elements": [], "values": [], "index": 0}
+    )
+    while progress["index"] < len(items):
+        index = progress["index"]
+        label = f"{spec.name}[{index}]"
+        try:
+            args = resolve_arguments(
+                spec,
+                run.scope(items[index], with_element=True),
+                run.reactor_path,
+                default_to_inputs=not spec.is_reactor,
+            )
+        except ArgumentResolutionError as error:
+            outcome = StepOutcome("failed", error=error)
+        else:
+            if spec.is_reactor:
+                outcome = run_child(run, spec.target, args, label=label)
+            else:
+                outcome = run.run_unit(spec, spec.target, args, label)
+        if outcome.status == "completed":
+            record = outcome.record
+            progress["elements"].append(
+                {
+                    "label": label,
+                    "args": record.args if record else args,
+                    "result": outcome.value,
+                    "child_execution": record.child_execution if record else None,
+                }
+            )
+        if outcome.status in ("completed", "skipped"):
+            progress["values"].append(outcome.value)
+            progress["index"] += 1
+            run.persist()
+            continue
+        if outcome.status == "failed":
+            # Roll back the iterations that completed, newest first, then fail the step.
+            partial = CompletedStep(step=spec.name, kind="map", elements=progress["elements"])
+            failures = list(outcome.rollback_failures) + undo_record(run, partial)
+            run.state.extra["map_progress"].pop(spec.name, None)
+            return StepOutcome("failed", error=outcome.error, rollback_failures=failures)
+        return outcome  # parked or halted: keep the progress for a resume
+    run.state.extra["map_progress"].pop(spec.name, None)
+    record = CompletedStep(
+        step=spec.name, kind="map", elements=progress["elements"], result=progress["values"]
+    )
+    return StepOutcome("completed", value=progress["values"], record=record)
+
+
+# --------------------------------------------------------------------------------------------
+# parallel=True on a worker: the elements as worker deliveries
+
+
+def run_parallel(
+    run: ExecutionRun, spec: MapSpec, items: list[Any] | tuple[Any, ...]
+) -> StepOutcome:
+    """Fan the elements out (first pass), then park until every element has ended and join.
+
+    The fan-out and the join are two passes of the parent: its state holds the element
+    executions (``state.extra["map_parallel"]``), so a redelivery joins the same elements
+    rather than starting them again.
+    """
+    pending = run.state.extra.setdefault(PARALLEL, {})
+    entry = pending.get(spec.name)
+    if entry is None:
+        failed = _fan_out(run, spec, items)
+        if failed is not None:
+            return failed
+        entry = pending.get(spec.name)
+        if entry is None:  # no elements: nothing was started
+            return StepOutcome(
+                "completed", value=[], record=CompletedStep(step=spec.name, kind="map", result=[])
+            )
+    ids = [element["execution"] for element in entry["elements"]]
+    rows = {str(row.id): row for row in Execution.objects.filter(pk__in=ids)}
+    if any(i in rows and rows[i].status not in TERMINAL_STATUSES for i in ids):
+        # Parked until the last element ends (each one's delivery wakes this execution);
+        # a failed element waits for the others too, so that every success can be undone.
+        # An element that ends before this park is persisted finds nothing parked to wake:
+        # the parent's own requeue then looks again, soon at first, backing off while the
+        # elements run long (the contention backoff; never counted as contention).
+        entry["looks"] = int(entry.get("looks", 0)) + 1
+        run.root.requeue_in = backoff_seconds(entry["looks"])
+        return StepOutcome("parked", reason=f"awaiting the elements of {spec.name}")
+    pending.pop(spec.name)
+    return _join(run, spec, entry["elements"], rows)
+
+
+def _fan_out(
+    run: ExecutionRun, spec: MapSpec, items: list[Any] | tuple[Any, ...]
+) -> StepOutcome | None:
+    """Resolve and check every element's arguments, then create the element executions and
+    enqueue them after commit — all or none. Returns the failure if an element is refused."""
+    step_class = spec.step_class()
+    assert step_class is not None  # parallel maps take a Step (dsl.kinds.map_step)
+    prepared: list[tuple[str, dict[str, Any]]] = []
+    for index, item in enumerate(items):
+        label = f"{spec.name}[{index}]"
+        try:
+            args = resolve_arguments(
+                spec, run.scope(item, with_element=True), run.reactor_path, default_to_inputs=True
+            )
+            validate_arguments(step_class, args, run.reactor_path, label)
+        except (ArgumentResolutionError, InputValidationError) as error:
+            return StepOutcome("failed", error=error)
+        try:
+            guard_hand_off(run, spec, args)
+        except CoordinationError as refused:  # HandOffRefused, or a key function that raised
+            StepRecorder(run.execution, label, StepRunKind.RUN, 1).finished(
+                EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
+            )
+            return StepOutcome("failed", error=refused)
+        prepared.append((label, args))
+    if not prepared:
+        return None
+    with transaction.atomic():
+        elements = []
+        for label, args in prepared:
+            child_id = start_worker_child(
+                run,
+                reactor_path=run.reactor_path,
+                args=args,
+                marker={"kind": "async_step", "step": spec.name, "label": label},
+                # the tree's root is the execution a finished element wakes (a composed
+                # child parks with its root and continues in the root's delivery)
+                parent=run.root.execution,
+                root_id=run.root.execution.id,
+            )
+            elements.append({"label": label, "execution": str(child_id), "args": to_json(args)})
+        run.state.extra[PARALLEL][spec.name] = {"elements": elements}
+        run.persist(current_step=spec.name)
+    return None
+
+
+def _join(
+    run: ExecutionRun,
+    spec: MapSpec,
+    elements: list[dict[str, Any]],
+    rows: dict[str, Execution],
+) -> StepOutcome:
+    """Every element has ended: the results in element order, or the failure after the
+    completed elements were undone, newest first."""
+    values: list[Any] = []
+    failure: StepOutcome | None = None
+    halted: StepOutcome | None = None
+    for element in elements:
+        row = rows.get(element["execution"])
+        if row is not None and row.status == ExecutionStatus.SUCCEEDED:
+            values.append(decode(row.result))
+        elif row is not None and row.status == ExecutionStatus.HALTED:
+            halted = halted or StepOutcome("halted", reason=(row.context or {}).get("halt_reason"))
+        elif failure is None:
+            failure = _element_failure(run, spec, element, row)
+    done = completed_elements(elements, rows)
+    if failure is not None:
+        partial = CompletedStep(step=spec.name, kind="map", elements=done)
+        failure.rollback_failures = list(failure.rollback_failures) + undo_record(run, partial)
+        return failure
+    if halted is not None:
+        return halted  # as a sequential map's halted element: no rollback
+    record = CompletedStep(step=spec.name, kind="map", elements=done, result=values)
+    return StepOutcome("completed", value=values, record=record)
+
+
+def _element_failure(
+    run: ExecutionRun, spec: MapSpec, element: dict[str, Any], row: Execution | None
+) -> StepOutcome:
+    label = element["label"]
+    if row is None:
+        error: Any = StepFailed(
+            f"element {label} of {run.reactor_path}: its execution {element['execution']} "
+            "is missing",
+            reactor=run.reactor_path,
+            step=label,
+        )
+        return StepOutcome("failed", error=error)
+    error = error_from_dict(row.error)
+    if not isinstance(error, ReactorError):
+        error = StepFailed(
+            f"element {label} of {run.reactor_path} ended {row.status}",
+            reactor=run.reactor_path,
+            step=label,
+        )
+    return StepOutcome("failed", error=error, rollback_failures=list(row.rollback_failures or []))
