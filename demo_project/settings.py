@@ -137,6 +137,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_EXTENDED = True  # task names and arguments on django-celery-results rows
+# Keep database connections across tasks (Celery's Django fix-up closes them around every
+# task otherwise: a new connection per delivery; docs/operations.md "Celery workers").
+CELERY_DB_REUSE_MAX = 1000
 # The sweeper re-enqueues executions whose worker vanished (run `celery -A demo_project beat`).
 CELERY_BEAT_SCHEDULE = {
     "reactor-sweep": {
