@@ -32,6 +32,7 @@ from reactor_app.dsl.registry import lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun, RunEnd
+from reactor_app.engine.policy import ON_WORKER
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
 from reactor_app.models import Execution
@@ -148,7 +149,9 @@ def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
     # Still "running" although this delivery now holds the claim: the delivery that set it
     # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
     taken_over = execution.status == ExecutionStatus.RUNNING
-    run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs), mode="worker")
+    run = ExecutionRun(
+        lookup(execution.reactor), execution, dict(execution.inputs), policy=ON_WORKER
+    )
     run.on_persist = claim.check
     if taken_over:
         drop_stale_holds(run)

@@ -1,8 +1,9 @@
 """The executor: runs a reactor's plan for one execution.
 
 Main loop of ``ExecutionRun.execute`` (one execution; a composed child runs the same loop with
-the root's owner and held-key registry). ``mode="sync"`` runs in the caller's process;
-``mode="worker"`` is a Celery delivery (``engine.dispatch``), which parks instead of waiting::
+the root's owner and held-key registry). Its ``RunPolicy`` (``engine.policy``) says where it
+runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
+(``engine.delivery``), which parks instead of waiting::
 
     1. Mark the execution running and emit ``execution_started`` — or ``execution_resumed``
        when it ran before (a park, an interrupt, a hand-off, a redelivery after a crash).
@@ -106,6 +107,7 @@ from reactor_app.engine.context import (
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
+from reactor_app.engine.policy import IN_PROCESS, RunPolicy
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.runner import (
@@ -175,7 +177,7 @@ class ExecutionRun:
         inputs: dict[str, Any],
         *,
         parent: ExecutionRun | None = None,
-        mode: str = "sync",
+        policy: RunPolicy = IN_PROCESS,
     ) -> None:
         self.reactor = reactor
         self.execution = execution
@@ -183,7 +185,7 @@ class ExecutionRun:
         self.inputs = decode(inputs)
         self.parent = parent
         self.root: ExecutionRun = parent.root if parent else self
-        self.mode = mode
+        self.policy = policy
         self.held_keys: HeldKeys = parent.held_keys if parent else self._new_held_keys()
         self.state = ExecutionState.from_json(execution.context)
         self.instance = reactor()
@@ -196,11 +198,14 @@ class ExecutionRun:
         self.last_end: RunEnd | None = None
         #: the owners that handed this tree off (``engine.worker.dispatcher_owners``)
         self._dispatcher_owners: list[str] | None = None
+        #: the row was inserted already running (``run_reactor``): the first pass's "mark
+        #: running" write is that INSERT, so a caller waits for one statement less
+        self.inserted_running = False
 
     def _new_held_keys(self) -> HeldKeys:
         # A worker delivery mirrors what it holds in Redis, so that the delivery taking over
         # after a crash frees exactly that (``coordination.registry``).
-        if self.mode == "worker":
+        if self.policy.registers_holds:
             return HeldKeys(HoldRegistry(self.execution_id))
         return HeldKeys()
 
@@ -221,12 +226,12 @@ class ExecutionRun:
 
     @property
     def park_on_contention(self) -> bool:
-        return self.mode == "worker"
+        return self.policy.parks
 
     @property
     def worker_wait(self) -> float:
         """How long a contended unit of a worker delivery waits in-process before parking."""
-        return reactor_settings.WORKER_WAIT if self.park_on_contention else 0.0
+        return self.policy.worker_wait
 
     @property
     def waiter_id(self) -> str | None:
@@ -250,7 +255,7 @@ class ExecutionRun:
         resumes from here); an in-process run writes its progress behind (``write_behind``), so
         a caller waits for O(1) statements per run, not per step (docs/operations.md) — nothing
         resumes an in-process run from its row, and ``finish`` writes the state it ends in."""
-        if self.park_on_contention:
+        if self.policy.persists_each_step:
             self.persist(**fields)
             return
         for name, value in fields.items():
@@ -262,7 +267,7 @@ class ExecutionRun:
         self, reactor: type[Reactor], execution: Execution, inputs: dict[str, Any]
     ) -> ExecutionRun:
         """A composed child of this run: same tree, same mode (``engine.children``)."""
-        child = ExecutionRun(reactor, execution, inputs, parent=self, mode=self.mode)
+        child = ExecutionRun(reactor, execution, inputs, parent=self, policy=self.policy)
         self.children[child.execution_id] = child
         return child
 
@@ -276,7 +281,7 @@ class ExecutionRun:
         except Execution.DoesNotExist:
             return None
         child = ExecutionRun(
-            lookup(execution.reactor), execution, execution.inputs, parent=self, mode=self.mode
+            lookup(execution.reactor), execution, execution.inputs, parent=self, policy=self.policy
         )
         self.children[execution_id] = child
         return child
@@ -284,13 +289,15 @@ class ExecutionRun:
     # -- the main loop --------------------------------------------------------------------
 
     def execute(self) -> RunEnd:
-        resuming = self.execution.started_at is not None
-        now = timezone.now()
-        self.persist(
-            status=ExecutionStatus.RUNNING,
-            started_at=self.execution.started_at or now,
-            current_step=self._resume_point() or self.execution.current_step,
-        )
+        resuming = self.execution.started_at is not None and not self.inserted_running
+        if self.inserted_running:
+            self.inserted_running = False
+        else:
+            self.persist(
+                status=ExecutionStatus.RUNNING,
+                started_at=self.execution.started_at or timezone.now(),
+                current_step=self._resume_point() or self.execution.current_step,
+            )
         emit_engine(
             EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
             self.execution,
@@ -530,7 +537,7 @@ class ExecutionRun:
     def _hands_off_after(self, name: str) -> bool:
         """``background = "after:<name>"`` in the caller's process: the rest goes to a worker."""
         return (
-            self.mode == "sync"
+            self.policy.hands_off
             and self.parent is None
             and self.reactor.background == f"after:{name}"
             and self.state.next_index < len(self.reactor.plan.order)
@@ -732,16 +739,29 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
 
         return hand_off_new(reactor, inputs)
     error = input_errors(reactor, inputs)
+    now = timezone.now()
+    if error is not None:
+        failed = Execution.objects.start(
+            reactor=reactor.path(),
+            inputs=encode(inputs, strict=False, where="inputs"),
+            status=ExecutionStatus.FAILED,
+            error=error.as_dict(),
+            finished_at=now,
+        )
+        return Result(status=ExecutionStatus.FAILED, error=error, execution_id=str(failed.id))
+    # inserted running: this process starts it at once (one statement, not insert + update)
+    order = reactor.plan.order
     execution = Execution.objects.start(
         reactor=reactor.path(),
         inputs=encode(inputs, strict=False, where="inputs"),
-        status=ExecutionStatus.FAILED if error else ExecutionStatus.PENDING,
-        error=error.as_dict() if error else None,
-        finished_at=timezone.now() if error else None,
+        status=ExecutionStatus.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        current_step=order[0] if order else "",
     )
-    if error is not None:
-        return Result(status=ExecutionStatus.FAILED, error=error, execution_id=str(execution.id))
-    return run_inline(ExecutionRun(reactor, execution, inputs))
+    run = ExecutionRun(reactor, execution, inputs)
+    run.inserted_running = True
+    return run_inline(run)
 
 
 def run_inline(run: ExecutionRun) -> Result:

@@ -111,6 +111,13 @@ def test_an_in_process_run_waits_for_as_many_statements_with_ten_steps_as_with_o
     statements_ten = [q["sql"] for q in ten.captured_queries]
     assert len(statements_ten) == len(statements_one), (statements_one, statements_ten)
     assert len(statements_one) <= 10, statements_one
+    # the execution row: inserted already running at the start, updated once at the finish
+    row_writes = [
+        sql.split()[0]
+        for sql in statements_one
+        if '"reactor_app_execution"' in sql and sql.split()[0] in ("INSERT", "UPDATE")
+    ]
+    assert row_writes == ["INSERT", "UPDATE"], statements_one
     # and nothing was skipped: every step run and event of the ten steps is there
     assert (
         StepRun.objects.filter(execution_id=second.execution_id, status="succeeded").count() == 10
