@@ -196,9 +196,7 @@ def get_client(url: str | None = None) -> Any:
 
 def is_cluster(client: Any) -> bool:
     """True for a redis-py cluster client, whose multi-key scripts need one hash slot."""
-    from redis.cluster import RedisCluster
-
-    return isinstance(client, RedisCluster)
+    return isinstance(client, redis_py.RedisCluster)
 
 
 def server_time(client: Any, near_key: str | None = None) -> tuple[int, int]:
