@@ -86,7 +86,13 @@ def test_a_waiter_whose_budget_runs_out_parks_and_is_woken_later(worker: Any) ->
         )
         assert time.monotonic() - began >= 2.5  # it waited its budget first
         assert state.attempts == 1 and state.key == "queue:w2"
-        assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PARKED
+        # the contention row is written as the pass parks; the row's status follows when the
+        # delivery finishes that pass
+        wait_until(
+            lambda: Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PARKED,
+            10,
+            message="the waiter's execution never became parked",
+        )
         assert waiting("queue:w2") == [str(execution.id)]  # parked, keeping its turn
     finally:
         release(held)
