@@ -30,6 +30,7 @@ A hard crash (SIGKILL, power loss) loses what was buffered: at most one freshnes
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -308,7 +309,8 @@ INSERT_BATCH = 90
 
 def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) -> list[Any]:
     """Multi-row INSERTs of ``rows`` (field dicts, JSON fields not yet JSON) on the default
-    connection; the new pks when ``returning``.
+    connection; the new pks when ``returning``. On PostgreSQL, rows whose pks nobody needs
+    go through ``COPY`` instead (``_copy``).
 
     Not ``bulk_create``: its per-field preparation made writing a step run cost the writer
     (and, at the end of a run, the caller) more than running the step. Values are adapted here
@@ -342,6 +344,10 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
     one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
     pks: list[Any] = []
     with connection.cursor() as cursor:
+        raw = getattr(cursor, "cursor", None)
+        if not returning and connection.vendor == "postgresql" and hasattr(raw, "copy"):
+            _copy(raw, f"COPY {quote(meta.db_table)} ({names}) FROM STDIN", columns, rows)
+            return pks
         for start in range(0, len(rows), INSERT_BATCH):
             batch = rows[start : start + INSERT_BATCH]
             params: list[Any] = []
@@ -358,6 +364,28 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
             if returning:
                 pks.extend(row[0] for row in cursor.fetchall())
     return pks
+
+
+def _copy(cursor: Any, sql: str, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """``rows`` through PostgreSQL's ``COPY … FROM STDIN`` (psycopg 3).
+
+    For rows nobody needs the pks of (coordination events), COPY costs the writer thread and
+    the server a fraction of a multi-row INSERT: no statement text with a placeholder per
+    value for psycopg to build and parse, no planning per batch. That time is taken from the
+    callers' threads (the GIL) and cores, so it shows up in every ``Step.call``
+    (docs/benchmarks.md, "Hot path"). JSON columns travel as their JSON text, which the
+    server parses as it would a literal.
+    """
+    json_columns = {"detail", "error"}
+    with cursor.copy(sql) as copy:
+        for row in rows:
+            values = []
+            for name in columns:
+                value = row.get(name, _MISSING.get(name))
+                if name in json_columns and value is not None:
+                    value = json.dumps(value, cls=_Encoder)
+                values.append(value)
+            copy.write_row(values)
 
 
 def _running(pk: Any) -> Any:

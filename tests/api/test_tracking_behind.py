@@ -378,3 +378,34 @@ def test_a_worker_delivery_checkpoints_once_per_completed_step() -> None:
     # the history is there when the delivery returns
     assert StepRun.objects.filter(execution_id=ten_id, status="succeeded").count() == 10
     assert CoordinationEvent.objects.filter(execution_id=ten_id).count() == 20
+
+
+def test_events_written_in_bulk_keep_every_character_and_value() -> None:
+    """The writer's bulk path (``COPY`` on PostgreSQL, multi-row INSERT elsewhere) stores
+    keys, owners and details exactly: tabs, newlines, backslashes and quotes (which COPY's text
+    format must escape), non-ASCII text, nested JSON, big tokens and absent values."""
+    from reactor_app.tracking import flush, record_coordination
+
+    awkward = 'tab\there\nnew\\line "quoted" ünïcode ✓ \\N'
+    record_coordination(
+        "acquired",
+        primitive="lock",
+        key=f"bulk:{awkward}",
+        owner=f"owner {awkward}",
+        step="Bulk",
+        token=2**62 + 7,
+        detail_text=awkward,
+        nested={"list": [1, 2.5, None, "x"], "flag": True},
+    )
+    record_coordination("released", primitive="lock", key="bulk:plain", owner="")
+    flush()
+    first = CoordinationEvent.objects.get(key=f"bulk:{awkward}")
+    assert first.owner == f"owner {awkward}"
+    assert first.step == "Bulk" and first.reactor == "" and first.execution_id is None
+    assert first.token == 2**62 + 7
+    assert first.detail == {
+        "detail_text": awkward,
+        "nested": {"list": [1, 2.5, None, "x"], "flag": True},
+    }
+    second = CoordinationEvent.objects.get(key="bulk:plain")
+    assert second.token is None and second.owner == "" and second.detail == {}
