@@ -309,8 +309,8 @@ INSERT_BATCH = 90
 
 def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) -> list[Any]:
     """Multi-row INSERTs of ``rows`` (field dicts, JSON fields not yet JSON) on the default
-    connection; the new pks when ``returning``. On PostgreSQL, rows whose pks nobody needs
-    go through ``COPY`` instead (``_copy``).
+    connection; the new pks when ``returning``. On PostgreSQL the rows go through ``COPY``
+    instead (``_copy``), with pks taken from the table's sequence first when they are needed.
 
     Not ``bulk_create``: its per-field preparation made writing a step run cost the writer
     (and, at the end of a run, the caller) more than running the step. Values are adapted here
@@ -344,9 +344,25 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
     one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
     pks: list[Any] = []
     with connection.cursor() as cursor:
-        raw = getattr(cursor, "cursor", None)
-        if not returning and connection.vendor == "postgresql" and hasattr(raw, "copy"):
-            _copy(raw, f"COPY {quote(meta.db_table)} ({names}) FROM STDIN", columns, rows)
+        raw: Any = getattr(cursor, "cursor", None)
+        if connection.vendor == "postgresql" and hasattr(raw, "copy"):
+            table = quote(meta.db_table)
+            if not returning:
+                _copy(raw, f"COPY {table} ({names}) FROM STDIN", columns, rows)
+                return pks
+            # the pks first, from the table's own sequence, then the rows with them
+            raw.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+                [table, meta.pk.column, len(rows)],
+            )
+            pks = [row[0] for row in raw.fetchall()]
+            numbered = [{**row, "pk": pk} for row, pk in zip(rows, pks, strict=True)]
+            _copy(
+                raw,
+                f"COPY {table} ({quote(meta.pk.column)}, {names}) FROM STDIN",
+                ["pk", *columns],
+                numbered,
+            )
             return pks
         for start in range(0, len(rows), INSERT_BATCH):
             batch = rows[start : start + INSERT_BATCH]
