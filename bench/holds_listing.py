@@ -42,7 +42,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
-from django.test import Client  # noqa: E402
+from django.test import Client, override_settings  # noqa: E402
 
 from reactor_app.coordination import holds_index, lock, state  # noqa: E402
 from reactor_app.coordination.claims import LockClaim  # noqa: E402
@@ -101,8 +101,9 @@ def main() -> None:
     sizes = sorted({int(s) for s in options.sizes.split(",")})
 
     prefix = f"bench-holds-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_KEY_PREFIX = prefix
-    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    override_settings(
+        REACTOR_KEY_PREFIX=prefix, ALLOWED_HOSTS=[*settings.ALLOWED_HOSTS, "testserver"]
+    ).enable()
     client = get_client()
     user_model = get_user_model()
     name = f"bench-{uuid.uuid4().hex[:8]}"

@@ -1,7 +1,12 @@
 """Typed access to the ``REACTOR_*`` Django settings.
 
-Every attribute reads ``django.conf.settings`` on access, so ``override_settings`` in tests and
-settings changed at runtime are always honoured; nothing is cached here.
+Values are read from ``django.conf.settings`` once per settings object and then served from a
+small cache: the hot path reads a dozen settings per ``Step.call``, and walking Django's
+settings chain for each cost more than some of the Redis work (docs/benchmarks.md, "Hot
+path"). The cache follows what Django itself supports: ``override_settings`` and pytest-django's
+``settings`` fixture (a new settings object, and the ``setting_changed`` signal) are seen at
+once. Assigning attributes of ``django.conf.settings`` at runtime — which Django documents as
+unsupported — is not; use ``override_settings`` (``.enable()``/``.disable()`` outside tests).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from typing import Any
 
 from django.conf import Settings
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 from django.utils.functional import empty
 
 from reactor_app.exceptions import ConfigurationError
@@ -42,18 +48,38 @@ def _read(holder: Any, name: str, default: Any) -> Any:
         holder = below
 
 
+#: a setting the project leaves unset (its default applies), in the cache
+_UNSET: Any = object()
+
+
 class ReactorSettings:
     """The ``REACTOR_*`` settings with their defaults and validation."""
+
+    def __init__(self) -> None:
+        #: raw values by name (``_UNSET`` for absent ones), read from ``_cached_for``
+        self._cache: dict[str, Any] = {}
+        self._cached_for: Any = None
+        setting_changed.connect(self._changed, dispatch_uid="reactor_app.conf")
+
+    def _changed(self, setting: str = "", **_: Any) -> None:
+        if setting.startswith("REACTOR_"):
+            self._cache.clear()
 
     def _get(self, name: str, default: Any) -> Any:
         # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
         # __getattr__ costs a Python frame and, for a setting left at its default, an exception
-        # per read — several per admission. Still read on every access, so override_settings
-        # (a new settings object) and runtime assignments (made on this one) apply.
+        # per read. Cached per settings object: override_settings installs a new one.
         wrapped = django_settings._wrapped  # type: ignore[misc]
         if wrapped is empty:
             return getattr(django_settings, f"REACTOR_{name}", default)
-        return _read(wrapped, f"REACTOR_{name}", default)
+        cache = self._cache
+        if self._cached_for is not wrapped:
+            cache.clear()
+            self._cached_for = wrapped
+        value = cache.get(name, _UNSET)
+        if value is _UNSET and name not in cache:
+            value = cache[name] = _read(wrapped, f"REACTOR_{name}", _UNSET)
+        return default if value is _UNSET else value
 
     @property
     def REDIS_URL(self) -> str | None:

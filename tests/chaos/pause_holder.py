@@ -24,12 +24,12 @@ def main(key: str, ttl: float, account: int, out: Path) -> None:
     import django
 
     django.setup()
-    from django.conf import settings
+    from django.test import override_settings
 
     # No tracking rows: a writer thread stopped mid-flush would hold the SQLite write lock for
     # the whole pause and block the test's own fenced write (a real hazard of pausing a
     # process, but not the one under test here).
-    settings.REACTOR_TRACKING = "executions"
+    override_settings(REACTOR_TRACKING="executions").enable()
 
     from demo_project.shop.models import Account
     from reactor_app import Step, Success, with_lock

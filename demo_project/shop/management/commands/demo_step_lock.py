@@ -37,6 +37,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test.utils import override_settings
 
 from reactor_app.conf import reactor_settings
 
@@ -215,9 +216,10 @@ class Command(BaseCommand):
             f"{DEMO_CONTENTION_BACKOFF[1]:g}s, so a wake-up by a release stands out; they "
             f"wait {DEMO_WORKER_WAIT:g}s in-process before parking"
         )
-        previous = {name: getattr(settings, name, None) for name in shared}
-        for name, value in shared.items():
-            setattr(settings, name, value)
+        # override_settings, not setattr: reactor_app reads its settings once per settings
+        # object (reactor_app.conf)
+        shared_here = override_settings(**shared)
+        shared_here.enable()
         stop_on_sigterm = _raise_on_sigterm()
         try:
             for worker in workers:
@@ -238,8 +240,7 @@ class Command(BaseCommand):
             for worker in workers:
                 worker.stop()
             delete_broker_queue(queue)
-            for name, earlier in previous.items():
-                setattr(settings, name, earlier)
+            shared_here.disable()
             stop_on_sigterm()
             say(f"- stopped the {count} Celery worker processes")
 
