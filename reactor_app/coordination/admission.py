@@ -14,6 +14,8 @@ Waiting, for synchronous callers (``admit_waiting``): subscribe to the refusing 
 channel, retry once subscribed (so a release in between is never missed), then sleep on the
 subscription until a release PUBLISHes — or until the refusal's ``retry_after`` (a lease
 lapsing, a rate window sliding) or the caller's ``wait`` runs out. No fixed-interval polling.
+A release that hands a lock to the head registered waiter names it, and only that waiter
+wakes. Worker deliveries wait the same way before they park, registered as waiters.
 
 A period bucket another owner is running (``PERIOD_IN_FLIGHT``) is contention like a held
 lock: waited for (woken when that run ends, or at its lease's end) or parked, and then skipped
@@ -509,6 +511,7 @@ class Coordinator:
         *,
         waiter_id: str | None = None,
         waits: Mapping[str, float] | None = None,
+        refused: Refused | None = None,
     ) -> AdmissionResult:
         """Admit, waiting up to ``wait_seconds`` for contention to clear (0 = one try).
 
@@ -517,6 +520,12 @@ class Coordinator:
         it would wait its turn. Woken by the release's PUBLISH, or at the refusal's
         ``retry_after``; gives up with the last ``Refused`` when the wait is spent. A stale
         ordered position is returned at once (waiting cannot help: the caller must re-assign).
+
+        ``waiter_id`` registers the caller in the refusing keys' waiter order (a worker
+        delivery's in-process wait: ``engine.gate``); ``refused`` is the answer of an
+        admission the caller already made, so the first attempt is not repeated. A wake
+        message that grants a freed lock to another waiter does not wake this one (see
+        ``_sleep_until_woken``).
         """
         claims = list(claims)
         started = time.monotonic()
@@ -526,7 +535,7 @@ class Coordinator:
             allowed = min(wait_seconds, limits.get(refused.claim.primitive, wait_seconds))
             return started + max(allowed, 0.0)
 
-        result = self.admit(claims, holder, waiter_id=waiter_id)
+        result = refused if refused is not None else self.admit(claims, holder, waiter_id=waiter_id)
         if (
             not isinstance(result, Refused)
             or deadline_for(result) <= time.monotonic()
@@ -552,7 +561,7 @@ class Coordinator:
                     pause = remaining
                     if result.retry_after is not None:
                         pause = min(remaining, max(result.retry_after, MIN_PAUSE))
-                    self._sleep_until_woken(pubsub if subscribed else None, pause)
+                    self._sleep_until_woken(pubsub if subscribed else None, pause, waiter_id)
                 result = self.admit(claims, holder, waiter_id=waiter_id)
                 if not isinstance(result, Refused) or result.detail.stale:
                     return result
@@ -574,7 +583,19 @@ class Coordinator:
                     return
 
     @staticmethod
-    def _sleep_until_woken(pubsub: Any | None, seconds: float) -> None:
+    def _sleep_until_woken(pubsub: Any | None, seconds: float, waiter_id: str | None) -> None:
+        """Sleep up to ``seconds``; return early on a wake message that concerns ``waiter_id``.
+
+        A release that frees a lock grants it to the head registered waiter for a moment
+        (``lua/_lock.lua``) and its message names that waiter (``to``). Only the named waiter
+        can take the key then, so a message naming another one does not end the sleep — with
+        several waiters on one key, every one of them would otherwise wake on every release
+        and run an admission only the head could win, competing for the CPU with the winner
+        at the very moment the key is idle. It shortens the sleep to when that grant would
+        lapse unused (``grant_ms``), so a waiter asks again if the named one is gone. A
+        message naming nobody (a semaphore slot, an ordered-lock cursor, a lock nobody was
+        registered for, a forced release) wakes every waiter.
+        """
         if pubsub is None:
             time.sleep(seconds)
             return
@@ -585,8 +606,12 @@ class Coordinator:
                 if left <= 0:
                     return
                 message = pubsub.get_message(timeout=left)
-                if message is not None and message["type"] == "message":
+                if message is None or message["type"] != "message":
+                    continue
+                granted_to, grant_ms = _grant(message.get("data"))
+                if granted_to is None or granted_to == waiter_id:
                     return
+                end = min(end, time.monotonic() + grant_ms / 1000 + MIN_PAUSE)
 
     # -- parked waiters -------------------------------------------------------------------
 
@@ -933,3 +958,14 @@ __all__ = [
     "refusal_error",
     "sort_claims",
 ]
+
+
+def _grant(data: Any) -> tuple[str | None, float]:
+    """``(to, grant_ms)`` of a wake message, ``(None, 0)`` when it names no waiter."""
+    try:
+        message = json.loads(data)
+    except (TypeError, ValueError):
+        return None, 0.0
+    if not isinstance(message, dict) or not message.get("to"):
+        return None, 0.0
+    return str(message["to"]), float(message.get("grant_ms") or 0.0)

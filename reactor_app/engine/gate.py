@@ -56,7 +56,6 @@ from reactor_app.dsl.coordination import (
     OrderedLockDeclaration,
     RateLimitDeclaration,
 )
-from reactor_app.engine.worker_wait import wait_for_turn
 from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -314,8 +313,9 @@ class Gate:
         """A worker's admission: wait briefly in this delivery before parking.
 
         A delivery that meets contention first waits here — registered in the key's waiter
-        order as ``wait:<id>`` and woken by the release's PUBLISH, like an in-process wait —
-        for up to ``REACTOR_WORKER_WAIT``: a short critical section then hands over in
+        order as ``wait:<id>`` and woken by the release's PUBLISH (``Coordinator.admit_waiting``,
+        the in-process wait; a release that grants the key to another waiter does not wake it)
+        — for up to ``REACTOR_WORKER_WAIT``: a short critical section then hands over in
         milliseconds instead of a park, requeue, redelivery and re-admission. Only when the
         budget runs out (or waiting cannot help: a rate-limit window that reopens later than
         the budget) does it register as a parked waiter, in the same atomic admission that
@@ -328,9 +328,9 @@ class Gate:
         waiting_id = f"{WAITING_PREFIX}{parked_id}"
         answer = self.coordinator.admit(claims, holder, waiter_id=waiting_id)
         if isinstance(answer, Refused) and _worth_waiting(answer, budget):
-            # woken only when the release names this waiter (engine.worker_wait)
-            answer = wait_for_turn(
-                self.coordinator, claims, holder, answer, budget=budget, waiter_id=waiting_id
+            # woken only when the release names this waiter, or names nobody
+            answer = self.coordinator.admit_waiting(
+                claims, holder, budget, waiter_id=waiting_id, refused=answer
             )
         if not isinstance(answer, Refused) or answer.detail.stale:
             return answer

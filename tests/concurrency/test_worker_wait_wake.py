@@ -1,6 +1,6 @@
 """A worker delivery waiting in-process is woken only when the release names it.
 
-Real Redis, real threads, ``engine.worker_wait.wait_for_turn`` as ``Gate._admit_or_park``
+Real Redis, real threads, ``Coordinator.admit_waiting`` as ``Gate._admit_or_park``
 calls it. A release that frees a lock grants it to the head waiter and names it in the wake
 message; the waiters further back keep sleeping (they ask Redis nothing) until their turn — or
 until the grant would have lapsed unused, when they ask again.
@@ -17,7 +17,6 @@ import pytest
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim, Refused
-from reactor_app.engine.worker_wait import wait_for_turn
 
 KEY = "acct:wake"
 
@@ -68,13 +67,8 @@ class Waiter(threading.Thread):
         claims = [LockClaim(KEY, ttl=30)]
         first = self.coordinator.admit(claims, self.holder, waiter_id=self.waiter_id)
         assert isinstance(first, Refused), first
-        self.answer = wait_for_turn(
-            self.coordinator,
-            claims,
-            self.holder,
-            first,
-            budget=self.budget,
-            waiter_id=self.waiter_id,
+        self.answer = self.coordinator.admit_waiting(
+            claims, self.holder, self.budget, waiter_id=self.waiter_id, refused=first
         )
         if isinstance(self.answer, Admitted):
             self.entered = time.monotonic()
