@@ -414,6 +414,11 @@ class Scripts:
         self._scripts = {
             name: client.register_script(source) for name, source in script_sources().items()
         }
+        #: the pool ``call`` takes connections from directly: a plain one-server client's
+        #: (a cluster client routes by slot; a single-connection client has no pool to use)
+        self._direct_pool: Any = None
+        if isinstance(client, redis_py.Redis) and getattr(client, "connection", None) is None:
+            self._direct_pool = client.connection_pool
 
     @property
     def names(self) -> list[str]:
@@ -435,8 +440,34 @@ class Scripts:
 
     def call(self, operation: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
         """Run ``operation`` and return its raw answer (the fast-path scripts answer flat
-        lists, not ``{status, json}``); the caller maps connection failures."""
-        return self._scripts[operation](keys=keys, args=args)
+        lists, not ``{status, json}``); the caller maps connection failures.
+
+        On a one-server client the command goes straight to a pooled connection: redis-py's
+        generic command path (retry wrapper, event dispatch, metrics hooks, option filtering)
+        costs about as much Python time as the round trip itself, and this is the call every
+        single-lock ``Step.call`` makes twice (docs/benchmarks.md, "Hot path"). What that
+        path does that matters here is kept: a connection whose reply was not read whole is
+        dropped, never handed to the next caller, and a script the server no longer has
+        (restarted, flushed) is loaded again through ``Script``.
+        """
+        script = self._scripts[operation]
+        pool = self._direct_pool
+        if pool is None:
+            return script(keys=keys, args=args)
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command([_pack_evalsha(script.sha, keys, args)])
+            return connection.read_response()
+        except redis_py.exceptions.NoScriptError:
+            pass  # the reply was read whole: the connection is fine
+        except redis_py.exceptions.ResponseError:
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+        return script(keys=keys, args=args)
 
     def queue(
         self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -444,6 +475,24 @@ class Scripts:
         """Queue ``operation`` on a pipeline of this client; decode its answer with
         ``decode_reply``."""
         self._scripts[operation](keys=keys, args=args, client=pipeline)
+
+
+def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
+    """``EVALSHA sha numkeys keys... args...`` as one RESP request.
+
+    The scripts take only text and numbers, encoded as redis-py would (UTF-8; ``str`` of a
+    number) — without its per-argument type dispatch, which on the single-lock fast path cost
+    more than building the bytes.
+    """
+    parts = [b"EVALSHA", sha.encode(), str(len(keys)).encode()]
+    parts.extend(key.encode() for key in keys)
+    for arg in args:
+        if isinstance(arg, bool):  # ambiguous (1/0 or "True"?): refused, as redis-py does
+            raise TypeError(f"script arguments are text or numbers, not {arg!r}")
+        parts.append(arg.encode() if isinstance(arg, str) else repr(arg).encode())
+    return b"".join(
+        [b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)]
+    )
 
 
 def decode_reply(raw: Any) -> ScriptReply:

@@ -603,28 +603,25 @@ def test_a_single_lock_takes_the_fast_path_and_keeps_the_general_scripts_rules(
             for entry in seen
         ]
 
-    client = coordinator.client
-    shas = {
-        script.sha: name
-        for name, script in scripts_for(client)._scripts.items()
-        if name in ("admit", "release", "lock_admit", "lock_release")
-    }
+    scripts = scripts_for(coordinator.client)
     used: list[str] = []
-    send = client.execute_command
 
-    def recording(*args: Any, **options: Any) -> Any:
-        if str(args[0]).upper() == "EVALSHA":
-            used.append(shas.get(str(args[1]), "other"))
-        return send(*args, **options)
+    def recording(method: Any) -> Any:
+        def record(operation: str, *args: Any, **options: Any) -> Any:
+            used.append(operation)
+            return method(operation, *args, **options)
 
-    client.execute_command = recording
+        return record
+
+    scripts.call = recording(scripts.call)  # type: ignore[method-assign]
+    scripts.run = recording(scripts.run)  # type: ignore[method-assign]
     try:
         fast = play(general=False)
         fast_scripts, used[:] = set(used), []
         general = play(general=True)
         general_scripts = set(used)
     finally:
-        del client.execute_command
+        del scripts.call, scripts.run
     assert fast_scripts == {"lock_admit", "lock_release"}
     assert general_scripts == {"admit", "release"}
     assert fast == general
