@@ -435,7 +435,7 @@ class Scripts:
     ) -> ScriptReply:
         """Run ``operation``; a connection failure becomes ``CoordinationUnavailable``."""
         with unavailable_on_connection_error(key=key, primitive=primitive):
-            raw = self._scripts[operation](keys=keys, args=args)
+            raw = self.call(operation, keys, args)
         return decode_reply(raw)
 
     def call(self, operation: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
@@ -444,8 +444,8 @@ class Scripts:
 
         On a one-server client the command goes straight to a pooled connection: redis-py's
         generic command path (retry wrapper, event dispatch, metrics hooks, option filtering)
-        costs about as much Python time as the round trip itself, and this is the call every
-        single-lock ``Step.call`` makes twice (docs/benchmarks.md, "Hot path"). What that
+        costs about as much Python time as the round trip itself, and every admission and
+        release is a script call (docs/benchmarks.md, "Hot path"). What that
         path does that matters here is kept: a connection whose reply was not read whole is
         dropped, never handed to the next caller, and a script the server no longer has
         (restarted, flushed) is loaded again through ``Script``.
