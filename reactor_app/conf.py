@@ -59,11 +59,23 @@ class ReactorSettings:
         #: raw values by name (``_UNSET`` for absent ones), read from ``_cached_for``
         self._cache: dict[str, Any] = {}
         self._cached_for: Any = None
+        self._version = 0
         setting_changed.connect(self._changed, dispatch_uid="reactor_app.conf")
 
     def _changed(self, setting: str = "", **_: Any) -> None:
         if setting.startswith("REACTOR_"):
             self._cache.clear()
+            self._version += 1
+
+    def version(self) -> int:
+        """A number that changes whenever the settings may have (a new settings object, a
+        ``setting_changed``): what is derived from several settings can be kept until then."""
+        wrapped = django_settings._wrapped  # type: ignore[misc]
+        if self._cached_for is not wrapped:
+            self._cache.clear()
+            self._cached_for = wrapped
+            self._version += 1
+        return self._version
 
     def _get(self, name: str, default: Any) -> Any:
         # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
@@ -76,6 +88,7 @@ class ReactorSettings:
         if self._cached_for is not wrapped:
             cache.clear()
             self._cached_for = wrapped
+            self._version += 1
         value = cache.get(name, _UNSET)
         if value is _UNSET and name not in cache:
             value = cache[name] = _read(wrapped, f"REACTOR_{name}", _UNSET)

@@ -79,6 +79,8 @@ class _CoordinationConnectionFactory(ConnectionFactory):  # type: ignore[type-ar
 
 _factory: _CoordinationConnectionFactory | None = None
 _clients: dict[str | Topology, Any] = {}
+#: ``get_client()``'s answer and the settings version it was resolved under
+_default_client: tuple[int, Any] | None = None
 _clients_guard = threading.Lock()
 
 
@@ -100,7 +102,9 @@ def _connection_factory() -> _CoordinationConnectionFactory:
 def _forget_connections_after_fork() -> None:
     """Give a forked child its own pools instead of the parent's sockets."""
     global _factory
+    global _default_client
     _factory = None
+    _default_client = None
     _clients.clear()
     _CoordinationConnectionFactory._pools = {}
     _scripts_by_client.clear()
@@ -115,6 +119,13 @@ if hasattr(os, "register_at_fork"):
 #: PINGing the server on every call cost a connection per admission; a connection error
 #: (``unavailable_on_connection_error``) forgets it, so a server that died is started again.
 _embedded_urls: dict[str, str] = {}
+
+
+def _forget_embedded() -> None:
+    """Forget the embedded servers seen answering (and the client resolved through them)."""
+    global _default_client
+    _embedded_urls.clear()
+    _default_client = None
 
 
 def redis_url() -> str:
@@ -177,6 +188,14 @@ def get_client(url: str | None = None) -> Any:
     ``redis+sentinel://`` included. The client is a ``redis.Redis`` for one server or a
     Sentinel master, a ``redis.cluster.RedisCluster`` for a cluster.
     """
+    global _default_client
+    if url is None:
+        # the configured client, as long as the settings have not changed: resolving the
+        # topology reads several settings, and admission asks for the client on every call
+        version = reactor_settings.version()
+        known = _default_client
+        if known is not None and known[0] == version:
+            return known[1]
     resolved = _topology_for(url)
     client = _clients.get(resolved)
     if client is None:
@@ -191,6 +210,8 @@ def get_client(url: str | None = None) -> Any:
                     with unavailable_on_connection_error():
                         client = resolved.connect()
                 _clients[resolved] = client
+    if url is None:
+        _default_client = (version, client)
     return client
 
 
@@ -586,7 +607,7 @@ def unavailable_on_connection_error(
     except Exception as exc:
         if not is_unavailable(exc):
             raise
-        _embedded_urls.clear()  # the next call checks (and if need be starts) the server again
+        _forget_embedded()  # the next call checks (and if need be starts) the server again
         hint = ""
         if isinstance(exc, _WRONG_TOPOLOGY_ERRORS):
             # a one-server client pointed at a cluster node sees MOVED (or CROSSSLOT) for most

@@ -53,3 +53,16 @@ def test_a_setting_deleted_by_an_override_gets_its_default_and_comes_back_after(
             del django_settings.REACTOR_CONTENTION_CEILING
             assert reactor_settings.CONTENTION_CEILING == 20
         assert reactor_settings.CONTENTION_CEILING == 3
+
+
+def test_the_configured_client_follows_a_change_of_the_redis_setting() -> None:
+    from reactor_app.coordination.redis import get_client
+
+    configured = get_client()
+    assert get_client() is configured
+    other_url = "redis://127.0.0.1:1/0"  # never connected to: clients connect lazily
+    with override_settings(REACTOR_REDIS=None, REACTOR_REDIS_URL=other_url):
+        switched = get_client()
+        assert switched is not configured
+        assert switched.connection_pool.connection_kwargs["port"] == 1
+    assert get_client() is configured
