@@ -29,7 +29,9 @@ refusing key's waiters zset, and the release that frees the key pops it and retu
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -43,6 +45,7 @@ from reactor_app.coordination import (
 )
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
+    WAITING_PREFIX,
     AdmissionResult,
     Admitted,
     ChainFailed,
@@ -75,6 +78,7 @@ from reactor_app.coordination.redis import (
 )
 from reactor_app.exceptions import (
     CoordinationError,
+    CoordinationUnavailable,
     LeaseLost,
     LockAcquisitionError,
     OrderedLockWaitError,
@@ -86,6 +90,8 @@ from reactor_app.exceptions import (
 if TYPE_CHECKING:
     from reactor_app.coordination.renewal import Renewal
 
+
+logger = logging.getLogger(__name__)
 
 ReleaseOutcome = Outcome | Literal["give_back"]
 
@@ -210,7 +216,7 @@ def _blocker(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     if not raw:
         return None
     since = raw.get("since", raw.get("acquired_at", raw.get("assigned_at")))
-    return {
+    blocker = {
         "owner": raw.get("owner"),
         "step": raw.get("step") or None,
         "execution": raw.get("execution") or None,
@@ -218,6 +224,10 @@ def _blocker(raw: dict[str, Any] | None) -> dict[str, Any] | None:
         "since": since / 1000 if since else None,
         "ttl": _seconds(raw.get("ttl_ms")),
     }
+    if raw.get("granted_to"):
+        # a free lock the last release handed to this waiter (FIFO hand-off), not yet taken
+        blocker["granted_to"] = raw["granted_to"]
+    return blocker
 
 
 class Coordinator:
@@ -349,18 +359,21 @@ class Coordinator:
                 claim=claim, fresh=bool(raw[2]), token=int(raw[3]), detail={"time": raw[1]}
             )
             return Admitted(holds=[hold], holder=holder)
-        _, at, retry_ms, owner, step, execution, reactor, since, ttl_ms, _granted_to = raw
+        _, at, retry_ms, owner, step, execution, reactor, since, ttl_ms, granted_to = raw
         return Refused(
             claim=claim,
             retry_after=None if int(retry_ms) < 0 else _seconds(retry_ms),
-            blocker={
-                "owner": owner or None,
-                "step": step or None,
-                "execution": execution or None,
-                "reactor": reactor or None,
-                "since": int(since) / 1000 if int(since) > 0 else None,
-                "ttl": None if int(ttl_ms) < 0 else _seconds(ttl_ms),
-            },
+            blocker=_blocker(
+                {
+                    "owner": owner or None,
+                    "step": step,
+                    "execution": execution,
+                    "reactor": reactor,
+                    "since": int(since) if int(since) > 0 else None,
+                    "ttl_ms": None if int(ttl_ms) < 0 else int(ttl_ms),
+                    "granted_to": granted_to,
+                }
+            ),
             detail=RefusalDetail(status=int(Status.LOCKED), time=str(at)),
         )
 
@@ -521,15 +534,22 @@ class Coordinator:
         ``retry_after``; gives up with the last ``Refused`` when the wait is spent. A stale
         ordered position is returned at once (waiting cannot help: the caller must re-assign).
 
-        ``waiter_id`` registers the caller in the refusing keys' waiter order (a worker
-        delivery's in-process wait: ``engine.gate``); ``refused`` is the answer of an
-        admission the caller already made, so the first attempt is not repeated. A wake
-        message that grants a freed lock to another waiter does not wake this one (see
-        ``_sleep_until_woken``).
+        A caller that waits is registered in the refusing keys' waiter order, so waiters are
+        admitted first come, first served: a release hands a lock to the head waiter and names
+        it, and a wake message naming another waiter does not wake this one (see
+        ``_sleep_until_woken``). ``waiter_id`` is the caller's own registration (a worker
+        delivery's in-process wait, ``engine.gate``, which it moves to its parked id when it
+        parks); without one the wait registers under a private ``WAITING_PREFIX`` id and leaves
+        every waiter order when it ends unadmitted (``leave``) — a key handed to it meanwhile
+        goes on to the next waiter at once, and a parked one that gets it is listed in the
+        answer's ``woken``. ``refused`` is the answer of an admission the caller already made,
+        so the first attempt is not repeated.
         """
         claims = list(claims)
         started = time.monotonic()
         limits = dict(waits or {})
+        queue_as = waiter_id or f"{WAITING_PREFIX}{uuid.uuid4().hex}"
+        queued = False  # whether an attempt was made under ``queue_as`` (own registration only)
 
         def deadline_for(refused: Refused) -> float:
             allowed = min(wait_seconds, limits.get(refused.claim.primitive, wait_seconds))
@@ -561,13 +581,19 @@ class Coordinator:
                     pause = remaining
                     if result.retry_after is not None:
                         pause = min(remaining, max(result.retry_after, MIN_PAUSE))
-                    self._sleep_until_woken(pubsub if subscribed else None, pause, waiter_id)
-                result = self.admit(claims, holder, waiter_id=waiter_id)
+                    self._sleep_until_woken(pubsub if subscribed else None, pause, queue_as)
+                queued = waiter_id is None
+                result = self.admit(claims, holder, waiter_id=queue_as)
                 if not isinstance(result, Refused) or result.detail.stale:
                     return result
         finally:
             with unavailable_on_connection_error():
                 pubsub.close()
+            if queued and not isinstance(result, Admitted):
+                handed_on = self.leave(claims, queue_as)
+                woken = getattr(result, "woken", None)
+                if isinstance(woken, list):
+                    woken.extend(handed_on)
 
     @staticmethod
     def _subscribe(pubsub: Any, channel: str, deadline: float) -> None:
@@ -649,14 +675,34 @@ class Coordinator:
             pipe.zrem(name, from_id)
             pipe.execute()
 
-    def unregister_waiter(self, claim: Claim, waiter_id: str) -> None:
-        """Take ``waiter_id`` out of ``claim``'s waiter order (a worker delivery that stopped
-        waiting in-process and parked under its own id instead)."""
+    def unregister_waiter(self, claim: Claim, waiter_id: str) -> list[str]:
+        """Take ``waiter_id`` out of ``claim``'s waiter order (a wait that ended unadmitted, a
+        worker delivery that stopped waiting in-process and parked under its own id instead).
+        A lock the last release handed to ``waiter_id``, still unused, goes on to the next
+        waiter (``lua/lock_leave.lua``); returns that waiter's id in a list (else ``[]``):
+        a parked one must be re-enqueued like any woken waiter."""
         name = REGISTRY[claim.primitive].claim_waiters_key(claim, self.prefix)
         if name is None:
-            return
+            return []
         with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
+            if isinstance(claim, LockClaim):
+                keys = lock.release_keys(claim, self.prefix)
+                handed_on = scripts_for(self.client).call("lock_leave", keys, [waiter_id])
+                return [handed_on] if handed_on else []
             self.client.zrem(name, waiter_id)
+        return []
+
+    def leave(self, claims: Iterable[Claim], waiter_id: str) -> list[str]:
+        """``unregister_waiter`` for every claim, best effort: a wait ending on an outage
+        leaves what it can (its registrations expire with their zsets). Returns the waiters
+        the keys were handed on to."""
+        handed_on: list[str] = []
+        for claim in claims:
+            try:
+                handed_on += self.unregister_waiter(claim, waiter_id)
+            except CoordinationUnavailable:
+                logger.warning("could not leave the waiters of %s %s", claim.primitive, claim.key)
+        return handed_on
 
     def waiters(self, claim: Claim) -> list[str]:
         """Parked waiter ids of ``claim``'s key, first to be woken first."""

@@ -139,6 +139,11 @@ class RefusalDetail:
     reason: str | None = None  # ordered lock, stale: "epoch" or "passed"
 
 
+#: waiter ids of callers waiting in-process (a synchronous wait; a worker delivery before it
+#: parks): woken by a release's PUBLISH, never re-enqueued like a parked execution
+WAITING_PREFIX = "wait:"
+
+
 @dataclass
 class Refused:
     """Contention: nothing was taken. ``retry_after`` is the primitive's own hint in seconds."""
@@ -147,6 +152,9 @@ class Refused:
     detail: RefusalDetail
     retry_after: float | None = None
     blocker: dict[str, Any] | None = None  # holder snapshot: owner, step, execution, since, ttl
+    #: waiters a wait that gave up handed its keys on to (``Coordinator.admit_waiting``):
+    #: parked ones must be re-enqueued like any woken waiter
+    woken: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -21,10 +21,9 @@ from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Holder
+from reactor_app.coordination.claims import WAITING_PREFIX, Holder
 from reactor_app.engine.context import ExecutionState, to_json
 from reactor_app.engine.executor import REACTOR_SLOT, input_errors
-from reactor_app.engine.gate import WAITING_PREFIX
 from reactor_app.engine.result import Result
 from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
 from reactor_app.models import Execution

@@ -37,6 +37,7 @@ from django.utils import timezone
 from reactor_app.coordination import primitives
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
+    WAITING_PREFIX,
     AdmissionResult,
     Admitted,
     ChainFailed,
@@ -262,6 +263,8 @@ class Gate:
             reason = "period" if isinstance(answer, PeriodHit) else "ordered_lock_chain_failed"
             return Skip(reason, answer.claim.key)
         assert isinstance(answer, Refused)
+        # parked waiters a wait that gave up handed its keys on to
+        _wake(answer.woken)
         error = self.coordinator.refusal_error(answer, self.scope.reactor, self.scope.step)
         if park:
             # A park is its own event (recorded with the ContentionState row), never a failure.
@@ -335,12 +338,20 @@ class Gate:
         if not isinstance(answer, Refused) or answer.detail.stale:
             return answer
         answer = self.coordinator.admit(claims, holder, waiter_id=parked_id)
+        if isinstance(answer, Refused) and (answer.blocker or {}).get("granted_to") == waiting_id:
+            # a release handed the key to the wait just as its budget ran out: take it
+            answer = self.coordinator.admit(claims, holder, waiter_id=waiting_id)
+            if not isinstance(answer, Refused):
+                for claim in claims:  # the parking refusal registered the parked id
+                    _wake(self.coordinator.unregister_waiter(claim, parked_id))
+                return answer
         for claim in claims:
             if isinstance(answer, Refused) and claim == answer.claim:
                 # one order for waiting and parked waiters: the park keeps the wait's turn
                 self.coordinator.move_waiter(claim, waiting_id, parked_id)
             else:
-                self.coordinator.unregister_waiter(claim, waiting_id)
+                # a key handed to the wait meanwhile goes on to the next waiter
+                _wake(self.coordinator.unregister_waiter(claim, waiting_id))
         return answer
 
     def _verify_kept(
@@ -606,10 +617,6 @@ class Gate:
 
 #: release outcomes that end an ordered-lock position (see release.lua)
 TERMINAL_OUTCOMES = frozenset({"success", "failure", "halt", "rollback"})
-
-
-#: waiter ids of worker deliveries waiting in-process (woken by PUBLISH, never re-enqueued)
-WAITING_PREFIX = "wait:"
 
 
 def _worth_waiting(refused: Refused, budget: float) -> bool:

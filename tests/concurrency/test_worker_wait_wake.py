@@ -1,13 +1,16 @@
-"""A worker delivery waiting in-process is woken only when the release names it.
+"""A caller waiting in-process is woken only when the release names it, in queue order.
 
 Real Redis, real threads, ``Coordinator.admit_waiting`` as ``Gate._admit_or_park``
 calls it. A release that frees a lock grants it to the head waiter and names it in the wake
 message; the waiters further back keep sleeping (they ask Redis nothing) until their turn — or
-until the grant would have lapsed unused, when they ask again.
+until the grant would have lapsed unused, when they ask again. Synchronous callers
+(``admit_waiting`` without a waiter id of their own) queue the same way and leave the line
+when their wait runs out, handing on a key that was just handed to them.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -146,3 +149,83 @@ def test_a_waiter_asks_again_when_a_grant_to_another_lapses_unused() -> None:
     grant = wake["grant_ms"] / 1000
     # not before the grant lapsed, and long before its 20 s budget would have ended
     assert grant - 0.05 <= waited < grant + 2.0, waited
+
+
+class SyncWaiter(threading.Thread):
+    """A synchronous caller (``Step.call`` with ``wait=``): ``admit_waiting`` with no waiter id
+    of its own; holds the key ``hold_for`` seconds, records when it entered and left."""
+
+    def __init__(self, name: str, hold_for: float, budget: float, log: list[str]):
+        super().__init__(daemon=True)
+        self.holder = Holder(owner=name)
+        self.hold_for = hold_for
+        self.budget = budget
+        self.log = log
+        self.entered: float | None = None
+        self.left: float | None = None
+        self.answer: Any = None
+
+    def run(self) -> None:
+        coordinator = Coordinator()
+        self.answer = coordinator.admit_waiting([LockClaim(KEY, ttl=30)], self.holder, self.budget)
+        if isinstance(self.answer, Admitted):
+            self.entered = time.monotonic()
+            self.log.append(self.holder.owner)
+            time.sleep(self.hold_for)
+            self.left = time.monotonic()
+            coordinator.release(self.answer, "success")
+
+
+def test_synchronous_waiters_are_admitted_in_the_order_they_queued() -> None:
+    """Five callers wait on one held key, queued one after another: each release hands the key
+    to the next in line, so they run in that order, one at a time, and none polls."""
+    holder = hold("holder")
+    log: list[str] = []
+    waiters = [SyncWaiter(f"caller-{n}", hold_for=0.05, budget=30, log=log) for n in range(5)]
+    for n, waiter in enumerate(waiters):
+        waiter.start()
+        # queued: registered under its own "wait:" id after its first refusal
+        wait_until(lambda n=n: len(Coordinator().waiters(LockClaim(KEY))) == n + 1, 5, "no queue")
+    assert all(w.startswith("wait:") for w in Coordinator().waiters(LockClaim(KEY)))
+    released_at = time.monotonic()
+    Coordinator().release(holder, "success")
+    for waiter in waiters:
+        waiter.join(20)
+    assert log == [f"caller-{n}" for n in range(5)]
+    spans = sorted((w.entered, w.left) for w in waiters if w.entered and w.left)
+    assert len(spans) == 5
+    # no overlap
+    assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans))
+    # each hand-off went to a waiter already woken by name, not to one polling on a timer
+    assert spans[-1][1] - released_at < 5 * 0.05 + 2.0
+    assert Coordinator().waiters(LockClaim(KEY)) == []
+
+
+def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_grant() -> None:
+    """A caller whose wait runs out leaves the key's waiter order. And when a release had
+    already handed the free key to a waiter that then leaves, the key goes on to the next
+    waiter at once, not when the unused grant lapses (HANDOFF_GRANT_MS, seconds later)."""
+    holder = hold("holder")
+    claim = LockClaim(KEY, ttl=30)
+    impatient = SyncWaiter("impatient", hold_for=0.0, budget=0.3, log=[])
+    impatient.start()
+    impatient.join(5)
+    assert isinstance(impatient.answer, Refused)
+    assert Coordinator().waiters(claim) == []  # it left when its wait ran out
+
+    coordinator = Coordinator()
+    assert coordinator.register_waiter(claim, "wait:leaving")  # queued first, then gone
+    log: list[str] = []
+    patient = SyncWaiter("patient", hold_for=0.0, budget=30, log=log)
+    patient.start()
+    wait_until(lambda: len(coordinator.waiters(claim)) == 2, 5, "the patient one never queued")
+    leaving, patient_id = coordinator.waiters(claim)
+    assert leaving == "wait:leaving" and patient_id.startswith("wait:")
+    coordinator.release(holder, "success")  # grants the free key to "wait:leaving"
+    time.sleep(0.3)
+    assert log == []  # the patient one is not named: it sleeps
+    left_at = time.monotonic()
+    assert coordinator.unregister_waiter(claim, "wait:leaving") == [patient_id]
+    patient.join(10)
+    assert isinstance(patient.answer, Admitted), patient.answer
+    assert patient.entered is not None and patient.entered - left_at < 1.0

@@ -71,12 +71,29 @@ local function lock_take(hold, fence, waiters, h, ttl_ms, now, state, index)
   return redis.call('HGET', hold, 'token')
 end
 
+-- Hand a free key to the head waiter: pop it, grant it the key for HANDOFF_GRANT_MS and
+-- PUBLISH on the hold key {primitive, freed, to = that waiter, grant_ms} (the message names
+-- it, so the other waiters need not wake to ask); without a waiter, a plain "freed" message.
+-- `now_ms` is a function (a TIME only when granting). Returns the waiter popped, or nil.
+local function lock_hand_on(hold, waiters, now_ms)
+  -- a grant sorts first (negative score); an unused one is dropped on the way to the head
+  -- waiter (rare: the take of a granted key removes its grant, a leaving waiter its own)
+  local popped = redis.call('ZPOPMIN', waiters, 1)
+  while popped[1] and tonumber(popped[2]) < 0 do popped = redis.call('ZPOPMIN', waiters, 1) end
+  if popped[1] then
+    redis.call('ZADD', waiters, -(now_ms() + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
+    redis.call('PUBLISH', hold, cjson.encode(
+      {primitive = 'lock', freed = true, to = popped[1], grant_ms = HANDOFF_GRANT_MS}))
+    return popped[1]
+  end
+  redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
+  return nil
+end
+
 -- Release one nesting level of `owner`'s hold; `now_ms` is a function, called (a TIME) only
 -- when a waiter is granted the key. Returns "not_held" (lapsed or taken over),
 -- "kept" (still nested) or "freed", and for "freed" the waiter popped (or nil): the release
--- grants the free key to that head waiter for HANDOFF_GRANT_MS, so waiters are served in the
--- order they registered, and PUBLISHes on the hold key {primitive, freed, to = that waiter,
--- grant_ms} (without `to` when nobody waits).
+-- hands the free key on (lock_hand_on), so waiters are served in the order they registered.
 local function lock_release(hold, waiters, owner, now_ms, index)
   local current = redis.call('HMGET', hold, 'owner', 'count')
   if current[1] ~= owner then
@@ -89,17 +106,5 @@ local function lock_release(hold, waiters, owner, now_ms, index)
   end
   redis.call('DEL', hold)
   index_remove(index, 'lock', owner)
-  -- a grant sorts first (negative score); an unused one is dropped on the way to the head
-  -- waiter (rare: the take of a granted key removes its grant)
-  local popped = redis.call('ZPOPMIN', waiters, 1)
-  while popped[1] and tonumber(popped[2]) < 0 do popped = redis.call('ZPOPMIN', waiters, 1) end
-  if popped[1] then
-    redis.call('ZADD', waiters, -(now_ms() + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
-    -- the message names the granted waiter, so other waiting workers need not wake to ask
-    redis.call('PUBLISH', hold, cjson.encode(
-      {primitive = 'lock', freed = true, to = popped[1], grant_ms = HANDOFF_GRANT_MS}))
-    return 'freed', popped[1]
-  end
-  redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
-  return 'freed', nil
+  return 'freed', lock_hand_on(hold, waiters, now_ms)
 end
