@@ -425,12 +425,12 @@ class Gate:
         where = f"step {self.scope.step!r} of " if self.scope.step else "reactor "
         return CoordinationUnavailable(
             f"coordination store unreachable for {where}{self.scope.reactor or '?'}: "
-            f"{getattr(exc, 'cause', None) or exc.message}; the protected work did not run",
+            f"{exc.cause or exc.message}; the protected work did not run",
             reactor=self.scope.reactor,
             step=self.scope.step,
             key=self.claims[0].key if self.claims else None,
             primitive=self.claims[0].primitive if self.claims else None,
-            cause=getattr(exc, "cause", None) or exc.message,
+            cause=exc.cause or exc.message,
         )
 
     def _admitted(self, admitted: Admitted, *, adopted: Sequence[Hold] = ()) -> None:
@@ -460,14 +460,14 @@ class Gate:
         )
 
     def _on_lost(self, error: LeaseLost) -> None:
-        error.reactor = self.scope.reactor  # type: ignore[attr-defined]
-        error.step = self.scope.step  # type: ignore[attr-defined]
+        error.reactor = self.scope.reactor
+        error.step = self.scope.step
         self.lost.append(error)
-        key = getattr(error, "key", None)
+        key = error.key
         detail = {
             "key": key,
-            "token": getattr(error, "token", None),
-            "primitive": getattr(error, "primitive", None) or self._primitive_of(key),
+            "token": error.token,
+            "primitive": error.primitive or self._primitive_of(key),
             "at": timezone.now(),  # recorded later: stamped when it was detected
         }
         self.deferred_events.append((CoordinationEventKind.LEASE_LOST, detail))

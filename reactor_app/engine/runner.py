@@ -119,10 +119,7 @@ def failure_error(
     """The structured error a final failure becomes on the ``Result``."""
     cause = failure.exception()
     if isinstance(cause, ReactorError) and not isinstance(cause, StepFailed):
-        if getattr(cause, "step", "absent") is None and hasattr(cause, "step"):
-            cause.step = step  # type: ignore[attr-defined]
-        if getattr(cause, "reactor", "absent") is None and hasattr(cause, "reactor"):
-            cause.reactor = reactor  # type: ignore[attr-defined]
+        cause.fill_location(reactor=reactor, step=step)
         return cause
     text = f"{type(cause).__name__}: {cause}"
     where = f"step {step!r} of {reactor}" if reactor else f"step {step!r}"
