@@ -230,14 +230,20 @@ def settle_child(
     run.persist()
     if child.status == ExecutionStatus.HALTED:
         return StepOutcome("halted", reason=(child.context or {}).get("halt_reason"))
-    error = error_from_dict(child.error)
-    if not isinstance(error, ReactorError):
-        error = StepFailed(
-            f"{entry['kind']} {name!r} of {run.reactor_path} failed",
-            reactor=run.reactor_path,
-            step=name,
-        )
+    error = child_error(
+        child, f"{entry['kind']} {name!r} of {run.reactor_path} failed", run.reactor_path, name
+    )
     return StepOutcome("failed", error=error)
+
+
+def child_error(row: Execution, fallback: str, reactor: str, step: str) -> ReactorError:
+    """The error of a child execution that did not succeed (an async child, a parallel map's
+    element): the one on its row, or a ``StepFailed`` saying ``fallback`` when the row has
+    none the engine can rebuild (a cancelled child, an error of a class unknown here)."""
+    error = error_from_dict(row.error)
+    if isinstance(error, ReactorError):
+        return error
+    return StepFailed(fallback, reactor=reactor, step=step)
 
 
 def children_to_settle(run: ExecutionRun) -> bool:

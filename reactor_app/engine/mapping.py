@@ -44,12 +44,12 @@ from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
 from reactor_app.engine.children import (
     MAP_ELEMENTS,
+    child_error,
     completed_elements,
     run_child,
     start_worker_child,
 )
 from reactor_app.engine.context import CompletedStep, to_json
-from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
 from reactor_app.engine.worker import backoff_seconds, guard_hand_off
@@ -57,7 +57,6 @@ from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,
     InputValidationError,
-    ReactorError,
     StepFailed,
 )
 from reactor_app.models import Execution
@@ -266,18 +265,14 @@ def _element_failure(
 ) -> StepOutcome:
     label = element["label"]
     if row is None:
-        error: Any = StepFailed(
+        missing = StepFailed(
             f"element {label} of {run.reactor_path}: its execution {element['execution']} "
             "is missing",
             reactor=run.reactor_path,
             step=label,
         )
-        return StepOutcome("failed", error=error)
-    error = error_from_dict(row.error)
-    if not isinstance(error, ReactorError):
-        error = StepFailed(
-            f"element {label} of {run.reactor_path} ended {row.status}",
-            reactor=run.reactor_path,
-            step=label,
-        )
+        return StepOutcome("failed", error=missing)
+    error = child_error(
+        row, f"element {label} of {run.reactor_path} ended {row.status}", run.reactor_path, label
+    )
     return StepOutcome("failed", error=error, rollback_failures=list(row.rollback_failures or []))
