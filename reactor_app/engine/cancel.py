@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import (
     ConfigurationError,
     ExecutionCancelled,
@@ -223,14 +224,14 @@ def _let_go(run: ExecutionRun) -> None:
     )
     from reactor_app.coordination.registry import HoldRegistry
     from reactor_app.engine.enqueueing import wake
-    from reactor_app.engine.executor import KEPT_HOLDS
     from reactor_app.engine.sweeper import kept_hold
     from reactor_app.models import ContentionState
 
     coordinator = Coordinator()
     holder = Holder(owner=run.owner, execution_id=run.execution_id, reactor=run.reactor_path)
     woken: list[str] = []
-    kept = [h for e in run.state.extra.pop(KEPT_HOLDS, None) or [] if (h := kept_hold(e))]
+    kept_entries, run.state.continuation.kept_holds = run.state.continuation.kept_holds, None
+    kept = [h for e in kept_entries or [] if (h := kept_hold(e))]
     if kept:
         try:
             woken += coordinator.release(Admitted(holds=kept, holder=holder), "halt").woken
@@ -343,7 +344,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
 
 
 def _refuse_ended(execution: Execution) -> None:
-    if execution.parent_id and not (execution.context or {}).get("dispatch"):
+    if execution.parent_id and not ExecutionState.peek(execution.context).origin.dispatch:
         # A composed child (or a map element run as a reactor) is a part of its root's run,
         # which would just run it again: the tree is what can be cancelled.
         root = execution.root_id or execution.parent_id

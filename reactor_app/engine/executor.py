@@ -13,7 +13,7 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
        waits then fails (sync) or parks (worker, counted against the contention ceiling; past
        it → failed). A failure here rolls back steps completed on earlier passes.
        After a park in a step, the lock and semaphore holds kept across it
-       (``state.extra[KEPT_HOLDS]``, see 5.) are re-adopted instead of acquired again: checked
+       (``state.continuation.kept_holds``, see 5.) are re-adopted instead of acquired again: checked
        to be still ours, no nesting level, no new fencing token, a ``resumed`` event; only the
        ordered gate and period check are admitted again (the rate limit stays charged). If a
        kept hold lapsed or was force-released meanwhile: ``lease_lost``, the rest is given
@@ -45,7 +45,7 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
        ``returns`` step's result, else a dict of every result.
     5. In ``finally``: leave the reactor-level gate (if it was entered on this pass):
          parked (in a step, or waiting on an async child) → suspend: keep the lock and
-            semaphore holds without renewal and record them in ``state.extra[KEPT_HOLDS]``
+            semaphore holds without renewal and record them in ``state.continuation.kept_holds``
             (persisted by ``finish``), so the "exclusive" workflow stays exclusive while it
             sleeps (docs/design.md §2.8); the rest is released with ``park`` (ordered position
             kept).
@@ -98,12 +98,7 @@ from reactor_app.engine.children import (
     run_child,
     settle_children,
 )
-from reactor_app.engine.context import (
-    KEPT_HOLDS,
-    ExecutionState,
-    HeldKeys,
-    to_json,
-)
+from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
@@ -117,6 +112,7 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
+from reactor_app.engine.state import ExecutionState
 from reactor_app.engine.worker import (
     ClaimLost,
     guard_dispatcher_keys,
@@ -135,7 +131,7 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import decode, encode
+from reactor_app.serialization import decode, encode, to_json
 from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 from reactor_app.tracking import flush as flush_tracking
@@ -146,9 +142,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
-
-#: ``state.extra`` key: the reactor-level gate admitted this run once (later passes continue)
-ADMITTED = "reactor_admitted"
 
 #: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
 #: their labels)
@@ -333,7 +326,7 @@ class ExecutionRun:
                     # cover the park (docs/coordination.md, "Guarantees").
                     kept = gate.suspend(hold_for=kept_hold_cover(self.root.requeue_in))
                     if kept:
-                        self.state.extra[KEPT_HOLDS] = kept
+                        self.state.continuation.kept_holds = kept
                 else:
                     gate.exit("park" if abandoned else _release_outcome(end))
                 self.gates.remove(gate)
@@ -363,8 +356,10 @@ class ExecutionRun:
         Also one element of a parallel ``map_step`` (``engine.mapping``): the marker then names
         the element's label (``<step>[<index>]``) and the execution's inputs are its arguments.
         """
-        name = self.state.extra["dispatch"]["step"]
-        label = self.state.extra["dispatch"].get("label") or name
+        marker = self.state.origin.dispatch
+        assert marker is not None  # a child delivery (engine.children.start_worker_child)
+        name = marker["step"]
+        label = marker.get("label") or name
         spec = self.reactor.steps[name]
         step_class = spec.step_class()
         assert step_class is not None
@@ -380,7 +375,7 @@ class ExecutionRun:
         )
         outcome = self.run_unit(spec, step_class, dict(self.inputs), label)
         if outcome.status in ("completed", "skipped"):
-            self.state.extra["skipped"] = outcome.status == "skipped"
+            self.state.ending.skipped = outcome.status == "skipped"
             return RunEnd("succeeded", value=outcome.value)
         if outcome.status == "halted":
             return RunEnd("halted", reason=outcome.reason)
@@ -396,11 +391,11 @@ class ExecutionRun:
 
     def _enter_reactor_gate(self) -> tuple[Gate | None, RunEnd | None]:
         # kept across the last park (step 5.); whatever happens below, they are dealt with now
-        kept = self.state.extra.pop(KEPT_HOLDS, None)
+        kept, self.state.continuation.kept_holds = self.state.continuation.kept_holds, None
         declarations = self.reactor.declarations()
         if not declarations:
             return None, None
-        continuing = bool(self.state.extra.get(ADMITTED))
+        continuing = bool(self.state.continuation.reactor_admitted)
         gate = Gate(
             # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
             # when the run was first admitted; charging every pass would let one run burn the
@@ -429,7 +424,7 @@ class ExecutionRun:
                 return None, self._fail_at_gate(outage)
             # A worker waits the outage out: it comes back later, nothing ran at this gate.
             if kept:
-                self.state.extra[KEPT_HOLDS] = kept  # not verified: still the execution's
+                self.state.continuation.kept_holds = kept  # not verified: still the execution's
             self.root.requeue_in = outage_delay(self)
             return None, RunEnd("parked")
         except ParkRequested as parked:
@@ -455,7 +450,7 @@ class ExecutionRun:
                     )
                 )
             return None, RunEnd("halted", reason=skip.reason)
-        self.state.extra[ADMITTED] = True
+        self.state.continuation.reactor_admitted = True
         self.gates.append(gate)
         return gate, None
 
@@ -661,7 +656,7 @@ class ExecutionRun:
             )
             emit_engine(EngineEvent.EXECUTION_SUCCEEDED, self.execution, value=end.value)
         elif end.status == "halted":
-            self.state.extra["halt_reason"] = end.reason
+            self.state.ending.halted, self.state.ending.halt_reason = True, end.reason
             self.persist(status=ExecutionStatus.HALTED, finished_at=now)
             emit_engine(EngineEvent.EXECUTION_HALTED, self.execution, reason=end.reason)
         elif end.status == "failed":
@@ -683,10 +678,10 @@ class ExecutionRun:
         elif end.status == "parked":
             if self.requeue_in is not None:
                 requeue_at = now + timedelta(seconds=self.requeue_in)
-                self.state.extra["requeue_at"] = requeue_at.isoformat()
+                self.state.continuation.requeue_at = requeue_at.isoformat()
             # names this park's countdown requeue, so that one left over from an earlier park
             # (the execution was woken and parked again meanwhile) is recognised and dropped
-            self.state.extra["requeue_token"] = uuid.uuid4().hex
+            self.state.continuation.requeue_token = uuid.uuid4().hex
             self.persist(status=ExecutionStatus.PARKED)
             emit_engine(EngineEvent.EXECUTION_PARKED, self.execution)
         elif end.status == "interrupted":
@@ -698,7 +693,7 @@ class ExecutionRun:
             emit_engine(EngineEvent.EXECUTION_INTERRUPTED, self.execution, step=end.reason)
         elif end.status == "handed_off":
             # the worker that picks it up emits execution_resumed
-            self.state.extra["worker"] = True
+            self.state.origin.worker = True
             self.persist(status=ExecutionStatus.PENDING)
 
     def result(self, end: RunEnd) -> Result:

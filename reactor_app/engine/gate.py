@@ -64,6 +64,7 @@ from reactor_app.tracking import record_coordination
 if TYPE_CHECKING:
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.engine.context import HeldKeys
+    from reactor_app.engine.state import KeptHold
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class Gate:
         *,
         wait: float | None,
         park: bool,
-        adopt: Sequence[Mapping[str, Any]] | None = None,
+        adopt: Sequence[KeptHold] | None = None,
     ) -> Skip | None:
         """Admit every claim or none. ``park``: contention raises ``ParkRequested``.
 
@@ -343,9 +344,7 @@ class Gate:
                 self.coordinator.unregister_waiter(claim, waiting_id)
         return answer
 
-    def _verify_kept(
-        self, claims: Sequence[Claim], kept: Sequence[Mapping[str, Any]]
-    ) -> list[Hold]:
+    def _verify_kept(self, claims: Sequence[Claim], kept: Sequence[KeptHold]) -> list[Hold]:
         """The kept holds, still ours, ready to adopt — or ``[]`` (all or nothing) after
         recording the lapsed ones and giving back the rest.
 
@@ -504,7 +503,7 @@ class Gate:
             return []
         return self._release(admitted, outcome)
 
-    def suspend(self, hold_for: float | None = None) -> list[dict[str, Any]]:
+    def suspend(self, hold_for: float | None = None) -> list[KeptHold]:
         """A reactor-level gate whose execution parks on a worker (docs/design.md §2.8): keep
         the lock and semaphore holds — the renewal thread lets go of them, nothing is released
         — and give back the rest with outcome ``park``. Returns the kept holds as JSON data for the
@@ -537,7 +536,7 @@ class Gate:
             if self.scope.held_keys is not None:
                 # this delivery is done with it, but it stays held (and announced)
                 self.scope.held_keys.pop(claim.primitive, claim.key, still_held=True)
-            entry: dict[str, Any] = {"primitive": claim.primitive, "key": claim.key}
+            entry: KeptHold = {"primitive": claim.primitive, "key": claim.key}
             if hold.token is not None:
                 entry["token"] = hold.token
             if isinstance(claim, SemaphoreClaim):

@@ -2,7 +2,7 @@
 
 The step's result is the payload ``Reactor.resume(...)`` supplied (``engine.dispatch`` stores
 it under the row lock). Without one the step records the pause — its correlation id and
-deadline in ``state.extra["interrupts"]`` — and the execution ends the pass ``interrupted``
+deadline in ``state.interrupts`` — and the execution ends the pass ``interrupted``
 (holds released, re-taken on resume). A timed-out interrupt (marked by the sweeper) fails the
 step, so the execution rolls back. A composed child cannot pause the execution it belongs to.
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
     """The resume payload is the step's result; without one the execution pauses here."""
-    entries = run.state.extra.setdefault("interrupts", {})
+    entries = run.state.reached_interrupts()
     entry = entries.get(spec.name)
     recorder = StepRecorder(run.execution, spec.name, StepRunKind.RUN, 1)
     if run.parent is not None:

@@ -2,7 +2,7 @@
 
 Each element is its own unit, labelled ``<step>[<index>]`` and coordinated on its own
 arguments (``element()`` reads the element). Progress is kept per element in
-``state.extra["map_progress"]``, so a park or a redelivery continues at the element it stopped
+``state.children.map_progress``, so a park or a redelivery continues at the element it stopped
 at. A failed element rolls back the elements that completed, newest first, and fails the step;
 the whole map then sits in the rollback log as one entry whose elements are undone in reverse.
 
@@ -14,7 +14,7 @@ the whole map then sits in the rollback log as one entry whose elements are undo
        element (an ``async_step``-kind delivery running this map's step with the element's
        arguments, labelled ``<step>[<index>]``, owned by its own execution id, so it is
        coordinated on its own arguments) and its task after commit; the element ids are
-       checkpointed under ``state.extra["map_parallel"]``. The parent parks: it holds
+       checkpointed in ``state.children.parallel_maps``. The parent parks: it holds
        nothing of the elements (its own reactor-level holds follow the usual park rule).
     2. Each element's delivery wakes the root of the tree when it ends (``engine.dispatch``);
        the park's own requeue (the contention backoff, growing with each look) covers an
@@ -43,15 +43,14 @@ from django.db import transaction
 from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
 from reactor_app.engine.children import (
-    MAP_ELEMENTS,
     child_error,
     completed_elements,
     run_child,
     start_worker_child,
 )
-from reactor_app.engine.context import CompletedStep, to_json
 from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
+from reactor_app.engine.state import CompletedStep, ExecutionState, MapElement
 from reactor_app.engine.worker import backoff_seconds, guard_hand_off
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -60,15 +59,12 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import decode
+from reactor_app.serialization import decode, to_json
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
-
-#: ``state.extra`` key: the element executions of each parallel map step still being joined
-PARALLEL = MAP_ELEMENTS
 
 
 def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
@@ -96,7 +92,7 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
         return bad_over(f" must be a list, got {type(items).__name__}")
     if spec.parallel and run.park_on_contention:
         return run_parallel(run, spec, items)
-    progress = run.state.extra.setdefault("map_progress", {}).setdefault(
+    progress = run.state.children.progress().setdefault(
         spec.name, {"elements": [], "values": [], "index": 0}
     )
     while progress["index"] < len(items):
@@ -135,10 +131,10 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
             # Roll back the iterations that completed, newest first, then fail the step.
             partial = CompletedStep(step=spec.name, kind="map", elements=progress["elements"])
             failures = list(outcome.rollback_failures) + undo_record(run, partial)
-            run.state.extra["map_progress"].pop(spec.name, None)
+            run.state.children.progress().pop(spec.name, None)
             return StepOutcome("failed", error=outcome.error, rollback_failures=failures)
         return outcome  # parked or halted: keep the progress for a resume
-    run.state.extra["map_progress"].pop(spec.name, None)
+    run.state.children.progress().pop(spec.name, None)
     record = CompletedStep(
         step=spec.name, kind="map", elements=progress["elements"], result=progress["values"]
     )
@@ -155,10 +151,10 @@ def run_parallel(
     """Fan the elements out (first pass), then park until every element has ended and join.
 
     The fan-out and the join are two passes of the parent: its state holds the element
-    executions (``state.extra["map_parallel"]``), so a redelivery joins the same elements
+    executions (``state.children.parallel_maps``), so a redelivery joins the same elements
     rather than starting them again.
     """
-    pending = run.state.extra.setdefault(PARALLEL, {})
+    pending = run.state.children.parallel()
     entry = pending.get(spec.name)
     if entry is None:
         failed = _fan_out(run, spec, items)
@@ -212,7 +208,7 @@ def _fan_out(
     if not prepared:
         return None
     with transaction.atomic():
-        elements = []
+        elements: list[MapElement] = []
         for label, args in prepared:
             child_id = start_worker_child(
                 run,
@@ -225,7 +221,7 @@ def _fan_out(
                 root_id=run.root.execution.id,
             )
             elements.append({"label": label, "execution": str(child_id), "args": to_json(args)})
-        run.state.extra[PARALLEL][spec.name] = {"elements": elements}
+        run.state.children.parallel()[spec.name] = {"elements": elements}
         run.persist(current_step=spec.name)
     return None
 
@@ -233,7 +229,7 @@ def _fan_out(
 def _join(
     run: ExecutionRun,
     spec: MapSpec,
-    elements: list[dict[str, Any]],
+    elements: list[MapElement],
     rows: dict[str, Execution],
 ) -> StepOutcome:
     """Every element has ended: the results in element order, or the failure after the
@@ -246,7 +242,8 @@ def _join(
         if row is not None and row.status == ExecutionStatus.SUCCEEDED:
             values.append(decode(row.result))
         elif row is not None and row.status == ExecutionStatus.HALTED:
-            halted = halted or StepOutcome("halted", reason=(row.context or {}).get("halt_reason"))
+            reason = ExecutionState.peek(row.context).ending.halt_reason
+            halted = halted or StepOutcome("halted", reason=reason)
         elif failure is None:
             failure = _element_failure(run, spec, element, row)
     done = completed_elements(elements, rows)
@@ -261,7 +258,7 @@ def _join(
 
 
 def _element_failure(
-    run: ExecutionRun, spec: MapSpec, element: dict[str, Any], row: Execution | None
+    run: ExecutionRun, spec: MapSpec, element: MapElement, row: Execution | None
 ) -> StepOutcome:
     label = element["label"]
     if row is None:

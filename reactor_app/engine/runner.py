@@ -134,7 +134,6 @@ def failure_error(
     return StepFailed(f"{where} failed: {text}", reactor=reactor, step=step, cause=cause)
 
 
-#: ``state.extra`` key: failed attempts of a step that parked before its next attempt
 class UnitRunner:
     """Runs one step class with resolved arguments: attempts, coordination, compensation."""
 
