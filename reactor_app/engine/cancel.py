@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import (
     ConfigurationError,
@@ -53,7 +54,7 @@ from reactor_app.exceptions import (
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 
 if TYPE_CHECKING:
-    from reactor_app.engine.executor import ExecutionRun, RunEnd
+    from reactor_app.engine.executor import ExecutionRun
     from reactor_app.models import Execution
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,6 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     gate, or the canceller of an idle execution) the holds it kept across a park, its registry
     entries and its ordered positions are let go here, after the rollback."""
     from reactor_app.engine.children import children_to_settle, settle_children
-    from reactor_app.engine.executor import RunEnd
     from reactor_app.engine.rollback import roll_back
 
     failures: list[dict[str, Any]] = []
@@ -206,7 +206,7 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     if not gate_held:
         _let_go(run)
     error = cancelled_error(request, run.execution_id, reactor=run.reactor_path)
-    return RunEnd("cancelled", error=error, rollback_failures=failures)
+    return RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=failures)
 
 
 def _let_go(run: ExecutionRun) -> None:

@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
+from reactor_app.engine.outcomes import PassEnd, UnitStatus
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.runner import StepOutcome, validate_arguments
 from reactor_app.engine.state import (
@@ -68,7 +69,7 @@ def run_child(
     if child is None:
         error = input_errors(reactor, inputs)
         if error is not None:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         execution = Execution.objects.start(
             reactor=reactor.path(),
             inputs=encode(inputs, strict=False, where="inputs"),
@@ -80,7 +81,7 @@ def run_child(
         known[label] = child.execution_id
     end = child.execute()
     child.finish(end)
-    if end.status == "succeeded":
+    if end.status == PassEnd.SUCCEEDED:
         known.pop(label, None)
         record = CompletedStep(
             step=label,
@@ -89,14 +90,16 @@ def run_child(
             result=end.value,
             child_execution=child.execution_id,
         )
-        return StepOutcome("completed", value=end.value, record=record)
-    if end.status == "parked":
-        return StepOutcome("parked", park=end.park)
-    if end.status == "halted":
+        return StepOutcome(UnitStatus.COMPLETED, value=end.value, record=record)
+    if end.status == PassEnd.PARKED:
+        return StepOutcome(UnitStatus.PARKED, park=end.park)
+    if end.status == PassEnd.HALTED:
         known.pop(label, None)
-        return StepOutcome("halted", reason=end.reason)
+        return StepOutcome(UnitStatus.HALTED, reason=end.reason)
     known.pop(label, None)
-    return StepOutcome("failed", error=end.error, rollback_failures=list(end.rollback_failures))
+    return StepOutcome(
+        UnitStatus.FAILED, error=end.error, rollback_failures=list(end.rollback_failures)
+    )
 
 
 def dispatch_child(
@@ -109,12 +112,12 @@ def dispatch_child(
         try:
             validate_arguments(step_class, args, run.reactor_path, spec.name)
         except InputValidationError as invalid:
-            return StepOutcome("failed", error=invalid)
+            return StepOutcome(UnitStatus.FAILED, error=invalid)
         reactor_path, kind = run.reactor_path, "async_step"
     else:
         wrong_inputs = input_errors(spec.target, args)
         if wrong_inputs is not None:
-            return StepOutcome("failed", error=wrong_inputs)
+            return StepOutcome(UnitStatus.FAILED, error=wrong_inputs)
         reactor_path, kind = spec.target.path(), "async_reactor"
     try:
         guard_hand_off(run, spec, args)
@@ -122,7 +125,7 @@ def dispatch_child(
         StepRecorder(run.execution, spec.name, StepRunKind.RUN, 1).finished(
             EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
         )
-        return StepOutcome("failed", error=refused)
+        return StepOutcome(UnitStatus.FAILED, error=refused)
     with transaction.atomic():
         child_id = start_worker_child(
             run,
@@ -141,7 +144,7 @@ def dispatch_child(
         }
         run.state.next_index += 1
         run.persist(current_step=spec.name)
-    return StepOutcome("dispatched")
+    return StepOutcome(UnitStatus.DISPATCHED)
 
 
 def start_worker_child(
@@ -190,7 +193,7 @@ def await_children(run: ExecutionRun, names: frozenset[str] | None) -> StepOutco
         child = Execution.objects.filter(pk=entry["child"]).first()
         if child is not None and child.status not in TERMINAL_STATUSES:
             if run.park_on_contention:
-                return StepOutcome("parked", reason=f"awaiting {name}")
+                return StepOutcome(UnitStatus.PARKED, reason=f"awaiting {name}")
             child = block_on(child, float(entry["timeout"]))
         outcome = settle_child(run, name, entry, child)
         if outcome is not None:
@@ -204,7 +207,7 @@ def settle_child(
     if child is None or child.status not in TERMINAL_STATUSES:
         status = child.status if child is not None else "missing"
         return StepOutcome(
-            "failed",
+            UnitStatus.FAILED,
             error=StepFailed(
                 f"{entry['kind']} {name!r} of {run.reactor_path} did not finish within "
                 f"{entry['timeout']}s (child execution {entry['child']} is {status})",
@@ -231,11 +234,13 @@ def settle_child(
         return None
     run.persist()
     if child.status == ExecutionStatus.HALTED:
-        return StepOutcome("halted", reason=ExecutionState.peek(child.context).ending.halt_reason)
+        return StepOutcome(
+            UnitStatus.HALTED, reason=ExecutionState.peek(child.context).ending.halt_reason
+        )
     error = child_error(
         child, f"{entry['kind']} {name!r} of {run.reactor_path} failed", run.reactor_path, name
     )
-    return StepOutcome("failed", error=error)
+    return StepOutcome(UnitStatus.FAILED, error=error)
 
 
 def child_error(row: Execution, fallback: str, reactor: str, step: str) -> ReactorError:

@@ -31,7 +31,8 @@ from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly
-from reactor_app.engine.executor import ExecutionRun, RunEnd
+from reactor_app.engine.executor import ExecutionRun
+from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
 from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds

@@ -24,6 +24,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder
 from reactor_app.engine.executor import REACTOR_SLOT, input_errors
 from reactor_app.engine.gate import WAITING_PREFIX
+from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
@@ -228,7 +229,7 @@ def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     if error is not None:
         return _failed_call(reactor, inputs, error)
     execution = run_async(reactor, inputs)
-    return Result(status="handed_off", execution_id=str(execution.id))
+    return Result(status=PassEnd.HANDED_OFF.value, execution_id=str(execution.id))
 
 
 def _failed_call(reactor: type[Reactor], inputs: dict[str, Any], error: ReactorError) -> Result:

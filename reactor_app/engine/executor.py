@@ -71,14 +71,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.kinds import (
@@ -102,6 +100,7 @@ from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
+from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
@@ -146,18 +145,6 @@ logger = logging.getLogger(__name__)
 #: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
 #: their labels)
 REACTOR_SLOT = ""
-
-
-@dataclass
-class RunEnd:
-    """How one pass of the main loop ended."""
-
-    status: str
-    value: Any = None
-    error: ReactorError | None = None
-    reason: str | None = None
-    park: ParkRequested | None = None
-    rollback_failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ExecutionRun:
@@ -321,14 +308,14 @@ class ExecutionRun:
             return end
         finally:
             if gate is not None:
-                if not abandoned and end is not None and end.status == "parked":
+                if not abandoned and end is not None and end.status == PassEnd.PARKED:
                     # A park keeps the outer reactor-level holds (see step 5.), lengthened to
                     # cover the park (docs/coordination.md, "Guarantees").
                     kept = gate.suspend(hold_for=kept_hold_cover(self.root.requeue_in))
                     if kept:
                         self.state.continuation.kept_holds = kept
                 else:
-                    gate.exit("park" if abandoned else _release_outcome(end))
+                    gate.exit("park" if abandoned else release_outcome(end))
                 self.gates.remove(gate)
 
     def _unexpected(self, exc: Exception) -> RunEnd:
@@ -348,7 +335,7 @@ class ExecutionRun:
             failures = [
                 {"step": step, "kind": "undo", "reason": "error", "error": {"message": str(again)}}
             ]
-        return RunEnd("failed", error=error, rollback_failures=failures)
+        return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
 
     def execute_async_step(self) -> RunEnd:
         """The body of an ``async_step`` task: one unit, holds owned by this execution's id.
@@ -374,19 +361,21 @@ class ExecutionRun:
             self.execution,
         )
         outcome = self.run_unit(spec, step_class, dict(self.inputs), label)
-        if outcome.status in ("completed", "skipped"):
-            self.state.ending.skipped = outcome.status == "skipped"
-            return RunEnd("succeeded", value=outcome.value)
-        if outcome.status == "halted":
-            return RunEnd("halted", reason=outcome.reason)
-        if outcome.status == "parked":
-            return RunEnd("parked", park=outcome.park)
+        if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
+            self.state.ending.skipped = outcome.status == UnitStatus.SKIPPED
+            return RunEnd(PassEnd.SUCCEEDED, value=outcome.value)
+        if outcome.status == UnitStatus.HALTED:
+            return RunEnd(PassEnd.HALTED, reason=outcome.reason)
+        if outcome.status == UnitStatus.PARKED:
+            return RunEnd(PassEnd.PARKED, park=outcome.park)
         if self._stopped_by_cancel(outcome.error):
             return RunEnd(
-                "cancelled", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+                PassEnd.CANCELLED,
+                error=outcome.error,
+                rollback_failures=list(outcome.rollback_failures),
             )
         return RunEnd(
-            "failed", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+            PassEnd.FAILED, error=outcome.error, rollback_failures=list(outcome.rollback_failures)
         )
 
     def _enter_reactor_gate(self) -> tuple[Gate | None, RunEnd | None]:
@@ -426,11 +415,11 @@ class ExecutionRun:
             if kept:
                 self.state.continuation.kept_holds = kept  # not verified: still the execution's
             self.root.requeue_in = outage_delay(self)
-            return None, RunEnd("parked")
+            return None, RunEnd(PassEnd.PARKED)
         except ParkRequested as parked:
             ceiling = note_park(self, "", parked)
             if ceiling is None:
-                return None, RunEnd("parked", park=parked)
+                return None, RunEnd(PassEnd.PARKED, park=parked)
             parked.gate.abandon_position()
             return None, self._fail_at_gate(ceiling)
         except (CoordinationError, ConfigurationError) as error:
@@ -449,7 +438,7 @@ class ExecutionRun:
                         primitive="period",
                     )
                 )
-            return None, RunEnd("halted", reason=skip.reason)
+            return None, RunEnd(PassEnd.HALTED, reason=skip.reason)
         self.state.continuation.reactor_admitted = True
         self.gates.append(gate)
         return gate, None
@@ -460,7 +449,7 @@ class ExecutionRun:
         failures: list[dict[str, Any]] = []
         if self.state.completed or children_to_settle(self):
             failures = settle_children(self) + roll_back(self)
-        return RunEnd("failed", error=error, rollback_failures=failures)
+        return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
 
     def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
         """An operator's cancel of this execution or of its root (engine.cancel); ``fresh=False``
@@ -488,9 +477,9 @@ class ExecutionRun:
             self.execution.current_step = name
             readers_of = plan.dependencies.get(name, frozenset())
             outcome = await_children(self, readers_of) or self._run_spec(spec)
-            if outcome.status == "dispatched":
+            if outcome.status == UnitStatus.DISPATCHED:
                 continue  # checkpointed with the child; its result is read later
-            if outcome.status in ("completed", "skipped"):
+            if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
                 self.state.results[name] = outcome.value
                 if outcome.record is not None:
                     self.state.completed.append(outcome.record)
@@ -498,14 +487,14 @@ class ExecutionRun:
                 # current_step is where the execution is (or resumes): the next step to run.
                 self.checkpoint(current_step=self._resume_point() or name)
                 if self._hands_off_after(name):
-                    return RunEnd("handed_off")
+                    return RunEnd(PassEnd.HANDED_OFF)
                 continue
-            if outcome.status == "halted":
-                return RunEnd("halted", reason=outcome.reason)
-            if outcome.status == "parked":
-                return RunEnd("parked", park=outcome.park)
-            if outcome.status == "interrupted":
-                return RunEnd("interrupted", reason=outcome.reason)
+            if outcome.status == UnitStatus.HALTED:
+                return RunEnd(PassEnd.HALTED, reason=outcome.reason)
+            if outcome.status == UnitStatus.PARKED:
+                return RunEnd(PassEnd.PARKED, park=outcome.park)
+            if outcome.status == UnitStatus.INTERRUPTED:
+                return RunEnd(PassEnd.INTERRUPTED, reason=outcome.reason)
             failures = list(outcome.rollback_failures)
             failures.extend(settle_children(self))
             failures.extend(roll_back(self))
@@ -513,17 +502,17 @@ class ExecutionRun:
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
                 cancel = self._cancel_request() or {}
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
-                return RunEnd("cancelled", error=error, rollback_failures=failures)
-            return RunEnd("failed", error=outcome.error, rollback_failures=failures)
+                return RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=failures)
+            return RunEnd(PassEnd.FAILED, error=outcome.error, rollback_failures=failures)
         awaited = await_children(self, None)
         if awaited is not None:
-            if awaited.status == "parked":
-                return RunEnd("parked")
-            if awaited.status == "halted":
-                return RunEnd("halted", reason=awaited.reason)
+            if awaited.status == UnitStatus.PARKED:
+                return RunEnd(PassEnd.PARKED)
+            if awaited.status == UnitStatus.HALTED:
+                return RunEnd(PassEnd.HALTED, reason=awaited.reason)
             failures = settle_children(self) + roll_back(self)
-            return RunEnd("failed", error=awaited.error, rollback_failures=failures)
-        return RunEnd("succeeded", value=self._value())
+            return RunEnd(PassEnd.FAILED, error=awaited.error, rollback_failures=failures)
+        return RunEnd(PassEnd.SUCCEEDED, value=self._value())
 
     def _resume_point(self) -> str | None:
         order = self.reactor.plan.order
@@ -554,10 +543,10 @@ class ExecutionRun:
                 StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1).finished(
                     EngineEvent.STEP_SKIPPED, reason="where"
                 )
-                return StepOutcome("skipped", reason="where")
+                return StepOutcome(UnitStatus.SKIPPED, reason="where")
         except Exception as exc:
             return StepOutcome(
-                "failed",
+                UnitStatus.FAILED,
                 error=StepFailed(
                     f"where= of step {spec.name!r} of {self.reactor_path} raised "
                     f"{type(exc).__name__}: {exc}",
@@ -573,7 +562,7 @@ class ExecutionRun:
         try:
             args = resolve_arguments(spec, self.scope(), self.reactor_path)
         except ArgumentResolutionError as error:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec)):
             return dispatch_child(self, spec, args)
         if isinstance(spec, ComposeSpec):
@@ -591,7 +580,7 @@ class ExecutionRun:
         try:
             validate_arguments(step_class, args, self.reactor_path, label)
         except InputValidationError as error:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         try:
             # keys known only now (from results, per element) may be held by the execution
             # that handed this one off: waiting for them would wait for ourselves
@@ -600,7 +589,7 @@ class ExecutionRun:
             StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
                 EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
             )
-            return StepOutcome("failed", error=refused)
+            return StepOutcome(UnitStatus.FAILED, error=refused)
         runner = UnitRunner(
             self,
             step_class,
@@ -612,18 +601,18 @@ class ExecutionRun:
             position_slot=label,
         )
         outcome = runner.execute(park=self.park_on_contention)
-        if outcome.status == "parked" and outcome.retry_in is not None:
+        if outcome.status == UnitStatus.PARKED and outcome.retry_in is not None:
             # a failure retry's backoff or a coordination outage: a requeue, not contention
             self.root.requeue_in = outcome.retry_in
             return outcome
-        if outcome.status == "parked" and outcome.park is not None:
+        if outcome.status == UnitStatus.PARKED and outcome.park is not None:
             ceiling = note_park(self, label, outcome.park)
             if ceiling is not None:
                 outcome.park.gate.abandon_position()  # the line must not wait for this one
                 StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
                     EngineEvent.STEP_FAILED, error=ceiling.as_dict(), body_started=False
                 )
-                return StepOutcome("failed", error=ceiling)
+                return StepOutcome(UnitStatus.FAILED, error=ceiling)
             self._record_park(label, outcome.park)
         return outcome
 
@@ -647,7 +636,7 @@ class ExecutionRun:
             # (written within the freshness bound); only the superseded progress is dropped.
             get_writer().forget_progress(self.execution.pk)
         now = timezone.now()
-        if end.status == "succeeded":
+        if end.status == PassEnd.SUCCEEDED:
             self.persist(
                 status=ExecutionStatus.SUCCEEDED,
                 result=encode(end.value, strict=False, where="the result"),
@@ -655,11 +644,11 @@ class ExecutionRun:
                 current_step="",
             )
             emit_engine(EngineEvent.EXECUTION_SUCCEEDED, self.execution, value=end.value)
-        elif end.status == "halted":
+        elif end.status == PassEnd.HALTED:
             self.state.ending.halted, self.state.ending.halt_reason = True, end.reason
             self.persist(status=ExecutionStatus.HALTED, finished_at=now)
             emit_engine(EngineEvent.EXECUTION_HALTED, self.execution, reason=end.reason)
-        elif end.status == "failed":
+        elif end.status == PassEnd.FAILED:
             self.persist(
                 status=ExecutionStatus.FAILED,
                 error=end.error.as_dict() if end.error else None,
@@ -667,7 +656,7 @@ class ExecutionRun:
                 finished_at=now,
             )
             emit_engine(EngineEvent.EXECUTION_FAILED, self.execution, error=end.error)
-        elif end.status == "cancelled":
+        elif end.status == PassEnd.CANCELLED:
             self.persist(
                 status=ExecutionStatus.CANCELLED,
                 error=end.error.as_dict() if end.error else None,
@@ -675,7 +664,7 @@ class ExecutionRun:
                 finished_at=now,
             )
             emit_engine(EngineEvent.EXECUTION_CANCELLED, self.execution, error=end.error)
-        elif end.status == "parked":
+        elif end.status == PassEnd.PARKED:
             if self.requeue_in is not None:
                 requeue_at = now + timedelta(seconds=self.requeue_in)
                 self.state.continuation.requeue_at = requeue_at.isoformat()
@@ -684,46 +673,27 @@ class ExecutionRun:
             self.state.continuation.requeue_token = uuid.uuid4().hex
             self.persist(status=ExecutionStatus.PARKED)
             emit_engine(EngineEvent.EXECUTION_PARKED, self.execution)
-        elif end.status == "interrupted":
+        elif end.status == PassEnd.INTERRUPTED:
             self.persist(
                 status=ExecutionStatus.INTERRUPTED,
                 correlation_id=self.execution.correlation_id,
                 current_step=end.reason or self.execution.current_step,
             )
             emit_engine(EngineEvent.EXECUTION_INTERRUPTED, self.execution, step=end.reason)
-        elif end.status == "handed_off":
+        elif end.status == PassEnd.HANDED_OFF:
             # the worker that picks it up emits execution_resumed
             self.state.origin.worker = True
             self.persist(status=ExecutionStatus.PENDING)
 
     def result(self, end: RunEnd) -> Result:
         return Result(
-            status=end.status,
-            value=end.value if end.status == "succeeded" else None,
+            status=end.status.value,
+            value=end.value if end.status == PassEnd.SUCCEEDED else None,
             error=end.error,
             execution_id=self.execution_id,
             rollback_failures=end.rollback_failures,
-            halt_reason=end.reason if end.status == "halted" else None,
+            halt_reason=end.reason if end.status == PassEnd.HALTED else None,
         )
-
-
-def _release_outcome(end: RunEnd | None) -> ReleaseOutcome:
-    if end is None or end.status == "failed":
-        return "failure"
-    return _RELEASE_OUTCOMES.get(end.status, "failure")
-
-
-_RELEASE_OUTCOMES: dict[str, ReleaseOutcome] = {
-    "succeeded": "success",
-    "halted": "halt",
-    # the execution is not over: give the holds back, keep the ordered position (a parked
-    # pass suspends its reactor gate instead, keeping its locks and semaphores: ``execute``)
-    "parked": "park",
-    "interrupted": "park",
-    "handed_off": "park",
-    # ends the run without failing a strict ordered line or marking a period bucket
-    "cancelled": "halt",
-}
 
 
 def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
@@ -763,7 +733,7 @@ def run_inline(run: ExecutionRun) -> Result:
     """One pass in this process; a ``background = "after:..."`` hand-off enqueues the rest."""
     end = run.execute()
     run.finish(end)
-    if end.status == "handed_off":
+    if end.status == PassEnd.HANDED_OFF:
         from reactor_app.engine.enqueueing import enqueue_on_commit
 
         enqueue_on_commit(run.execution.id)

@@ -604,7 +604,7 @@ class Gate:
 
 
 #: release outcomes that end an ordered-lock position (see release.lua)
-TERMINAL_OUTCOMES = frozenset({"success", "failure", "halt", "rollback"})
+TERMINAL_OUTCOMES: frozenset[Outcome] = frozenset({"success", "failure", "halt", "rollback"})
 
 
 #: waiter ids of worker deliveries waiting in-process (woken by PUBLISH, never re-enqueued)

@@ -22,6 +22,7 @@ from django.utils.dateparse import parse_datetime
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
+from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
 from reactor_app.engine.state import ExecutionState, InterruptEntry
 from reactor_app.exceptions import ExecutionNotResumable
@@ -56,7 +57,7 @@ def resume(reactor: type[Reactor], execution_id: Any, *, step: str | None, paylo
     try:
         execution = _take_interrupt(reactor, execution_id, step, payload, background)
         if background:
-            return Result(status="handed_off", execution_id=str(execution.id))
+            return Result(status=PassEnd.HANDED_OFF.value, execution_id=str(execution.id))
         assert claim is not None
         claim.start_renewal()
         run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs))

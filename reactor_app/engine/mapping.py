@@ -48,6 +48,7 @@ from reactor_app.engine.children import (
     run_child,
     start_worker_child,
 )
+from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
 from reactor_app.engine.state import CompletedStep, ExecutionState, MapElement
@@ -73,7 +74,7 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
     def bad_over(problem: str) -> StepOutcome:
         # an unreadable and a non-list ``over`` fail alike, naming the argument and its source
         return StepOutcome(
-            "failed",
+            UnitStatus.FAILED,
             error=ArgumentResolutionError(
                 f"map_step {spec.name!r} of {run.reactor_path}: "
                 f"over={spec.over.describe()}{problem}",
@@ -106,13 +107,13 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
                 default_to_inputs=not spec.is_reactor,
             )
         except ArgumentResolutionError as error:
-            outcome = StepOutcome("failed", error=error)
+            outcome = StepOutcome(UnitStatus.FAILED, error=error)
         else:
             if spec.is_reactor:
                 outcome = run_child(run, spec.target, args, label=label)
             else:
                 outcome = run.run_unit(spec, spec.target, args, label)
-        if outcome.status == "completed":
+        if outcome.status == UnitStatus.COMPLETED:
             record = outcome.record
             progress["elements"].append(
                 {
@@ -122,23 +123,23 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
                     "child_execution": record.child_execution if record else None,
                 }
             )
-        if outcome.status in ("completed", "skipped"):
+        if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
             progress["values"].append(outcome.value)
             progress["index"] += 1
             run.persist()
             continue
-        if outcome.status == "failed":
+        if outcome.status == UnitStatus.FAILED:
             # Roll back the iterations that completed, newest first, then fail the step.
             partial = CompletedStep(step=spec.name, kind="map", elements=progress["elements"])
             failures = list(outcome.rollback_failures) + undo_record(run, partial)
             run.state.children.progress().pop(spec.name, None)
-            return StepOutcome("failed", error=outcome.error, rollback_failures=failures)
+            return StepOutcome(UnitStatus.FAILED, error=outcome.error, rollback_failures=failures)
         return outcome  # parked or halted: keep the progress for a resume
     run.state.children.progress().pop(spec.name, None)
     record = CompletedStep(
         step=spec.name, kind="map", elements=progress["elements"], result=progress["values"]
     )
-    return StepOutcome("completed", value=progress["values"], record=record)
+    return StepOutcome(UnitStatus.COMPLETED, value=progress["values"], record=record)
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,7 +164,9 @@ def run_parallel(
         entry = pending.get(spec.name)
         if entry is None:  # no elements: nothing was started
             return StepOutcome(
-                "completed", value=[], record=CompletedStep(step=spec.name, kind="map", result=[])
+                UnitStatus.COMPLETED,
+                value=[],
+                record=CompletedStep(step=spec.name, kind="map", result=[]),
             )
     ids = [element["execution"] for element in entry["elements"]]
     rows = {str(row.id): row for row in Execution.objects.filter(pk__in=ids)}
@@ -175,7 +178,7 @@ def run_parallel(
         # elements run long (the contention backoff; never counted as contention).
         entry["looks"] = int(entry.get("looks", 0)) + 1
         run.root.requeue_in = backoff_seconds(entry["looks"])
-        return StepOutcome("parked", reason=f"awaiting the elements of {spec.name}")
+        return StepOutcome(UnitStatus.PARKED, reason=f"awaiting the elements of {spec.name}")
     pending.pop(spec.name)
     return _join(run, spec, entry["elements"], rows)
 
@@ -196,14 +199,14 @@ def _fan_out(
             )
             validate_arguments(step_class, args, run.reactor_path, label)
         except (ArgumentResolutionError, InputValidationError) as error:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         try:
             guard_hand_off(run, spec, args)
         except CoordinationError as refused:  # HandOffRefused, or a key function that raised
             StepRecorder(run.execution, label, StepRunKind.RUN, 1).finished(
                 EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
             )
-            return StepOutcome("failed", error=refused)
+            return StepOutcome(UnitStatus.FAILED, error=refused)
         prepared.append((label, args))
     if not prepared:
         return None
@@ -243,7 +246,7 @@ def _join(
             values.append(decode(row.result))
         elif row is not None and row.status == ExecutionStatus.HALTED:
             reason = ExecutionState.peek(row.context).ending.halt_reason
-            halted = halted or StepOutcome("halted", reason=reason)
+            halted = halted or StepOutcome(UnitStatus.HALTED, reason=reason)
         elif failure is None:
             failure = _element_failure(run, spec, element, row)
     done = completed_elements(elements, rows)
@@ -254,7 +257,7 @@ def _join(
     if halted is not None:
         return halted  # as a sequential map's halted element: no rollback
     record = CompletedStep(step=spec.name, kind="map", elements=done, result=values)
-    return StepOutcome("completed", value=values, record=record)
+    return StepOutcome(UnitStatus.COMPLETED, value=values, record=record)
 
 
 def _element_failure(
@@ -268,8 +271,10 @@ def _element_failure(
             reactor=run.reactor_path,
             step=label,
         )
-        return StepOutcome("failed", error=missing)
+        return StepOutcome(UnitStatus.FAILED, error=missing)
     error = child_error(
         row, f"element {label} of {run.reactor_path} ended {row.status}", run.reactor_path, label
     )
-    return StepOutcome("failed", error=error, rollback_failures=list(row.rollback_failures or []))
+    return StepOutcome(
+        UnitStatus.FAILED, error=error, rollback_failures=list(row.rollback_failures or [])
+    )
