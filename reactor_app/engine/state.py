@@ -47,17 +47,6 @@ KEPT_HOLDS = "kept_holds"
 # entries (JSON objects)
 
 
-class CompletedStepJSON(TypedDict):
-    """``CompletedStep`` as stored (``vars`` of the dataclass)."""
-
-    step: str
-    kind: str
-    args: dict[str, Any]
-    result: Any
-    child_execution: str | None
-    elements: list[dict[str, Any]]
-
-
 @dataclass
 class CompletedStep:
     """One entry of the rollback log: a step that completed and may need undoing."""
@@ -283,6 +272,8 @@ def _load(cls: type[_Part], data: dict[str, Any]) -> _Part:
 
 @dataclass
 class ExecutionState:
+    """What a later pass of the execution resumes from (see the module docstring)."""
+
     results: dict[str, Any] = field(default_factory=dict)
     completed: list[CompletedStep] = field(default_factory=list)
     ordered: dict[str, dict[str, Any]] = field(default_factory=dict)
