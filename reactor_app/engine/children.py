@@ -33,6 +33,7 @@ from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.runner import StepOutcome, validate_arguments
 from reactor_app.engine.state import (
     AsyncChild,
+    ChildKind,
     CompletedStep,
     DispatchMarker,
     ExecutionState,
@@ -106,6 +107,7 @@ def dispatch_child(
     run: ExecutionRun, spec: AsyncStepSpec | AsyncReactorSpec, args: dict[str, Any]
 ) -> StepOutcome:
     """Create the child execution and enqueue it after commit; nothing held is handed on."""
+    kind: ChildKind
     if isinstance(spec, AsyncStepSpec):
         step_class = spec.step_class()
         assert step_class is not None

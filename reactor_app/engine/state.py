@@ -28,7 +28,7 @@ parent reading a child) without decoding results.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, NotRequired, TypedDict, TypeVar
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from reactor_app.models import CONTEXT_SCHEMA_VERSION
 from reactor_app.serialization import decode, encode
@@ -46,13 +46,18 @@ KEPT_HOLDS = "kept_holds"
 # --------------------------------------------------------------------------------------------
 # entries (JSON objects)
 
+#: what a rollback-log entry undoes: one step, a composed child, or a map's elements
+RecordKind = Literal["step", "compose", "map"]
+#: what a child delivery runs: one step of its parent's reactor, or a reactor of its own
+ChildKind = Literal["async_step", "async_reactor"]
+
 
 @dataclass
 class CompletedStep:
     """One entry of the rollback log: a step that completed and may need undoing."""
 
     step: str
-    kind: str  # "step" | "compose" | "map"
+    kind: RecordKind
     args: dict[str, Any] = field(default_factory=dict)
     result: Any = None
     child_execution: str | None = None
@@ -63,7 +68,7 @@ class DispatchMarker(TypedDict):
     """What a child delivery runs: ``kind="async_step"`` runs one step of its reactor (a
     parallel map's element names its label); ``"async_reactor"`` the whole reactor."""
 
-    kind: str
+    kind: ChildKind
     step: str
     label: NotRequired[str]
 
@@ -81,7 +86,7 @@ class AsyncChild(TypedDict):
     """A dispatched ``async_step`` / ``async_reactor`` whose result is not read yet."""
 
     child: str
-    kind: str
+    kind: ChildKind
     args: dict[str, Any]
     timeout: float
 
