@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 class ReactorError(Exception):
     """A reactor_app error occurred."""
 
-    #: names of the structured attributes this class carries
+    #: names of the structured attributes this class carries; ``__init__`` sets them. Each
+    #: class also declares them as annotations, so that reading one is type-checked.
     field_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, message: str | None = None, **fields: Any) -> None:
@@ -31,6 +32,14 @@ class ReactorError(Exception):
     def as_dict(self) -> dict[str, Any]:
         """The error as stored on an execution and served by the API."""
         return {"type": type(self).__name__, "message": self.message, **self.fields()}
+
+    def fill_location(self, *, reactor: str | None, step: str | None) -> None:
+        """Name the reactor and step where this error was raised, for a class that carries
+        those fields and was raised without them (by a step body, which does not know its
+        label). Which fields a class has is only known at run time, hence the lookups."""
+        for name, value in (("step", step), ("reactor", reactor)):
+            if getattr(self, name, "absent") is None:
+                setattr(self, name, value)
 
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self.message, {**self.fields(), **self.extra}))
@@ -56,18 +65,24 @@ class DefinitionError(ReactorError):
     """The reactor or step definition is invalid."""
 
     field_names: ClassVar[tuple[str, ...]] = ("owner", "option")
+    owner: Any
+    option: str | None
 
 
 class ConfigurationError(ReactorError):
     """A REACTOR_* setting is invalid."""
 
     field_names: ClassVar[tuple[str, ...]] = ("setting",)
+    setting: str | None
 
 
 class InputValidationError(ReactorError):
     """The inputs or arguments did not validate."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "field_errors")
+    reactor: str | None
+    step: str | None
+    field_errors: dict[str, Any] | None
 
 
 class InputNotSerializable(InputValidationError, TypeError):
@@ -78,48 +93,68 @@ class IdempotencyKeyReused(InputValidationError):
     """The idempotency key was already used for a different call."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "field_errors", "execution_id")
+    execution_id: str | None
 
 
 class ReactorNotRegistered(ConfigurationError):
     """The reactor of this execution cannot be imported in this process."""
 
     field_names: ClassVar[tuple[str, ...]] = ("setting", "reactor", "cause")
+    reactor: str | None
+    cause: Any
 
 
 class ArgumentResolutionError(ReactorError):
     """A step argument could not be resolved."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "argument", "source")
+    reactor: str | None
+    step: str | None
+    argument: str | None
+    source: str | None
 
 
 class StepFailed(ReactorError):
     """A step failed."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause")
+    reactor: str | None
+    step: str | None
+    cause: Any
 
 
 class RetriesExhausted(StepFailed):
     """A step failed on every attempt."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause", "attempts")
+    attempts: int | None
 
 
 class CompensationFailed(ReactorError):
     """A step's compensation failed."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause")
+    reactor: str | None
+    step: str | None
+    cause: Any
 
 
 class UndoFailed(ReactorError):
     """A step's undo failed."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "cause")
+    reactor: str | None
+    step: str | None
+    cause: Any
 
 
 class ExecutionNotResumable(ReactorError):
     """The execution is not waiting at that interrupt."""
 
     field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
+    execution_id: str | None
+    step: str | None
+    status: str | None
 
 
 class ExecutionNotRetryable(ReactorError):
@@ -127,24 +162,38 @@ class ExecutionNotRetryable(ReactorError):
     retried, or an unknown step)."""
 
     field_names: ClassVar[tuple[str, ...]] = ("execution_id", "step", "status")
+    execution_id: str | None
+    step: str | None
+    status: str | None
 
 
 class ExecutionCancelled(ReactorError):
     """The execution was cancelled by an operator; its completed steps were rolled back."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "execution_id", "reason", "by")
+    reactor: str | None
+    step: str | None
+    execution_id: str | None
+    reason: str | None
+    by: str | None
 
 
 class ExecutionNotCancellable(ReactorError):
     """The execution has already ended (succeeded, failed, halted or cancelled)."""
 
     field_names: ClassVar[tuple[str, ...]] = ("execution_id", "status")
+    execution_id: str | None
+    status: str | None
 
 
 class CoordinationError(ReactorError):
     """Coordination refused or could not run the work."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive")
+    reactor: str | None
+    step: str | None
+    key: str | None
+    primitive: str | None
 
 
 class LockAcquisitionError(CoordinationError):
@@ -158,6 +207,8 @@ class LockAcquisitionError(CoordinationError):
         "retry_after",
         "holder",
     )
+    retry_after: float | None
+    holder: Any
 
 
 class SemaphoreAcquisitionError(CoordinationError):
@@ -171,6 +222,8 @@ class SemaphoreAcquisitionError(CoordinationError):
         "retry_after",
         "limit",
     )
+    retry_after: float | None
+    limit: int | None
 
 
 class RateLimitExceeded(CoordinationError):
@@ -185,6 +238,9 @@ class RateLimitExceeded(CoordinationError):
         "limit",
         "period",
     )
+    retry_after: float | None
+    limit: int | None
+    period: Any
 
 
 class OrderedLockWaitError(CoordinationError):
@@ -199,6 +255,9 @@ class OrderedLockWaitError(CoordinationError):
         "last_completed",
         "retry_after",
     )
+    nonce: Any
+    last_completed: Any
+    retry_after: float | None
 
 
 class PeriodInFlightError(CoordinationError):
@@ -213,12 +272,16 @@ class PeriodInFlightError(CoordinationError):
         "holder",
         "bucket",
     )
+    retry_after: float | None
+    holder: Any
+    bucket: Any
 
 
 class CoordinationKeyError(CoordinationError):
     """The coordination key function raised or returned nothing."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
+    cause: Any
 
 
 class RateLimitCostError(CoordinationKeyError):
@@ -235,27 +298,34 @@ class RateLimitCostError(CoordinationKeyError):
         "limit",
         "period",
     )
+    cost: Any
+    limit: int | None
+    period: Any
 
 
 class ContentionCeilingExceeded(CoordinationError):
     """The step was parked on contention more times than REACTOR_CONTENTION_CEILING allows."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "attempts")
+    attempts: int | None
 
 
 class HandOffRefused(CoordinationError):
     """Handing this work to another process would deadlock on a key the execution holds."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "holder")
+    holder: Any
 
 
 class CoordinationUnavailable(CoordinationError):
     """The coordination store is unreachable; the protected work did not run."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
+    cause: Any
 
 
 class LeaseLost(CoordinationError):
     """The lock's lease could not be renewed; the key may now belong to someone else."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "token")
+    token: int | None

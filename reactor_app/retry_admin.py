@@ -27,7 +27,7 @@ from django.urls import reverse
 
 from reactor_app.admin_views import OPERATE_PERMISSION, can_operate
 from reactor_app.dsl.registry import lookup
-from reactor_app.engine.context import ExecutionState
+from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable, ReactorNotRegistered
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
@@ -58,9 +58,15 @@ def _retry(
     model_admin: ModelAdmin, request: HttpRequest, failed: Execution, step: str | None
 ) -> Execution:
     retried = failed.retry(from_step=step, on_worker=True, by=request.user.get_username())
-    from_step = retried.context["retry"]["from_step"]
+    from_step = _retried_from(retried)
     model_admin.log_change(request, failed, f"Retried from step {from_step!r} as {retried.pk}.")
     return retried
+
+
+def _retried_from(retried: Execution) -> str:
+    origin = ExecutionState.peek(retried.context).origin.retry
+    assert origin is not None  # engine.retry notes it on every retry
+    return origin["from_step"]
 
 
 class RetryForm(forms.Form):
@@ -99,7 +105,7 @@ def retry_page(model_admin: ModelAdmin, request: HttpRequest, object_id: str) ->
             return HttpResponseRedirect(_change_url(failed))
         messages.success(
             request,
-            f"retrying {failed.pk} from step {retried.context['retry']['from_step']!r} as "
+            f"retrying {failed.pk} from step {_retried_from(retried)!r} as "
             f"{retried.pk} on a worker",
         )
         return HttpResponseRedirect(_change_url(retried))

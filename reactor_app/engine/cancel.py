@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.engine.outcomes import PassEnd, RunEnd
+from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import (
     ConfigurationError,
     ExecutionCancelled,
@@ -52,7 +54,7 @@ from reactor_app.exceptions import (
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 
 if TYPE_CHECKING:
-    from reactor_app.engine.executor import ExecutionRun, RunEnd
+    from reactor_app.engine.executor import ExecutionRun
     from reactor_app.models import Execution
 
 logger = logging.getLogger(__name__)
@@ -192,7 +194,6 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     gate, or the canceller of an idle execution) the holds it kept across a park, its registry
     entries and its ordered positions are let go here, after the rollback."""
     from reactor_app.engine.children import children_to_settle, settle_children
-    from reactor_app.engine.executor import RunEnd
     from reactor_app.engine.rollback import roll_back
 
     failures: list[dict[str, Any]] = []
@@ -205,7 +206,7 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     if not gate_held:
         _let_go(run)
     error = cancelled_error(request, run.execution_id, reactor=run.reactor_path)
-    return RunEnd("cancelled", error=error, rollback_failures=failures)
+    return RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=failures)
 
 
 def _let_go(run: ExecutionRun) -> None:
@@ -223,14 +224,14 @@ def _let_go(run: ExecutionRun) -> None:
     )
     from reactor_app.coordination.registry import HoldRegistry
     from reactor_app.engine.enqueueing import wake
-    from reactor_app.engine.executor import KEPT_HOLDS
     from reactor_app.engine.sweeper import kept_hold
     from reactor_app.models import ContentionState
 
     coordinator = Coordinator()
     holder = Holder(owner=run.owner, execution_id=run.execution_id, reactor=run.reactor_path)
     woken: list[str] = []
-    kept = [h for e in run.state.extra.pop(KEPT_HOLDS, None) or [] if (h := kept_hold(e))]
+    kept_entries, run.state.continuation.kept_holds = run.state.continuation.kept_holds, None
+    kept = [h for e in kept_entries or [] if (h := kept_hold(e))]
     if kept:
         try:
             woken += coordinator.release(Admitted(holds=kept, holder=holder), "halt").woken
@@ -343,7 +344,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
 
 
 def _refuse_ended(execution: Execution) -> None:
-    if execution.parent_id and not (execution.context or {}).get("dispatch"):
+    if execution.parent_id and not ExecutionState.peek(execution.context).origin.dispatch:
         # A composed child (or a map element run as a reactor) is a part of its root's run,
         # which would just run it again: the tree is what can be cancelled.
         root = execution.root_id or execution.parent_id

@@ -2,11 +2,11 @@
 
 * ``compose(Child, ...)`` (``run_child``): the child runs the same main loop in this process,
   as part of this tree — the root's owner, the root's held-key registry — and of its rollback.
-  A child that parks parks the tree; its id is kept under ``state.extra["children"]`` so the
+  A child that parks parks the tree; its id is kept in ``state.children.composed`` so the
   next pass continues the same child execution.
 * ``async_step`` / ``async_reactor`` (``dispatch_child``): after the hand-off guard, a child
   execution row is created and its task enqueued after commit; nothing held is handed on. The
-  step is checkpointed as dispatched (``state.extra["async"]``) and the loop moves on.
+  step is checkpointed as dispatched (``state.children.pending_async``) and the loop moves on.
 * Reading a child's result (``await_children``): a synchronous run blocks on the row up to the
   step's ``result_timeout``; a worker delivery parks — holding nothing of the child — and the
   child's delivery wakes it when it ends (``engine.dispatch``). ``settle_child`` turns a finished
@@ -28,9 +28,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
-from reactor_app.engine.context import CompletedStep, ExecutionState, to_json
+from reactor_app.engine.outcomes import PassEnd, UnitStatus
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.runner import StepOutcome, validate_arguments
+from reactor_app.engine.state import (
+    AsyncChild,
+    ChildKind,
+    CompletedStep,
+    DispatchMarker,
+    ExecutionState,
+    MapElement,
+)
 from reactor_app.engine.worker import guard_hand_off
 from reactor_app.exceptions import (
     CoordinationError,
@@ -39,7 +47,7 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import decode, encode
+from reactor_app.serialization import decode, encode, to_json
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder
 
@@ -48,10 +56,6 @@ if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
 
 
-#: ``state.extra`` key: the element executions of each parallel map step still being joined
-#: (``engine.mapping.run_parallel``)
-MAP_ELEMENTS = "map_parallel"
-
 #: seconds a rollback waits for a parallel map's running elements before reporting them
 ELEMENT_SETTLE_TIMEOUT = 300.0
 
@@ -59,14 +63,14 @@ ELEMENT_SETTLE_TIMEOUT = 300.0
 def run_child(
     run: ExecutionRun, reactor: type[Reactor], inputs: dict[str, Any], *, label: str
 ) -> StepOutcome:
-    known = run.state.extra.setdefault("children", {})
+    known = run.state.children.composed_runs()
     child: ExecutionRun | None = None
     if label in known:
         child = run.child_run(known[label])
     if child is None:
         error = input_errors(reactor, inputs)
         if error is not None:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         execution = Execution.objects.start(
             reactor=reactor.path(),
             inputs=encode(inputs, strict=False, where="inputs"),
@@ -78,7 +82,7 @@ def run_child(
         known[label] = child.execution_id
     end = child.execute()
     child.finish(end)
-    if end.status == "succeeded":
+    if end.status == PassEnd.SUCCEEDED:
         known.pop(label, None)
         record = CompletedStep(
             step=label,
@@ -87,32 +91,35 @@ def run_child(
             result=end.value,
             child_execution=child.execution_id,
         )
-        return StepOutcome("completed", value=end.value, record=record)
-    if end.status == "parked":
-        return StepOutcome("parked", park=end.park)
-    if end.status == "halted":
+        return StepOutcome(UnitStatus.COMPLETED, value=end.value, record=record)
+    if end.status == PassEnd.PARKED:
+        return StepOutcome(UnitStatus.PARKED, park=end.park)
+    if end.status == PassEnd.HALTED:
         known.pop(label, None)
-        return StepOutcome("halted", reason=end.reason)
+        return StepOutcome(UnitStatus.HALTED, reason=end.reason)
     known.pop(label, None)
-    return StepOutcome("failed", error=end.error, rollback_failures=list(end.rollback_failures))
+    return StepOutcome(
+        UnitStatus.FAILED, error=end.error, rollback_failures=list(end.rollback_failures)
+    )
 
 
 def dispatch_child(
     run: ExecutionRun, spec: AsyncStepSpec | AsyncReactorSpec, args: dict[str, Any]
 ) -> StepOutcome:
     """Create the child execution and enqueue it after commit; nothing held is handed on."""
+    kind: ChildKind
     if isinstance(spec, AsyncStepSpec):
         step_class = spec.step_class()
         assert step_class is not None
         try:
             validate_arguments(step_class, args, run.reactor_path, spec.name)
         except InputValidationError as invalid:
-            return StepOutcome("failed", error=invalid)
+            return StepOutcome(UnitStatus.FAILED, error=invalid)
         reactor_path, kind = run.reactor_path, "async_step"
     else:
         wrong_inputs = input_errors(spec.target, args)
         if wrong_inputs is not None:
-            return StepOutcome("failed", error=wrong_inputs)
+            return StepOutcome(UnitStatus.FAILED, error=wrong_inputs)
         reactor_path, kind = spec.target.path(), "async_reactor"
     try:
         guard_hand_off(run, spec, args)
@@ -120,7 +127,7 @@ def dispatch_child(
         StepRecorder(run.execution, spec.name, StepRunKind.RUN, 1).finished(
             EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
         )
-        return StepOutcome("failed", error=refused)
+        return StepOutcome(UnitStatus.FAILED, error=refused)
     with transaction.atomic():
         child_id = start_worker_child(
             run,
@@ -131,7 +138,7 @@ def dispatch_child(
             # an async step belongs to this tree; an async reactor is a tree of its own
             root_id=run.root.execution.id if kind == "async_step" else None,
         )
-        run.state.extra.setdefault("async", {})[spec.name] = {
+        run.state.children.async_children()[spec.name] = {
             "child": str(child_id),
             "kind": kind,
             "args": to_json(args),
@@ -139,7 +146,7 @@ def dispatch_child(
         }
         run.state.next_index += 1
         run.persist(current_step=spec.name)
-    return StepOutcome("dispatched")
+    return StepOutcome(UnitStatus.DISPATCHED)
 
 
 def start_worker_child(
@@ -147,12 +154,12 @@ def start_worker_child(
     *,
     reactor_path: str,
     args: dict[str, Any],
-    marker: dict[str, Any],
+    marker: DispatchMarker,
     parent: Execution,
     root_id: Any,
 ) -> uuid.UUID:
     """Create a pending child execution for a worker and enqueue it once the caller's
-    transaction commits (so the worker finds the row). ``marker`` (``state.extra["dispatch"]``)
+    transaction commits (so the worker finds the row). ``marker`` (``state.origin.dispatch``)
     tells the delivery what to run: ``kind="async_step"`` runs one step of ``reactor_path``
     (``ExecutionRun.execute_async_step``), owned by the child's own id; ``root_id`` None makes
     the child a tree of its own (``async_reactor``)."""
@@ -160,8 +167,8 @@ def start_worker_child(
 
     child_id = uuid.uuid4()
     context = ExecutionState()
-    context.extra["worker"] = True
-    context.extra["dispatch"] = marker
+    context.origin.worker = True
+    context.origin.dispatch = marker
     Execution.objects.start(
         id=child_id,
         reactor=reactor_path,
@@ -182,13 +189,13 @@ def await_children(run: ExecutionRun, names: frozenset[str] | None) -> StepOutco
     None when every one is settled and succeeded; else the outcome for the reader: parked
     (worker, a child still running), failed (a child failed, or timed out) or halted.
     """
-    pending = run.state.extra.get("async") or {}
+    pending = run.state.children.pending_async or {}
     for name in [n for n in pending if names is None or n in names]:
         entry = pending[name]
         child = Execution.objects.filter(pk=entry["child"]).first()
         if child is not None and child.status not in TERMINAL_STATUSES:
             if run.park_on_contention:
-                return StepOutcome("parked", reason=f"awaiting {name}")
+                return StepOutcome(UnitStatus.PARKED, reason=f"awaiting {name}")
             child = block_on(child, float(entry["timeout"]))
         outcome = settle_child(run, name, entry, child)
         if outcome is not None:
@@ -197,12 +204,12 @@ def await_children(run: ExecutionRun, names: frozenset[str] | None) -> StepOutco
 
 
 def settle_child(
-    run: ExecutionRun, name: str, entry: dict[str, Any], child: Execution | None
+    run: ExecutionRun, name: str, entry: AsyncChild, child: Execution | None
 ) -> StepOutcome | None:
     if child is None or child.status not in TERMINAL_STATUSES:
         status = child.status if child is not None else "missing"
         return StepOutcome(
-            "failed",
+            UnitStatus.FAILED,
             error=StepFailed(
                 f"{entry['kind']} {name!r} of {run.reactor_path} did not finish within "
                 f"{entry['timeout']}s (child execution {entry['child']} is {status})",
@@ -210,10 +217,10 @@ def settle_child(
                 step=name,
             ),
         )
-    run.state.extra["async"].pop(name)
+    run.state.children.async_children().pop(name)
     if child.status == ExecutionStatus.SUCCEEDED:
         run.state.results[name] = decode(child.result)
-        skipped = (child.context or {}).get("skipped")
+        skipped = ExecutionState.peek(child.context).ending.skipped
         if entry["kind"] == "async_step" and not skipped:
             # an async step is part of this saga: undone if a later step fails
             run.state.completed.append(
@@ -229,27 +236,35 @@ def settle_child(
         return None
     run.persist()
     if child.status == ExecutionStatus.HALTED:
-        return StepOutcome("halted", reason=(child.context or {}).get("halt_reason"))
-    error = error_from_dict(child.error)
-    if not isinstance(error, ReactorError):
-        error = StepFailed(
-            f"{entry['kind']} {name!r} of {run.reactor_path} failed",
-            reactor=run.reactor_path,
-            step=name,
+        return StepOutcome(
+            UnitStatus.HALTED, reason=ExecutionState.peek(child.context).ending.halt_reason
         )
-    return StepOutcome("failed", error=error)
+    error = child_error(
+        child, f"{entry['kind']} {name!r} of {run.reactor_path} failed", run.reactor_path, name
+    )
+    return StepOutcome(UnitStatus.FAILED, error=error)
+
+
+def child_error(row: Execution, fallback: str, reactor: str, step: str) -> ReactorError:
+    """The error of a child execution that did not succeed (an async child, a parallel map's
+    element): the one on its row, or a ``StepFailed`` saying ``fallback`` when the row has
+    none the engine can rebuild (a cancelled child, an error of a class unknown here)."""
+    error = error_from_dict(row.error)
+    if isinstance(error, ReactorError):
+        return error
+    return StepFailed(fallback, reactor=reactor, step=step)
 
 
 def children_to_settle(run: ExecutionRun) -> bool:
     """Whether a rollback of ``run`` has children to wait for first (``settle_children``)."""
-    return bool(run.state.extra.get("async") or run.state.extra.get(MAP_ELEMENTS))
+    return bool(run.state.children.pending_async or run.state.children.parallel_maps)
 
 
 def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
     """Before a rollback: wait for running async steps so that their successes are undone
     too (rollback never parks, so a worker blocks here as well)."""
     failures: list[dict[str, Any]] = []
-    pending = run.state.extra.get("async") or {}
+    pending = run.state.children.pending_async or {}
     for name in list(pending):
         entry = pending[name]
         child = Execution.objects.filter(pk=entry["child"]).first()
@@ -278,7 +293,7 @@ def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
     from reactor_app.engine.rollback import undo_record
 
     failures: list[dict[str, Any]] = []
-    pending = run.state.extra.get(MAP_ELEMENTS) or {}
+    pending = run.state.children.parallel_maps or {}
     for name in list(pending):
         elements = pending.pop(name)["elements"]
         rows: dict[str, Execution] = {}
@@ -303,7 +318,7 @@ def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
 
 
 def completed_elements(
-    elements: list[dict[str, Any]], rows: dict[str, Execution]
+    elements: list[MapElement], rows: dict[str, Execution]
 ) -> list[dict[str, Any]]:
     """The rollback-log entries of a parallel map's succeeded (not skipped) elements, oldest
     first by when they finished, so that a reverse walk undoes the newest first. Undone by the
@@ -313,7 +328,7 @@ def completed_elements(
         row = rows.get(element["execution"])
         if row is None or row.status != ExecutionStatus.SUCCEEDED:
             continue
-        if (row.context or {}).get("skipped"):
+        if ExecutionState.peek(row.context).ending.skipped:
             continue  # a skipped step is never undone
         entry = {
             "label": element["label"],

@@ -1,9 +1,8 @@
-"""Execution state and the context handed to step code.
+"""The held-key registry of an execution tree and the context handed to step code.
 
-``ExecutionState`` is what the engine persists in ``Execution.context`` (versioned JSON):
-results, the completed-step log rollback walks, ordered-lock positions, contention counters and
-the resume point. ``HeldKeys`` is the registry of keys an execution tree holds (shared by a root
-and its composed children). ``StepContext`` is the ``context`` argument of step bodies.
+``HeldKeys`` is the registry of keys an execution tree holds (shared by a root and its composed
+children). ``StepContext`` is the ``context`` argument of step bodies. What the engine persists
+in ``Execution.context`` is ``engine.state``'s (re-exported here, where it used to live).
 """
 
 from __future__ import annotations
@@ -13,73 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.models import CONTEXT_SCHEMA_VERSION
-from reactor_app.serialization import decode, encode
+from reactor_app.engine.state import KEPT_HOLDS as KEPT_HOLDS
+from reactor_app.engine.state import CompletedStep as CompletedStep
+from reactor_app.engine.state import ExecutionState as ExecutionState
 from reactor_app.serialization import to_json as to_json  # re-exported for the engine
 
 if TYPE_CHECKING:
     from reactor_app.coordination.registry import HoldRegistry
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.gate import Gate
-
-
-@dataclass
-class CompletedStep:
-    """One entry of the rollback log: a step that completed and may need undoing."""
-
-    step: str
-    kind: str  # "step" | "compose" | "map"
-    args: dict[str, Any] = field(default_factory=dict)
-    result: Any = None
-    child_execution: str | None = None
-    elements: list[dict[str, Any]] = field(default_factory=list)  # map: one per iteration
-
-
-#: ``ExecutionState.extra`` key: the reactor-level lock/semaphore holds an execution kept when it
-#: parked on a worker (``Gate.suspend``), re-adopted by its next delivery (``Gate.enter``)
-KEPT_HOLDS = "kept_holds"
-
-
-@dataclass
-class ExecutionState:
-    results: dict[str, Any] = field(default_factory=dict)
-    completed: list[CompletedStep] = field(default_factory=list)
-    ordered: dict[str, dict[str, Any]] = field(default_factory=dict)
-    contention: dict[str, int] = field(default_factory=dict)
-    next_index: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        # The codec, not the display encoder: a run resumed on another worker reads results
-        # and arguments back as the same values (Decimal, dates, UUIDs, registered types).
-        encoded: dict[str, Any] = encode(
-            {
-                "version": CONTEXT_SCHEMA_VERSION,
-                "results": self.results,
-                "completed": [vars(c) for c in self.completed],
-                "ordered": self.ordered,
-                "contention": self.contention,
-                "next_index": self.next_index,
-                **self.extra,
-            },
-            strict=False,
-            where="execution state",
-        )
-        return encoded
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> ExecutionState:
-        data = dict(decode(data or {}))
-        data.pop("version", None)
-        state = cls(
-            results=data.pop("results", {}),
-            completed=[CompletedStep(**c) for c in data.pop("completed", [])],
-            ordered=data.pop("ordered", {}),
-            contention=data.pop("contention", {}),
-            next_index=data.pop("next_index", 0),
-        )
-        state.extra = data
-        return state
 
 
 class HeldKeys:

@@ -31,8 +31,10 @@ from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly
-from reactor_app.engine.executor import ExecutionRun, RunEnd
+from reactor_app.engine.executor import ExecutionRun
+from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
+from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
 from reactor_app.models import Execution
@@ -75,7 +77,7 @@ def deliver(
             # even one that had only just taken a parked execution: look again then. A parked
             # one keeps its park's token, so if a live delivery parks it again meanwhile this
             # look is recognised as stale and dropped.
-            token = (execution.context or {}).get("requeue_token")
+            token = ExecutionState.peek(execution.context).continuation.requeue_token
             try:
                 countdown = claim.ttl_left() + 0.5
             except CoordinationUnavailable:
@@ -139,7 +141,7 @@ def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dic
 def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
     if requeue_token is None or execution.status != ExecutionStatus.PARKED:
         return False
-    return (execution.context or {}).get("requeue_token") != requeue_token
+    return ExecutionState.peek(execution.context).continuation.requeue_token != requeue_token
 
 
 def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
@@ -157,15 +159,15 @@ def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
         drop_stale_holds(run)
     if was_parked:
         _record_resumed(run)
-    marker = run.state.extra.get("dispatch") or {}
-    end = run.execute_async_step() if marker.get("kind") == "async_step" else run.execute()
+    marker = run.state.origin.dispatch
+    end = run.execute_async_step() if marker and marker["kind"] == "async_step" else run.execute()
     run.finish(end)
     run.last_end = end
     return run
 
 
 def _record_resumed(run: ExecutionRun) -> None:
-    parked_on = run.state.extra.pop("parked_on", None)
+    parked_on, run.state.continuation.parked_on = run.state.continuation.parked_on, None
     if not parked_on or not parked_on.get("key"):
         return
     record_coordination(
@@ -180,7 +182,7 @@ def _record_resumed(run: ExecutionRun) -> None:
     )
 
 
-def _parked_for(parked_on: dict[str, Any]) -> dict[str, Any]:
+def _parked_for(parked_on: ParkedOn) -> dict[str, Any]:
     """``{"parked_for": seconds}`` since the park, when it recorded its time (older parks
     persisted before this field did not)."""
     at = parked_on.get("at")
@@ -200,10 +202,10 @@ def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
         if delay is None:  # waiting on an async child, which wakes us when it ends
             delay = reactor_settings.CONTENTION_BACKOFF[1]
         enqueue_quietly(
-            execution.id, countdown=delay, requeue_token=run.state.extra.get("requeue_token")
+            execution.id, countdown=delay, requeue_token=run.state.continuation.requeue_token
         )
         return {"outcome": "parked", "status": execution.status, "requeue_in": round(delay, 3)}
-    marker = run.state.extra.get("dispatch") or {}
+    marker = run.state.origin.dispatch
     if execution.is_terminal and marker and execution.parent_id:
         parent_waits = Execution.objects.filter(
             pk=execution.parent_id, status=ExecutionStatus.PARKED

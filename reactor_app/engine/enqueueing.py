@@ -22,12 +22,13 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import WAITING_PREFIX, Holder
-from reactor_app.engine.context import ExecutionState, to_json
 from reactor_app.engine.executor import REACTOR_SLOT, input_errors
+from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
+from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
 from reactor_app.models import Execution
-from reactor_app.serialization import encode
+from reactor_app.serialization import encode, to_json
 from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -104,10 +105,9 @@ def wake(waiter_ids: Iterable[str]) -> None:
             logger.exception("could not wake %s; its backoff requeue will", waiter)
 
 
-def _worker_context(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _worker_context() -> dict[str, Any]:
     state = ExecutionState()
-    state.extra["worker"] = True
-    state.extra.update(extra or {})
+    state.origin.worker = True
     return state.to_json()
 
 
@@ -228,7 +228,7 @@ def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     if error is not None:
         return _failed_call(reactor, inputs, error)
     execution = run_async(reactor, inputs)
-    return Result(status="handed_off", execution_id=str(execution.id))
+    return Result(status=PassEnd.HANDED_OFF.value, execution_id=str(execution.id))
 
 
 def _failed_call(reactor: type[Reactor], inputs: dict[str, Any], error: ReactorError) -> Result:

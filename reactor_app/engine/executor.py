@@ -13,7 +13,7 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
        waits then fails (sync) or parks (worker, counted against the contention ceiling; past
        it → failed). A failure here rolls back steps completed on earlier passes.
        After a park in a step, the lock and semaphore holds kept across it
-       (``state.extra[KEPT_HOLDS]``, see 5.) are re-adopted instead of acquired again: checked
+       (``state.continuation.kept_holds``, see 5.) are re-adopted instead of acquired again: checked
        to be still ours, no nesting level, no new fencing token, a ``resumed`` event; only the
        ordered gate and period check are admitted again (the rate limit stays charged). If a
        kept hold lapsed or was force-released meanwhile: ``lease_lost``, the rest is given
@@ -45,7 +45,7 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
        ``returns`` step's result, else a dict of every result.
     5. In ``finally``: leave the reactor-level gate (if it was entered on this pass):
          parked (in a step, or waiting on an async child) → suspend: keep the lock and
-            semaphore holds without renewal and record them in ``state.extra[KEPT_HOLDS]``
+            semaphore holds without renewal and record them in ``state.continuation.kept_holds``
             (persisted by ``finish``), so the "exclusive" workflow stays exclusive while it
             sleeps (docs/design.md §2.8); the rest is released with ``park`` (ordered position
             kept).
@@ -71,14 +71,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.kinds import (
@@ -98,15 +96,11 @@ from reactor_app.engine.children import (
     run_child,
     settle_children,
 )
-from reactor_app.engine.context import (
-    KEPT_HOLDS,
-    ExecutionState,
-    HeldKeys,
-    to_json,
-)
+from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
+from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
@@ -117,6 +111,7 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
+from reactor_app.engine.state import ExecutionState
 from reactor_app.engine.worker import (
     ClaimLost,
     guard_dispatcher_keys,
@@ -135,7 +130,7 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import decode, encode
+from reactor_app.serialization import decode, encode, to_json
 from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 from reactor_app.tracking import flush as flush_tracking
@@ -147,24 +142,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ``state.extra`` key: the reactor-level gate admitted this run once (later passes continue)
-ADMITTED = "reactor_admitted"
-
 #: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
 #: their labels)
 REACTOR_SLOT = ""
-
-
-@dataclass
-class RunEnd:
-    """How one pass of the main loop ended."""
-
-    status: str
-    value: Any = None
-    error: ReactorError | None = None
-    reason: str | None = None
-    park: ParkRequested | None = None
-    rollback_failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ExecutionRun:
@@ -328,14 +308,14 @@ class ExecutionRun:
             return end
         finally:
             if gate is not None:
-                if not abandoned and end is not None and end.status == "parked":
+                if not abandoned and end is not None and end.status == PassEnd.PARKED:
                     # A park keeps the outer reactor-level holds (see step 5.), lengthened to
                     # cover the park (docs/coordination.md, "Guarantees").
                     kept = gate.suspend(hold_for=kept_hold_cover(self.root.requeue_in))
                     if kept:
-                        self.state.extra[KEPT_HOLDS] = kept
+                        self.state.continuation.kept_holds = kept
                 else:
-                    gate.exit("park" if abandoned else _release_outcome(end))
+                    gate.exit("park" if abandoned else release_outcome(end))
                 self.gates.remove(gate)
 
     def _unexpected(self, exc: Exception) -> RunEnd:
@@ -355,7 +335,7 @@ class ExecutionRun:
             failures = [
                 {"step": step, "kind": "undo", "reason": "error", "error": {"message": str(again)}}
             ]
-        return RunEnd("failed", error=error, rollback_failures=failures)
+        return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
 
     def execute_async_step(self) -> RunEnd:
         """The body of an ``async_step`` task: one unit, holds owned by this execution's id.
@@ -363,8 +343,10 @@ class ExecutionRun:
         Also one element of a parallel ``map_step`` (``engine.mapping``): the marker then names
         the element's label (``<step>[<index>]``) and the execution's inputs are its arguments.
         """
-        name = self.state.extra["dispatch"]["step"]
-        label = self.state.extra["dispatch"].get("label") or name
+        marker = self.state.origin.dispatch
+        assert marker is not None  # a child delivery (engine.children.start_worker_child)
+        name = marker["step"]
+        label = marker.get("label") or name
         spec = self.reactor.steps[name]
         step_class = spec.step_class()
         assert step_class is not None
@@ -379,28 +361,30 @@ class ExecutionRun:
             self.execution,
         )
         outcome = self.run_unit(spec, step_class, dict(self.inputs), label)
-        if outcome.status in ("completed", "skipped"):
-            self.state.extra["skipped"] = outcome.status == "skipped"
-            return RunEnd("succeeded", value=outcome.value)
-        if outcome.status == "halted":
-            return RunEnd("halted", reason=outcome.reason)
-        if outcome.status == "parked":
-            return RunEnd("parked", park=outcome.park)
+        if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
+            self.state.ending.skipped = outcome.status == UnitStatus.SKIPPED
+            return RunEnd(PassEnd.SUCCEEDED, value=outcome.value)
+        if outcome.status == UnitStatus.HALTED:
+            return RunEnd(PassEnd.HALTED, reason=outcome.reason)
+        if outcome.status == UnitStatus.PARKED:
+            return RunEnd(PassEnd.PARKED, park=outcome.park)
         if self._stopped_by_cancel(outcome.error):
             return RunEnd(
-                "cancelled", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+                PassEnd.CANCELLED,
+                error=outcome.error,
+                rollback_failures=list(outcome.rollback_failures),
             )
         return RunEnd(
-            "failed", error=outcome.error, rollback_failures=list(outcome.rollback_failures)
+            PassEnd.FAILED, error=outcome.error, rollback_failures=list(outcome.rollback_failures)
         )
 
     def _enter_reactor_gate(self) -> tuple[Gate | None, RunEnd | None]:
         # kept across the last park (step 5.); whatever happens below, they are dealt with now
-        kept = self.state.extra.pop(KEPT_HOLDS, None)
+        kept, self.state.continuation.kept_holds = self.state.continuation.kept_holds, None
         declarations = self.reactor.declarations()
         if not declarations:
             return None, None
-        continuing = bool(self.state.extra.get(ADMITTED))
+        continuing = bool(self.state.continuation.reactor_admitted)
         gate = Gate(
             # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
             # when the run was first admitted; charging every pass would let one run burn the
@@ -429,13 +413,13 @@ class ExecutionRun:
                 return None, self._fail_at_gate(outage)
             # A worker waits the outage out: it comes back later, nothing ran at this gate.
             if kept:
-                self.state.extra[KEPT_HOLDS] = kept  # not verified: still the execution's
+                self.state.continuation.kept_holds = kept  # not verified: still the execution's
             self.root.requeue_in = outage_delay(self)
-            return None, RunEnd("parked")
+            return None, RunEnd(PassEnd.PARKED)
         except ParkRequested as parked:
             ceiling = note_park(self, "", parked)
             if ceiling is None:
-                return None, RunEnd("parked", park=parked)
+                return None, RunEnd(PassEnd.PARKED, park=parked)
             parked.gate.abandon_position()
             return None, self._fail_at_gate(ceiling)
         except (CoordinationError, ConfigurationError) as error:
@@ -454,8 +438,8 @@ class ExecutionRun:
                         primitive="period",
                     )
                 )
-            return None, RunEnd("halted", reason=skip.reason)
-        self.state.extra[ADMITTED] = True
+            return None, RunEnd(PassEnd.HALTED, reason=skip.reason)
+        self.state.continuation.reactor_admitted = True
         self.gates.append(gate)
         return gate, None
 
@@ -465,7 +449,7 @@ class ExecutionRun:
         failures: list[dict[str, Any]] = []
         if self.state.completed or children_to_settle(self):
             failures = settle_children(self) + roll_back(self)
-        return RunEnd("failed", error=error, rollback_failures=failures)
+        return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
 
     def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
         """An operator's cancel of this execution or of its root (engine.cancel); ``fresh=False``
@@ -493,9 +477,9 @@ class ExecutionRun:
             self.execution.current_step = name
             readers_of = plan.dependencies.get(name, frozenset())
             outcome = await_children(self, readers_of) or self._run_spec(spec)
-            if outcome.status == "dispatched":
+            if outcome.status == UnitStatus.DISPATCHED:
                 continue  # checkpointed with the child; its result is read later
-            if outcome.status in ("completed", "skipped"):
+            if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
                 self.state.results[name] = outcome.value
                 if outcome.record is not None:
                     self.state.completed.append(outcome.record)
@@ -503,14 +487,14 @@ class ExecutionRun:
                 # current_step is where the execution is (or resumes): the next step to run.
                 self.checkpoint(current_step=self._resume_point() or name)
                 if self._hands_off_after(name):
-                    return RunEnd("handed_off")
+                    return RunEnd(PassEnd.HANDED_OFF)
                 continue
-            if outcome.status == "halted":
-                return RunEnd("halted", reason=outcome.reason)
-            if outcome.status == "parked":
-                return RunEnd("parked", park=outcome.park)
-            if outcome.status == "interrupted":
-                return RunEnd("interrupted", reason=outcome.reason)
+            if outcome.status == UnitStatus.HALTED:
+                return RunEnd(PassEnd.HALTED, reason=outcome.reason)
+            if outcome.status == UnitStatus.PARKED:
+                return RunEnd(PassEnd.PARKED, park=outcome.park)
+            if outcome.status == UnitStatus.INTERRUPTED:
+                return RunEnd(PassEnd.INTERRUPTED, reason=outcome.reason)
             failures = list(outcome.rollback_failures)
             failures.extend(settle_children(self))
             failures.extend(roll_back(self))
@@ -518,17 +502,17 @@ class ExecutionRun:
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
                 cancel = self._cancel_request() or {}
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
-                return RunEnd("cancelled", error=error, rollback_failures=failures)
-            return RunEnd("failed", error=outcome.error, rollback_failures=failures)
+                return RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=failures)
+            return RunEnd(PassEnd.FAILED, error=outcome.error, rollback_failures=failures)
         awaited = await_children(self, None)
         if awaited is not None:
-            if awaited.status == "parked":
-                return RunEnd("parked")
-            if awaited.status == "halted":
-                return RunEnd("halted", reason=awaited.reason)
+            if awaited.status == UnitStatus.PARKED:
+                return RunEnd(PassEnd.PARKED)
+            if awaited.status == UnitStatus.HALTED:
+                return RunEnd(PassEnd.HALTED, reason=awaited.reason)
             failures = settle_children(self) + roll_back(self)
-            return RunEnd("failed", error=awaited.error, rollback_failures=failures)
-        return RunEnd("succeeded", value=self._value())
+            return RunEnd(PassEnd.FAILED, error=awaited.error, rollback_failures=failures)
+        return RunEnd(PassEnd.SUCCEEDED, value=self._value())
 
     def _resume_point(self) -> str | None:
         order = self.reactor.plan.order
@@ -559,10 +543,10 @@ class ExecutionRun:
                 StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1).finished(
                     EngineEvent.STEP_SKIPPED, reason="where"
                 )
-                return StepOutcome("skipped", reason="where")
+                return StepOutcome(UnitStatus.SKIPPED, reason="where")
         except Exception as exc:
             return StepOutcome(
-                "failed",
+                UnitStatus.FAILED,
                 error=StepFailed(
                     f"where= of step {spec.name!r} of {self.reactor_path} raised "
                     f"{type(exc).__name__}: {exc}",
@@ -578,7 +562,7 @@ class ExecutionRun:
         try:
             args = resolve_arguments(spec, self.scope(), self.reactor_path)
         except ArgumentResolutionError as error:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec)):
             return dispatch_child(self, spec, args)
         if isinstance(spec, ComposeSpec):
@@ -596,7 +580,7 @@ class ExecutionRun:
         try:
             validate_arguments(step_class, args, self.reactor_path, label)
         except InputValidationError as error:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         try:
             # keys known only now (from results, per element) may be held by the execution
             # that handed this one off: waiting for them would wait for ourselves
@@ -605,7 +589,7 @@ class ExecutionRun:
             StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
                 EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
             )
-            return StepOutcome("failed", error=refused)
+            return StepOutcome(UnitStatus.FAILED, error=refused)
         runner = UnitRunner(
             self,
             step_class,
@@ -617,18 +601,18 @@ class ExecutionRun:
             position_slot=label,
         )
         outcome = runner.execute(park=self.park_on_contention)
-        if outcome.status == "parked" and outcome.retry_in is not None:
+        if outcome.status == UnitStatus.PARKED and outcome.retry_in is not None:
             # a failure retry's backoff or a coordination outage: a requeue, not contention
             self.root.requeue_in = outcome.retry_in
             return outcome
-        if outcome.status == "parked" and outcome.park is not None:
+        if outcome.status == UnitStatus.PARKED and outcome.park is not None:
             ceiling = note_park(self, label, outcome.park)
             if ceiling is not None:
                 outcome.park.gate.abandon_position()  # the line must not wait for this one
                 StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
                     EngineEvent.STEP_FAILED, error=ceiling.as_dict(), body_started=False
                 )
-                return StepOutcome("failed", error=ceiling)
+                return StepOutcome(UnitStatus.FAILED, error=ceiling)
             self._record_park(label, outcome.park)
         return outcome
 
@@ -652,7 +636,7 @@ class ExecutionRun:
             # (written within the freshness bound); only the superseded progress is dropped.
             get_writer().forget_progress(self.execution.pk)
         now = timezone.now()
-        if end.status == "succeeded":
+        if end.status == PassEnd.SUCCEEDED:
             self.persist(
                 status=ExecutionStatus.SUCCEEDED,
                 result=encode(end.value, strict=False, where="the result"),
@@ -660,11 +644,11 @@ class ExecutionRun:
                 current_step="",
             )
             emit_engine(EngineEvent.EXECUTION_SUCCEEDED, self.execution, value=end.value)
-        elif end.status == "halted":
-            self.state.extra["halt_reason"] = end.reason
+        elif end.status == PassEnd.HALTED:
+            self.state.ending.halted, self.state.ending.halt_reason = True, end.reason
             self.persist(status=ExecutionStatus.HALTED, finished_at=now)
             emit_engine(EngineEvent.EXECUTION_HALTED, self.execution, reason=end.reason)
-        elif end.status == "failed":
+        elif end.status == PassEnd.FAILED:
             self.persist(
                 status=ExecutionStatus.FAILED,
                 error=end.error.as_dict() if end.error else None,
@@ -672,7 +656,7 @@ class ExecutionRun:
                 finished_at=now,
             )
             emit_engine(EngineEvent.EXECUTION_FAILED, self.execution, error=end.error)
-        elif end.status == "cancelled":
+        elif end.status == PassEnd.CANCELLED:
             self.persist(
                 status=ExecutionStatus.CANCELLED,
                 error=end.error.as_dict() if end.error else None,
@@ -680,55 +664,36 @@ class ExecutionRun:
                 finished_at=now,
             )
             emit_engine(EngineEvent.EXECUTION_CANCELLED, self.execution, error=end.error)
-        elif end.status == "parked":
+        elif end.status == PassEnd.PARKED:
             if self.requeue_in is not None:
                 requeue_at = now + timedelta(seconds=self.requeue_in)
-                self.state.extra["requeue_at"] = requeue_at.isoformat()
+                self.state.continuation.requeue_at = requeue_at.isoformat()
             # names this park's countdown requeue, so that one left over from an earlier park
             # (the execution was woken and parked again meanwhile) is recognised and dropped
-            self.state.extra["requeue_token"] = uuid.uuid4().hex
+            self.state.continuation.requeue_token = uuid.uuid4().hex
             self.persist(status=ExecutionStatus.PARKED)
             emit_engine(EngineEvent.EXECUTION_PARKED, self.execution)
-        elif end.status == "interrupted":
+        elif end.status == PassEnd.INTERRUPTED:
             self.persist(
                 status=ExecutionStatus.INTERRUPTED,
                 correlation_id=self.execution.correlation_id,
                 current_step=end.reason or self.execution.current_step,
             )
             emit_engine(EngineEvent.EXECUTION_INTERRUPTED, self.execution, step=end.reason)
-        elif end.status == "handed_off":
+        elif end.status == PassEnd.HANDED_OFF:
             # the worker that picks it up emits execution_resumed
-            self.state.extra["worker"] = True
+            self.state.origin.worker = True
             self.persist(status=ExecutionStatus.PENDING)
 
     def result(self, end: RunEnd) -> Result:
         return Result(
-            status=end.status,
-            value=end.value if end.status == "succeeded" else None,
+            status=end.status.value,
+            value=end.value if end.status == PassEnd.SUCCEEDED else None,
             error=end.error,
             execution_id=self.execution_id,
             rollback_failures=end.rollback_failures,
-            halt_reason=end.reason if end.status == "halted" else None,
+            halt_reason=end.reason if end.status == PassEnd.HALTED else None,
         )
-
-
-def _release_outcome(end: RunEnd | None) -> ReleaseOutcome:
-    if end is None or end.status == "failed":
-        return "failure"
-    return _RELEASE_OUTCOMES.get(end.status, "failure")
-
-
-_RELEASE_OUTCOMES: dict[str, ReleaseOutcome] = {
-    "succeeded": "success",
-    "halted": "halt",
-    # the execution is not over: give the holds back, keep the ordered position (a parked
-    # pass suspends its reactor gate instead, keeping its locks and semaphores: ``execute``)
-    "parked": "park",
-    "interrupted": "park",
-    "handed_off": "park",
-    # ends the run without failing a strict ordered line or marking a period bucket
-    "cancelled": "halt",
-}
 
 
 def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
@@ -768,7 +733,7 @@ def run_inline(run: ExecutionRun) -> Result:
     """One pass in this process; a ``background = "after:..."`` hand-off enqueues the rest."""
     end = run.execute()
     run.finish(end)
-    if end.status == "handed_off":
+    if end.status == PassEnd.HANDED_OFF:
         from reactor_app.engine.enqueueing import enqueue_on_commit
 
         enqueue_on_commit(run.execution.id)

@@ -64,6 +64,7 @@ from reactor_app.tracking import record_coordination
 if TYPE_CHECKING:
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.engine.context import HeldKeys
+    from reactor_app.engine.state import KeptHold
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class Gate:
         *,
         wait: float | None,
         park: bool,
-        adopt: Sequence[Mapping[str, Any]] | None = None,
+        adopt: Sequence[KeptHold] | None = None,
     ) -> Skip | None:
         """Admit every claim or none. ``park``: contention raises ``ParkRequested``.
 
@@ -354,9 +355,7 @@ class Gate:
                 _wake(self.coordinator.unregister_waiter(claim, waiting_id))
         return answer
 
-    def _verify_kept(
-        self, claims: Sequence[Claim], kept: Sequence[Mapping[str, Any]]
-    ) -> list[Hold]:
+    def _verify_kept(self, claims: Sequence[Claim], kept: Sequence[KeptHold]) -> list[Hold]:
         """The kept holds, still ours, ready to adopt — or ``[]`` (all or nothing) after
         recording the lapsed ones and giving back the rest.
 
@@ -436,12 +435,12 @@ class Gate:
         where = f"step {self.scope.step!r} of " if self.scope.step else "reactor "
         return CoordinationUnavailable(
             f"coordination store unreachable for {where}{self.scope.reactor or '?'}: "
-            f"{getattr(exc, 'cause', None) or exc.message}; the protected work did not run",
+            f"{exc.cause or exc.message}; the protected work did not run",
             reactor=self.scope.reactor,
             step=self.scope.step,
             key=self.claims[0].key if self.claims else None,
             primitive=self.claims[0].primitive if self.claims else None,
-            cause=getattr(exc, "cause", None) or exc.message,
+            cause=exc.cause or exc.message,
         )
 
     def _admitted(self, admitted: Admitted, *, adopted: Sequence[Hold] = ()) -> None:
@@ -471,14 +470,14 @@ class Gate:
         )
 
     def _on_lost(self, error: LeaseLost) -> None:
-        error.reactor = self.scope.reactor  # type: ignore[attr-defined]
-        error.step = self.scope.step  # type: ignore[attr-defined]
+        error.reactor = self.scope.reactor
+        error.step = self.scope.step
         self.lost.append(error)
-        key = getattr(error, "key", None)
+        key = error.key
         detail = {
             "key": key,
-            "token": getattr(error, "token", None),
-            "primitive": getattr(error, "primitive", None) or self._primitive_of(key),
+            "token": error.token,
+            "primitive": error.primitive or self._primitive_of(key),
             "at": timezone.now(),  # recorded later: stamped when it was detected
         }
         self.deferred_events.append((CoordinationEventKind.LEASE_LOST, detail))
@@ -515,7 +514,7 @@ class Gate:
             return []
         return self._release(admitted, outcome)
 
-    def suspend(self, hold_for: float | None = None) -> list[dict[str, Any]]:
+    def suspend(self, hold_for: float | None = None) -> list[KeptHold]:
         """A reactor-level gate whose execution parks on a worker (docs/design.md §2.8): keep
         the lock and semaphore holds — the renewal thread lets go of them, nothing is released
         — and give back the rest with outcome ``park``. Returns the kept holds as JSON data for the
@@ -548,7 +547,7 @@ class Gate:
             if self.scope.held_keys is not None:
                 # this delivery is done with it, but it stays held (and announced)
                 self.scope.held_keys.pop(claim.primitive, claim.key, still_held=True)
-            entry: dict[str, Any] = {"primitive": claim.primitive, "key": claim.key}
+            entry: KeptHold = {"primitive": claim.primitive, "key": claim.key}
             if hold.token is not None:
                 entry["token"] = hold.token
             if isinstance(claim, SemaphoreClaim):
@@ -616,7 +615,7 @@ class Gate:
 
 
 #: release outcomes that end an ordered-lock position (see release.lua)
-TERMINAL_OUTCOMES = frozenset({"success", "failure", "halt", "rollback"})
+TERMINAL_OUTCOMES: frozenset[Outcome] = frozenset({"success", "failure", "halt", "rollback"})
 
 
 def _worth_waiting(refused: Refused, budget: float) -> bool:

@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.executor import ExecutionRun
 
-#: the key under which a unit's failed attempts wait out a park in the execution state
-ATTEMPTS = "attempts"
-
 
 class ExecutionHost:
     """A unit of work inside an execution (``Reactor.run`` in process, or a worker delivery)."""
@@ -88,12 +85,12 @@ class ExecutionHost:
     def take_spent_attempts(self, label: str) -> int:
         """Failed attempts of ``label`` spent before a park (parks neither spend retries nor
         give them back); forgotten once read."""
-        return int(self._run.state.extra.get(ATTEMPTS, {}).pop(label, 0))
+        return int((self._run.state.continuation.spent_attempts or {}).pop(label, 0))
 
     def keep_spent_attempts(self, label: str, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""
         if spent > 0:
-            self._run.state.extra.setdefault(ATTEMPTS, {})[label] = spent
+            self._run.state.continuation.attempts()[label] = spent
 
 
 class DirectCall:

@@ -20,12 +20,14 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
-from reactor_app.engine.context import ExecutionState, to_json
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
+from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
+from reactor_app.engine.state import ExecutionState, InterruptEntry
 from reactor_app.exceptions import ExecutionNotResumable
 from reactor_app.models import Execution
+from reactor_app.serialization import to_json
 from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ def resume(reactor: type[Reactor], execution_id: Any, *, step: str | None, paylo
     try:
         execution = _take_interrupt(reactor, execution_id, step, payload, background)
         if background:
-            return Result(status="handed_off", execution_id=str(execution.id))
+            return Result(status=PassEnd.HANDED_OFF.value, execution_id=str(execution.id))
         assert claim is not None
         claim.start_renewal()
         run = ExecutionRun(lookup(execution.reactor), execution, dict(execution.inputs))
@@ -89,7 +91,7 @@ def _take_interrupt(
             )
         waiting_at = execution.current_step
         state = ExecutionState.from_json(execution.context)
-        entry = state.extra.get("interrupts", {}).get(waiting_at)
+        entry = (state.interrupts or {}).get(waiting_at)
         refusal = None
         if execution.status != ExecutionStatus.INTERRUPTED or entry is None:
             refusal = f"it is {execution.status}, not waiting at an interrupt"
@@ -106,11 +108,12 @@ def _take_interrupt(
                 step=step or waiting_at,
                 status=execution.status,
             )
+        assert entry is not None  # refused above otherwise
         now = timezone.now()
         entry["payload"] = to_json(payload)
         entry["resumed_at"] = now.isoformat()
         if background:
-            state.extra["worker"] = True
+            state.origin.worker = True
         execution.context = state.to_json()
         execution.status = ExecutionStatus.PENDING if background else ExecutionStatus.RUNNING
         execution.heartbeat_at = now
@@ -144,7 +147,7 @@ def resume_by_correlation(
     return resume(reactor, execution.id, step=step, payload=payload)
 
 
-def deadline_passed(entry: dict[str, Any], now: datetime) -> bool:
+def deadline_passed(entry: InterruptEntry, now: datetime) -> bool:
     deadline = parse_datetime(entry.get("deadline") or "")
     return deadline is not None and deadline <= now
 
@@ -157,11 +160,11 @@ def time_out_interrupt(execution_id: Any, now: datetime) -> bool:
         if execution is None or execution.status != ExecutionStatus.INTERRUPTED:
             return False
         state = ExecutionState.from_json(execution.context)
-        entry = state.extra.get("interrupts", {}).get(execution.current_step)
+        entry = (state.interrupts or {}).get(execution.current_step)
         if not entry or "payload" in entry or not deadline_passed(entry, now):
             return False
         entry["timed_out"] = True
-        state.extra["worker"] = True
+        state.origin.worker = True
         execution.context = state.to_json()
         execution.status = ExecutionStatus.PENDING
         execution.heartbeat_at = now

@@ -2,7 +2,7 @@
 
 The step's result is the payload ``Reactor.resume(...)`` supplied (``engine.dispatch`` stores
 it under the row lock). Without one the step records the pause — its correlation id and
-deadline in ``state.extra["interrupts"]`` — and the execution ends the pass ``interrupted``
+deadline in ``state.interrupts`` — and the execution ends the pass ``interrupted``
 (holds released, re-taken on resume). A timed-out interrupt (marked by the sweeper) fails the
 step, so the execution rolls back. A composed child cannot pause the execution it belongs to.
 """
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 from reactor_app.dsl.kinds import InterruptSpec
+from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.runner import StepOutcome
 from reactor_app.exceptions import StepFailed
 from reactor_app.status import EngineEvent, StepRunKind
@@ -26,12 +27,12 @@ if TYPE_CHECKING:
 
 def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
     """The resume payload is the step's result; without one the execution pauses here."""
-    entries = run.state.extra.setdefault("interrupts", {})
+    entries = run.state.reached_interrupts()
     entry = entries.get(spec.name)
     recorder = StepRecorder(run.execution, spec.name, StepRunKind.RUN, 1)
     if run.parent is not None:
         return StepOutcome(
-            "failed",
+            UnitStatus.FAILED,
             error=StepFailed(
                 f"interrupt {spec.name!r} of {run.reactor_path} is inside a composed reactor, "
                 "which cannot pause the execution it belongs to: run the child with "
@@ -43,7 +44,7 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
         )
     if entry and "payload" in entry:
         recorder.finished(EngineEvent.STEP_SUCCEEDED, resumed=True)
-        return StepOutcome("completed", value=entry["payload"])
+        return StepOutcome(UnitStatus.COMPLETED, value=entry["payload"])
     if entry and entry.get("timed_out"):
         error = StepFailed(
             f"interrupt {spec.name!r} of {run.reactor_path} was not resumed within {spec.timeout}s",
@@ -51,12 +52,12 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
             step=spec.name,
         )
         recorder.finished(EngineEvent.STEP_FAILED, error=error.as_dict())
-        return StepOutcome("failed", error=error)
+        return StepOutcome(UnitStatus.FAILED, error=error)
     try:
         correlation_id = spec.compute_correlation_id(run.inputs)
     except Exception as exc:
         return StepOutcome(
-            "failed",
+            UnitStatus.FAILED,
             error=StepFailed(
                 f"the correlation_id function of interrupt {spec.name!r} of "
                 f"{run.reactor_path} "
@@ -73,4 +74,4 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
         "deadline": (now + timedelta(seconds=spec.timeout)).isoformat() if spec.timeout else None,
     }
     run.execution.correlation_id = correlation_id
-    return StepOutcome("interrupted", reason=spec.name)
+    return StepOutcome(UnitStatus.INTERRUPTED, reason=spec.name)

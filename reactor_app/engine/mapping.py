@@ -2,7 +2,7 @@
 
 Each element is its own unit, labelled ``<step>[<index>]`` and coordinated on its own
 arguments (``element()`` reads the element). Progress is kept per element in
-``state.extra["map_progress"]``, so a park or a redelivery continues at the element it stopped
+``state.children.map_progress``, so a park or a redelivery continues at the element it stopped
 at. A failed element rolls back the elements that completed, newest first, and fails the step;
 the whole map then sits in the rollback log as one entry whose elements are undone in reverse.
 
@@ -14,7 +14,7 @@ the whole map then sits in the rollback log as one entry whose elements are undo
        element (an ``async_step``-kind delivery running this map's step with the element's
        arguments, labelled ``<step>[<index>]``, owned by its own execution id, so it is
        coordinated on its own arguments) and its task after commit; the element ids are
-       checkpointed under ``state.extra["map_parallel"]``. The parent parks: it holds
+       checkpointed in ``state.children.parallel_maps``. The parent parks: it holds
        nothing of the elements (its own reactor-level holds follow the usual park rule).
     2. Each element's delivery wakes the root of the tree when it ends (``engine.dispatch``);
        the park's own requeue (the contention backoff, growing with each look) covers an
@@ -43,33 +43,29 @@ from django.db import transaction
 from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
 from reactor_app.engine.children import (
-    MAP_ELEMENTS,
+    child_error,
     completed_elements,
     run_child,
     start_worker_child,
 )
-from reactor_app.engine.context import CompletedStep, to_json
-from reactor_app.engine.result import error_from_dict
+from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
+from reactor_app.engine.state import CompletedStep, ExecutionState, MapElement
 from reactor_app.engine.worker import backoff_seconds, guard_hand_off
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,
     InputValidationError,
-    ReactorError,
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import decode
+from reactor_app.serialization import decode, to_json
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
-
-#: ``state.extra`` key: the element executions of each parallel map step still being joined
-PARALLEL = MAP_ELEMENTS
 
 
 def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
@@ -78,7 +74,7 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
     def bad_over(problem: str) -> StepOutcome:
         # an unreadable and a non-list ``over`` fail alike, naming the argument and its source
         return StepOutcome(
-            "failed",
+            UnitStatus.FAILED,
             error=ArgumentResolutionError(
                 f"map_step {spec.name!r} of {run.reactor_path}: "
                 f"over={spec.over.describe()}{problem}",
@@ -97,7 +93,7 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
         return bad_over(f" must be a list, got {type(items).__name__}")
     if spec.parallel and run.park_on_contention:
         return run_parallel(run, spec, items)
-    progress = run.state.extra.setdefault("map_progress", {}).setdefault(
+    progress = run.state.children.progress().setdefault(
         spec.name, {"elements": [], "values": [], "index": 0}
     )
     while progress["index"] < len(items):
@@ -111,13 +107,13 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
                 default_to_inputs=not spec.is_reactor,
             )
         except ArgumentResolutionError as error:
-            outcome = StepOutcome("failed", error=error)
+            outcome = StepOutcome(UnitStatus.FAILED, error=error)
         else:
             if spec.is_reactor:
                 outcome = run_child(run, spec.target, args, label=label)
             else:
                 outcome = run.run_unit(spec, spec.target, args, label)
-        if outcome.status == "completed":
+        if outcome.status == UnitStatus.COMPLETED:
             record = outcome.record
             progress["elements"].append(
                 {
@@ -127,23 +123,23 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
                     "child_execution": record.child_execution if record else None,
                 }
             )
-        if outcome.status in ("completed", "skipped"):
+        if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
             progress["values"].append(outcome.value)
             progress["index"] += 1
             run.persist()
             continue
-        if outcome.status == "failed":
+        if outcome.status == UnitStatus.FAILED:
             # Roll back the iterations that completed, newest first, then fail the step.
             partial = CompletedStep(step=spec.name, kind="map", elements=progress["elements"])
             failures = list(outcome.rollback_failures) + undo_record(run, partial)
-            run.state.extra["map_progress"].pop(spec.name, None)
-            return StepOutcome("failed", error=outcome.error, rollback_failures=failures)
+            run.state.children.progress().pop(spec.name, None)
+            return StepOutcome(UnitStatus.FAILED, error=outcome.error, rollback_failures=failures)
         return outcome  # parked or halted: keep the progress for a resume
-    run.state.extra["map_progress"].pop(spec.name, None)
+    run.state.children.progress().pop(spec.name, None)
     record = CompletedStep(
         step=spec.name, kind="map", elements=progress["elements"], result=progress["values"]
     )
-    return StepOutcome("completed", value=progress["values"], record=record)
+    return StepOutcome(UnitStatus.COMPLETED, value=progress["values"], record=record)
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,10 +152,10 @@ def run_parallel(
     """Fan the elements out (first pass), then park until every element has ended and join.
 
     The fan-out and the join are two passes of the parent: its state holds the element
-    executions (``state.extra["map_parallel"]``), so a redelivery joins the same elements
+    executions (``state.children.parallel_maps``), so a redelivery joins the same elements
     rather than starting them again.
     """
-    pending = run.state.extra.setdefault(PARALLEL, {})
+    pending = run.state.children.parallel()
     entry = pending.get(spec.name)
     if entry is None:
         failed = _fan_out(run, spec, items)
@@ -168,7 +164,9 @@ def run_parallel(
         entry = pending.get(spec.name)
         if entry is None:  # no elements: nothing was started
             return StepOutcome(
-                "completed", value=[], record=CompletedStep(step=spec.name, kind="map", result=[])
+                UnitStatus.COMPLETED,
+                value=[],
+                record=CompletedStep(step=spec.name, kind="map", result=[]),
             )
     ids = [element["execution"] for element in entry["elements"]]
     rows = {str(row.id): row for row in Execution.objects.filter(pk__in=ids)}
@@ -180,7 +178,7 @@ def run_parallel(
         # elements run long (the contention backoff; never counted as contention).
         entry["looks"] = int(entry.get("looks", 0)) + 1
         run.root.requeue_in = backoff_seconds(entry["looks"])
-        return StepOutcome("parked", reason=f"awaiting the elements of {spec.name}")
+        return StepOutcome(UnitStatus.PARKED, reason=f"awaiting the elements of {spec.name}")
     pending.pop(spec.name)
     return _join(run, spec, entry["elements"], rows)
 
@@ -201,19 +199,19 @@ def _fan_out(
             )
             validate_arguments(step_class, args, run.reactor_path, label)
         except (ArgumentResolutionError, InputValidationError) as error:
-            return StepOutcome("failed", error=error)
+            return StepOutcome(UnitStatus.FAILED, error=error)
         try:
             guard_hand_off(run, spec, args)
         except CoordinationError as refused:  # HandOffRefused, or a key function that raised
             StepRecorder(run.execution, label, StepRunKind.RUN, 1).finished(
                 EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
             )
-            return StepOutcome("failed", error=refused)
+            return StepOutcome(UnitStatus.FAILED, error=refused)
         prepared.append((label, args))
     if not prepared:
         return None
     with transaction.atomic():
-        elements = []
+        elements: list[MapElement] = []
         for label, args in prepared:
             child_id = start_worker_child(
                 run,
@@ -226,7 +224,7 @@ def _fan_out(
                 root_id=run.root.execution.id,
             )
             elements.append({"label": label, "execution": str(child_id), "args": to_json(args)})
-        run.state.extra[PARALLEL][spec.name] = {"elements": elements}
+        run.state.children.parallel()[spec.name] = {"elements": elements}
         run.persist(current_step=spec.name)
     return None
 
@@ -234,7 +232,7 @@ def _fan_out(
 def _join(
     run: ExecutionRun,
     spec: MapSpec,
-    elements: list[dict[str, Any]],
+    elements: list[MapElement],
     rows: dict[str, Execution],
 ) -> StepOutcome:
     """Every element has ended: the results in element order, or the failure after the
@@ -247,7 +245,8 @@ def _join(
         if row is not None and row.status == ExecutionStatus.SUCCEEDED:
             values.append(decode(row.result))
         elif row is not None and row.status == ExecutionStatus.HALTED:
-            halted = halted or StepOutcome("halted", reason=(row.context or {}).get("halt_reason"))
+            reason = ExecutionState.peek(row.context).ending.halt_reason
+            halted = halted or StepOutcome(UnitStatus.HALTED, reason=reason)
         elif failure is None:
             failure = _element_failure(run, spec, element, row)
     done = completed_elements(elements, rows)
@@ -258,26 +257,24 @@ def _join(
     if halted is not None:
         return halted  # as a sequential map's halted element: no rollback
     record = CompletedStep(step=spec.name, kind="map", elements=done, result=values)
-    return StepOutcome("completed", value=values, record=record)
+    return StepOutcome(UnitStatus.COMPLETED, value=values, record=record)
 
 
 def _element_failure(
-    run: ExecutionRun, spec: MapSpec, element: dict[str, Any], row: Execution | None
+    run: ExecutionRun, spec: MapSpec, element: MapElement, row: Execution | None
 ) -> StepOutcome:
     label = element["label"]
     if row is None:
-        error: Any = StepFailed(
+        missing = StepFailed(
             f"element {label} of {run.reactor_path}: its execution {element['execution']} "
             "is missing",
             reactor=run.reactor_path,
             step=label,
         )
-        return StepOutcome("failed", error=error)
-    error = error_from_dict(row.error)
-    if not isinstance(error, ReactorError):
-        error = StepFailed(
-            f"element {label} of {run.reactor_path} ended {row.status}",
-            reactor=run.reactor_path,
-            step=label,
-        )
-    return StepOutcome("failed", error=error, rollback_failures=list(row.rollback_failures or []))
+        return StepOutcome(UnitStatus.FAILED, error=missing)
+    error = child_error(
+        row, f"element {label} of {run.reactor_path} ended {row.status}", run.reactor_path, label
+    )
+    return StepOutcome(
+        UnitStatus.FAILED, error=error, rollback_failures=list(row.rollback_failures or [])
+    )

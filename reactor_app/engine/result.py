@@ -46,6 +46,8 @@ class Result:
             error=error_from_dict(execution.error),
             execution_id=str(execution.id),
             rollback_failures=list(execution.rollback_failures or []),
+            # ``engine.state.Ending``, read raw: this module loads before the models can, and
+            # the state's module imports them
             halt_reason=(execution.context or {}).get("halt_reason"),
         )
 

@@ -40,7 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.registry import lookup
-from reactor_app.engine.context import ExecutionState
+from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable
 from reactor_app.models import Execution
 from reactor_app.serialization import decode
@@ -48,9 +48,6 @@ from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
-
-#: ``state.extra`` entry of a retry: ``{"of": id, "from_step": name, "reused": [...], "by": ...}``
-RETRY = "retry"
 
 
 def retry(
@@ -71,14 +68,14 @@ def retry(
             results={name: state.results[name] for name in order[:start]},
             next_index=start,
         )
-        fresh.extra[RETRY] = {
+        fresh.origin.retry = {
             "of": str(failed.pk),
             "from_step": order[start],
             "reused": order[:start],
             "by": by,
         }
         if worker:
-            fresh.extra["worker"] = True
+            fresh.origin.worker = True
         execution = Execution.objects.start(
             reactor=failed.reactor,
             inputs=failed.inputs,

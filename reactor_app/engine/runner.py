@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.coordination.claims import Outcome as ReleaseOutcome
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
 from reactor_app.dsl.step import Step, StepSpec
@@ -19,6 +18,7 @@ from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
 from reactor_app.engine.host import gate_scope, host_of, step_context
+from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
 from reactor_app.engine.worker import outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 class StepOutcome:
     """What the executor learns from running one step."""
 
-    status: str  # "completed" | "skipped" | "failed" | "halted" | "parked" | "interrupted"
+    status: UnitStatus
     value: Any = None
     error: ReactorError | None = None
     record: CompletedStep | None = None
@@ -119,10 +119,7 @@ def failure_error(
     """The structured error a final failure becomes on the ``Result``."""
     cause = failure.exception()
     if isinstance(cause, ReactorError) and not isinstance(cause, StepFailed):
-        if getattr(cause, "step", "absent") is None and hasattr(cause, "step"):
-            cause.step = step  # type: ignore[attr-defined]
-        if getattr(cause, "reactor", "absent") is None and hasattr(cause, "reactor"):
-            cause.reactor = reactor  # type: ignore[attr-defined]
+        cause.fill_location(reactor=reactor, step=step)
         return cause
     text = f"{type(cause).__name__}: {cause}"
     where = f"step {step!r} of {reactor}" if reactor else f"step {step!r}"
@@ -137,7 +134,6 @@ def failure_error(
     return StepFailed(f"{where} failed: {text}", reactor=reactor, step=step, cause=cause)
 
 
-#: ``state.extra`` key: failed attempts of a step that parked before its next attempt
 class UnitRunner:
     """Runs one step class with resolved arguments: attempts, coordination, compensation."""
 
@@ -216,21 +212,21 @@ class UnitRunner:
                         skip = gate.enter(wait=self.wait, park=park)
                     except ParkRequested as parked:
                         self._keep_attempts(attempt - 1)
-                        return StepOutcome("parked", park=parked)
+                        return StepOutcome(UnitStatus.PARKED, park=parked)
                     except (CoordinationError, ConfigurationError) as refusal:
                         if park and self.run and isinstance(refusal, CoordinationUnavailable):
                             # A worker comes back when the store may be back: nothing ran,
                             # nothing is held; an outage is neither contention nor a failure.
                             self._keep_attempts(attempt - 1)
                             delay = outage_delay(self.run)
-                            return StepOutcome("parked", error=refusal, retry_in=delay)
+                            return StepOutcome(UnitStatus.PARKED, error=refusal, retry_in=delay)
                         # Contention, an uncomputable key, an unknown named limit or Redis
                         # down: the body never ran, so there is nothing to compensate.
                         self._record_refusal(attempt, refusal)
-                        return StepOutcome("failed", error=refusal)
+                        return StepOutcome(UnitStatus.FAILED, error=refusal)
                     if isinstance(skip, Skip):
                         self._record_skip(attempt, skip.reason, key=skip.key)
-                        return StepOutcome("skipped", reason=skip.reason)
+                        return StepOutcome(UnitStatus.SKIPPED, reason=skip.reason)
                 recorder = self._recorder(StepRunKind.RUN, attempt)
                 if recorder:
                     recorder.started(args=self.args)
@@ -258,13 +254,13 @@ class UnitRunner:
                         # keep the worker slot, the execution claim and the outer holds. The
                         # step's own holds are released below; the execution is requeued.
                         self._keep_attempts(attempt)
-                        return StepOutcome("parked", retry_in=delay)
+                        return StepOutcome(UnitStatus.PARKED, retry_in=delay)
                 else:
                     final = failure_error(outcome, self.reactor, self.label, attempt)
                     if recorder:
                         recorder.finished(EngineEvent.STEP_FAILED, error=final.as_dict())
                     failures = self._compensate(instance, outcome.exception(), context)
-                    return StepOutcome("failed", error=final, rollback_failures=failures)
+                    return StepOutcome(UnitStatus.FAILED, error=final, rollback_failures=failures)
             finally:
                 if gate is not None:
                     gate.exit(release_as)
@@ -281,15 +277,15 @@ class UnitRunner:
             record = CompletedStep(
                 step=self.label, kind="step", args=self.args, result=outcome.value
             )
-            return StepOutcome("completed", value=outcome.value, record=record)
+            return StepOutcome(UnitStatus.COMPLETED, value=outcome.value, record=record)
         if isinstance(outcome, Skipped):
             if recorder:
                 recorder.finished(EngineEvent.STEP_SKIPPED, reason=outcome.reason)
-            return StepOutcome("skipped", value=outcome.value, reason=outcome.reason)
+            return StepOutcome(UnitStatus.SKIPPED, value=outcome.value, reason=outcome.reason)
         assert isinstance(outcome, Halt)
         if recorder:
             recorder.finished(EngineEvent.STEP_SUCCEEDED, halt=outcome.reason)
-        return StepOutcome("halted", reason=outcome.reason)
+        return StepOutcome(UnitStatus.HALTED, reason=outcome.reason)
 
     def _record_skip(self, attempt: int, reason: str, **detail: Any) -> None:
         recorder = self._recorder(StepRunKind.RUN, attempt)
@@ -346,11 +342,11 @@ def call_step(
         max_attempts=1,  # a direct call is one attempt: never retried, never parked
     )
     outcome = runner.execute(park=False)
-    if outcome.status == "completed":
+    if outcome.status == UnitStatus.COMPLETED:
         return Success(outcome.value)
-    if outcome.status == "skipped":
+    if outcome.status == UnitStatus.SKIPPED:
         return Skipped(outcome.value, reason=outcome.reason)
-    if outcome.status == "halted":
+    if outcome.status == UnitStatus.HALTED:
         return Halt(outcome.reason)
     error = outcome.error
     if error is not None and outcome.rollback_failures:

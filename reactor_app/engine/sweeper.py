@@ -23,7 +23,6 @@ import os
 import socket
 import threading
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import close_old_connections, connections
 from django.utils import timezone
@@ -34,10 +33,10 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Hold, LockClaim, SemaphoreClaim
 from reactor_app.coordination.redis import get_client, key
 from reactor_app.engine.claim import ExecutionClaim
-from reactor_app.engine.context import KEPT_HOLDS
 from reactor_app.engine.delivery import RUNNABLE
 from reactor_app.engine.enqueueing import enqueue
 from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_interrupt
+from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, KeptHold
 from reactor_app.engine.worker import park_margin
 from reactor_app.exceptions import ReactorError
 from reactor_app.models import Execution
@@ -58,11 +57,13 @@ def sweep(now: datetime | None = None) -> list[str]:
     stale = now - timedelta(seconds=reactor_settings.SWEEP_AFTER)
     enqueued: list[str] = []
     candidates = Execution.objects.filter(
-        status__in=RUNNABLE, heartbeat_at__lt=stale, context__worker=True
+        status__in=RUNNABLE, heartbeat_at__lt=stale, **{f"context__{WORKER}": True}
     ).only("id", "status", "heartbeat_at", "context")
     for execution in candidates.iterator():
         if execution.status == ExecutionStatus.PARKED:
-            requeue_at = parse_datetime((execution.context or {}).get("requeue_at") or "")
+            requeue_at = parse_datetime(
+                ExecutionState.peek(execution.context).continuation.requeue_at or ""
+            )
             if requeue_at is not None and requeue_at > stale:
                 continue
         if ExecutionClaim.is_held(execution.id):
@@ -79,8 +80,10 @@ def sweep(now: datetime | None = None) -> list[str]:
         "id", "context", "current_step"
     )
     for execution in interrupted.iterator():
-        entry = (execution.context or {}).get("interrupts", {}).get(execution.current_step)
-        overdue = bool(entry) and "payload" not in entry and deadline_passed(entry, now)
+        entry = (ExecutionState.peek(execution.context).interrupts or {}).get(
+            execution.current_step
+        )
+        overdue = bool(entry and "payload" not in entry and deadline_passed(entry, now))
         if overdue and time_out_interrupt(execution.id, now):
             enqueued.append(str(execution.id))
     return enqueued
@@ -98,11 +101,11 @@ def renew_kept_holds(now: datetime | None = None) -> int:
     coordinator = Coordinator()
     renewed = 0
     for execution in parked.iterator():
-        context = execution.context or {}
-        holds = [h for e in context.get(KEPT_HOLDS) or [] if (h := kept_hold(e)) is not None]
+        continuation = ExecutionState.peek(execution.context).continuation
+        holds = [h for e in continuation.kept_holds or [] if (h := kept_hold(e)) is not None]
         if not holds:
             continue
-        requeue_at = parse_datetime(context.get("requeue_at") or "")
+        requeue_at = parse_datetime(continuation.requeue_at or "")
         due = max((requeue_at - now).total_seconds(), 0.0) if requeue_at else 0.0
         owner = str(execution.root_id or execution.id)
         try:
@@ -114,7 +117,7 @@ def renew_kept_holds(now: datetime | None = None) -> int:
     return renewed
 
 
-def kept_hold(entry: dict[str, Any]) -> Hold | None:
+def kept_hold(entry: KeptHold) -> Hold | None:
     """A hold described by ``Gate.suspend`` (primitive, key, token, limit)."""
     primitive, key = entry.get("primitive"), entry.get("key")
     if not key:

@@ -40,7 +40,6 @@ from reactor_app.dsl.arguments import FromInput, Scope, Value
 from reactor_app.dsl.coordination import Declaration, LockDeclaration, SemaphoreDeclaration
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec, MapSpec
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.context import KEPT_HOLDS
 from reactor_app.exceptions import ContentionCeilingExceeded, HandOffRefused, ReactorError
 from reactor_app.models import ContentionState, Execution
 from reactor_app.status import CoordinationEventKind
@@ -58,8 +57,6 @@ HINTED_PRIMITIVES = ("rate_limit", "ordered_lock")
 #: primitives whose waits are not capped by the contention ceiling (only by the optional
 #: ``REACTOR_ORDERED_WAIT_CEILING``)
 UNCAPPED_PRIMITIVES = ("ordered_lock",)
-#: ``state.extra`` key: coordination outages this execution met on workers
-OUTAGES = "outages"
 
 
 class ClaimLost(Exception):
@@ -84,14 +81,12 @@ def backoff_seconds(attempts: int, rng: random.Random | None = None) -> float:
 def outage_delay(run: ExecutionRun) -> float:
     """The requeue delay of a worker unit that met ``CoordinationUnavailable``: the contention
     backoff, growing with the outages this execution met (never counted as contention)."""
-    state = run.root.state.extra
-    state[OUTAGES] = int(state.get(OUTAGES, 0)) + 1
+    continuation = run.root.state.continuation
+    outages = continuation.outages = int(continuation.outages or 0) + 1
     logger.warning(
-        "coordination store unreachable for %s; requeued (outage %d)",
-        run.reactor_path,
-        state[OUTAGES],
+        "coordination store unreachable for %s; requeued (outage %d)", run.reactor_path, outages
     )
-    return backoff_seconds(state[OUTAGES])
+    return backoff_seconds(outages)
 
 
 def kept_hold_cover(requeue_in: float | None) -> float:
@@ -159,7 +154,7 @@ def note_park(
     run.state.contention[label] = attempts
     run.root.requeue_in = delay
     # what the next delivery reports as "resumed"
-    run.root.state.extra["parked_on"] = {
+    run.root.state.continuation.parked_on = {
         "execution": run.execution_id,
         "step": label,
         "primitive": claim.primitive,
@@ -412,7 +407,7 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.engine.enqueueing import wake
 
-    run.state.extra.pop(KEPT_HOLDS, None)
+    run.state.continuation.kept_holds = None
     registry = run.held_keys.registry
     if registry is None:
         return []

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from reactor_app.engine.context import ExecutionState
+from reactor_app.engine.state import ExecutionState
 from reactor_app.serialization import decode, encode, register_type, to_json
 
 

@@ -260,8 +260,8 @@ def test_a_redelivery_drops_the_holds_its_killed_predecessor_left(worker: Any) -
 
 def test_sweeper_requeues_an_execution_whose_worker_vanished(worker: Any) -> None:
     """A running execution whose heartbeat is stale and whose claim is free is re-enqueued."""
-    from reactor_app.engine.context import ExecutionState
     from reactor_app.engine.dispatch import _worker_context
+    from reactor_app.engine.state import ExecutionState
 
     stale = timezone.now() - timedelta(seconds=60)
     state = ExecutionState.from_json(_worker_context())

@@ -24,8 +24,8 @@ import pytest
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-from reactor_app.engine.context import KEPT_HOLDS
 from reactor_app.engine.dispatch import deliver, wake
+from reactor_app.engine.state import KEPT_HOLDS
 from reactor_app.exceptions import ContentionCeilingExceeded
 from reactor_app.models import ContentionState, CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus

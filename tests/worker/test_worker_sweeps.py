@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-from reactor_app.engine.context import KEPT_HOLDS, ExecutionState
 from reactor_app.engine.dispatch import _worker_context
+from reactor_app.engine.state import ExecutionState
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from reactor_app.testing import coordination_state
@@ -61,9 +61,9 @@ def test_the_holds_a_parked_execution_keeps_are_renewed_while_it_stays_parked(
     assert isinstance(kept, Admitted)
     token = kept.holds[0].token
     state = ExecutionState.from_json(parked.context)
-    state.extra[KEPT_HOLDS] = [{"primitive": "lock", "key": "kept:w2", "token": token}]
+    state.continuation.kept_holds = [{"primitive": "lock", "key": "kept:w2", "token": token}]
     # due back in an hour (a long rate-limit wait, say): far beyond the lock's 3 s ttl
-    state.extra["requeue_at"] = (timezone.now() + timedelta(hours=1)).isoformat()
+    state.continuation.requeue_at = (timezone.now() + timedelta(hours=1)).isoformat()
     Execution.objects.filter(pk=parked.pk).update(context=state.to_json())
 
     wait_until(
