@@ -710,3 +710,13 @@ def test_scripts_are_registered_per_client(url: str) -> None:
     client = get_client(url)
     assert scripts_for(client) is scripts_for(client)
     assert set(scripts_for(client).names) == set(script_sources())
+
+
+def test_the_lua_waiting_prefix_is_pythons() -> None:
+    """Scripts tell waiters waiting in-process (short hand-off grants) by the id prefix the
+    Python side gives them."""
+    from reactor_app.coordination.claims import WAITING_PREFIX
+
+    folder = resources.files("reactor_app.coordination").joinpath("lua")
+    text = folder.joinpath("_common.lua").read_text(encoding="utf-8")
+    assert re.findall(r"^local WAITING_PREFIX = '([^']*)'$", text, re.MULTILINE) == [WAITING_PREFIX]

@@ -46,6 +46,12 @@ end
 -- back; short enough that a waiter that vanished only delays the key briefly.
 local GRANT_PREFIX = 'grant:'
 local HANDOFF_GRANT_MS = 3000
+-- A waiter waiting in-process (its id starts with WAITING_PREFIX, Python's
+-- coordination.claims.WAITING_PREFIX) is subscribed and wakes within milliseconds of the
+-- release naming it: its grant is short, so a waiter that is gone (killed, or whose leaving
+-- failed in an outage) holds the free key up only briefly. One that misses it asks again.
+local WAITING_PREFIX = 'wait:'
+local WAITING_GRANT_MS = 500
 
 -- The live-holds index (operator listings, docs/operations.md): a lock or semaphore hold is one
 -- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms and of a zset by key

@@ -71,7 +71,8 @@ local function lock_take(hold, fence, waiters, h, ttl_ms, now, state, index)
   return redis.call('HGET', hold, 'token')
 end
 
--- Hand a free key to the head waiter: pop it, grant it the key for HANDOFF_GRANT_MS and
+-- Hand a free key to the head waiter: pop it, grant it the key for HANDOFF_GRANT_MS (a waiter
+-- waiting in-process: WAITING_GRANT_MS) and
 -- PUBLISH on the hold key {primitive, freed, to = that waiter, grant_ms} (the message names
 -- it, so the other waiters need not wake to ask); without a waiter, a plain "freed" message.
 -- `now_ms` is a function (a TIME only when granting). Returns the waiter popped, or nil.
@@ -81,9 +82,13 @@ local function lock_hand_on(hold, waiters, now_ms)
   local popped = redis.call('ZPOPMIN', waiters, 1)
   while popped[1] and tonumber(popped[2]) < 0 do popped = redis.call('ZPOPMIN', waiters, 1) end
   if popped[1] then
-    redis.call('ZADD', waiters, -(now_ms() + HANDOFF_GRANT_MS), GRANT_PREFIX .. popped[1])
+    local grant_ms = HANDOFF_GRANT_MS
+    if string.sub(popped[1], 1, #WAITING_PREFIX) == WAITING_PREFIX then
+      grant_ms = WAITING_GRANT_MS
+    end
+    redis.call('ZADD', waiters, -(now_ms() + grant_ms), GRANT_PREFIX .. popped[1])
     redis.call('PUBLISH', hold, cjson.encode(
-      {primitive = 'lock', freed = true, to = popped[1], grant_ms = HANDOFF_GRANT_MS}))
+      {primitive = 'lock', freed = true, to = popped[1], grant_ms = grant_ms}))
     return popped[1]
   end
   redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
