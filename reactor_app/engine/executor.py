@@ -74,6 +74,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
@@ -175,6 +176,8 @@ class ExecutionRun:
         self.requeue_in: float | None = None
         #: called before every checkpoint; a delivery checks its claim there
         self.on_persist: Callable[[], None] | None = parent.on_persist if parent else None
+        #: the next ``persist`` writes the buffered tracking rows first, in its transaction
+        self.history_first = False
         self.last_end: RunEnd | None = None
         #: the owners that handed this tree off (``engine.worker.dispatcher_owners``)
         self._dispatcher_owners: list[str] | None = None
@@ -228,7 +231,17 @@ class ExecutionRun:
         self.execution.heartbeat_at = timezone.now()
         for name, value in fields.items():
             setattr(self.execution, name, value)
-        self.execution.save(update_fields=["context", "heartbeat_at", "updated_at", *fields.keys()])
+        update_fields = ["context", "heartbeat_at", "updated_at", *fields.keys()]
+        if self.history_first:
+            # The end of a pass: its buffered step runs and events, then the row's new status,
+            # in one transaction — one commit to wait for (on a worker, outside any hold), and
+            # whoever sees the status finds the history written too.
+            self.history_first = False
+            with transaction.atomic():
+                flush_tracking(finishing=self.execution.pk)
+                self.execution.save(update_fields=update_fields)
+            return
+        self.execution.save(update_fields=update_fields)
 
     def checkpoint(self, **fields: Any) -> None:
         """After a completed step. A worker delivery persists it (one statement: a redelivery
@@ -627,10 +640,11 @@ class ExecutionRun:
     def finish(self, end: RunEnd) -> None:
         """Write the end of this pass onto the execution row and emit its event."""
         if self.park_on_contention or reactor_settings.TRACKING_FLUSH_ON_FINISH:
-            # The pass's buffered step runs and events first: whoever sees the row's new
-            # status (a Result, execution.wait()) finds its history written too — in bulk,
-            # O(1) statements whatever the number of steps (docs/operations.md).
-            flush_tracking(finishing=self.execution.pk)
+            # The pass's buffered step runs and events go with the row's final write (persist):
+            # whoever sees the row's new status (a Result, execution.wait()) finds its history
+            # written too — in bulk, O(1) statements whatever the number of steps
+            # (docs/operations.md).
+            self.history_first = True
         else:
             # In-process with the flush turned off, the caller waits for none of its history
             # (written within the freshness bound); only the superseded progress is dropped.
