@@ -32,6 +32,7 @@ import base64
 import json
 import math
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
@@ -221,34 +222,57 @@ def _candidates(
 # -- Redis Cluster: the shards of every master, merged ----------------------------------------
 
 
-@lru_cache(maxsize=64)
-def _all_shard_keys(prefix: str, suffix: str) -> tuple[str, ...]:
-    """Slot -> that slot's shard key ``suffix`` (a tuple indexed by slot)."""
-    tags = slot_tags()
-    return tuple(f"{prefix}:holds:{{{tag}}}:{suffix}" for tag in tags)
+@cache
+def _shards_script() -> str:
+    """``lua/holds_shards.lua`` with the table of every slot's hash tag spliced in."""
+    table = "local SLOT_TAGS = {" + ",".join(f"'{tag}'" for tag in slot_tags()) + "}"
+    return script_sources()["holds_shards"].replace("-- @slot-tags", table, 1)
 
 
-def _masters(client: Any) -> list[tuple[Any, list[int]]]:
-    """Every master node and the slots it serves (from the client's slot map)."""
-    by_name: dict[str, tuple[Any, list[int]]] = {}
-    for slot, nodes in sorted(client.nodes_manager.slots_cache.items()):
-        if nodes:
-            by_name.setdefault(nodes[0].name, (nodes[0], []))[1].append(slot)
-    return list(by_name.values())
+def _masters(client: Any) -> list[tuple[Any, str]]:
+    """Every master node and the slots it serves, as ranges "a-b,c-d" (the client's map)."""
+    cache = client.nodes_manager.slots_cache
+    ranges: dict[str, tuple[Any, list[str]]] = {}
+    current, first = None, 0
+    for slot in range(SLOTS + 1):
+        nodes = cache.get(slot) if slot < SLOTS else None
+        node = nodes[0] if nodes else None
+        if node is not current:
+            if current is not None:
+                ranges.setdefault(current.name, (current, []))[1].append(f"{first}-{slot - 1}")
+            current, first = node, slot
+    return [(node, ",".join(parts)) for node, parts in ranges.values()]
+
+
+#: the script's SHA1 as loaded (on every master, by SCRIPT LOAD)
+_shards_sha: dict[str, str] = {}
 
 
 def _per_master(client: Any, prefix: str, suffix: str, args: list[str]) -> list[list[Any]]:
-    """``lua/holds_shards.lua`` on every master over its slots' shard keys ``suffix``: one
-    call each (the script may read keys of several slots of its own node). ``args``: the
-    script's ARGV[1..4] (padded)."""
-    source = script_sources()["holds_shards"]
-    names = _all_shard_keys(prefix, suffix)
+    """``lua/holds_shards.lua`` on every master over its slots' shards of the index key
+    ``suffix``: one call each (the script may read keys of several slots of its own node).
+    ``args``: the script's ARGV[1..4] (padded)."""
+    import redis as redis_py
+
+    source = _shards_script()
     head = [*args, "", "", ""][:4]
-    answers = []
-    for node, slots in _masters(client):
-        shards = [names[slot] for slot in slots]
-        answers.append(client.execute_command("EVAL", source, 0, *head, *shards, target_nodes=node))
-    return answers
+
+    def ask(master: tuple[Any, str]) -> Any:
+        node, slots = master
+        call = [*head, prefix, suffix, slots]
+        sha = _shards_sha.get(source)
+        try:
+            if sha is None:
+                raise redis_py.exceptions.NoScriptError("not loaded yet")
+            return client.execute_command("EVALSHA", sha, 0, *call, target_nodes=node)
+        except redis_py.exceptions.NoScriptError:
+            sha = _shards_sha[source] = client.script_load(source)
+            return client.execute_command("EVALSHA", sha, 0, *call, target_nodes=node)
+
+    # the masters work at once: a page waits for the slowest, not for their sum
+    masters = _masters(client)
+    with ThreadPoolExecutor(max_workers=len(masters) or 1) as pool:
+        return list(pool.map(ask, masters))
 
 
 def _cluster_candidates(

@@ -5,8 +5,10 @@ On a cluster the live-holds index is sharded by hash slot (coordination/holds_in
 listing runs this script once on every master, over the shards of the slots that master serves
 (the only script that reads keys of several slots: legal within one node with the
 allow-cross-slot-keys flag, Redis 7, for keys it is not given in KEYS — the server requires
-the KEYS of one call to share a slot — so the shard names come in ARGV). Members are never
-compared here (Lua's string order follows the server's locale): the caller sorts.
+the KEYS of one call to share a slot). The shard names are built here from the slot numbers and
+SLOT_TAGS, the hash tag of every slot, spliced in by holds_index.py where the marker line below
+stands (sending 5,000+ names per call cost the client more than the whole read). Members are
+never compared here (Lua's string order follows the server's locale): the caller sorts.
 
 KEYS     none
 ARGV[1]  "asc" | "desc" (score order), "lex" (by key) or "counts"
@@ -14,8 +16,8 @@ ARGV[2..4]
   asc/desc  the cursor's score ("" at the start), k (a page's batch), ""
   lex       the ZRANGEBYLEX bounds (low, after the cursor; high), k
   counts    "", "", ""
-ARGV[5..] one per slot this master serves: that slot's shard zset (by time, by expiry or by
-          key), or for "counts" its counts hash (read only)
+ARGV[5]  the key prefix; ARGV[6] the shard key's suffix ("time", "ttl", "keys", "counts")
+ARGV[7]  the slots this master serves, as ranges "first-last,first-last,..."
 
 Returns a flat list:
   asc/desc  {head, ncaps, (cap member, cap score) * ncaps, (member, score) ...}: every entry
@@ -28,9 +30,14 @@ Returns a flat list:
   counts    {primitive, count, ...} summed over the shards
 ]]
 
+-- @slot-tags
 local mode = ARGV[1]
 local shards = {}
-for i = 5, #ARGV do shards[i - 4] = ARGV[i] end
+for first, last in string.gmatch(ARGV[7], '(%d+)-(%d+)') do
+  for slot = tonumber(first), tonumber(last) do
+    table.insert(shards, ARGV[5] .. ':holds:{' .. SLOT_TAGS[slot + 1] .. '}:' .. ARGV[6])
+  end
+end
 
 if mode == 'counts' then
   local sums, order = {}, {}
