@@ -9,7 +9,8 @@ The admission, release, renewal and force-release scripts keep, per key prefix, 
   hold of a key prefix without reading the others;
 * ``{prefix}:holds:ttl`` — the same members, score = lease expiry (Redis ms): listings ordered
   by time left. A renewal (``extend.lua``, a lock's re-entry, a semaphore's) moves the entry;
-* ``{prefix}:holds:counts`` — hash ``primitive -> number of members``.
+* ``{prefix}:holds:counts`` — hash ``"semaphore" -> number of members``; the locks are the
+  by-time zset's size less that (so a lock's admission and release pay no ``HINCRBY``).
 
 A hold that ends by release or force-release leaves the index in the same script call. One
 that *lapses* (a killed holder's lock key expiring, a semaphore lease running out) stays until
@@ -154,13 +155,19 @@ def totals(*, client: Any = None, prefix: str | None = None) -> dict[str, int]:
     prefix = current_prefix(prefix)
     with unavailable_on_connection_error():
         if is_cluster(client):
-            raw: dict[str, Any] = {}
-            for flat in _per_master(client, prefix, "counts", ["counts"]):
+            raw: dict[str, int] = {}
+            for flat in _per_master(client, prefix, "time", ["counts"]):
                 for name, value in zip(flat[::2], flat[1::2], strict=True):
-                    raw[name] = int(raw.get(name, 0)) + int(value)
+                    raw[name] = raw.get(name, 0) + int(value)
+            every, semaphores = raw.get("all", 0), raw.get("semaphore", 0)
         else:
-            raw = client.hgetall(index_keys(prefix)[3])
-    return {p: max(int(raw.get(p, 0)), 0) for p in INDEXED}
+            time_key, _, _, counts_key = index_keys(prefix)
+            pipe = client.pipeline(transaction=False)
+            pipe.zcard(time_key)
+            pipe.hget(counts_key, "semaphore")
+            every, semaphores = pipe.execute()
+    semaphores = max(int(semaphores or 0), 0)
+    return {"lock": max(int(every) - semaphores, 0), "semaphore": semaphores}
 
 
 def _candidates(

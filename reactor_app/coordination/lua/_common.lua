@@ -56,9 +56,10 @@ local WAITING_GRANT_MS = 500
 -- The live-holds index (operator listings, docs/operations.md): a lock or semaphore hold is one
 -- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms, of a zset by key
 -- (score 0, so ZRANGEBYLEX finds a key prefix) and of a zset by lease expiry ms (ordering by
--- time left; renewals move it), with a per-primitive count in a hash. It is kept only when the
--- caller passes its four keys: one server's index, or on a cluster the shard of the hold's hash
--- slot (coordination/holds_index.py).
+-- time left; renewals move it), with the count of semaphore holds in a hash (a lock's count is
+-- the by-time zset's size less that: the lock's hot path pays no HINCRBY). It is kept only when
+-- the caller passes its four keys: one server's index, or on a cluster the shard of the hold's
+-- hash slot (coordination/holds_index.py).
 local function hold_member(user_key, primitive, owner)
   return user_key .. '\0' .. primitive .. '\0' .. owner
 end
@@ -73,7 +74,7 @@ end
 local function index_add(index, primitive, owner, at_ms, expiry_ms)
   if not index then return end
   local member = hold_member(index.key, primitive, owner)
-  if redis.call('ZADD', index.time, at_ms, member) == 1 then
+  if redis.call('ZADD', index.time, at_ms, member) == 1 and primitive ~= 'lock' then
     redis.call('HINCRBY', index.counts, primitive, 1)
   end
   redis.call('ZADD', index.keys, 0, member)
@@ -90,7 +91,7 @@ end
 local function index_remove(index, primitive, owner)
   if not index then return end
   local member = hold_member(index.key, primitive, owner)
-  if redis.call('ZREM', index.time, member) == 1 then
+  if redis.call('ZREM', index.time, member) == 1 and primitive ~= 'lock' then
     redis.call('HINCRBY', index.counts, primitive, -1)
   end
   redis.call('ZREM', index.keys, member)

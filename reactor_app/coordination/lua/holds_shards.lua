@@ -16,7 +16,8 @@ ARGV[2..4]
   asc/desc  the cursor's score ("" at the start), k (a page's batch), ""
   lex       the ZRANGEBYLEX bounds (low, after the cursor; high), k
   counts    "", "", ""
-ARGV[5]  the key prefix; ARGV[6] the shard key's suffix ("time", "ttl", "keys", "counts")
+ARGV[5]  the key prefix; ARGV[6] the shard key's suffix ("time", "ttl", "keys"; for "counts"
+         "time": the zset counted, beside the same shard's counts hash)
 ARGV[7]  the slots this master serves, as ranges "first-last,first-last,..."
 
 Returns a flat list:
@@ -27,7 +28,8 @@ Returns a flat list:
             plus every entry AT the cursor's score (the caller drops those it passed)
   lex       {ncaps, cap members..., members...}: at most k members per shard within the
             bounds, a shard that gave k capped at its last
-  counts    {primitive, count, ...} summed over the shards
+  counts    {"all", holds, primitive, count, ...} summed over the shards: every entry (the
+            by-time zsets' sizes), and the counts hash's fields (semaphores)
 ]]
 
 -- @slot-tags
@@ -40,9 +42,10 @@ for first, last in string.gmatch(ARGV[7], '(%d+)-(%d+)') do
 end
 
 if mode == 'counts' then
-  local sums, order = {}, {}
+  local sums, order = {all = 0}, {'all'}
   for _, name in ipairs(shards) do
-    local flat = redis.call('HGETALL', name)
+    sums.all = sums.all + redis.call('ZCARD', name)
+    local flat = redis.call('HGETALL', string.sub(name, 1, -5) .. 'counts')
     for i = 1, #flat, 2 do
       if not sums[flat[i]] then
         sums[flat[i]] = 0
