@@ -81,6 +81,14 @@ class InspectForm(forms.Form):
     )
 
 
+#: the Coordination page's orders of live holds besides the default (oldest first)
+HOLD_ORDER_LABELS = {
+    "-acquired": "newest first",
+    "ttl": "least time left",
+    "-ttl": "most time left",
+}
+
+
 class HoldSearchForm(forms.Form):
     """Which live holds the Coordination page lists (its own parameter names, so that the
     inspect form's ``primitive``/``key`` on the same page never filter the holds)."""
@@ -100,6 +108,12 @@ class HoldSearchForm(forms.Form):
     h_level = forms.ChoiceField(
         required=False, label="Level", choices=[("", "all"), *[(lv, lv) for lv in live.LEVELS]]
     )
+    h_order = forms.ChoiceField(
+        required=False,
+        label="Order",
+        choices=[("", "oldest first"), *[(o, label) for o, label in HOLD_ORDER_LABELS.items()]],
+        help_text="not when searching by key",
+    )
     cursor = forms.CharField(required=False, max_length=2048, widget=forms.HiddenInput)
 
     def filters(self) -> dict[str, Any]:
@@ -113,6 +127,8 @@ class HoldSearchForm(forms.Form):
             "reactor": data["h_reactor"] or None,
             "primitive": data["h_primitive"] or None,
             "level": data["h_level"] or None,
+            # a key search lists by key: the order applies to the other listings
+            "ordering": (data["h_order"] or None) if not data["q"] else None,
             "cursor": data["cursor"] or None,
         }
 
@@ -122,15 +138,19 @@ def live_hold_limit() -> int:
     return 200
 
 
-def _hold_links(request: HttpRequest, name: str, values: list[str]) -> list[dict[str, Any]]:
-    """Filter links for one hold filter: each keeps the other filters, drops the cursor."""
+def _hold_links(
+    request: HttpRequest, name: str, values: list[str], labels: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Filter (or order) links for one hold parameter: each keeps the others, drops the
+    cursor. ``labels``: a link's text by value (default: the value; "all" for none)."""
     links = []
     for value in ["", *values]:
         query = request.GET.copy()
         query.pop("cursor", None)
         query[name] = value
         current = request.GET.get(name, "") == value
-        links.append({"label": value or "all", "url": f"?{query.urlencode()}", "current": current})
+        label = (labels or {}).get(value) or value or "all"
+        links.append({"label": label, "url": f"?{query.urlencode()}", "current": current})
     return links
 
 
@@ -292,6 +312,10 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
         searching=any(v for k, v in search.filters().items() if k != "cursor"),
         primitive_links=_hold_links(request, "h_primitive", list(live.HOLDING_PRIMITIVES)),
         level_links=_hold_links(request, "h_level", list(live.LEVELS)),
+        order_links=_hold_links(
+            request, "h_order", list(HOLD_ORDER_LABELS), {"": "oldest first", **HOLD_ORDER_LABELS}
+        ),
+        ordered_by_key=bool(search.is_valid() and search.cleaned_data["q"]),
         next_url=next_url,
         first_url=f"?{first_query.urlencode()}#holds" if "cursor" in request.GET else None,
         per_page=HOLDS_PER_PAGE,

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 
-from reactor_app.operator.live import HOLDING_PRIMITIVES, LEVELS, PRIMITIVES
+from reactor_app.operator.live import HOLD_ORDERINGS, HOLDING_PRIMITIVES, LEVELS, PRIMITIVES
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 
 
@@ -101,9 +101,23 @@ class HoldFilters(QueryParameters):
     execution = serializers.UUIDField(
         required=False, help_text="only holds of this execution (its id)"
     )
+    ordering = _choice(
+        HOLD_ORDERINGS,
+        "ordering",
+        "acquired (default: oldest first), -acquired, ttl (least time left first) or -ttl; "
+        "not with key or key_prefix (listed by key)",
+    )
 
     # cursor pagination: a page number means nothing while holds come and go
     general = frozenset({"page_size", "format"})
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if attrs.get("ordering") and (attrs.get("key") or attrs.get("key_prefix")):
+            raise ValidationError(
+                {"ordering": ["a listing by key or key_prefix is ordered by key: no ordering"]}
+            )
+        return attrs
 
 
 class EventFilters(QueryParameters):

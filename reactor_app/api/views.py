@@ -172,9 +172,10 @@ class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
     list=extend_schema(
         summary="Live holds (from Redis), each attributed to its step or to the reactor level",
         description=(
-            "Read from the live-holds index one page at a time: oldest acquisition first, or "
-            "by key under `key_prefix`. Follow `next` for the following page; `page_size` "
-            "bounds a page."
+            "Read from the live-holds index one page at a time: oldest acquisition first, "
+            "or in `ordering` (`acquired`, `-acquired`, `ttl`: least time left first, `-ttl`), "
+            "or by key under `key_prefix`. Follow `next` for the following page (it keeps the "
+            "ordering); `page_size` bounds a page."
         ),
         parameters=[HoldFilters],
         responses={
@@ -205,6 +206,7 @@ class HoldViewSet(ReactorAPIMixin, viewsets.GenericViewSet):
         try:
             page = live.hold_page(limit=size, **filters)
         except ValueError as exc:
+            # the ordering and the filters were checked above: what is left is the cursor
             raise ValidationError({"cursor": [str(exc)]}) from exc
         except CoordinationUnavailable as exc:
             raise CoordinationStoreUnavailable(exc.message) from exc

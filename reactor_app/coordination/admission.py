@@ -137,22 +137,22 @@ class ForceReleased:
     woken: list[str] = field(default_factory=list)
 
 
-def _admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
+def _admit_part(claim: Claim, prefix: str, sharded: bool) -> tuple[tuple[str, ...], str]:
     """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
     same declaration on the same key hits the cache): no per-call key building or JSON
-    encoding of what never changes. ``indexed``: the group ends with the live-holds index
-    keys (locks and semaphores, off a cluster)."""
+    encoding of what never changes. A lock's or semaphore's group ends with the live-holds
+    index keys — ``sharded`` (a cluster): its hash slot's shard of the index."""
     try:
-        return _cached_admit_part(claim, prefix, indexed)
+        return _cached_admit_part(claim, prefix, sharded)
     except TypeError:  # a claim with an unhashable field: built every time, as before
-        return _build_admit_part(claim, prefix, indexed)
+        return _build_admit_part(claim, prefix, sharded)
 
 
-def _build_admit_part(claim: Claim, prefix: str, indexed: bool) -> tuple[tuple[str, ...], str]:
+def _build_admit_part(claim: Claim, prefix: str, sharded: bool) -> tuple[tuple[str, ...], str]:
     module = REGISTRY[claim.primitive]
     keys = list(module.admit_keys(claim, prefix))
-    if indexed and claim.primitive in holds_index.INDEXED:
-        keys.extend(holds_index.index_keys(prefix))
+    if claim.primitive in holds_index.INDEXED:
+        keys.extend(holds_index.keys_for(claim.key, prefix, sharded=sharded))
     spec = {
         "p": claim.primitive,
         "n": len(keys),
@@ -170,12 +170,12 @@ LOCK_FREED, LOCK_NOT_HELD = 0, 2
 
 
 @lru_cache(maxsize=4096)
-def _lock_keys(user_key: str, prefix: str, indexed: bool, *, admit: bool) -> tuple[str, ...]:
-    """A lock's keys for the fast-path scripts (built once per key), index keys last."""
+def _lock_keys(user_key: str, prefix: str, sharded: bool, *, admit: bool) -> tuple[str, ...]:
+    """A lock's keys for the fast-path scripts (built once per key), index keys last (on a
+    cluster, ``sharded``, its hash slot's shard)."""
     claim = LockClaim(user_key)
     keys = lock.admit_keys(claim, prefix) if admit else lock.release_keys(claim, prefix)
-    if indexed:
-        keys.extend(holds_index.index_keys(prefix))
+    keys.extend(holds_index.keys_for(user_key, prefix, sharded=sharded))
     return tuple(keys)
 
 
@@ -196,7 +196,7 @@ def _specs(
 
 def _index_spec(claim: Claim, group: list[str]) -> dict[str, Any]:
     """``ik`` (the user key) for a group that ends with the live-holds index keys."""
-    if claim.primitive in holds_index.INDEXED and group[-1].endswith(":holds:counts"):
+    if claim.primitive in holds_index.INDEXED and holds_index.is_index_group(group):
         return {"ik": claim.key}
     return {}
 
@@ -267,13 +267,12 @@ class Coordinator:
 
     def _with_index(self, claims: Sequence[Claim], groups: list[list[str]]) -> list[list[str]]:
         """Append the live-holds index keys to the groups of locks and semaphores, so the
-        scripts keep the index — except on a cluster, where they share no slot with the holds
-        (listings then SCAN; see ``holds_index``)."""
-        if not holds_index.indexed(self.client):
-            return groups
-        index = holds_index.index_keys(self.prefix)
+        scripts keep the index (on a cluster, the shard of each hold's hash slot)."""
+        prefix, sharded = self.prefix, is_cluster(self.client)
         return [
-            [*group, *index] if claim.primitive in holds_index.INDEXED else group
+            [*group, *holds_index.keys_for(claim.key, prefix, sharded=sharded)]
+            if claim.primitive in holds_index.INDEXED
+            else group
             for claim, group in zip(claims, groups, strict=True)
         ]
 
@@ -302,7 +301,7 @@ class Coordinator:
                 result.sent_at = sent_at
             return result
         prefix = self.prefix
-        parts = [_admit_part(c, prefix, holds_index.indexed(self.client)) for c in ordered]
+        parts = [_admit_part(c, prefix, is_cluster(self.client)) for c in ordered]
         groups = [list(keys) for keys, _ in parts]
         sent_at = time.monotonic()
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
@@ -322,7 +321,7 @@ class Coordinator:
         parts: list[tuple[tuple[str, ...], str]] | None = None,
     ) -> AdmissionResult:
         prefix = self.prefix
-        parts = parts or [_admit_part(c, prefix, holds_index.indexed(self.client)) for c in claims]
+        parts = parts or [_admit_part(c, prefix, is_cluster(self.client)) for c in claims]
         specs = "[" + ",".join(fragment for _, fragment in parts) + "]"
         keys = [k for group in groups for k in group]
         reply = self._run(
@@ -339,7 +338,7 @@ class Coordinator:
         """One lock on its own — the most common admission — through ``lua/lock_admit.lua``:
         the same rules as in ``admit.lua``, flat arguments and answer, no JSON either way."""
         client = self.client
-        keys = _lock_keys(claim.key, self.prefix, holds_index.indexed(client), admit=True)
+        keys = _lock_keys(claim.key, self.prefix, is_cluster(client), admit=True)
         with unavailable_on_connection_error(key=claim.key, primitive="lock"):
             raw = scripts_for(client).call(
                 "lock_admit",
@@ -498,7 +497,7 @@ class Coordinator:
     def _release_lock(self, claim: LockClaim, holder: Holder) -> Released:
         """One lock on its own through ``lua/lock_release.lua`` (see ``_admit_lock``)."""
         client = self.client
-        keys = _lock_keys(claim.key, self.prefix, holds_index.indexed(client), admit=False)
+        keys = _lock_keys(claim.key, self.prefix, is_cluster(client), admit=False)
         with unavailable_on_connection_error(key=claim.key, primitive="lock"):
             state, woken = scripts_for(client).call("lock_release", keys, (holder.owner, claim.key))
         name = ("lock", claim.key)
@@ -736,7 +735,10 @@ class Coordinator:
         items = [h for h in holds if h.claim.primitive in RENEWABLE]
         if not items:
             return Extended()
-        groups = [RENEWABLE[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items]
+        groups = self._with_index(
+            [h.claim for h in items],
+            [RENEWABLE[h.claim.primitive].extend_keys(h.claim, self.prefix) for h in items],
+        )
         extended: list[Hold] = []
         granted_ms: list[int] = []
         lost: list[tuple[Hold, str]] = []
@@ -779,12 +781,16 @@ class Coordinator:
                 plans.append(items)
                 if not items:
                     continue
-                groups = [RENEWABLE[h.claim.primitive].extend_keys(h.claim, prefix) for h in items]
+                groups = self._with_index(
+                    [h.claim for h in items],
+                    [RENEWABLE[h.claim.primitive].extend_keys(h.claim, prefix) for h in items],
+                )
                 specs = [
                     {
                         "p": h.claim.primitive,
                         "n": len(g),
                         **RENEWABLE[h.claim.primitive].extend_spec(h, owner),
+                        **_index_spec(h.claim, g),
                     }
                     for h, g in zip(items, groups, strict=True)
                 ]
@@ -860,10 +866,8 @@ class Coordinator:
                 f"force_release supports 'lock' and 'semaphore', not {primitive!r} "
                 "(use skip/reset for an ordered lock)"
             )
-        args = [primitive, owner or ""]
-        if holds_index.indexed(self.client):
-            keys += holds_index.index_keys(prefix)
-            args.append(key)
+        args = [primitive, owner or "", key]
+        keys += holds_index.keys_for(key, prefix, sharded=is_cluster(self.client))
         reply = scripts_for(self.client).run(
             "force_release", keys, args, key=key, primitive=primitive
         )

@@ -1,13 +1,16 @@
 """The live-holds index: operator listings in O(page), not O(keys) (issue 14).
 
-The admission, release and force-release scripts keep, per key prefix, three keys (see
+The admission, release, renewal and force-release scripts keep, per key prefix, four keys (see
 ``lua/_common.lua``):
 
 * ``{prefix}:holds:time`` — zset of every lock and semaphore hold, member
   ``"<user key>\\0<primitive>\\0<owner>"``, score = acquisition (Redis ms);
 * ``{prefix}:holds:keys`` — the same members with score 0, so ``ZRANGEBYLEX`` finds every
   hold of a key prefix without reading the others;
-* ``{prefix}:holds:counts`` — hash ``primitive -> number of members``.
+* ``{prefix}:holds:ttl`` — the same members, score = lease expiry (Redis ms): listings ordered
+  by time left. A renewal (``extend.lua``, a lock's re-entry, a semaphore's) moves the entry;
+* ``{prefix}:holds:counts`` — hash ``"semaphore" -> number of members``; the locks are the
+  by-time zset's size less that (so a lock's admission and release pay no ``HINCRBY``).
 
 A hold that ends by release or force-release leaves the index in the same script call. One
 that *lapses* (a killed holder's lock key expiring, a semaphore lease running out) stays until
@@ -16,25 +19,34 @@ shows a lapsed one, and hands the lapsed ones to ``lua/prune_holds.lua``, which 
 removes them atomically. Counts may therefore include lapsed holds not pruned yet; rows never
 do.
 
-Redis Cluster: the index keys share no hash slot with the holds, so on a cluster client the
-scripts are not given them and ``page()`` falls back to a SCAN of the hold keys (O(keys));
-see docs/operations.md.
+Redis Cluster: a script may only touch keys of one hash slot, so the index is sharded by slot.
+The shard of slot ``s`` is the same four keys named ``{prefix}:holds:{<tag>}:time`` ... where
+``<tag>`` is a short text that hashes to ``s`` (a table computed once per process), and every
+script is given the shard of its hold's slot. A listing asks each master, in one
+``lua/holds_shards.lua`` call, for its shards' next entries after the cursor and merges the
+masters' answers in order (see ``_cluster_candidates``); cursors mean the same as on one server.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cache, lru_cache
 from typing import Any
 
 from reactor_app.coordination import lock, semaphore
 from reactor_app.coordination.redis import (
     current_prefix,
     get_client,
+    hash_slot,
     is_cluster,
+    script_sources,
     scripts_for,
+    server_time,
     unavailable_on_connection_error,
 )
 
@@ -43,12 +55,60 @@ INDEXED = ("lock", "semaphore")
 SEPARATOR = "\0"
 #: the highest code point: an exclusive upper bound for "every member starting with a prefix"
 _LEX_TOP = "\U0010ffff"
+#: listing orders without a key prefix: acquisition time or lease expiry, either way
+ORDERINGS = ("acquired", "-acquired", "ttl", "-ttl")
+#: the index zset each ordering walks
+_ORDER_ZSET = {"acquired": "time", "ttl": "ttl"}
+#: the four index keys' suffixes, in the order the scripts take them (counts last)
+SUFFIXES = ("time", "keys", "ttl", "counts")
+SLOTS = 16384
 
 
-def index_keys(prefix: str | None = None) -> list[str]:
-    """The index's three keys: by time, by key, counts."""
-    base = f"{current_prefix(prefix)}:holds"
-    return [f"{base}:time", f"{base}:keys", f"{base}:counts"]
+def index_keys(prefix: str | None = None, *, slot: int | None = None) -> list[str]:
+    """The index's four keys — by time, by key, by expiry, counts — of one server, or with
+    ``slot`` the cluster shard of that hash slot."""
+    prefix = current_prefix(prefix)
+    if slot is None:
+        return [f"{prefix}:holds:{suffix}" for suffix in SUFFIXES]
+    return list(_shard_keys(prefix, slot))
+
+
+@lru_cache(maxsize=4096)
+def _shard_keys(prefix: str, slot: int) -> tuple[str, ...]:
+    tag = slot_tags()[slot]
+    return tuple(f"{prefix}:holds:{{{tag}}}:{suffix}" for suffix in SUFFIXES)
+
+
+@cache
+def slot_tags() -> tuple[str, ...]:
+    """For every hash slot, a short text whose hash slot it is (``{text}`` as a hash tag puts a
+    key in that slot): the lowest hexadecimal number that does. ~0.3 s, once per process."""
+    from redis.crc import key_slot
+
+    tags: list[str | None] = [None] * SLOTS
+    missing, number = SLOTS, 0
+    while missing:
+        tag = format(number, "x")
+        slot = key_slot(tag.encode())
+        if tags[slot] is None:
+            tags[slot] = tag
+            missing -= 1
+        number += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def keys_for(user_key: str, prefix: str | None = None, *, sharded: bool = False) -> list[str]:
+    """The index keys a script touching ``user_key``'s hold is given: one server's, or
+    (``sharded``: a cluster) the shard of the hold's hash slot."""
+    prefix = current_prefix(prefix)
+    if not sharded:
+        return index_keys(prefix)
+    return index_keys(prefix, slot=hash_slot(lock.hold_key(user_key, prefix)))
+
+
+def is_index_group(keys: list[str]) -> bool:
+    """Whether a script's key group ends with index keys (so it carries ``ik``)."""
+    return bool(keys) and keys[-1].endswith(":counts") and ":holds" in keys[-1]
 
 
 def member(user_key: str, primitive: str, owner: str) -> str:
@@ -60,11 +120,6 @@ def split_member(text: str) -> tuple[str, str, str] | None:
     if len(parts) != 3:
         return None
     return parts[0], parts[1], parts[2]
-
-
-def indexed(client: Any) -> bool:
-    """Whether the scripts keep the index for this client (never on a cluster)."""
-    return not is_cluster(client)
 
 
 @dataclass
@@ -95,18 +150,41 @@ def decode_cursor(cursor: str) -> dict[str, Any]:
 
 
 def totals(*, client: Any = None, prefix: str | None = None) -> dict[str, int]:
+    """Holds per primitive according to the index (lapsed ones not pruned yet included)."""
     client = client or get_client()
+    prefix = current_prefix(prefix)
     with unavailable_on_connection_error():
-        raw = client.hgetall(index_keys(prefix)[2])
-    return {p: max(int(raw.get(p, 0)), 0) for p in INDEXED}
+        if is_cluster(client):
+            raw: dict[str, int] = {}
+            for flat in _per_master(client, prefix, "time", ["counts"]):
+                for name, value in zip(flat[::2], flat[1::2], strict=True):
+                    raw[name] = raw.get(name, 0) + int(value)
+            every, semaphores = raw.get("all", 0), raw.get("semaphore", 0)
+        else:
+            time_key, _, _, counts_key = index_keys(prefix)
+            pipe = client.pipeline(transaction=False)
+            pipe.zcard(time_key)
+            pipe.hget(counts_key, "semaphore")
+            every, semaphores = pipe.execute()
+    semaphores = max(int(semaphores or 0), 0)
+    return {"lock": max(int(every) - semaphores, 0), "semaphore": semaphores}
 
 
 def _candidates(
-    client: Any, prefix: str, key_prefix: str | None, after: dict[str, Any] | None, batch: int
+    client: Any,
+    prefix: str,
+    key_prefix: str | None,
+    ordering: str,
+    after: dict[str, Any] | None,
+    batch: int,
 ) -> Iterator[tuple[str, float]]:
     """Index members in listing order, after the cursor: by key when a key prefix is given,
-    else by acquisition time (ties by member)."""
-    time_key, keys_key, _ = index_keys(prefix)
+    else by acquisition time or lease expiry (``ordering``; ties by member, descending when
+    the order is)."""
+    if is_cluster(client):
+        yield from _cluster_candidates(client, prefix, key_prefix, ordering, after, batch)
+        return
+    time_key, keys_key, ttl_key, _ = index_keys(prefix)
     if key_prefix is not None:
         low = f"({after['m']}" if after else f"[{key_prefix}"
         high = f"({key_prefix}{_LEX_TOP}"
@@ -119,25 +197,168 @@ def _candidates(
             if len(chunk) < batch:
                 return
             low = f"({chunk[-1]}"
-    score = float(after["s"]) if after else float("-inf")
+    reverse = ordering.startswith("-")
+    zset = ttl_key if ordering.lstrip("-") == "ttl" else time_key
+    score = float(after["s"]) if after else (math.inf if reverse else -math.inf)
     last = after["m"] if after else None
     offset = 0  # members at ``score`` already passed (ties are ordered by member)
     while True:
-        chunk = client.zrangebyscore(
-            time_key, score, "+inf", start=offset, num=batch, withscores=True
-        )
+        if reverse:
+            chunk = client.zrevrangebyscore(
+                zset, score, "-inf", start=offset, num=batch, withscores=True
+            )
+        else:
+            chunk = client.zrangebyscore(
+                zset, score, "+inf", start=offset, num=batch, withscores=True
+            )
         if not chunk:
             return
         for name, at in chunk:
             if at == score:
                 offset += 1
-                if last is not None and name <= last:
+                if last is not None and (name >= last if reverse else name <= last):
                     continue
             else:
                 score, offset = at, 1
             last = None
             yield name, at
         if len(chunk) < batch:
+            return
+
+
+# -- Redis Cluster: the shards of every master, merged ----------------------------------------
+
+
+@cache
+def _shards_script() -> str:
+    """``lua/holds_shards.lua`` with the table of every slot's hash tag spliced in."""
+    table = "local SLOT_TAGS = {" + ",".join(f"'{tag}'" for tag in slot_tags()) + "}"
+    return script_sources()["holds_shards"].replace("-- @slot-tags", table, 1)
+
+
+def _masters(client: Any) -> list[tuple[Any, str]]:
+    """Every master node and the slots it serves, as ranges "a-b,c-d" (the client's map)."""
+    cache = client.nodes_manager.slots_cache
+    ranges: dict[str, tuple[Any, list[str]]] = {}
+    current, first = None, 0
+    for slot in range(SLOTS + 1):
+        nodes = cache.get(slot) if slot < SLOTS else None
+        node = nodes[0] if nodes else None
+        if node is not current:
+            if current is not None:
+                ranges.setdefault(current.name, (current, []))[1].append(f"{first}-{slot - 1}")
+            current, first = node, slot
+    return [(node, ",".join(parts)) for node, parts in ranges.values()]
+
+
+#: the script's SHA1 as loaded (on every master, by SCRIPT LOAD)
+_shards_sha: dict[str, str] = {}
+
+
+def _per_master(client: Any, prefix: str, suffix: str, args: list[str]) -> list[list[Any]]:
+    """``lua/holds_shards.lua`` on every master over its slots' shards of the index key
+    ``suffix``: one call each (the script may read keys of several slots of its own node).
+    ``args``: the script's ARGV[1..4] (padded)."""
+    import redis as redis_py
+
+    source = _shards_script()
+    head = [*args, "", "", ""][:4]
+
+    def ask(master: tuple[Any, str]) -> Any:
+        node, slots = master
+        call = [*head, prefix, suffix, slots]
+        sha = _shards_sha.get(source)
+        try:
+            if sha is None:
+                raise redis_py.exceptions.NoScriptError("not loaded yet")
+            return client.execute_command("EVALSHA", sha, 0, *call, target_nodes=node)
+        except redis_py.exceptions.NoScriptError:
+            sha = _shards_sha[source] = client.script_load(source)
+            return client.execute_command("EVALSHA", sha, 0, *call, target_nodes=node)
+
+    # the masters work at once: a page waits for the slowest, not for their sum
+    masters = _masters(client)
+    with ThreadPoolExecutor(max_workers=len(masters) or 1) as pool:
+        return list(pool.map(ask, masters))
+
+
+def _cluster_candidates(
+    client: Any,
+    prefix: str,
+    key_prefix: str | None,
+    ordering: str,
+    after: dict[str, Any] | None,
+    batch: int,
+) -> Iterator[tuple[str, float]]:
+    """``_candidates`` on a cluster. Each round every master answers, for its shards, the
+    entries after the position up to a bound below which it answered every one (the
+    ``batch``-th smallest head of its shards, or a shard's last entry when it gave ``batch``);
+    the masters' answers up to the smallest of their bounds are the next entries in order."""
+    if key_prefix is not None:
+        last = after["m"] if after else None
+        while True:
+            low = f"({last}" if last is not None else f"[{key_prefix}"
+            high = f"({key_prefix}{_LEX_TOP}"
+            answers = _per_master(client, prefix, "keys", ["lex", low, high, str(batch)])
+            entries: list[str] = []
+            bound: str | None = None  # None: every master answered everything
+            for answer in answers:
+                caps, names = int(answer[0]), answer[1:]
+                for cap in names[:caps]:
+                    bound = cap if bound is None else min(bound, cap)
+                entries += names[caps:]
+            entries = sorted(
+                n
+                for n in set(entries)
+                if (last is None or n > last) and (bound is None or n <= bound)
+            )
+            for name in entries:
+                yield name, 0.0
+            if bound is None:
+                return
+            last = entries[-1] if entries else bound
+    reverse = ordering.startswith("-")
+    position: tuple[float, str] | None = (float(after["s"]), after["m"]) if after else None
+    suffix = _ORDER_ZSET[ordering.lstrip("-")]
+
+    def later(entry: tuple[float, str], than: tuple[float, str]) -> bool:
+        return entry < than if reverse else entry > than
+
+    while True:
+        cursor = "" if position is None else repr(position[0])
+        answers = _per_master(
+            client, prefix, suffix, ["desc" if reverse else "asc", cursor, str(batch)]
+        )
+        found: list[tuple[float, str]] = []
+        limit: tuple[float, str] | None = None  # None: everything answered
+        for answer in answers:
+            head, caps = answer[0], int(answer[1])
+            rest = answer[2:]
+            bounds = [(float(rest[i + 1]), rest[i]) for i in range(0, 2 * caps, 2)]
+            if head != "":
+                # every entry scored up to ``head`` (inclusive) was answered
+                bounds.append((float(head), "" if reverse else _LEX_TOP))
+            for candidate in bounds:
+                if limit is None or later(limit, candidate):
+                    limit = candidate
+            rest = rest[2 * caps :]
+            found += [(float(rest[i + 1]), rest[i]) for i in range(0, len(rest), 2)]
+        chosen = sorted(
+            {
+                e
+                for e in found
+                if (position is None or later(e, position))
+                and (limit is None or not later(e, limit))
+            },
+            reverse=reverse,
+        )
+        for at, name in chosen:
+            yield name, at
+        if limit is None:
+            return
+        if chosen:
+            position = chosen[-1]
+        else:  # pragma: no cover - a bound always lets at least one entry through
             return
 
 
@@ -218,34 +439,47 @@ def page(
     limit: int = 50,
     cursor: str | None = None,
     key_prefix: str | None = None,
+    ordering: str | None = None,
     client: Any = None,
     prefix: str | None = None,
     **filters: Any,
 ) -> HoldPage:
-    """Up to ``limit`` live holds, in acquisition order (by key under a ``key_prefix``),
-    starting after ``cursor``; ``filters``: primitive, key (exact), step, level, reactor,
-    execution. Reads O(page) entries when nothing but the key prefix and primitive narrow
-    the listing; other filters read on until the page is full.
+    """Up to ``limit`` live holds starting after ``cursor``: by key under a ``key_prefix``
+    (or an exact ``key``), else in ``ordering`` — ``acquired`` (the default: oldest first),
+    ``-acquired``, ``ttl`` (least time left first) or ``-ttl``. ``filters``: primitive, key
+    (exact), step, level, reactor, execution. Reads O(page) entries when nothing but the key
+    prefix and primitive narrow the listing; other filters read on until the page is full.
 
-    Lapsed entries met on the way are never returned and are pruned. ``ValueError`` for a bad
-    cursor; ``CoordinationUnavailable`` when Redis cannot be reached.
+    Every hold present for the whole walk is listed exactly once across the pages; in a
+    ``ttl`` ordering a hold whose lease is renewed meanwhile moves (it may be listed again,
+    or, walking ``-ttl``, jump behind the cursor). Lapsed entries met on the way are never
+    returned and are pruned. ``ValueError`` for a bad cursor or ordering (an ordering with
+    a key prefix: those list by key); ``CoordinationUnavailable`` when Redis cannot be
+    reached.
     """
     client = client or get_client()
     prefix = current_prefix(prefix)
-    after = decode_cursor(cursor) if cursor else None
-    if after is not None and ("s" in after) == (key_prefix is not None):
-        raise ValueError("the cursor belongs to a listing with other filters")
     if filters.get("key") is not None and key_prefix is None:
         key_prefix = filters["key"]  # an exact key is a prefix whose other matches are dropped
+    if ordering is not None and ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, not {ordering!r}")
+    if ordering is not None and key_prefix is not None:
+        raise ValueError("a listing by key prefix (or key) is ordered by key: no ordering")
+    ordering = ordering or "acquired"
+    after = decode_cursor(cursor) if cursor else None
+    if after is not None and (
+        ("s" in after) == (key_prefix is not None) or after.get("o", "acquired") != ordering
+    ):
+        raise ValueError("the cursor belongs to a listing with other filters")
     wanted_primitive = filters.get("primitive")
     batch = max(limit, 50)
     rows: list[dict[str, Any]] = []
     lapsed: list[tuple[str, str, str]] = []
     next_cursor: str | None = None
     with unavailable_on_connection_error():
-        seconds, micros = client.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
-        candidates = _candidates(client, prefix, key_prefix, after, batch)
+        seconds, micros = server_time(client)
+        now_ms = seconds * 1000 + micros // 1000
+        candidates = _candidates(client, prefix, key_prefix, ordering, after, batch)
         exhausted = False
         while len(rows) < limit and not exhausted:
             chunk: list[tuple[tuple[str, str, str], str, float]] = []
@@ -270,7 +504,11 @@ def page(
                     continue
                 rows.append(row)
                 if len(rows) == limit:
-                    position = {"m": name} if key_prefix is not None else {"m": name, "s": at}
+                    position: dict[str, Any] = {"m": name}
+                    if key_prefix is None:
+                        position["s"] = at
+                        if ordering != "acquired":
+                            position["o"] = ordering
                     more = index < len(chunk) - 1 or not exhausted
                     next_cursor = encode_cursor(position) if more else None
                     break
@@ -284,25 +522,45 @@ def prune(
     entries: list[tuple[str, str, str]], *, client: Any = None, prefix: str | None = None
 ) -> int:
     """Remove the index entries of holds that are gone (re-checked atomically). Returns how
-    many were removed."""
+    many were removed. On a cluster, one call per hash slot (with that slot's shard)."""
     client = client or get_client()
     prefix = current_prefix(prefix)
-    keys = list(index_keys(prefix))
-    specs = []
-    for user_key, primitive, owner in entries:
-        keys.append(
-            lock.hold_key(user_key, prefix)
-            if primitive == "lock"
-            else semaphore.leases_key(user_key, prefix)
-        )
-        specs.append({"p": primitive, "key": user_key, "owner": owner})
-    reply = scripts_for(client).run("prune_holds", keys, [json.dumps(specs)])
-    return len(reply.data.get("pruned", []))
+    sharded = is_cluster(client)
+    groups: dict[int | None, list[tuple[str, str, str]]] = {}
+    for entry in entries:
+        slot = hash_slot(lock.hold_key(entry[0], prefix)) if sharded else None
+        groups.setdefault(slot, []).append(entry)
+    removed = 0
+    for slot, group in groups.items():
+        keys = index_keys(prefix, slot=slot)
+        specs = []
+        for user_key, primitive, owner in group:
+            keys.append(
+                lock.hold_key(user_key, prefix)
+                if primitive == "lock"
+                else semaphore.leases_key(user_key, prefix)
+            )
+            specs.append({"p": primitive, "key": user_key, "owner": owner})
+        reply = scripts_for(client).run("prune_holds", keys, [json.dumps(specs)])
+        removed += len(reply.data.get("pruned", []))
+    return removed
 
 
 def all_entries(*, client: Any = None, prefix: str | None = None) -> list[tuple[str, str, str]]:
-    """Every entry of the index, lapsed or not (for tests and repair)."""
+    """Every entry of the index, lapsed or not, by acquisition (for tests and repair)."""
     client = client or get_client()
+    prefix = current_prefix(prefix)
     with unavailable_on_connection_error():
-        names = client.zrange(index_keys(prefix)[0], 0, -1)
+        names = [n for n, _ in _candidates(client, prefix, None, "acquired", None, 1000)]
     return [e for e in (split_member(n) for n in names) if e is not None]
+
+
+def expiry_entries(
+    *, client: Any = None, prefix: str | None = None
+) -> list[tuple[tuple[str, str, str], int]]:
+    """Every entry of the by-expiry zset with its expiry ms, lapsed or not (for tests)."""
+    client = client or get_client()
+    prefix = current_prefix(prefix)
+    with unavailable_on_connection_error():
+        pairs = list(_candidates(client, prefix, None, "ttl", None, 1000))
+    return [(e, int(at)) for e, at in ((split_member(n), at) for n, at in pairs) if e is not None]

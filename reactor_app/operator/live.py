@@ -21,13 +21,15 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination import primitives
+from reactor_app.coordination import holds_index, primitives
 from reactor_app.coordination import state as coordination_state
 
 #: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
 PRIMITIVES = primitives.NAMES
 #: primitives whose holds are "held" (listed as live holds and force-releasable)
 HOLDING_PRIMITIVES = primitives.HOLDING
+#: how a listing of live holds may be ordered (without a key prefix, which lists by key)
+HOLD_ORDERINGS = holds_index.ORDERINGS
 #: the rate-limit windows reported for a key no named limit describes
 STANDARD_WINDOWS = ("second", "minute", "hour", "day")
 #: hold levels: a step's own hold, or one taken around the whole reactor run
@@ -112,17 +114,15 @@ def hold_page(
     level: str | None = None,
     reactor: str | None = None,
     execution: str | None = None,
+    ordering: str | None = None,
 ) -> HoldsPage:
-    """A page of live holds from the live-holds index (``coordination.holds_index``), in
-    acquisition order — by key under a ``key_prefix`` — continuing after ``cursor``.
+    """A page of live holds from the live-holds index (``coordination.holds_index``, sharded
+    by hash slot on a Redis Cluster), in ``ordering`` — acquisition time (the default) or
+    time left, either way; by key under a ``key_prefix`` — continuing after ``cursor``.
 
-    On a Redis Cluster client (no index) it falls back to reading every hold (SCAN) and
-    slicing. Raises ``ValueError`` for a bad cursor and ``CoordinationUnavailable`` when Redis
-    cannot be reached.
+    Raises ``ValueError`` for a bad cursor or ordering and ``CoordinationUnavailable`` when
+    Redis cannot be reached.
     """
-    from reactor_app.coordination import holds_index
-    from reactor_app.coordination.redis import get_client
-
     filters = {
         "key": key,
         "primitive": primitive,
@@ -131,10 +131,9 @@ def hold_page(
         "reactor": reactor,
         "execution": str(execution) if execution else None,
     }
-    client = get_client()
-    if not holds_index.indexed(client):
-        return _scanned_page(limit, cursor, key_prefix, filters)
-    found = holds_index.page(limit=limit, cursor=cursor, key_prefix=key_prefix, **filters)
+    found = holds_index.page(
+        limit=limit, cursor=cursor, key_prefix=key_prefix, ordering=ordering, **filters
+    )
     narrowed = {k for k, v in filters.items() if v} | ({"key_prefix"} if key_prefix else set())
     count: int | None = None
     if not narrowed:
@@ -148,43 +147,6 @@ def hold_page(
         next_cursor=found.next_cursor,
         totals=found.totals,
         count=count,
-    )
-
-
-def _scanned_page(
-    limit: int, cursor: str | None, key_prefix: str | None, filters: dict[str, Any]
-) -> HoldsPage:
-    """The cluster fallback: every hold read, filtered and sliced (O(keys) per request)."""
-    from reactor_app.coordination import holds_index
-
-    offset = 0
-    if cursor:
-        data = holds_index.decode_cursor(cursor)
-        if not data["m"].isdigit():
-            raise ValueError(f"not a cursor of this listing: {cursor!r}")
-        offset = int(data["m"])
-    holds = live_holds(
-        key=filters["key"],
-        primitive=filters["primitive"],
-        step=filters["step"],
-        level=filters["level"],
-        execution=filters["execution"],
-    )
-    if key_prefix:
-        holds = [h for h in holds if h["key"].startswith(key_prefix)]
-    if filters["reactor"]:
-        wanted = filters["reactor"]
-        holds = [
-            h for h in holds if h["reactor"] in (wanted,) or (h["reactor"] or "").endswith(wanted)
-        ]
-    totals = {p: sum(1 for h in holds if h["primitive"] == p) for p in HOLDING_PRIMITIVES}
-    rows = holds[offset : offset + limit]
-    more = offset + limit < len(holds)
-    return HoldsPage(
-        rows=rows,
-        next_cursor=holds_index.encode_cursor({"m": str(offset + limit)}) if more else None,
-        totals=totals,
-        count=len(holds),
     )
 
 

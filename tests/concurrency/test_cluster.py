@@ -11,6 +11,7 @@ surface as ``CoordinationUnavailable`` — never as a generic step failure.
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from reactor_app import (
     with_rate_limit,
     with_semaphore,
 )
-from reactor_app.coordination import state
+from reactor_app.coordination import holds_index, state
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
@@ -327,3 +328,148 @@ def test_reactor_redis_status_describes_a_dict_configured_cluster(
     text = out.getvalue()
     assert "topology:     Redis Cluster via 127.0.0.1:" in text and "(REACTOR_REDIS)" in text
     assert "answers:      yes" in text
+
+
+# -- the live-holds index, sharded by hash slot ------------------------------------------------
+
+
+def _every_page(client: Any, prefix: str, limit: int, **filters: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(200):
+        page = holds_index.page(limit=limit, cursor=cursor, client=client, prefix=prefix, **filters)
+        rows += page.rows
+        cursor = page.next_cursor
+        if cursor is None:
+            return rows
+    raise AssertionError("paging never ended")
+
+
+def _ids(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(r["primitive"], r["key"], r["owner"]) for r in rows]
+
+
+def test_the_index_shard_of_a_hold_shares_its_slot(cluster: Any, redis_prefix: str) -> None:
+    for user_key in ("acct:1", "acct:2", "{odd}", "k" * 40):
+        keys = holds_index.keys_for(user_key, redis_prefix, sharded=True)
+        hold_slot = hash_slot(key("lock", user_key, prefix=redis_prefix))
+        assert {hash_slot(name) for name in keys} == {hold_slot}
+        assert hash_slot(key("semaphore", user_key, prefix=redis_prefix)) == hold_slot
+    assert len(set(holds_index.slot_tags())) == holds_index.SLOTS
+
+
+def test_the_index_lists_pages_and_orders_holds_across_every_primary(
+    cluster: Any, redis_prefix: str
+) -> None:
+    client = get_client()
+    coordinator = Coordinator()
+    taken: list[Admitted] = []
+    for n in range(45):
+        claim = (
+            LockClaim(f"ix:{n:02d}", ttl=20 + n % 7)
+            if n % 4
+            else SemaphoreClaim(f"ix:{n:02d}", limit=3, ttl=20 + n % 5)
+        )
+        admitted = coordinator.admit([claim], Holder(owner=f"o{n}", step="s"))
+        assert isinstance(admitted, Admitted)
+        taken.append(admitted)
+    ports = {node_port(cluster, key("lock", f"ix:{n:02d}")) for n in range(45)}
+    assert len(ports) == 3  # the holds (and their index shards) are on every primary
+    truth = sorted(_ids(state.live_holds()))
+    assert len(truth) == 45
+    assert holds_index.totals(client=client, prefix=redis_prefix) == {
+        "lock": 33,
+        "semaphore": 12,
+    }
+    for ordering in (None, "-acquired", "ttl", "-ttl"):
+        rows = _every_page(client, redis_prefix, 7, ordering=ordering)
+        listed = _ids(rows)
+        assert len(listed) == len(set(listed)), ordering
+        assert sorted(listed) == truth, ordering
+        if ordering in (None, "-acquired"):
+            stamps = [r["acquired_at"] for r in rows]
+            assert stamps == sorted(stamps, reverse=ordering is not None)
+        else:
+            left = [r["ttl_left"] for r in rows]
+            pairs = list(pairwise(left))
+            if ordering == "ttl":
+                assert all(b >= a - 0.5 for a, b in pairs), left
+            else:
+                assert all(b <= a + 0.5 for a, b in pairs), left
+    # by key prefix: every shard's matches, merged in key order
+    under = _every_page(client, redis_prefix, 4, key_prefix="ix:1")
+    assert [r["key"] for r in under] == [f"ix:{n}" for n in range(10, 20)]
+    exact = holds_index.page(key="ix:07", client=client, prefix=redis_prefix)
+    assert _ids(exact.rows) == [("lock", "ix:07", "o7")]
+    # a renewal moves the hold to the end of the ttl order
+    renewed = taken[5]
+    coordinator.extend(renewed.holds, renewed.holder.owner, lease_ms=600_000)
+    last = _every_page(client, redis_prefix, 50, ordering="ttl")[-1]
+    assert (last["key"], last["owner"]) == ("ix:05", "o5")
+    for admitted in taken:
+        coordinator.release(admitted, "success")
+    assert holds_index.all_entries(client=client, prefix=redis_prefix) == []
+    assert holds_index.totals(client=client, prefix=redis_prefix) == {"lock": 0, "semaphore": 0}
+
+
+def test_lapsed_holds_are_never_listed_and_are_pruned_on_a_cluster(
+    cluster: Any, redis_prefix: str
+) -> None:
+    client = get_client()
+    coordinator = Coordinator()
+    taken = {}
+    for n in range(12):
+        claim = LockClaim(f"lp:{n}", ttl=30) if n % 2 else SemaphoreClaim(f"lp:{n}", 2, ttl=30)
+        admitted = coordinator.admit([claim], Holder(owner=f"o{n}"))
+        assert isinstance(admitted, Admitted)
+        taken[n] = admitted
+    gone = {0, 3, 4, 7}  # lapse as a killed holder's would: the lock key expires, a lease ends
+    for n in gone:
+        if n % 2:
+            client.pexpire(key("lock", f"lp:{n}"), 1)
+        else:
+            client.zadd(key("semaphore", f"lp:{n}"), {f"o{n}": 1}, xx=True)
+    time.sleep(0.01)
+    assert len(holds_index.all_entries(client=client, prefix=redis_prefix)) == 12
+    for ordering in (None, "ttl", "-ttl", "-acquired"):
+        listed = {r["key"] for r in _every_page(client, redis_prefix, 3, ordering=ordering)}
+        assert listed == {f"lp:{n}" for n in range(12) if n not in gone}, ordering
+    remaining = {e[0] for e in holds_index.all_entries(client=client, prefix=redis_prefix)}
+    assert remaining == {f"lp:{n}" for n in range(12) if n not in gone}
+
+
+def test_paging_on_a_cluster_returns_each_steady_hold_once_while_others_come_and_go(
+    cluster: Any, redis_prefix: str
+) -> None:
+    client = get_client()
+    coordinator = Coordinator()
+    steady = set()
+    for n in range(30):
+        assert isinstance(
+            coordinator.admit([LockClaim(f"st:{n}")], Holder(owner=f"s{n}")), Admitted
+        )
+        steady.add(("lock", f"st:{n}", f"s{n}"))
+    for ordering in (None, "-acquired", "ttl", "-ttl"):
+        churn: list[Admitted] = []
+        seen: list[tuple[str, str, str]] = []
+        cursor = None
+        for pages in range(100):
+            page = holds_index.page(
+                limit=4, cursor=cursor, ordering=ordering, client=client, prefix=redis_prefix
+            )
+            seen += _ids(page.rows)
+            for n in range(3):
+                fresh = coordinator.admit(
+                    [SemaphoreClaim(f"ch:{ordering}:{pages}:{n}", limit=1)], Holder(owner="c")
+                )
+                assert isinstance(fresh, Admitted)
+                churn.append(fresh)
+            while len(churn) > 4:
+                coordinator.release(churn.pop(0), "success")
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert len(seen) == len(set(seen)), ordering
+        assert {s for s in seen if s[1].startswith("st:")} == steady, ordering
+        for admitted in churn:
+            coordinator.release(admitted, "success")

@@ -2,14 +2,16 @@
 
 The ground truth is ``state.live_holds()`` — a SCAN of every lock and semaphore key under the
 prefix, O(keys) — and the index must agree with it after any sequence of admissions, releases,
-lapses (a lock key expiring, a semaphore lease running out) and force-releases: it never lists
-a hold that is gone and never misses a live one. Paging through it returns each hold once, also
-while holds come and go between pages.
+renewals, lapses (a lock key expiring, a semaphore lease running out) and force-releases: it
+never lists a hold that is gone and never misses a live one, and its by-expiry entry of every
+live hold is the hold's lease as Redis has it. Paging through it, in every ordering, returns
+each hold once, also while holds come and go between pages.
 """
 
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +31,7 @@ operation = st.one_of(
     st.tuples(st.just("semaphore"), st.sampled_from(KEYS), st.sampled_from(OWNERS)),
     st.tuples(st.just("release"), st.integers(0, 20), st.just("")),
     st.tuples(st.just("lapse"), st.integers(0, 20), st.just("")),
+    st.tuples(st.just("renew"), st.integers(0, 20), st.integers(31, 90)),
     st.tuples(st.just("force"), st.sampled_from(KEYS), st.sampled_from(["lock", "semaphore"])),
 )
 
@@ -53,6 +56,42 @@ def every_page(coordinator: Coordinator, limit: int, **filters: Any) -> list[dic
         if cursor is None:
             return rows
     raise AssertionError("paging never ended")
+
+
+def lease_ms(coordinator: Coordinator, primitive: str, user_key: str, owner: str) -> int | None:
+    """When the hold's lease ends as Redis has it (ms), or None when it is gone."""
+    client = coordinator.client
+    if primitive == "lock":
+        name = lock.hold_key(user_key, coordinator.prefix)
+        seconds, micros = client.time()
+        if client.hget(name, "owner") != owner:
+            return None
+        left = client.pttl(name)
+        return int(seconds) * 1000 + int(micros) // 1000 + left if left > 0 else None
+    expiry = client.zscore(semaphore.leases_key(user_key, coordinator.prefix), owner)
+    return int(expiry) if expiry is not None else None
+
+
+def check_orderings(coordinator: Coordinator, truth: list[tuple[str, str, str]]) -> None:
+    """Every ordering pages through exactly the live holds, each once, in its order."""
+    by_time = every_page(coordinator, limit=3)
+    for ordering in ("-acquired", "ttl", "-ttl"):
+        rows = every_page(coordinator, limit=3, ordering=ordering)
+        listed = identities(rows)
+        assert len(listed) == len(set(listed)), f"{ordering}: listed twice: {listed}"
+        assert sorted(listed) == truth, ordering
+        if ordering == "-acquired":
+            stamps = [r["acquired_at"] for r in rows]
+            assert stamps == sorted(stamps, reverse=True)
+            assert sorted(listed) == sorted(identities(by_time))
+        else:
+            # time left as each page read it: pages are read a few ms apart
+            left = [r["ttl_left"] for r in rows]
+            pairs = list(pairwise(left))
+            if ordering == "ttl":
+                assert all(b >= a - 0.5 for a, b in pairs), left
+            else:
+                assert all(b <= a + 0.5 for a, b in pairs), left
 
 
 def lapse(coordinator: Coordinator, admitted: Admitted) -> None:
@@ -96,9 +135,15 @@ def test_the_index_lists_exactly_the_live_holds(operations: list[tuple[Any, ...]
                 coordinator.release(taken.pop(first % len(taken)), "success")
             elif kind == "lapse" and taken:
                 lapsed_one = taken[first % len(taken)]
-                lapse(coordinator, lapsed_one)
                 claim = lapsed_one.holds[0].claim
-                lapsed.add((claim.key, claim.primitive, lapsed_one.holder.owner))
+                owner = lapsed_one.holder.owner
+                # only a hold still live: a lapsed lock's key may be another owner's by now
+                if lease_ms(coordinator, claim.primitive, claim.key, owner) is not None:
+                    lapse(coordinator, lapsed_one)
+                    lapsed.add((claim.key, claim.primitive, owner))
+            elif kind == "renew" and taken:
+                renewed = taken[first % len(taken)]
+                coordinator.extend(renewed.holds, renewed.holder.owner, lease_ms=second * 1000)
             elif kind == "force":
                 coordinator.force_release(second, first)
 
@@ -109,12 +154,18 @@ def test_the_index_lists_exactly_the_live_holds(operations: list[tuple[Any, ...]
             live = {(k, p, o) for p, k, o in truth}
             assert live <= entries, f"missing from the index: {live - entries}"
             assert entries - live <= lapsed, f"stale in the index: {entries - live - lapsed}"
+            # the by-expiry entry of a live hold is its lease (a renewal moved it)
+            expiries = dict(holds_index.expiry_entries(client=coordinator.client, prefix=prefix))
+            for entry in live:
+                actual = lease_ms(coordinator, entry[1], entry[0], entry[2])
+                assert actual is not None and abs(expiries[entry] - actual) <= 50, entry
             listed = identities(every_page(coordinator, limit=3))
             assert len(listed) == len(set(listed)), f"listed twice: {listed}"
             assert sorted(listed) == truth
             under_a = identities(every_page(coordinator, limit=2, key_prefix="a:"))
             assert sorted(under_a) == [t for t in truth if t[1].startswith("a:")]
             lapsed.clear()  # the full listing pruned them
+            check_orderings(coordinator, truth)
             counts = holds_index.totals(client=coordinator.client, prefix=prefix)
             assert counts == {p: sum(1 for t in truth if t[0] == p) for p in ("lock", "semaphore")}
         # every entry still in the index after a full listing is a live hold

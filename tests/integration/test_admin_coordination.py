@@ -432,6 +432,22 @@ def test_coordination_page_pages_and_searches_the_live_holds(staff_client: Clien
     assert keys_of(reactor_level) == ["k:010", "k:012", "k:014", "k:016", "k:018"]
     assert len(first.encode()) < 200 * 1024
 
+    # order links: newest first, time left either way (semaphores' leases: 60 s, locks' 60 s)
+    assert re.search(r'id="hold-order">Order: <strong>oldest first</strong>', first)
+    newest = text(staff_client.get(COORDINATION, {"h_order": "-acquired"}))
+    assert keys_of(newest)[:3] == ["k:119", "k:118", "k:117"]
+    link = re.search(r'<a href="\?([^"]*h_order=ttl[^"]*)#holds">least time left</a>', newest)
+    assert link is not None
+    least = text(staff_client.get(COORDINATION + "?" + link.group(1).replace("&amp;", "&")))
+    assert keys_of(least)[:3] == ["k:000", "k:001", "k:002"]
+    assert re.search(r"<strong>least time left</strong>", least)
+    most = [*keys_of(text(staff_client.get(COORDINATION, {"h_order": "-ttl"})))]
+    assert most[:3] == ["k:119", "k:118", "k:117"]
+    # a key search lists by key whatever the order asked
+    searched = text(staff_client.get(COORDINATION, {"q": "k:00", "h_order": "-ttl"}))
+    assert keys_of(searched)[:3] == ["k:000", "k:001", "k:002"]
+    assert "by key (searching by key)" in searched
+
 
 @pytest.mark.django_db
 def test_the_timeline_opens_zoomed_to_the_keys_events(staff_client: Client) -> None:

@@ -54,35 +54,48 @@ local WAITING_PREFIX = 'wait:'
 local WAITING_GRANT_MS = 500
 
 -- The live-holds index (operator listings, docs/operations.md): a lock or semaphore hold is one
--- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms and of a zset by key
--- (score 0, so ZRANGEBYLEX finds a key prefix), with a per-primitive count in a hash. It is
--- kept only when the caller passes its three keys (never on a cluster: they share no slot).
+-- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms, of a zset by key
+-- (score 0, so ZRANGEBYLEX finds a key prefix) and of a zset by lease expiry ms (ordering by
+-- time left; renewals move it), with the count of semaphore holds in a hash (a lock's count is
+-- the by-time zset's size less that: the lock's hot path pays no HINCRBY). It is kept only when
+-- the caller passes its four keys: one server's index, or on a cluster the shard of the hold's
+-- hash slot (coordination/holds_index.py).
 local function hold_member(user_key, primitive, owner)
   return user_key .. '\0' .. primitive .. '\0' .. owner
 end
 
--- The index of a key group whose three index keys start at keys[first], or nil.
+-- The index of a key group whose four index keys start at keys[first], or nil.
 local function index_of(keys, first, user_key)
-  if not user_key or not keys[first + 2] then return nil end
-  return {time = keys[first], keys = keys[first + 1], counts = keys[first + 2], key = user_key}
+  if not user_key or not keys[first + 3] then return nil end
+  return {time = keys[first], keys = keys[first + 1], ttl = keys[first + 2],
+          counts = keys[first + 3], key = user_key}
 end
 
-local function index_add(index, primitive, owner, at_ms)
+local function index_add(index, primitive, owner, at_ms, expiry_ms)
   if not index then return end
   local member = hold_member(index.key, primitive, owner)
-  if redis.call('ZADD', index.time, at_ms, member) == 1 then
+  if redis.call('ZADD', index.time, at_ms, member) == 1 and primitive ~= 'lock' then
     redis.call('HINCRBY', index.counts, primitive, 1)
   end
   redis.call('ZADD', index.keys, 0, member)
+  redis.call('ZADD', index.ttl, expiry_ms, member)
+end
+
+-- A renewed (or re-entered) hold's lease now ends at expiry_ms: move its entry by time left
+-- (XX: an entry a concurrent prune removed is not brought back).
+local function index_renew(index, primitive, owner, expiry_ms)
+  if not index then return end
+  redis.call('ZADD', index.ttl, 'XX', expiry_ms, hold_member(index.key, primitive, owner))
 end
 
 local function index_remove(index, primitive, owner)
   if not index then return end
   local member = hold_member(index.key, primitive, owner)
-  if redis.call('ZREM', index.time, member) == 1 then
+  if redis.call('ZREM', index.time, member) == 1 and primitive ~= 'lock' then
     redis.call('HINCRBY', index.counts, primitive, -1)
   end
   redis.call('ZREM', index.keys, member)
+  redis.call('ZREM', index.ttl, member)
 end
 
 -- The unit of work behind a holder: an execution's step (or its reactor level, step ""), so a

@@ -5,7 +5,7 @@
 -- A lock's keys, in this order: hold hash (owner, count, step, execution, reactor, acquired_at
 -- ms, token), fence (the last token issued; admission only), waiters zset (waiter id ->
 -- registered ms; plus at most one "grant:<waiter id>" -> -(grant expiry ms)); then, optionally,
--- the three live-holds index keys (see index_of in _common.lua).
+-- the four live-holds index keys (see index_of in _common.lua).
 
 -- The message a freed lock PUBLISHes on its hold key when no waiter is granted it (constant:
 -- encoded once here); a grant's message names its waiter instead (see lock_release).
@@ -62,12 +62,15 @@ local function lock_take(hold, fence, waiters, h, ttl_ms, now, state, index)
       'execution', h.execution or '', 'reactor', h.reactor or '',
       'acquired_at', now.ms, 'token', token)
     redis.call('PEXPIRE', hold, ttl_ms)
-    index_add(index, 'lock', h.owner, now.ms)
+    index_add(index, 'lock', h.owner, now.ms, now.ms + ttl_ms)
     return token
   end
   -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
   redis.call('HINCRBY', hold, 'count', 1)
-  if redis.call('PTTL', hold) < ttl_ms then redis.call('PEXPIRE', hold, ttl_ms) end
+  if redis.call('PTTL', hold) < ttl_ms then
+    redis.call('PEXPIRE', hold, ttl_ms)
+    index_renew(index, 'lock', h.owner, now.ms + ttl_ms)
+  end
   return redis.call('HGET', hold, 'token')
 end
 

@@ -19,7 +19,8 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
   semaphore  (3+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
                     {count, step, execution, reactor, acquired_at ms}; and field "\0limit" =
                     the limit of the latest admission, for operators), waiters zset
-  I = 0, or 3 with the live-holds index (see _common.lua): by-time zset, by-key zset, counts
+  I = 0, or 4 with the live-holds index (see _common.lua): by-time zset, by-key zset, by-expiry
+  zset, counts
       hash — then the claim's spec carries `ik`, its user key
   rate_limit (1+W+S+T): sequence counter, then per window a zset (sliding: member
                     "<us>-<seq>" or "<us>-<seq>*<cost>" -> admitted us) or a counter (fixed,
@@ -268,7 +269,9 @@ local function take_semaphore(claim, plan)
   redis.call('ZADD', leases, expiry, holder.owner)
   -- the limit travels with every admission; kept beside the holders so operators see it
   redis.call('HSET', holders, holder.owner, cjson.encode(info), '\0limit', claim.limit)
-  if plan.fresh then index_add(index_of(claim.keys, 4, claim.ik), 'semaphore', holder.owner, now.ms) end
+  local index = index_of(claim.keys, 4, claim.ik)
+  if plan.fresh then index_add(index, 'semaphore', holder.owner, now.ms, expiry)
+  else index_renew(index, 'semaphore', holder.owner, expiry) end
   -- the keys live as long as the longest lease
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
   local keep_ms = tonumber(last[2]) - now.ms

@@ -6,10 +6,13 @@ a period reservation are renewed only while they exist, name this owner and have
 A renewed lease never gets shorter.
 
 KEYS — one group per item, in the order of ARGV[1]:
-  lock      (1): hold hash
-  semaphore (2): leases zset (owner -> lease expiry ms), holders hash
+  lock      (1+I): hold hash
+  semaphore (2+I): leases zset (owner -> lease expiry ms), holders hash
   period    (1): reservations hash (bucket start s -> json {owner, count, ..., expires ms})
+  I = 0, or 4 with the live-holds index (_common.lua): a renewed lease moves the hold's entry
+  in the by-expiry zset
 ARGV[1]  items json: [{p = "lock" | "semaphore" | "period", n = key count, owner,
+                       ik? (locks, semaphores: the user key, when the index keys follow),
                        token? (locks), bucket? (periods: the reserved bucket's start, epoch s),
                        ttl_ms (the lease to grant from now; 0 = only check that the hold is
                        still ours, leaving its lease as it is)}]
@@ -35,6 +38,7 @@ local function extend_lock(keys, item)
   if ttl < item.ttl_ms then
     redis.call('PEXPIRE', keys[1], item.ttl_ms)
     ttl = item.ttl_ms
+    index_renew(index_of(keys, 2, item.ik), 'lock', item.owner, now.ms + ttl)
   end
   return nil, ttl
 end
@@ -46,6 +50,9 @@ local function extend_semaphore(keys, item)
   if tonumber(expiry) <= now.ms then return 'expired' end
   local renewed = math.max(tonumber(expiry), now.ms + item.ttl_ms)
   redis.call('ZADD', leases, 'XX', renewed, item.owner)
+  if renewed ~= tonumber(expiry) then
+    index_renew(index_of(keys, 3, item.ik), 'semaphore', item.owner, renewed)
+  end
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
   local keep_ms = tonumber(last[2]) - now.ms
   redis.call('PEXPIRE', leases, keep_ms)

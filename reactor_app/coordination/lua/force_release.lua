@@ -3,10 +3,11 @@
 The holder is not asked; its next renewal reports the lease lost. One parked waiter is popped
 per freed slot and a wake message is PUBLISHed on the base key's name.
 
-KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset, [KEYS[3..5] index]
+KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset, [KEYS[3..6] index]
 KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset,
-                  [KEYS[4..6] index]
-                  index: the live-holds index (_common.lua), by-time zset, by-key zset, counts
+                  [KEYS[4..7] index]
+                  index: the live-holds index (_common.lua), by-time, by-key, by-expiry zsets,
+                  counts hash
 ARGV[1]  primitive: "lock" | "semaphore"
 ARGV[2]  owner to release, or "" for any owner (every holder of a semaphore)
 ARGV[3]  the user key, when the index keys are passed (else "" or absent)

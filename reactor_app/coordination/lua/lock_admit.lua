@@ -5,8 +5,8 @@ grants, fencing tokens, the live-holds index), without the general script's JSON
 and the answer are flat, so the most common admission — one step with one lock — costs the
 server a handful of commands and the client no JSON (docs/architecture.md, step 7).
 
-KEYS  hold hash, fence, waiters zset; then, optionally, the three live-holds index keys
-      (by-time zset, by-key zset, counts hash; see _common.lua)
+KEYS  hold hash, fence, waiters zset; then, optionally, the four live-holds index keys
+      (by-time zset, by-key zset, by-expiry zset, counts hash; see _common.lua)
 ARGV  owner, step, execution, reactor (each "" when absent), ttl ms, waiter id or "",
       user key for the index (only read when the index keys are passed)
 

@@ -5,7 +5,7 @@ release; at zero the key is freed, a wake message is PUBLISHed on the hold key a
 waiter is popped and granted the key for HANDOFF_GRANT_MS. A lock's release does not depend on
 the outcome, so none is passed.
 
-KEYS  hold hash, waiters zset; then, optionally, the three live-holds index keys
+KEYS  hold hash, waiters zset; then, optionally, the four live-holds index keys
 ARGV  owner, user key for the index (only read when the index keys are passed)
 
 Returns {state, woken}: state 0 freed, 1 kept (still nested), 2 not held (lapsed or taken

@@ -4,8 +4,9 @@ A reader that found an index entry whose hold lapsed (a lock key that expired, a
 lease past its expiry) asks for it to be removed; the liveness is checked again here,
 atomically, so an entry re-added by a new admission in between is never removed.
 
-KEYS[1..3]  the index: by-time zset, by-key zset, counts hash (see _common.lua)
-KEYS[4..]   one per candidate, in the order of ARGV[1]: the lock's hold hash, or the
+KEYS[1..4]  the index: by-time, by-key, by-expiry zsets, counts hash (see _common.lua) — on a
+            cluster, the shard of the candidates' hash slot
+KEYS[5..]   one per candidate, in the order of ARGV[1]: the lock's hold hash, or the
             semaphore's leases zset
 ARGV[1]     candidates json: [{p = "lock" | "semaphore", key = user key, owner}]
 
@@ -19,7 +20,7 @@ local candidates = cjson.decode(ARGV[1])
 local pruned = {}
 
 for i, candidate in ipairs(candidates) do
-  local name = KEYS[3 + i]
+  local name = KEYS[4 + i]
   local alive
   if candidate.p == 'lock' then
     alive = redis.call('HGET', name, 'owner') == candidate.owner

@@ -26,7 +26,7 @@ waiters are served in the order they registered. Its wake message names that wai
 KEYS — one group per hold, in the order of ARGV[3]; a group's size is its spec's `n`:
   lock       (2+I): hold hash, waiters zset
   semaphore  (3+I): leases zset, holders hash, waiters zset
-  I = 0, or 3 with the live-holds index (_common.lua): by-time zset, by-key zset, counts hash
+  I = 0, or 4 with the live-holds index (_common.lua): by-time, by-key, by-expiry zsets, counts
   ordered_lock (4): state hash, positions zset, holders hash, waiters zset
   period       (3): done mark hash, reservations hash, waiters zset
   rate_limit (W+T): one zset (sliding) or counter (fixed) per window; then (sliding: T = W)
