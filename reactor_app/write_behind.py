@@ -83,6 +83,8 @@ class TrackingWriter:
         self._progress: dict[Any, dict[str, Any]] = {}
         self._oldest: float | None = None  # monotonic time the oldest buffered row arrived
         self._thread: threading.Thread | None = None
+        #: callers waiting for the writer thread to let go of its database connection
+        self._release: list[threading.Event] = []
         self._pid = os.getpid()
         #: rows written so far (by any thread); tests and the benchmark read it
         self.written = 0
@@ -244,33 +246,50 @@ class TrackingWriter:
             written += 1
         return written
 
+    def release_connection(self, timeout: float = 5.0) -> bool:
+        """Have the writer thread write what is buffered and close its database connection now,
+        not after ``IDLE_CLOSE_AFTER`` without rows (a test database about to be dropped).
+        True once it has (or when there is no writer thread)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return True
+        done = threading.Event()
+        with self._lock:
+            self._release.append(done)
+            self._wake.notify_all()
+        return done.wait(timeout)
+
     def _run(self) -> None:
         """The writer thread: flush by age or size; close the connection when idle."""
         try:
             while True:
                 with self._lock:
-                    if self._oldest is None:
+                    if self._oldest is None and not self._release:
                         self._wake.wait(timeout=IDLE_CLOSE_AFTER)
                     idle = self._oldest is None
                     limit = reactor_settings.TRACKING_BUFFER_SIZE
-                    while self._oldest is not None:
+                    while self._oldest is not None and not self._release:
                         # read on every wake-up: the bound may have changed meanwhile
                         interval = reactor_settings.TRACKING_FLUSH_INTERVAL
                         left = self._oldest + interval - time.monotonic()
                         if left <= 0 or self._size() >= limit:
                             break
                         self._wake.wait(timeout=left)
-                if idle:
-                    # Nothing to write for a while: do not keep a database connection open
-                    # (a test database could not be dropped, a pooler slot stays taken).
+                    released, self._release = self._release, []
+                if not idle:
+                    try:
+                        close_old_connections()
+                        self.flush()
+                    except Exception:  # the writer must survive a database outage
+                        logger.exception("tracking writer: flush failed")
+                        time.sleep(reactor_settings.TRACKING_FLUSH_INTERVAL)
+                if idle or released:
+                    # Nothing to write for a while, or asked to let go: do not keep a database
+                    # connection open (a test database could not be dropped, a pooler slot
+                    # stays taken).
                     connections.close_all()
-                    continue
-                try:
-                    close_old_connections()
-                    self.flush()
-                except Exception:  # the writer must survive a database outage
-                    logger.exception("tracking writer: flush failed")
-                    time.sleep(reactor_settings.TRACKING_FLUSH_INTERVAL)
+                    for done in released:
+                        done.set()
         finally:
             connections.close_all()
 

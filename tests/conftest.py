@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -235,3 +236,15 @@ def redis_topology(
     yield "cluster"
 
     delete_prefixed_keys(get_client(cluster.url), redis_prefix)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any) -> Iterator[None]:
+    """pytest-django's test databases, and before they are dropped, the tracking writer's
+    thread lets go of its connection (it would only after a second without rows, and a
+    PostgreSQL database still in use cannot be dropped)."""
+    yield
+    from reactor_app.write_behind import get_writer
+
+    if not get_writer().release_connection():
+        warnings.warn("the tracking writer kept its database connection", stacklevel=1)
