@@ -501,7 +501,7 @@ class Scripts:
 def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
     """``EVALSHA sha numkeys keys... args...`` as one RESP request.
 
-    The scripts take only text and numbers, encoded as redis-py would (UTF-8; ``str`` of a
+    The scripts take only text and numbers, encoded as redis-py would (UTF-8; the ``repr`` of a
     number) — without its per-argument type dispatch, which on the single-lock fast path cost
     more than building the bytes.
     """
