@@ -70,12 +70,15 @@ class ReactorSettings:
     def version(self) -> int:
         """A number that changes whenever the settings may have (a new settings object, a
         ``setting_changed``): what is derived from several settings can be kept until then."""
-        wrapped = django_settings._wrapped  # type: ignore[misc]
+        self._follow(django_settings._wrapped)  # type: ignore[misc]
+        return self._version
+
+    def _follow(self, wrapped: Any) -> None:
+        """Start over when ``override_settings`` (or a test) installed another settings object."""
         if self._cached_for is not wrapped:
             self._cache.clear()
             self._cached_for = wrapped
             self._version += 1
-        return self._version
 
     def _get(self, name: str, default: Any) -> Any:
         # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
@@ -84,11 +87,8 @@ class ReactorSettings:
         wrapped = django_settings._wrapped  # type: ignore[misc]
         if wrapped is empty:
             return getattr(django_settings, f"REACTOR_{name}", default)
+        self._follow(wrapped)
         cache = self._cache
-        if self._cached_for is not wrapped:
-            cache.clear()
-            self._cached_for = wrapped
-            self._version += 1
         value = cache.get(name, _UNSET)
         if value is _UNSET and name not in cache:
             value = cache[name] = _read(wrapped, f"REACTOR_{name}", _UNSET)

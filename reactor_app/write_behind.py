@@ -366,8 +366,13 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
         raw: Any = getattr(cursor, "cursor", None)
         if connection.vendor == "postgresql" and hasattr(raw, "copy"):
             table = quote(meta.db_table)
+            json_columns = {
+                name
+                for name, field in zip(columns, fields, strict=True)
+                if field.get_internal_type() == "JSONField"
+            }
             if not returning:
-                _copy(raw, f"COPY {table} ({names}) FROM STDIN", columns, rows)
+                _copy(raw, f"COPY {table} ({names}) FROM STDIN", columns, rows, json_columns)
                 return pks
             # the pks first, from the table's own sequence, then the rows with them
             raw.execute(
@@ -381,6 +386,7 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
                 f"COPY {table} ({quote(meta.pk.column)}, {names}) FROM STDIN",
                 ["pk", *columns],
                 numbered,
+                json_columns,
             )
             return pks
         for start in range(0, len(rows), INSERT_BATCH):
@@ -401,17 +407,21 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
     return pks
 
 
-def _copy(cursor: Any, sql: str, columns: list[str], rows: list[dict[str, Any]]) -> None:
+def _copy(
+    cursor: Any,
+    sql: str,
+    columns: list[str],
+    rows: list[dict[str, Any]],
+    json_columns: set[str],
+) -> None:
     """``rows`` through PostgreSQL's ``COPY … FROM STDIN`` (psycopg 3).
 
-    For rows nobody needs the pks of (coordination events), COPY costs the writer thread and
-    the server a fraction of a multi-row INSERT: no statement text with a placeholder per
-    value for psycopg to build and parse, no planning per batch. That time is taken from the
-    callers' threads (the GIL) and cores, so it shows up in every ``Step.call``
-    (docs/benchmarks.md, "Hot path"). JSON columns travel as their JSON text, which the
-    server parses as it would a literal.
+    COPY costs the writer thread and the server a fraction of a multi-row INSERT: no statement
+    text with a placeholder per value for psycopg to build and parse, no planning per batch.
+    That time is taken from the callers' threads (the GIL) and cores, so it shows up in every
+    ``Step.call`` (docs/benchmarks.md, "Hot path"). ``json_columns`` travel as their JSON text,
+    which the server parses as it would a literal.
     """
-    json_columns = {"detail", "error"}
     with cursor.copy(sql) as copy:
         for row in rows:
             values = []

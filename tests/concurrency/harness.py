@@ -10,6 +10,7 @@ import contextlib
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import pairwise
 from typing import Any
 
 Interval = tuple[str, int, int]
@@ -80,3 +81,18 @@ def held_elsewhere(key: str, ttl: float = 30) -> Iterator[None]:
         yield
     finally:
         coordinator.release(blocker, "success")
+
+
+def assert_listed_in_order(rows: list[dict[str, Any]], ordering: str | None) -> None:
+    """Live-holds listing rows (``holds_index.page``) in ``ordering``: by acquisition (``None``
+    ascending, ``"-acquired"`` descending) or by time left (``"ttl"`` / ``"-ttl"``, as each page
+    read it: pages are read a few ms apart, so half a second of slack)."""
+    if ordering in (None, "acquired", "-acquired"):
+        stamps = [r["acquired_at"] for r in rows]
+        assert stamps == sorted(stamps, reverse=ordering == "-acquired"), stamps
+        return
+    left = [r["ttl_left"] for r in rows]
+    if ordering == "ttl":
+        assert all(b >= a - 0.5 for a, b in pairwise(left)), left
+    else:
+        assert all(b <= a + 0.5 for a, b in pairwise(left)), left

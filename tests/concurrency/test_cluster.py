@@ -11,7 +11,6 @@ surface as ``CoordinationUnavailable`` — never as a generic step failure.
 from __future__ import annotations
 
 import time
-from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -43,7 +42,13 @@ from reactor_app.coordination.primitives import REGISTRY
 from reactor_app.coordination.redis import get_client, hash_slot, is_cluster, key
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
-from tests.concurrency.harness import max_concurrency, now_ns, overlaps, run_in_processes
+from tests.concurrency.harness import (
+    assert_listed_in_order,
+    max_concurrency,
+    now_ns,
+    overlaps,
+    run_in_processes,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -386,16 +391,7 @@ def test_the_index_lists_pages_and_orders_holds_across_every_primary(
         listed = _ids(rows)
         assert len(listed) == len(set(listed)), ordering
         assert sorted(listed) == truth, ordering
-        if ordering in (None, "-acquired"):
-            stamps = [r["acquired_at"] for r in rows]
-            assert stamps == sorted(stamps, reverse=ordering is not None)
-        else:
-            left = [r["ttl_left"] for r in rows]
-            pairs = list(pairwise(left))
-            if ordering == "ttl":
-                assert all(b >= a - 0.5 for a, b in pairs), left
-            else:
-                assert all(b <= a + 0.5 for a, b in pairs), left
+        assert_listed_in_order(rows, ordering)
     # by key prefix: every shard's matches, merged in key order
     under = _every_page(client, redis_prefix, 4, key_prefix="ix:1")
     assert [r["key"] for r in under] == [f"ix:{n}" for n in range(10, 20)]

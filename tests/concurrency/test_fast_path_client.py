@@ -3,9 +3,9 @@
 ``Scripts.call`` sends ``EVALSHA`` straight to a pooled connection of a one-server client. On a
 private ``redis-server`` (started here, stopped by pid): its request bytes are redis-py's; a
 server that lost its scripts (``SCRIPT FLUSH``, as after a restart) gets them again and the
-call still answers; a connection the server closed under it fails that call as an outage and is
-never handed out again; a stopped server is an outage, not a hang. Each time the pool ends with
-no connection checked out.
+call still answers; a connection the server closed under it fails at most that call (as an
+outage) and is never handed out again; a stopped server is an outage, not a hang. Each time
+the pool ends with no connection checked out.
 """
 
 from __future__ import annotations
