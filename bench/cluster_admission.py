@@ -47,7 +47,8 @@ from reactor_app.coordination.claims import (  # noqa: E402
     RateLimitClaim,
     SemaphoreClaim,
 )
-from reactor_app.coordination.redis import get_client, hash_slot, key  # noqa: E402
+from reactor_app.coordination.keys import hash_slot, key  # noqa: E402
+from reactor_app.coordination.redis import get_client  # noqa: E402
 from reactor_app.testing.servers import RedisClusterServers, StandaloneServer  # noqa: E402
 
 OWNER = Holder(owner="bench", execution_id="bench", step="bench", reactor="bench")

@@ -49,11 +49,8 @@ from django.test import Client, override_settings  # noqa: E402
 
 from reactor_app.coordination import holds_index, lock, state  # noqa: E402
 from reactor_app.coordination.claims import LockClaim  # noqa: E402
-from reactor_app.coordination.redis import (  # noqa: E402
-    get_client,
-    is_cluster,
-    script_sources,
-)
+from reactor_app.coordination.redis import get_client, is_cluster  # noqa: E402
+from reactor_app.coordination.scripts import script_sources  # noqa: E402
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys  # noqa: E402
 from reactor_app.testing.servers import RedisClusterServers  # noqa: E402
 

@@ -3,7 +3,9 @@
 The package is layered as follows (docs/design.md §3):
 
 * ``claims`` — what a unit of work asks for and what admission answers;
-* ``redis`` — the client, key names, the Lua script registry and the status-code table;
+* ``redis`` — the client, and which of its errors are outages (``CoordinationUnavailable``);
+* ``keys`` — every Redis key name;
+* ``scripts`` — the Lua script registry, its calls and the status-code table;
 * ``lock``, ``semaphore``, ``rate_limit``, ``period``, ``ordered_lock`` — one module per
   primitive, each owning its key layout, its part of the script argument encoding and its
   state reader;

@@ -61,20 +61,21 @@ from reactor_app.coordination.claims import (
     RefusalDetail,
     Refused,
 )
+from reactor_app.coordination.keys import current_prefix, hash_slot
 from reactor_app.coordination.primitives import REGISTRY, RENEWABLE
 from reactor_app.coordination.redis import (
+    get_client,
+    is_cluster,
+    server_time,
+    unavailable_on_connection_error,
+)
+from reactor_app.coordination.scripts import (
     STATUSES,
     ScriptReply,
     Status,
-    current_prefix,
     decode_reply,
-    get_client,
-    hash_slot,
     holder_json,
-    is_cluster,
     scripts_for,
-    server_time,
-    unavailable_on_connection_error,
 )
 from reactor_app.exceptions import (
     CoordinationError,

@@ -120,7 +120,7 @@ class RefusalDetail:
     """What a refusal says beyond its hint and blocker: the admission script's status code and
     Redis time, and the fields of the refusing primitive (``None`` where they do not apply)."""
 
-    status: int  # ``coordination.redis.Status`` of the refusal
+    status: int  # ``coordination.scripts.Status`` of the refusal
     time: str = ""  # Redis TIME of the decision, "seconds.micros"
     #: an ordered position from before a reset, or already passed over: re-assign it
     stale: bool = False

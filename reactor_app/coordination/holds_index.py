@@ -39,16 +39,14 @@ from functools import cache, lru_cache
 from typing import Any
 
 from reactor_app.coordination import lock, semaphore
+from reactor_app.coordination.keys import current_prefix, hash_slot
 from reactor_app.coordination.redis import (
-    current_prefix,
     get_client,
-    hash_slot,
     is_cluster,
-    script_sources,
-    scripts_for,
     server_time,
     unavailable_on_connection_error,
 )
+from reactor_app.coordination.scripts import script_sources, scripts_for
 
 #: the primitives the index holds (the ones an operator sees as "held")
 INDEXED = ("lock", "semaphore")

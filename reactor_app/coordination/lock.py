@@ -21,11 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, LockClaim
-from reactor_app.coordination.redis import (
-    get_client,
-    key,
-    unavailable_on_connection_error,
-)
+from reactor_app.coordination.keys import key
+from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 
 PRIMITIVE = "lock"
 #: an owned hold until released (see coordination.primitives.Primitive.HOLDS)

@@ -32,17 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, Holder, OrderedLockClaim, OrderedPosition
+from reactor_app.coordination.keys import current_prefix, key
 from reactor_app.coordination.lock import seconds_to_ms
 from reactor_app.coordination.redis import (
-    Status,
-    current_prefix,
     get_client,
-    holder_json,
-    key,
     pipeline_with_time,
-    scripts_for,
     unavailable_on_connection_error,
 )
+from reactor_app.coordination.scripts import Status, holder_json, scripts_for
 
 PRIMITIVE = "ordered_lock"
 #: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)

@@ -29,14 +29,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, PeriodClaim
+from reactor_app.coordination.keys import key
 from reactor_app.coordination.lock import seconds_to_ms
-from reactor_app.coordination.redis import (
-    Status,
-    get_client,
-    key,
-    scripts_for,
-    unavailable_on_connection_error,
-)
+from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.coordination.scripts import Status, scripts_for
 
 PRIMITIVE = "period"
 #: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)

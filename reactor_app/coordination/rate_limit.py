@@ -34,12 +34,8 @@ from typing import Any
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
-from reactor_app.coordination.redis import (
-    get_client,
-    key,
-    server_time,
-    unavailable_on_connection_error,
-)
+from reactor_app.coordination.keys import key
+from reactor_app.coordination.redis import get_client, server_time, unavailable_on_connection_error
 from reactor_app.exceptions import ConfigurationError
 
 PRIMITIVE = "rate_limit"

@@ -26,7 +26,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from reactor_app.coordination.redis import get_client, key, unavailable_on_connection_error
+from reactor_app.coordination.keys import key
+from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 
 logger = logging.getLogger(__name__)
 

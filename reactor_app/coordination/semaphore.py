@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, SemaphoreClaim
+from reactor_app.coordination.keys import key
 from reactor_app.coordination.lock import seconds_to_ms
 from reactor_app.coordination.redis import (
     get_client,
-    key,
     pipeline_with_time,
     unavailable_on_connection_error,
 )

@@ -13,15 +13,13 @@ from datetime import timedelta
 from typing import Any
 
 from reactor_app.coordination import lock, ordered_lock, period, rate_limit, semaphore
+from reactor_app.coordination.keys import current_prefix, glob_escape, split_key
 from reactor_app.coordination.lock import LockState
 from reactor_app.coordination.ordered_lock import OrderedLockState
 from reactor_app.coordination.redis import (
-    current_prefix,
     get_client,
-    glob_escape,
     is_cluster,
     server_time,
-    split_key,
     unavailable_on_connection_error,
 )
 from reactor_app.coordination.semaphore import SemaphoreState

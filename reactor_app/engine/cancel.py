@@ -72,7 +72,7 @@ MAX_REASON = 1000
 
 
 def _key(execution_id: Any) -> str:
-    from reactor_app.coordination.redis import key as redis_key
+    from reactor_app.coordination.keys import key as redis_key
 
     return redis_key("cancel", str(execution_id))
 

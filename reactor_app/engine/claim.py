@@ -16,8 +16,8 @@ import uuid
 from typing import Any
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination.keys import key as redis_key
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
-from reactor_app.coordination.redis import key as redis_key
 from reactor_app.engine.worker import ClaimLost
 
 logger = logging.getLogger(__name__)

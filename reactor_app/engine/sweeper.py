@@ -31,7 +31,8 @@ from django.utils.dateparse import parse_datetime
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Hold, LockClaim, SemaphoreClaim
-from reactor_app.coordination.redis import get_client, key
+from reactor_app.coordination.keys import key
+from reactor_app.coordination.redis import get_client
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.delivery import RUNNABLE
 from reactor_app.engine.enqueueing import enqueue

@@ -85,7 +85,7 @@ def new_key_prefix(stem: str = "rt") -> str:
 
 def delete_prefixed_keys(client: Any, prefix: str) -> int:
     """Delete every key under ``<prefix>:`` (SCAN + UNLINK, never KEYS/FLUSHDB); the count."""
-    from reactor_app.coordination.redis import glob_escape
+    from reactor_app.coordination.keys import glob_escape
 
     deleted = 0
     batch: list[str] = []

@@ -38,8 +38,9 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
+from reactor_app.coordination.keys import hash_slot, key
 from reactor_app.coordination.primitives import REGISTRY
-from reactor_app.coordination.redis import get_client, hash_slot, is_cluster, key
+from reactor_app.coordination.redis import get_client, is_cluster
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
 from tests.concurrency.harness import (

@@ -20,7 +20,7 @@ from redis.connection import PythonRespSerializer
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-from reactor_app.coordination.redis import _pack_evalsha, scripts_for
+from reactor_app.coordination.scripts import _pack_evalsha, scripts_for
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.servers import StandaloneServer
 

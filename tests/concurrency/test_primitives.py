@@ -45,8 +45,9 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
-from reactor_app.coordination.redis import get_client, redis_url, scripts_for
+from reactor_app.coordination.redis import get_client, redis_url
 from reactor_app.coordination.renewal import Renewal
+from reactor_app.coordination.scripts import scripts_for
 
 FORK = multiprocessing.get_context("fork")
 

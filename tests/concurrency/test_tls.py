@@ -12,7 +12,8 @@ import pytest
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim, SemaphoreClaim
-from reactor_app.coordination.redis import hash_slot, is_cluster, key
+from reactor_app.coordination.keys import hash_slot, key
+from reactor_app.coordination.redis import is_cluster
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.pytest_plugin import in_ci
 from reactor_app.testing.servers import (

@@ -38,18 +38,10 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
-from reactor_app.coordination.redis import (
-    STATUSES,
-    Status,
-    get_client,
-    hash_slot,
-    key,
-    redis_url,
-    script_sources,
-    scripts_for,
-    split_key,
-)
+from reactor_app.coordination.keys import hash_slot, key, split_key
+from reactor_app.coordination.redis import get_client, redis_url
 from reactor_app.coordination.renewal import Renewal
+from reactor_app.coordination.scripts import STATUSES, Status, script_sources, scripts_for
 from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationUnavailable,
@@ -130,8 +122,8 @@ def test_lua_scripts_load_from_a_zipped_package(tmp_path: Path) -> None:
                 bundle.write(path, str(path.relative_to(source_root)))
     probe = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from reactor_app.coordination import redis;"
-        "print(json.dumps([redis.__file__, sorted(redis.script_sources())]))"
+        "from reactor_app.coordination import scripts;"
+        "print(json.dumps([scripts.__file__, sorted(scripts.script_sources())]))"
     )
     site_packages = [p for p in sys.path if p.endswith("site-packages")]
     completed = subprocess.run(

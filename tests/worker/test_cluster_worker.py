@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from reactor_app.coordination.redis import get_client, hash_slot, is_cluster
-from reactor_app.coordination.redis import key as redis_key
+from reactor_app.coordination.keys import hash_slot
+from reactor_app.coordination.keys import key as redis_key
+from reactor_app.coordination.redis import get_client, is_cluster
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from tests.worker import scenarios

@@ -1,0 +1,70 @@
+"""Redis key names: the one place they are built, and read back.
+
+``key()`` builds every Redis key name. The user key sits inside a hash tag
+(``reactor:lock:{acct:1}``), and sub-keys keep that tag (``reactor:lock:{acct:1}:fence``), so
+all the data of one user key lives in one cluster slot and multi-key scripts stay legal.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from redis.crc import key_slot
+
+from reactor_app.conf import reactor_settings
+
+# A brace inside the user key would move the hash tag; percent-encoding them (and "%" itself,
+# so the mapping stays reversible) keeps every key of one user key in one slot.
+_BRACE_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
+_BRACE_UNESCAPE = re.compile(r"%(25|7B|7D)")
+
+
+def encode_user_key(user_key: str) -> str:
+    if not isinstance(user_key, str) or not user_key:
+        raise ValueError(f"a coordination key must be a non-empty string, got {user_key!r}")
+    if not any(ch in user_key for ch in _BRACE_ESCAPES):
+        return user_key
+    return "".join(_BRACE_ESCAPES.get(ch, ch) for ch in user_key)
+
+
+def decode_user_key(encoded: str) -> str:
+    return _BRACE_UNESCAPE.sub(lambda m: {"25": "%", "7B": "{", "7D": "}"}[m.group(1)], encoded)
+
+
+def current_prefix(prefix: str | None = None) -> str:
+    """The key prefix: the explicit one, else ``REACTOR_KEY_PREFIX`` (read on every call)."""
+    return prefix if prefix is not None else reactor_settings.KEY_PREFIX
+
+
+def key(primitive: str, user_key: str, *parts: str, prefix: str | None = None) -> str:
+    """``{prefix}:{primitive}:{<user_key>}[:part...]`` — the one place key names are built."""
+    return _key(current_prefix(prefix), primitive, user_key, parts)
+
+
+@lru_cache(maxsize=8192)
+def _key(prefix: str, primitive: str, user_key: str, parts: tuple[str, ...]) -> str:
+    # cached: every admission builds several names for the same few hot keys
+    name = f"{prefix}:{primitive}:{{{encode_user_key(user_key)}}}"
+    return ":".join((name, *parts)) if parts else name
+
+
+def split_key(redis_key: str, primitive: str, prefix: str | None = None) -> str | None:
+    """The user key of a base key ``{prefix}:{primitive}:{<user_key>}``; None for other keys."""
+    head = f"{current_prefix(prefix)}:{primitive}:{{"
+    if not (redis_key.startswith(head) and redis_key.endswith("}")):
+        return None
+    encoded = redis_key[len(head) : -1]
+    if "{" in encoded or "}" in encoded:  # a sub-key such as "...}:fence" never ends with "}"
+        return None
+    return decode_user_key(encoded)
+
+
+def glob_escape(text: str) -> str:
+    """Escape Redis glob metacharacters so a prefix matches itself only in SCAN MATCH."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def hash_slot(redis_key: str) -> int:
+    """The Redis Cluster hash slot of ``redis_key`` (its hash tag's, when it has one)."""
+    return int(key_slot(redis_key.encode()))

@@ -1,0 +1,276 @@
+"""The Lua scripts: loading, calling, and the one table of their status codes.
+
+``Scripts`` registers every ``lua/<operation>.lua`` file of the package (read through
+``importlib.resources``, so it works from a wheel or a zip) on one client. Every script answers
+``{status_code, json_payload}``; ``STATUSES`` is the one table that says what each code means.
+A connection failure of a script call becomes ``CoordinationUnavailable``
+(``coordination.redis.unavailable_on_connection_error``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cache, lru_cache
+from importlib import resources
+from typing import Any
+
+import redis as redis_py
+
+from reactor_app.coordination import claims as claim_types
+from reactor_app.coordination.redis import unavailable_on_connection_error
+from reactor_app.exceptions import (
+    CoordinationError,
+    LeaseLost,
+    LockAcquisitionError,
+    OrderedLockWaitError,
+    PeriodInFlightError,
+    RateLimitExceeded,
+    SemaphoreAcquisitionError,
+)
+
+# --------------------------------------------------------------------------------------------
+# Status codes: the one table
+# --------------------------------------------------------------------------------------------
+
+
+class Status(IntEnum):
+    """Status codes answered by the Lua scripts (first element of every reply).
+
+    ``lua/_common.lua`` declares the same names and values for the scripts; a unit test
+    (``test_lua_status_codes_match_the_python_enum``) fails when the two differ.
+    """
+
+    OK = 0
+    LOCKED = 1
+    SEMAPHORE_FULL = 2
+    RATE_LIMITED = 3
+    PERIOD_MARKED = 4
+    ORDERED_WAIT = 5
+    ORDERED_STALE = 6
+    CHAIN_FAILED = 7
+    LOST = 8
+    NOT_FOUND = 9
+    PERIOD_IN_FLIGHT = 10
+
+
+@dataclass(frozen=True)
+class StatusMeaning:
+    """What a status code means to Python: the result type built and the error it maps to."""
+
+    name: str
+    result: type | None
+    error: type[CoordinationError] | None
+
+
+STATUSES: dict[Status, StatusMeaning] = {
+    Status.OK: StatusMeaning("ok", claim_types.Admitted, None),
+    Status.LOCKED: StatusMeaning("locked", claim_types.Refused, LockAcquisitionError),
+    Status.SEMAPHORE_FULL: StatusMeaning(
+        "semaphore_full", claim_types.Refused, SemaphoreAcquisitionError
+    ),
+    Status.RATE_LIMITED: StatusMeaning("rate_limited", claim_types.Refused, RateLimitExceeded),
+    Status.PERIOD_MARKED: StatusMeaning("period_marked", claim_types.PeriodHit, None),
+    Status.ORDERED_WAIT: StatusMeaning("ordered_wait", claim_types.Refused, OrderedLockWaitError),
+    # a position from before a reset, or one already passed over: the caller must re-assign
+    Status.ORDERED_STALE: StatusMeaning("ordered_stale", claim_types.Refused, OrderedLockWaitError),
+    Status.CHAIN_FAILED: StatusMeaning("chain_failed", claim_types.ChainFailed, None),
+    Status.LOST: StatusMeaning("lost", None, LeaseLost),
+    Status.NOT_FOUND: StatusMeaning("not_found", None, None),
+    # another owner's reservation of the period bucket is live: contention, not a skip
+    Status.PERIOD_IN_FLIGHT: StatusMeaning(
+        "period_in_flight", claim_types.Refused, PeriodInFlightError
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ScriptReply:
+    """A decoded script answer: its status and its JSON payload."""
+
+    status: Status
+    data: dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# Scripts
+# --------------------------------------------------------------------------------------------
+
+LUA_PACKAGE = "reactor_app.coordination"
+LUA_FOLDER = "lua"
+_INCLUDE = re.compile(r"^-- @include (\S+\.lua)\s*$", re.MULTILINE)
+
+
+def _lua_folder() -> Any:
+    return resources.files(LUA_PACKAGE).joinpath(LUA_FOLDER)
+
+
+@cache
+def script_sources() -> dict[str, str]:
+    """``{operation: source}`` for every ``lua/<operation>.lua`` of the installed package.
+
+    Files starting with ``_`` are shared fragments, spliced into operations by a
+    ``-- @include _name.lua`` line, not operations themselves.
+    """
+    folder = _lua_folder()
+    fragments: dict[str, str] = {}
+    operations: dict[str, str] = {}
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".lua"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        if entry.name.startswith("_"):
+            fragments[entry.name] = text
+        else:
+            operations[entry.name[: -len(".lua")]] = text
+
+    def splice(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in fragments:
+            raise RuntimeError(f"lua include {name!r} not found in {LUA_PACKAGE}/{LUA_FOLDER}")
+        return fragments[name]
+
+    return {name: _INCLUDE.sub(splice, text) for name, text in sorted(operations.items())}
+
+
+class Scripts:
+    """Every operation script registered on one client; ``run`` calls one and decodes it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._scripts = {
+            name: client.register_script(source) for name, source in script_sources().items()
+        }
+        #: the pool ``call`` takes connections from directly: a plain one-server client's
+        #: (a cluster client routes by slot; a single-connection client has no pool to use)
+        self._direct_pool: Any = None
+        if isinstance(client, redis_py.Redis) and getattr(client, "connection", None) is None:
+            self._direct_pool = client.connection_pool
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._scripts)
+
+    def run(
+        self,
+        operation: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+        *,
+        key: str | None = None,
+        primitive: str | None = None,
+    ) -> ScriptReply:
+        """Run ``operation``; a connection failure becomes ``CoordinationUnavailable``."""
+        with unavailable_on_connection_error(key=key, primitive=primitive):
+            raw = self.call(operation, keys, args)
+        return decode_reply(raw)
+
+    def call(self, operation: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        """Run ``operation`` and return its raw answer (the fast-path scripts answer flat
+        lists, not ``{status, json}``); the caller maps connection failures.
+
+        On a one-server client the command goes straight to a pooled connection: redis-py's
+        generic command path (retry wrapper, event dispatch, metrics hooks, option filtering)
+        costs about as much Python time as the round trip itself, and every admission and
+        release is a script call (docs/benchmarks.md, "Hot path"). What that
+        path does that matters here is kept: a connection whose reply was not read whole is
+        dropped, never handed to the next caller, and a script the server no longer has
+        (restarted, flushed) is loaded again through ``Script``.
+        """
+        script = self._scripts[operation]
+        pool = self._direct_pool
+        if pool is None:
+            return script(keys=keys, args=args)
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command([_pack_evalsha(script.sha, keys, args)])
+            return connection.read_response()
+        except redis_py.exceptions.NoScriptError:
+            pass  # the reply was read whole: the connection is fine
+        except redis_py.exceptions.ResponseError:
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+        return script(keys=keys, args=args)
+
+    def queue(
+        self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> None:
+        """Queue ``operation`` on a pipeline of this client; decode its answer with
+        ``decode_reply``."""
+        self._scripts[operation](keys=keys, args=args, client=pipeline)
+
+
+def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
+    """``EVALSHA sha numkeys keys... args...`` as one RESP request.
+
+    The scripts take only text and numbers, encoded as redis-py would (UTF-8; the ``repr`` of a
+    number) — without its per-argument type dispatch, which on the single-lock fast path cost
+    more than building the bytes.
+    """
+    parts = [b"EVALSHA", sha.encode(), str(len(keys)).encode()]
+    parts.extend(key.encode() for key in keys)
+    for arg in args:
+        if isinstance(arg, bool):  # ambiguous (1/0 or "True"?): refused, as redis-py does
+            raise TypeError(f"script arguments are text or numbers, not {arg!r}")
+        parts.append(arg.encode() if isinstance(arg, str) else repr(arg).encode())
+    return b"".join(
+        [b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)]
+    )
+
+
+def decode_reply(raw: Any) -> ScriptReply:
+    """A script's raw ``{status, json}`` answer as a ``ScriptReply``."""
+    status, payload = raw
+    data = json.loads(payload) if payload else {}
+    return ScriptReply(Status(int(status)), _lists(data))
+
+
+def _lists(value: Any) -> Any:
+    """cjson encodes an empty Lua table as ``{}``; every payload field we read as a list."""
+    if isinstance(value, dict):
+        return {k: ([] if v == {} else _lists(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_lists(v) for v in value]
+    return value
+
+
+_scripts_by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
+
+
+def scripts_for(client: Any) -> Scripts:
+    """The (cached) script registry of ``client``."""
+    scripts = _scripts_by_client.get(client)
+    if scripts is None:
+        scripts = Scripts(client)
+        _scripts_by_client[client] = scripts
+    return scripts
+
+
+@lru_cache(maxsize=1024)
+def holder_json(holder: claim_types.Holder) -> str:
+    """A holder as the scripts' ``holder json`` argument (attribution of every hold)."""
+    fields = {
+        "owner": holder.owner,
+        "execution": holder.execution_id,
+        "step": holder.step,
+        "reactor": holder.reactor,
+    }
+    return json.dumps({k: v for k, v in fields.items() if v is not None})
+
+
+def _forget_scripts_after_fork() -> None:
+    """A forked child registers its scripts on its own clients (see ``coordination.redis``)."""
+    _scripts_by_client.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_scripts_after_fork)
