@@ -9,7 +9,11 @@ The package is layered as follows (docs/design.md §3):
 * ``lock``, ``semaphore``, ``rate_limit``, ``period``, ``ordered_lock`` — one module per
   primitive, each owning its key layout, its part of the script argument encoding and its
   state reader;
-* ``admission`` — the ``Coordinator``: one atomic admission and one release per unit of work;
+* ``admission`` — the ``Coordinator``: one atomic admission and one release per unit of work,
+  built from ``script_args`` (what the scripts are sent) and ``replies`` (how their answers
+  read); its other verbs live with their concern: ``waiting`` (waiting for contention to clear,
+  the waiter orders), ``leases`` (extending leases), ``forced_release`` (an operator's removal
+  of a hold) and ``refusals`` (refusals as exceptions);
 * ``renewal`` — the auto-extend / heartbeat thread;
 * ``state`` — read-only snapshots for operators and tests;
 * ``embedded`` — the bundled Redis server used when no URL is configured.

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from reactor_app.coordination.admission import Coordinator, Extended, lease_lost
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
     Hold,
@@ -51,6 +51,8 @@ from reactor_app.coordination.claims import (
     PeriodClaim,
     SemaphoreClaim,
 )
+from reactor_app.coordination.leases import Extended
+from reactor_app.coordination.refusals import lease_lost
 from reactor_app.exceptions import CoordinationUnavailable, LeaseLost
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import redis
 import redis.connection
 
 from reactor_app.coordination import embedded, rate_limit, state
-from reactor_app.coordination.admission import Coordinator, TrackedHold
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
     Claim,
@@ -47,6 +47,7 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.coordination.redis import get_client, redis_url
 from reactor_app.coordination.renewal import Renewal
+from reactor_app.coordination.replies import TrackedHold
 from reactor_app.coordination.scripts import scripts_for
 
 FORK = multiprocessing.get_context("fork")

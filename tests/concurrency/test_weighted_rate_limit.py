@@ -21,9 +21,10 @@ import pytest
 
 from reactor_app import Reactor, Step, Success, from_input, step, with_rate_limit
 from reactor_app.coordination import rate_limit
-from reactor_app.coordination.admission import Coordinator, TrackedHold
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, RateLimitClaim, RateWindow, Refused
 from reactor_app.coordination.redis import get_client, redis_url
+from reactor_app.coordination.replies import TrackedHold
 from reactor_app.exceptions import DefinitionError, RateLimitCostError, RateLimitExceeded
 
 FORK = multiprocessing.get_context("fork")

@@ -24,7 +24,7 @@ from django.test import override_settings
 
 import reactor_app.coordination
 from reactor_app.coordination import embedded, ordered_lock, period, rate_limit, state
-from reactor_app.coordination.admission import Coordinator, refusal_error
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
     ChainFailed,
@@ -40,6 +40,7 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.coordination.keys import hash_slot, key, split_key
 from reactor_app.coordination.redis import get_client, redis_url
+from reactor_app.coordination.refusals import refusal_error
 from reactor_app.coordination.renewal import Renewal
 from reactor_app.coordination.scripts import STATUSES, Status, script_sources, scripts_for
 from reactor_app.exceptions import (
