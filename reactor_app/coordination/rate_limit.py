@@ -27,6 +27,7 @@ Named limits come from ``REACTOR_RATE_LIMITS`` (see ``named_windows``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from datetime import timedelta
@@ -291,8 +292,6 @@ def stored_windows(
 ) -> list[tuple[str, float, int, str]]:
     """``(label, seconds, limit, strategy)`` of the windows the latest admissions of
     ``user_key`` declared, shortest first (empty when none was admitted recently)."""
-    import json
-
     client = client or get_client()
     with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
         raw = client.hgetall(windows_key(user_key, prefix))

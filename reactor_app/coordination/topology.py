@@ -42,6 +42,13 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import redis as redis_py
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from reactor_app.conf import reactor_settings
 from reactor_app.exceptions import ConfigurationError
 
 Kind = Literal["standalone", "cluster", "sentinel"]
@@ -116,9 +123,6 @@ class Topology:
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Keyword arguments every data connection of this topology gets."""
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         kwargs: dict[str, Any] = {
             "decode_responses": True,
             "socket_connect_timeout": CONNECT_TIMEOUT,
@@ -143,8 +147,6 @@ class Topology:
         """A new redis-py client (``Redis``, ``RedisCluster`` or a Sentinel master client)."""
         kwargs = self.connection_kwargs()
         if self.kind == "cluster":
-            from redis.cluster import ClusterNode, RedisCluster
-
             retry = kwargs.pop("retry")
             return RedisCluster(
                 startup_nodes=[ClusterNode(host, port) for host, port in self.nodes],
@@ -155,8 +157,6 @@ class Topology:
                 **kwargs,
             )
         if self.kind == "sentinel":
-            from redis.sentinel import Sentinel
-
             sentinel_kwargs: dict[str, Any] = {
                 "socket_connect_timeout": CONNECT_TIMEOUT,
                 "socket_timeout": COMMAND_TIMEOUT,
@@ -171,11 +171,9 @@ class Topology:
                 sentinel_kwargs.update(_tls_kwargs(dict(self.tls)))
             sentinel = Sentinel(list(self.nodes), sentinel_kwargs=sentinel_kwargs)
             return sentinel.master_for(self.service_name, db=self.db, **kwargs)
-        import redis
-
         assert self.url is not None
-        pool = redis.ConnectionPool.from_url(self.url, **kwargs)
-        return redis.Redis(connection_pool=pool)
+        pool = redis_py.ConnectionPool.from_url(self.url, **kwargs)
+        return redis_py.Redis(connection_pool=pool)
 
 
 def _tls_kwargs(tls: dict[str, Any]) -> dict[str, Any]:
@@ -442,8 +440,6 @@ def configured_topology() -> Topology | None:
     The settings are read on each call (overrides apply at once); parsing is cached per value,
     since every admission asks for its client.
     """
-    from reactor_app.conf import reactor_settings
-
     config = reactor_settings.REDIS
     url = reactor_settings.REDIS_URL
     if config is not None and url:
