@@ -1,5 +1,10 @@
 """The live-holds index: operator listings in O(page), not O(keys) (issue 14).
 
+One module, though over 400 lines: the cluster walk (its own section below) is the second
+implementation behind ``_candidates`` and ``totals``, on the same key layout, member encoding,
+orderings and cursors, so taken apart it would import most of this module while this module
+imports it back.
+
 The admission, release, renewal and force-release scripts keep, per key prefix, four keys (see
 ``lua/_common.lua``):
 

@@ -1,5 +1,9 @@
 """Where the coordination Redis is: one server, a Redis Cluster or a Sentinel-watched master.
 
+One module, though over 400 lines: the URL and the dict are two spellings of the one
+``Topology`` value, checked by the same field validators; apart, the two parsers would share
+every helper across a module boundary while the value and its ``connect`` stay small.
+
 Two ways to say it, in the style of django-redis and Celery:
 
 * ``REACTOR_REDIS_URL`` — one URL:
