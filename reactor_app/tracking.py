@@ -24,7 +24,8 @@ from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.serialization import to_json
 from reactor_app.status import EngineEvent, StepRunKind, StepRunStatus
-from reactor_app.write_behind import PendingStepRun, get_writer
+from reactor_app.tracking_store import PendingStepRun
+from reactor_app.write_behind import get_writer
 
 
 def flush(*, finishing: Any = None) -> int:

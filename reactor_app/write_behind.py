@@ -25,24 +25,25 @@ while the transaction holds the lock); whatever else was buffered in the process
 
 A hard crash (SIGKILL, power loss) loses what was buffered: at most one freshness bound of rows
 (or one buffer's worth) of that process. Executions themselves are never written behind.
+
+This module is the buffer and its thread: when rows are written. What a flush writes, and how
+(one transaction of multi-row INSERTs, ``COPY`` on PostgreSQL), is ``tracking_store``.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import threading
 import time
 from typing import Any
 
+from celery import signals as celery_signals
 from django.db import close_old_connections, connections, transaction
 
 from reactor_app.conf import reactor_settings
-from reactor_app.models import CoordinationEvent, Execution, StepRun
-from reactor_app.serialization import _Encoder, to_json
-from reactor_app.status import ExecutionStatus
+from reactor_app.tracking_store import PendingStepRun, write_rows
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +53,6 @@ IDLE_CLOSE_AFTER = 1.0
 #: below this many buffered rows the size bound is not even read (a settings read per row
 #: would cost the caller more than the row)
 MIN_SIZE_CHECK = 64
-
-#: the fields of a step run its closing write changes (the UPDATE of an already-written row)
-STEP_CLOSING_FIELDS = ("status", "finished_at", "error", "detail")
-
-
-class PendingStepRun:
-    """One step run on its way to the database; mutate it only through ``TrackingWriter``."""
-
-    __slots__ = ("fields", "pk", "queued")
-
-    def __init__(self, fields: dict[str, Any]) -> None:
-        self.fields = fields
-        self.pk: int | None = None  # set once a flush inserted the row
-        self.queued = False
 
 
 class TrackingWriter:
@@ -153,7 +140,7 @@ class TrackingWriter:
     def pending(self) -> int:
         """Rows buffered and not yet written."""
         with self._lock:
-            return len(self._events) + len(self._steps) + len(self._progress)
+            return self._size()
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -175,76 +162,9 @@ class TrackingWriter:
                     pending.queued = False
             if not events and not snapshot and not progress:
                 return 0
-            written = self._write(events, snapshot, progress)
+            written = write_rows(events, snapshot, progress)
             self.written += written
             return written
-
-    def _write(
-        self,
-        raw_events: list[dict[str, Any]],
-        snapshot: list[tuple[PendingStepRun, int | None, dict[str, Any]]],
-        progress: dict[Any, dict[str, Any]],
-    ) -> int:
-        new_steps = [(pending, fields) for pending, pk, fields in snapshot if pk is None]
-        updates = [
-            StepRun(pk=pk, **{name: _jsonable(fields)[name] for name in STEP_CLOSING_FIELDS})
-            for _, pk, fields in snapshot
-            if pk is not None
-        ]
-        try:
-            with transaction.atomic():
-                if raw_events:
-                    _insert(CoordinationEvent, raw_events, returning=False)
-                if new_steps:
-                    pks = _insert(StepRun, [fields for _, fields in new_steps], returning=True)
-                if updates:
-                    StepRun.objects.bulk_update(updates, STEP_CLOSING_FIELDS)
-                for pk, fields in progress.items():
-                    _running(pk).update(**fields)
-        except Exception:
-            # One bad row (its execution deleted meanwhile...) must not cost the others.
-            logger.warning("bulk write of tracking rows failed; writing them one by one")
-            events = [CoordinationEvent(**_jsonable(fields)) for fields in raw_events]
-            inserts = [(pending, StepRun(**_jsonable(fields))) for pending, fields in new_steps]
-            return self._write_one_by_one(events, inserts, updates, progress)
-        if new_steps:
-            for (pending, _), pk in zip(new_steps, pks, strict=True):
-                pending.pk = pk
-        return len(raw_events) + len(new_steps) + len(updates) + len(progress)
-
-    def _write_one_by_one(
-        self,
-        events: list[CoordinationEvent],
-        inserts: list[tuple[PendingStepRun, StepRun]],
-        updates: list[StepRun],
-        progress: dict[Any, dict[str, Any]],
-    ) -> int:
-        written = 0
-        for pk, fields in progress.items():
-            try:
-                written += _running(pk).update(**fields)
-            except Exception:
-                logger.exception("dropped progress %r of execution %s", fields, pk)
-        rows: list[tuple[PendingStepRun | None, StepRun | CoordinationEvent, bool]] = [
-            *((None, event, False) for event in events),
-            *((pending, row, False) for pending, row in inserts),
-            *((None, row, True) for row in updates),
-        ]
-        for pending, row, is_update in rows:
-            try:
-                with transaction.atomic():
-                    if is_update:
-                        row.save(update_fields=STEP_CLOSING_FIELDS)
-                    else:
-                        row.pk = None
-                        row.save(force_insert=True)
-            except Exception:
-                logger.exception("dropped tracking row %r", row)
-                continue
-            if pending is not None:
-                pending.pk = row.pk
-            written += 1
-        return written
 
     def release_connection(self, timeout: float = 5.0) -> bool:
         """Have the writer thread write what is buffered and close its database connection now,
@@ -294,159 +214,6 @@ class TrackingWriter:
             connections.close_all()
 
 
-#: the columns written per table, and what a row that lacks one gets
-_COLUMNS: dict[type[Any], tuple[str, ...]] = {
-    CoordinationEvent: (
-        "execution_id",
-        "step",
-        "reactor",
-        "primitive",
-        "key",
-        "kind",
-        "owner",
-        "token",
-        "at",
-        "detail",
-    ),
-    StepRun: (
-        "execution_id",
-        "step",
-        "kind",
-        "attempt",
-        "status",
-        "started_at",
-        "finished_at",
-        "error",
-        "detail",
-    ),
-}
-_MISSING: dict[str, Any] = {"finished_at": None, "error": None, "detail": {}}
-
-#: rows per INSERT statement (10 columns each: well under every backend's parameter limit)
-INSERT_BATCH = 90
-
-
-def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) -> list[Any]:
-    """Multi-row INSERTs of ``rows`` (field dicts, JSON fields not yet JSON) on the default
-    connection; the new pks when ``returning``. On PostgreSQL the rows go through ``COPY``
-    instead (``_copy``), with pks taken from the table's sequence first when they are needed.
-
-    Not ``bulk_create``: its per-field preparation made writing a step run cost the writer
-    (and, at the end of a run, the caller) more than running the step. Values are adapted here
-    per column kind — JSON once, datetimes and the execution key by the backend — which is all
-    these two tables hold.
-    """
-    connection = connections["default"]
-    ops = connection.ops
-    quote = ops.quote_name
-    meta = model._meta
-    # A row may lack fields set only later (a step run still running has no finished_at).
-    columns = list(_COLUMNS[model])
-    fields = [meta.get_field(name.removesuffix("_id")) for name in columns]
-    adapters: list[Any] = []
-    for field in fields:
-        kind = field.get_internal_type()
-        if kind == "JSONField":
-            adapters.append(
-                lambda v, ops=ops: None if v is None else ops.adapt_json_value(v, _Encoder)
-            )
-        elif kind == "DateTimeField":
-            adapters.append(ops.adapt_datetimefield_value)
-        elif field.is_relation:
-            target = field.target_field  # type: ignore[union-attr]
-            adapters.append(
-                lambda v, t=target, c=connection: None if v is None else t.get_db_prep_value(v, c)
-            )
-        else:
-            adapters.append(None)
-    names = ", ".join(quote(field.column) for field in fields)
-    one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
-    pks: list[Any] = []
-    with connection.cursor() as cursor:
-        raw: Any = getattr(cursor, "cursor", None)
-        if connection.vendor == "postgresql" and hasattr(raw, "copy"):
-            table = quote(meta.db_table)
-            json_columns = {
-                name
-                for name, field in zip(columns, fields, strict=True)
-                if field.get_internal_type() == "JSONField"
-            }
-            if not returning:
-                _copy(raw, f"COPY {table} ({names}) FROM STDIN", columns, rows, json_columns)
-                return pks
-            # the pks first, from the table's own sequence, then the rows with them
-            raw.execute(
-                "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
-                [table, meta.pk.column, len(rows)],
-            )
-            pks = [row[0] for row in raw.fetchall()]
-            numbered = [{**row, "pk": pk} for row, pk in zip(rows, pks, strict=True)]
-            _copy(
-                raw,
-                f"COPY {table} ({quote(meta.pk.column)}, {names}) FROM STDIN",
-                ["pk", *columns],
-                numbered,
-                json_columns,
-            )
-            return pks
-        for start in range(0, len(rows), INSERT_BATCH):
-            batch = rows[start : start + INSERT_BATCH]
-            params: list[Any] = []
-            for row in batch:
-                for name, adapt in zip(columns, adapters, strict=True):
-                    value = row.get(name, _MISSING.get(name))
-                    params.append(adapt(value) if adapt is not None else value)
-            sql = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES " + ", ".join(
-                [one_row] * len(batch)
-            )
-            if returning:
-                sql += f" RETURNING {quote(meta.pk.column)}"
-            cursor.execute(sql, params)
-            if returning:
-                pks.extend(row[0] for row in cursor.fetchall())
-    return pks
-
-
-def _copy(
-    cursor: Any,
-    sql: str,
-    columns: list[str],
-    rows: list[dict[str, Any]],
-    json_columns: set[str],
-) -> None:
-    """``rows`` through PostgreSQL's ``COPY … FROM STDIN`` (psycopg 3).
-
-    COPY costs the writer thread and the server a fraction of a multi-row INSERT: no statement
-    text with a placeholder per value for psycopg to build and parse, no planning per batch.
-    That time is taken from the callers' threads (the GIL) and cores, so it shows up in every
-    ``Step.call`` (docs/benchmarks.md, "Hot path"). ``json_columns`` travel as their JSON text,
-    which the server parses as it would a literal.
-    """
-    with cursor.copy(sql) as copy:
-        for row in rows:
-            values = []
-            for name in columns:
-                value = row.get(name, _MISSING.get(name))
-                if name in json_columns and value is not None:
-                    value = json.dumps(value, cls=_Encoder)
-                values.append(value)
-            copy.write_row(values)
-
-
-def _running(pk: Any) -> Any:
-    """The execution ``pk`` while it runs: progress never touches an execution that ended."""
-    return Execution.objects.filter(pk=pk, status=ExecutionStatus.RUNNING)
-
-
-def _jsonable(fields: dict[str, Any]) -> dict[str, Any]:
-    """A row's fields with ``detail`` and ``error`` as the JSON the ORM stores."""
-    converted = dict(fields)
-    for name in ("detail", "error"):
-        if name in converted:
-            converted[name] = to_json(converted[name])
-    return converted
-
-
 _writer = TrackingWriter()
 
 
@@ -479,10 +246,6 @@ atexit.register(_flush_at_exit)
 
 def connect_celery_shutdown() -> None:
     """Flush when a Celery worker (or one of its pool processes) shuts down cleanly."""
-    try:
-        from celery import signals as celery_signals
-    except ImportError:  # pragma: no cover - celery is a dependency, but stay importable
-        return
 
     def on_shutdown(**_: Any) -> None:
         _flush_at_exit()

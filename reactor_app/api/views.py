@@ -35,6 +35,7 @@ from reactor_app.api.serializers import (
     HoldPageSerializer,
     HoldSerializer,
 )
+from reactor_app.engine.cancel import cancel_execution
 from reactor_app.exceptions import (
     CoordinationUnavailable,
     ExecutionNotCancellable,
@@ -144,8 +145,6 @@ class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
     # drf-spectacular's own inspector, not the project's default (see extend_schema_view)
     @action(detail=True, methods=["post"], schema=AutoSchema)
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        from reactor_app.engine.cancel import cancel_execution
-
         if not request.user.has_perm("reactor_app.cancel_execution"):
             raise PermissionDenied("cancelling needs the reactor_app.cancel_execution permission")
         execution = self.get_object()  # 404 for an unknown id

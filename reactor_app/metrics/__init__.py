@@ -48,11 +48,13 @@ def install() -> dict[str, bool]:
         return dict(_installed)
     with _install_lock:
         if not _installed["prometheus"] and available("prometheus_client"):
+            # deferred: prometheus_client is optional (the [metrics] extra)
             from reactor_app.metrics import prometheus
 
             prometheus.connect()
             _installed["prometheus"] = True
         if not _installed["opentelemetry"] and available("opentelemetry.trace"):
+            # deferred: opentelemetry is optional (the [metrics] extra)
             from reactor_app.metrics import tracing
 
             tracing.connect()

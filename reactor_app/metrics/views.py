@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    try:
+    try:  # deferred: prometheus_client is optional (see the module docstring)
         from prometheus_client import REGISTRY, generate_latest
         from prometheus_client.exposition import CONTENT_TYPE_LATEST
     except ImportError:

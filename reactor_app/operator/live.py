@@ -21,8 +21,9 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination import holds_index, primitives
+from reactor_app.coordination import holds_index, primitives, rate_limit
 from reactor_app.coordination import state as coordination_state
+from reactor_app.coordination.period import UNITS
 
 #: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
 PRIMITIVES = primitives.NAMES
@@ -174,8 +175,6 @@ def _windows_for(key: str) -> list[tuple[str, float, int | None, str]]:
     """``(label, seconds, limit, strategy)`` of the windows to report for a rate-limit key:
     those its latest admissions stored in Redis, else those of the named limit of that name
     (``REACTOR_RATE_LIMITS``), else the standard periods without a known limit."""
-    from reactor_app.coordination import rate_limit
-
     stored = rate_limit.stored_windows(key)
     if stored:
         return [(label, seconds, limit, strategy) for label, seconds, limit, strategy in stored]
@@ -224,8 +223,6 @@ def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[s
             for label, seconds, window_limit, strategy in _windows_for(key)
         ]
     elif primitive == "period":
-        from reactor_app.coordination.period import UNITS
-
         marks = [
             {
                 "every": every,

@@ -19,6 +19,7 @@ from typing import Any
 
 from reactor_app.coordination import state as coordination_state
 from reactor_app.coordination.admission import Coordinator
+from reactor_app.engine.enqueueing import wake
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -101,8 +102,6 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
         )
     if outcome.woken:
         # the freed key had parked waiters: re-enqueue them now rather than at their backoff
-        from reactor_app.engine.enqueueing import wake
-
         wake(outcome.woken)
     logger.warning(
         "%s force-released %s %r held by %s", by, primitive, key, ", ".join(outcome.released)

@@ -30,8 +30,8 @@ Fixtures:
   ``CI`` and skip elsewhere. Mark such tests ``cluster`` / ``sentinel`` so ``-m "not cluster"``
   deselects them.
 
-Nothing from Django or ``reactor_app`` is imported at module level: pytest imports plugins
-before pytest-django has configured Django.
+Nothing that needs Django's app registry (the models, and so the tracking writer) is imported
+at module level: pytest imports plugins before pytest-django has configured Django.
 """
 
 from __future__ import annotations
@@ -45,13 +45,18 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
+from django.db import connections
+from django.test import override_settings
 
-if TYPE_CHECKING:
-    from reactor_app.testing.workers import WorkerProcess
-
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination import embedded
+from reactor_app.coordination.keys import glob_escape
+from reactor_app.coordination.redis import get_client, redis_url
+from reactor_app.testing.servers import RedisClusterServers, SentinelServers, ServerBinaryMissing
+from reactor_app.testing.workers import WorkerProcess, delete_broker_queue, settings_environment
 
 #: seconds a configured Redis gets to answer PING
 PING_TIMEOUT = 5.0
@@ -85,8 +90,6 @@ def new_key_prefix(stem: str = "rt") -> str:
 
 def delete_prefixed_keys(client: Any, prefix: str) -> int:
     """Delete every key under ``<prefix>:`` (SCAN + UNLINK, never KEYS/FLUSHDB); the count."""
-    from reactor_app.coordination.keys import glob_escape
-
     deleted = 0
     batch: list[str] = []
     for name in client.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
@@ -102,15 +105,11 @@ def delete_prefixed_keys(client: Any, prefix: str) -> int:
 def configured_redis_url() -> str | None:
     """The coordination Redis URL as configured now, without connecting or starting anything
     (None when neither a URL nor an embedded-server folder is configured)."""
-    from reactor_app.conf import reactor_settings
-
     if reactor_settings.REDIS_URL and not reactor_settings.USES_EMBEDDED_REDIS:
         return reactor_settings.REDIS_URL
     if not reactor_settings.USES_EMBEDDED_REDIS:
         return None
     directory = reactor_settings.EMBEDDED_REDIS_DIR or str(Path.cwd() / ".reactor")
-    from reactor_app.coordination import embedded
-
     return embedded.url(directory)
 
 
@@ -122,8 +121,6 @@ def apply_settings(request: pytest.FixtureRequest, values: dict[str, Any]) -> No
     try:
         settings = request.getfixturevalue("settings")
     except pytest.FixtureLookupError:
-        from django.test import override_settings
-
         override = override_settings(**values)
         override.enable()
         request.addfinalizer(override.disable)
@@ -148,10 +145,6 @@ def default_celery_app(config: pytest.Config) -> str:
 def worker_environment(*, settings: dict[str, Any], rootdir: Path) -> dict[str, str]:
     """The environment of a worker process that must see what the current test sees: the
     project's settings plus ``settings``, and the test database of every configured alias."""
-    from django.db import connections
-
-    from reactor_app.testing.workers import settings_environment
-
     databases: dict[str, str] = {}
     for alias in connections:
         connection = connections[alias]
@@ -180,8 +173,6 @@ def worker_environment(*, settings: dict[str, Any], rootdir: Path) -> dict[str, 
 def reactor_redis() -> Any:
     """A redis-py client of the coordination Redis (``REACTOR_REDIS_URL``; ``"embedded"``: the
     embedded server)."""
-    from reactor_app.coordination.redis import get_client, redis_url
-
     try:
         url = redis_url()  # starts the embedded server for REACTOR_REDIS_URL = "embedded"
         client = get_client(url)
@@ -197,8 +188,6 @@ def reactor_redis() -> Any:
 def _start_servers(factory: Any) -> Any:
     """Start a ``reactor_app.testing.servers`` topology; fail in CI, skip elsewhere, when the
     machine has no redis-server."""
-    from reactor_app.testing.servers import ServerBinaryMissing
-
     try:
         return factory().start()
     except ServerBinaryMissing as exc:
@@ -210,8 +199,6 @@ def _start_servers(factory: Any) -> Any:
 @pytest.fixture(scope="session")
 def reactor_redis_cluster() -> Iterator[Any]:
     """A 3-master Redis Cluster on loopback ports for the whole run (``.url``, ``.ports``)."""
-    from reactor_app.testing.servers import RedisClusterServers
-
     cluster = _start_servers(RedisClusterServers)
     try:
         yield cluster
@@ -222,8 +209,6 @@ def reactor_redis_cluster() -> Iterator[Any]:
 @pytest.fixture
 def reactor_redis_sentinel() -> Iterator[Any]:
     """A fresh master + replica + sentinel (``.url``, ``kill_master()``, ``wait_for_failover``)."""
-    from reactor_app.testing.servers import SentinelServers
-
     servers = _start_servers(SentinelServers)
     try:
         yield servers
@@ -272,8 +257,6 @@ def celery_worker_process(
     token = secrets.token_hex(4)
     queue = f"reactor-test-{token}"
     prefix = new_key_prefix("rw")
-    from reactor_app.conf import reactor_settings
-
     shared = {
         "REACTOR_CELERY_QUEUE": queue,
         "CELERY_TASK_DEFAULT_QUEUE": queue,
@@ -289,8 +272,6 @@ def celery_worker_process(
         env = worker_environment(
             settings={**worker_only, **shared}, rootdir=request.config.rootpath
         )
-    from reactor_app.testing.workers import WorkerProcess
-
     process = WorkerProcess(
         default_celery_app(request.config),
         queues=(queue,),
@@ -309,14 +290,10 @@ def celery_worker_process(
         yield worker
     finally:
         process.stop()
-        from reactor_app.testing.workers import delete_broker_queue
-
         delete_broker_queue(queue)
         if process.keep_log:
             print(f"worker log kept at {process.log_path}")
         with contextlib.suppress(Exception):
-            from reactor_app.coordination.redis import get_client
-
             delete_prefixed_keys(get_client(), prefix)
 
 
@@ -325,6 +302,8 @@ def _flush_tracking() -> None:
     rolled back or flushed — never into the next test's."""
     if "reactor_app.write_behind" not in sys.modules:
         return
+    # deferred: the writer imports the models, which need the app registry pytest-django sets
+    # up after loading this plugin (and a run that never wrote a row need not load it at all)
     from reactor_app.write_behind import get_writer
 
     try:
@@ -352,12 +331,8 @@ def reactor_key_space(request: pytest.FixtureRequest) -> Iterator[str]:
     apply_settings(request, {**(worker.settings if worker else {}), "REACTOR_KEY_PREFIX": prefix})
     yield prefix
     _flush_tracking()
-    # Cheap for tests that never touched Redis: without the client module loaded, nothing in
-    # this process can have written a key under this prefix.
-    if url is None or "reactor_app.coordination.redis" not in sys.modules:
+    if url is None:
         return
-    from reactor_app.coordination.redis import get_client
-
     try:
         delete_prefixed_keys(get_client(url), prefix)
     except Exception as exc:  # a test that stopped the Redis must not fail its teardown

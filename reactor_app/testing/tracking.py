@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from reactor_app.conf import reactor_settings
+
 T = TypeVar("T")
 
 #: seconds added to twice the freshness bound: a busy machine delays the writer thread a little
@@ -22,8 +24,6 @@ def within_freshness_bound(read: Callable[[], T], *, timeout: float | None = Non
     """Call ``read`` until it returns something truthy, for up to the freshness bound (twice
     ``REACTOR_TRACKING_FLUSH_INTERVAL`` plus ``SLACK``); return its last answer either way, so
     the test's own assertion reports what was found."""
-    from reactor_app.conf import reactor_settings
-
     if timeout is None:
         timeout = 2 * reactor_settings.TRACKING_FLUSH_INTERVAL + SLACK
     deadline = time.monotonic() + timeout

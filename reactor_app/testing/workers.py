@@ -26,6 +26,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kombu import Exchange, Queue
+
+from reactor_app.tasks import run_execution
+
 #: seconds a worker gets to log "ready" before ``start`` gives up
 START_TIMEOUT = 60.0
 #: seconds a warm shutdown may take before the process group is killed
@@ -244,10 +248,6 @@ def delete_broker_queue(queue: str) -> bool:
     """Remove ``queue`` (its messages and its binding) from the Celery broker of
     ``reactor_app``'s tasks — for the private queues of workers started here. Best effort:
     returns False when the broker could not be reached."""
-    from kombu import Exchange, Queue
-
-    from reactor_app.tasks import run_execution
-
     try:
         with run_execution.app.connection_for_write() as broker:
             # declared first: a channel only deletes the bindings it knows of

@@ -13,6 +13,11 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from typing import Any
 
+from django.db import connections
+
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim, SemaphoreClaim
+
 Interval = tuple[str, int, int]
 
 
@@ -48,8 +53,6 @@ def max_concurrency(intervals: Iterable[Interval]) -> int:
 
 def _child(target: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     # Forked children must not share the parent's database connection.
-    from django.db import connections
-
     connections.close_all()
     try:
         return target(*args)
@@ -59,8 +62,6 @@ def _child(target: Callable[..., Any], args: tuple[Any, ...]) -> Any:
 
 def run_in_processes(target: Callable[..., Any], arg_list: list[tuple[Any, ...]]) -> list[Any]:
     """Run ``target(*args)`` in one forked process per entry; return their return values."""
-    from django.db import connections
-
     connections.close_all()
     context = multiprocessing.get_context("fork")
     with context.Pool(len(arg_list)) as pool:
@@ -71,9 +72,6 @@ def run_in_processes(target: Callable[..., Any], arg_list: list[tuple[Any, ...]]
 @contextlib.contextmanager
 def held_elsewhere(key: str, ttl: float = 30) -> Iterator[None]:
     """Hold the lock on ``key`` as an owner outside every execution, for the block."""
-    from reactor_app.coordination.admission import Coordinator
-    from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-
     coordinator = Coordinator()
     blocker = coordinator.admit([LockClaim(key=key, ttl=ttl)], Holder(owner="elsewhere"))
     assert isinstance(blocker, Admitted), blocker
@@ -96,3 +94,17 @@ def assert_listed_in_order(rows: list[dict[str, Any]], ordering: str | None) -> 
         assert all(b >= a - 0.5 for a, b in pairwise(left)), left
     else:
         assert all(b <= a + 0.5 for a, b in pairwise(left)), left
+
+
+def churn_between_pages(
+    coordinator: Coordinator, churn: list[Admitted], stem: str, owner: str
+) -> None:
+    """What a listing sees change between two of its pages: three new semaphore holds arrive
+    (keys ``<stem>:0`` to ``<stem>:2``, held by ``owner``, appended to ``churn``) and the
+    oldest of ``churn`` leave until four are left. The caller releases what is left at the end."""
+    for n in range(3):
+        fresh = coordinator.admit([SemaphoreClaim(f"{stem}:{n}", limit=1)], Holder(owner=owner))
+        assert isinstance(fresh, Admitted)
+        churn.append(fresh)
+    while len(churn) > 4:
+        coordinator.release(churn.pop(0), "success")

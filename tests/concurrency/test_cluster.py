@@ -45,6 +45,7 @@ from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
 from tests.concurrency.harness import (
     assert_listed_in_order,
+    churn_between_pages,
     max_concurrency,
     now_ns,
     overlaps,
@@ -455,14 +456,7 @@ def test_paging_on_a_cluster_returns_each_steady_hold_once_while_others_come_and
                 limit=4, cursor=cursor, ordering=ordering, client=client, prefix=redis_prefix
             )
             seen += _ids(page.rows)
-            for n in range(3):
-                fresh = coordinator.admit(
-                    [SemaphoreClaim(f"ch:{ordering}:{pages}:{n}", limit=1)], Holder(owner="c")
-                )
-                assert isinstance(fresh, Admitted)
-                churn.append(fresh)
-            while len(churn) > 4:
-                coordinator.release(churn.pop(0), "success")
+            churn_between_pages(coordinator, churn, f"ch:{ordering}:{pages}", "c")
             cursor = page.next_cursor
             if cursor is None:
                 break

@@ -21,7 +21,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim, SemaphoreClaim
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
-from tests.concurrency.harness import assert_listed_in_order
+from tests.concurrency.harness import assert_listed_in_order, churn_between_pages
 
 KEYS = ["a", "a:1", "a:2", "b"]
 OWNERS = ["o1", "o2", "o3"]
@@ -183,15 +183,7 @@ def test_paging_returns_each_steady_hold_once_while_others_come_and_go(redis_pre
         page = holds_index.page(limit=6, cursor=cursor, client=coordinator.client, prefix=prefix)
         seen += identities(page.rows)
         pages += 1
-        # between pages: new holds arrive, earlier churn leaves
-        for n in range(3):
-            fresh = coordinator.admit(
-                [SemaphoreClaim(f"churn:{pages}:{n}", limit=1)], Holder(owner=f"c{pages}")
-            )
-            assert isinstance(fresh, Admitted)
-            churn.append(fresh)
-        while len(churn) > 4:
-            coordinator.release(churn.pop(0), "success")
+        churn_between_pages(coordinator, churn, f"churn:{pages}", f"c{pages}")
         cursor = page.next_cursor
         if cursor is None:
             break

@@ -53,28 +53,48 @@ def wait_until(condition: Any, timeout: float, message: str) -> None:
 
 
 class Waiter(threading.Thread):
-    """One delivery: refused, then waits its turn; holds the key ``hold_for`` seconds."""
+    """One caller waiting its turn on ``KEY``; once admitted it holds the key ``hold_for``
+    seconds, records when it entered and left (and its name in ``log``), and releases it.
 
-    def __init__(self, coordinator: Coordinator, name: str, hold_for: float, budget: float):
+    Given a ``coordinator`` it is a worker delivery, as ``Gate._admit_or_park`` waits: refused
+    first, then ``admit_waiting`` under its own waiter id (``wait:<name>``) through that
+    coordinator (a counting one, say). Without, it is a synchronous caller (``Step.call`` with
+    ``wait=``): ``admit_waiting`` with no waiter id of its own, through a coordinator of its own.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        hold_for: float,
+        budget: float,
+        *,
+        coordinator: Coordinator | None = None,
+        log: list[str] | None = None,
+    ):
         super().__init__(daemon=True)
         self.coordinator = coordinator
-        self.waiter_id = f"wait:{name}"
+        self.waiter_id = f"wait:{name}" if coordinator is not None else None
         self.holder = Holder(owner=name)
         self.hold_for = hold_for
         self.budget = budget
+        self.log = log if log is not None else []
         self.entered: float | None = None
         self.left: float | None = None
         self.answer: Any = None
 
     def run(self) -> None:
+        coordinator = self.coordinator or Coordinator()
         claims = [LockClaim(KEY, ttl=30)]
-        first = self.coordinator.admit(claims, self.holder, waiter_id=self.waiter_id)
-        assert isinstance(first, Refused), first
-        self.answer = self.coordinator.admit_waiting(
-            claims, self.holder, self.budget, waiter_id=self.waiter_id, refused=first
+        refused = None
+        if self.waiter_id is not None:
+            refused = coordinator.admit(claims, self.holder, waiter_id=self.waiter_id)
+            assert isinstance(refused, Refused), refused
+        self.answer = coordinator.admit_waiting(
+            claims, self.holder, self.budget, waiter_id=self.waiter_id, refused=refused
         )
         if isinstance(self.answer, Admitted):
             self.entered = time.monotonic()
+            self.log.append(self.holder.owner)
             time.sleep(self.hold_for)
             self.left = time.monotonic()
             Coordinator().release(self.answer, "success")
@@ -85,8 +105,8 @@ def test_the_release_wakes_the_waiter_it_names_and_only_that_one() -> None:
     coordinator = CountingCoordinator()
     # the first holds for less than its grant lasts (WAITING_GRANT_MS): the second is woken
     # by the first's release, not by the grant's end
-    first = Waiter(coordinator, "first", hold_for=0.3, budget=20)
-    second = Waiter(coordinator, "second", hold_for=0.0, budget=20)
+    first = Waiter("first", hold_for=0.3, budget=20, coordinator=coordinator)
+    second = Waiter("second", hold_for=0.0, budget=20, coordinator=coordinator)
     first.start()
     wait_until(lambda: Coordinator().waiters(LockClaim(KEY)) == ["wait:first"], 5, "no first")
     second.start()
@@ -124,7 +144,7 @@ def test_a_waiter_asks_again_when_a_grant_to_another_lapses_unused() -> None:
     claim = LockClaim(KEY, ttl=30)
     assert Coordinator().register_waiter(claim, "wait:gone")
     coordinator = CountingCoordinator()
-    survivor = Waiter(coordinator, "survivor", hold_for=0.0, budget=20)
+    survivor = Waiter("survivor", hold_for=0.0, budget=20, coordinator=coordinator)
     survivor.start()
     wait_until(
         lambda: Coordinator().waiters(claim) == ["wait:gone", "wait:survivor"],
@@ -154,37 +174,12 @@ def test_a_waiter_asks_again_when_a_grant_to_another_lapses_unused() -> None:
     assert grant - 0.05 <= waited < grant + 2.0, waited
 
 
-class SyncWaiter(threading.Thread):
-    """A synchronous caller (``Step.call`` with ``wait=``): ``admit_waiting`` with no waiter id
-    of its own; holds the key ``hold_for`` seconds, records when it entered and left."""
-
-    def __init__(self, name: str, hold_for: float, budget: float, log: list[str]):
-        super().__init__(daemon=True)
-        self.holder = Holder(owner=name)
-        self.hold_for = hold_for
-        self.budget = budget
-        self.log = log
-        self.entered: float | None = None
-        self.left: float | None = None
-        self.answer: Any = None
-
-    def run(self) -> None:
-        coordinator = Coordinator()
-        self.answer = coordinator.admit_waiting([LockClaim(KEY, ttl=30)], self.holder, self.budget)
-        if isinstance(self.answer, Admitted):
-            self.entered = time.monotonic()
-            self.log.append(self.holder.owner)
-            time.sleep(self.hold_for)
-            self.left = time.monotonic()
-            coordinator.release(self.answer, "success")
-
-
 def test_synchronous_waiters_are_admitted_in_the_order_they_queued() -> None:
     """Five callers wait on one held key, queued one after another: each release hands the key
     to the next in line, so they run in that order, one at a time, and none polls."""
     holder = hold("holder")
     log: list[str] = []
-    waiters = [SyncWaiter(f"caller-{n}", hold_for=0.05, budget=30, log=log) for n in range(5)]
+    waiters = [Waiter(f"caller-{n}", hold_for=0.05, budget=30, log=log) for n in range(5)]
     for n, waiter in enumerate(waiters):
         waiter.start()
         # queued: registered under its own "wait:" id after its first refusal
@@ -210,7 +205,7 @@ def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_gr
     waiter at once, not when the unused grant lapses."""
     holder = hold("holder")
     claim = LockClaim(KEY, ttl=30)
-    impatient = SyncWaiter("impatient", hold_for=0.0, budget=0.3, log=[])
+    impatient = Waiter("impatient", hold_for=0.0, budget=0.3, log=[])
     impatient.start()
     impatient.join(5)
     assert isinstance(impatient.answer, Refused)
@@ -219,7 +214,7 @@ def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_gr
     coordinator = Coordinator()
     assert coordinator.register_waiter(claim, "wait:leaving")  # queued first, then gone
     log: list[str] = []
-    patient = SyncWaiter("patient", hold_for=0.0, budget=30, log=log)
+    patient = Waiter("patient", hold_for=0.0, budget=30, log=log)
     patient.start()
     wait_until(lambda: len(coordinator.waiters(claim)) == 2, 5, "the patient one never queued")
     leaving, patient_id = coordinator.waiters(claim)

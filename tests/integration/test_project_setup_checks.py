@@ -110,7 +110,7 @@ def test_the_admin_works_without_the_api_extra() -> None:
             REACTOR_REDIS_URL="redis://127.0.0.1:1/0",
         )
         django.setup()
-        import reactor_app.admin, reactor_app.admin_views, reactor_app.tasks  # noqa: E401
+        import reactor_app.admin, reactor_app.admin.dashboard, reactor_app.tasks  # noqa: E401
         from django.contrib import admin
         from reactor_app.models import Execution
 

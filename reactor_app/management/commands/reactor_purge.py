@@ -12,6 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from reactor_app.retention import purge_finished
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
@@ -40,8 +42,6 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from reactor_app.retention import purge_finished
-
         older_than = None
         if options["older_than"] is not None:
             try:

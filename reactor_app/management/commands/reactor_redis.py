@@ -18,6 +18,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import embedded
+from reactor_app.coordination.redis import get_client
+from reactor_app.coordination.topology import configured_topology
+from reactor_app.exceptions import ConfigurationError
 
 ACTIONS = ("status", "start", "stop")
 
@@ -88,10 +91,6 @@ class Command(BaseCommand):
                 f"{setting} is set{shown}: the embedded server is not "
                 f"in use, so there is nothing to {action} (pass --dir to manage one anyway)"
             )
-        from reactor_app.coordination.redis import get_client
-        from reactor_app.coordination.topology import configured_topology
-        from reactor_app.exceptions import ConfigurationError
-
         try:
             topology = configured_topology()
         except ConfigurationError as exc:

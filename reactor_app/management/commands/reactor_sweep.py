@@ -13,6 +13,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.test.utils import override_settings
 
+from reactor_app.engine.sweeper import sweep
+
 
 class Command(BaseCommand):
     help = "Re-enqueue reactor executions whose worker vanished; time out overdue interrupts."
@@ -27,8 +29,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from reactor_app.engine.sweeper import sweep
-
         if options["after"] is not None:
             with override_settings(REACTOR_SWEEP_AFTER=options["after"]):
                 requeued = sweep()

@@ -25,7 +25,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from reactor_app.admin_views import OPERATE_PERMISSION, can_operate
+from reactor_app.admin.permissions import OPERATE_PERMISSION, can_operate
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable, ReactorNotRegistered
