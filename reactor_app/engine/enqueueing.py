@@ -22,10 +22,10 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import WAITING_PREFIX, Holder
-from reactor_app.engine.executor import REACTOR_SLOT, input_errors
+from reactor_app.engine.children import input_errors
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
-from reactor_app.engine.state import ExecutionState
+from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
 from reactor_app.models import Execution
 from reactor_app.serialization import encode, to_json

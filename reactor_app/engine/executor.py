@@ -88,7 +88,8 @@ from reactor_app.dsl.kinds import (
     MapSpec,
 )
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled
+from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
+from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.children import (
     await_children,
     children_to_settle,
@@ -112,7 +113,7 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
-from reactor_app.engine.state import ExecutionState
+from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.engine.worker import (
     ClaimLost,
     guard_dispatcher_keys,
@@ -142,10 +143,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
-
-#: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
-#: their labels)
-REACTOR_SLOT = ""
 
 
 class ExecutionRun:
