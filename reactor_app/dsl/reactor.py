@@ -120,3 +120,6 @@ class Reactor(Coordinated):
         from reactor_app.engine.interrupt_delivery import resume_by_correlation
 
         return resume_by_correlation(cls, correlation_id, step=step, payload=payload)
+
+
+registry.register_base(Reactor)

@@ -87,6 +87,7 @@ from reactor_app.dsl.kinds import (
     InterruptSpec,
     MapSpec,
 )
+from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
@@ -94,12 +95,13 @@ from reactor_app.engine.children import (
     await_children,
     children_to_settle,
     dispatch_child,
-    input_errors,
     run_child,
     settle_children,
 )
 from reactor_app.engine.context import HeldKeys
+from reactor_app.engine.enqueueing import enqueue_on_commit, hand_off_new
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
+from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
@@ -264,8 +266,6 @@ class ExecutionRun:
     def child_run(self, execution_id: str) -> ExecutionRun | None:
         if execution_id in self.children:
             return self.children[execution_id]
-        from reactor_app.dsl.registry import lookup
-
         try:
             execution = Execution.objects.get(pk=execution_id)
         except Execution.DoesNotExist:
@@ -711,8 +711,6 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     """``Reactor.run``: create the execution row and run it to the end in this process (or, for
     ``background = True``, hand the whole run to a worker)."""
     if reactor.background is True:
-        from reactor_app.engine.enqueueing import hand_off_new
-
         return hand_off_new(reactor, inputs)
     error = input_errors(reactor, inputs)
     now = timezone.now()
@@ -745,7 +743,5 @@ def run_inline(run: ExecutionRun) -> Result:
     end = run.execute()
     run.finish(end)
     if end.status == PassEnd.HANDED_OFF:
-        from reactor_app.engine.enqueueing import enqueue_on_commit
-
         enqueue_on_commit(run.execution.id)
     return run.result(end)

@@ -6,7 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from celery import current_app
+
 from reactor_app import exceptions
+from reactor_app.conf import reactor_settings
 from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
 
@@ -69,13 +72,9 @@ def error_from_dict(data: dict[str, Any] | None) -> BaseException | None:
 def task_queue() -> str:
     """The queue reactor_app's tasks are sent to: ``REACTOR_CELERY_QUEUE``, else Celery's
     default queue of the current app."""
-    from reactor_app.conf import reactor_settings
-
     if reactor_settings.CELERY_QUEUE:
         return reactor_settings.CELERY_QUEUE
-    from reactor_app.tasks import run_execution
-
-    return str(run_execution.app.conf.task_default_queue or "celery")
+    return str(current_app.conf.task_default_queue or "celery")
 
 
 def _no_consumer_hint() -> str:

@@ -36,10 +36,13 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.state import lock_state, semaphore_state
 from reactor_app.dsl.arguments import FromInput, Scope, Value
 from reactor_app.dsl.coordination import Declaration, LockDeclaration, SemaphoreDeclaration
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec, MapSpec
 from reactor_app.dsl.step import StepSpec
+from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import ContentionCeilingExceeded, HandOffRefused, ReactorError
 from reactor_app.models import ContentionState, Execution
 from reactor_app.status import CoordinationEventKind
@@ -341,8 +344,6 @@ def guard_dispatcher_keys(
     owners = dispatcher_owners(run)
     if not owners:
         return
-    from reactor_app.coordination.state import lock_state, semaphore_state
-
     for primitive, key, _ in _keys(exclusive, args, run.reactor_path, label):
         if primitive == "lock":
             holder = lock_state(key).owner
@@ -404,9 +405,6 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
     Returns the ``(primitive, key)`` pairs actually released; records a ``forced_release``
     event (``detail={"reason": "redelivery"}``) for each and wakes their parked waiters.
     """
-    from reactor_app.coordination.admission import Coordinator
-    from reactor_app.engine.enqueueing import wake
-
     run.state.continuation.kept_holds = None
     registry = run.held_keys.registry
     if registry is None:
