@@ -10,7 +10,7 @@ from django.core.checks import Error, Warning, register
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.rate_limit import named_windows
 from reactor_app.coordination.topology import configured_topology
-from reactor_app.dsl.coordination import RateLimitDeclaration
+from reactor_app.dsl.declarations import RateLimitDeclaration
 from reactor_app.dsl.registry import all_reactors
 from reactor_app.exceptions import ConfigurationError
 

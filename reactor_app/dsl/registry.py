@@ -34,6 +34,12 @@ def is_base(reactor: type[Reactor]) -> bool:
     return reactor is _base
 
 
+def is_reactor(target: object) -> bool:
+    """Whether ``target`` is a reactor class (a subclass of the base ``Reactor``), for the
+    modules ``dsl.reactor`` imports, which cannot import it back."""
+    return isinstance(target, type) and _base is not None and issubclass(target, _base)
+
+
 def lookup(path: str) -> type[Reactor]:
     """The reactor class at ``path``, importing its module when it is not loaded yet.
 

@@ -53,7 +53,7 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
-from reactor_app.dsl.coordination import (
+from reactor_app.dsl.declarations import (
     Declaration,
     OrderedLockDeclaration,
     RateLimitDeclaration,

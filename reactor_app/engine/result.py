@@ -6,8 +6,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from celery import current_app
-
 from reactor_app import exceptions
 from reactor_app.conf import reactor_settings
 from reactor_app.serialization import decode
@@ -74,6 +72,10 @@ def task_queue() -> str:
     default queue of the current app."""
     if reactor_settings.CELERY_QUEUE:
         return reactor_settings.CELERY_QUEUE
+    # deferred: this module loads with the package (while Django reads INSTALLED_APPS); Celery,
+    # with kombu and billiard, is imported only when a wait times out
+    from celery import current_app
+
     return str(current_app.conf.task_default_queue or "celery")
 
 

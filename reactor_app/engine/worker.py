@@ -39,7 +39,7 @@ from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.state import lock_state, semaphore_state
 from reactor_app.dsl.arguments import FromInput, Scope, Value
-from reactor_app.dsl.coordination import Declaration, LockDeclaration, SemaphoreDeclaration
+from reactor_app.dsl.declarations import Declaration, LockDeclaration, SemaphoreDeclaration
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec, MapSpec
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.enqueueing import wake
