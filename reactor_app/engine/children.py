@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.engine.enqueueing import enqueue_on_commit
+from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd, UnitStatus
 from reactor_app.engine.result import error_from_dict
@@ -42,7 +43,6 @@ from reactor_app.engine.state import (
     ExecutionState,
     MapElement,
 )
-from reactor_app.engine.worker import guard_hand_off
 from reactor_app.exceptions import (
     CoordinationError,
     InputValidationError,

@@ -148,7 +148,7 @@ class ExecutionRun:
         #: the next ``persist`` writes the buffered tracking rows first, in its transaction
         self.history_first = False
         self.last_end: RunEnd | None = None
-        #: the owners that handed this tree off (``engine.worker.dispatcher_owners``)
+        #: the owners that handed this tree off (``engine.hand_off_guard.dispatcher_owners``)
         self._dispatcher_owners: list[str] | None = None
         #: the row was inserted already running (``run_reactor``): the first pass's "mark
         #: running" write is that INSERT, so a caller waits for one statement less

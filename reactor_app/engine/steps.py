@@ -23,6 +23,7 @@ from reactor_app.dsl.kinds import (
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.children import dispatch_child, run_child
 from reactor_app.engine.gate import ParkRequested
+from reactor_app.engine.hand_off_guard import guard_dispatcher_keys
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus
@@ -33,7 +34,7 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
-from reactor_app.engine.worker import guard_dispatcher_keys, note_park
+from reactor_app.engine.worker import note_park
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,
