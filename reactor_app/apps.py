@@ -13,15 +13,11 @@ class ReactorAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # deferred: system checks register themselves on import, once the app registry is
-        # ready (Django's advice: checks are imported in ready())
-        # deferred: importing the tasks registers them with Celery, so the engine sends them by
-        # name (engine.enqueueing) in every process, not only in workers that autodiscover them;
-        # the module stays importable before the apps load (settings call beat_schedule())
-        from reactor_app import (
-            checks,  # noqa: F401
-            tasks,  # noqa: F401
-        )
+        # deferred: imported for their side effects, once the app registry is ready (Django's
+        # advice for system checks): the checks register themselves, and the tasks register
+        # with Celery, so the engine sends them by name (engine.enqueueing) in every process,
+        # not only in workers that autodiscover them
+        from reactor_app import checks, tasks  # noqa: F401
 
         # Every installed app's reactors.py, as the admin does with admin.py: reactors register
         # themselves, so checks see their declarations and workers can find them by name.
