@@ -326,7 +326,7 @@ class ExecutionRun:
         at step boundaries, which read the flag at most every ``REACTOR_CANCEL_POLL``."""
         return cancel_request(self.root.execution_id, self.execution_id, fresh=fresh)
 
-    def _stopped_by_cancel(self, error: ReactorError | None) -> bool:
+    def stopped_by_cancel(self, error: ReactorError | None) -> bool:
         """A failure that is this execution's cancel (a checkpoint raised it, or a composed
         child stopped for it) — not an async child cancelled on its own, which fails us."""
         if isinstance(error, ExecutionCancelled) and error.fields().get("execution_id") in (
@@ -368,7 +368,7 @@ class ExecutionRun:
             failures = list(outcome.rollback_failures)
             failures.extend(settle_children(self))
             failures.extend(roll_back(self))
-            if self._stopped_by_cancel(outcome.error):
+            if self.stopped_by_cancel(outcome.error):
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
                 cancel = self._cancel_request() or {}
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)

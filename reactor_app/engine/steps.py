@@ -167,7 +167,7 @@ def execute_async_step(run: ExecutionRun) -> RunEnd:
         return RunEnd(PassEnd.HALTED, reason=outcome.reason)
     if outcome.status == UnitStatus.PARKED:
         return RunEnd(PassEnd.PARKED, park=outcome.park)
-    if run._stopped_by_cancel(outcome.error):
+    if run.stopped_by_cancel(outcome.error):
         return RunEnd(
             PassEnd.CANCELLED,
             error=outcome.error,
