@@ -56,7 +56,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # StepContext's module imports the models, which cannot load while Django reads
+    # deferred: StepContext's module imports the models, which cannot load while Django reads
     # INSTALLED_APPS (that imports this package), so it is resolved on first use.
     if name == "StepContext":
         from reactor_app.engine.context import StepContext

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination.rate_limit import named_windows
+from reactor_app.coordination.topology import configured_topology
+from reactor_app.dsl.declarations import RateLimitDeclaration
+from reactor_app.dsl.registry import all_reactors
 from reactor_app.exceptions import ConfigurationError
 
 
 @register("reactor_app")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    from reactor_app.conf import reactor_settings
-
     problems: list[Any] = []
     for name in (
         "KEY_PREFIX",
@@ -39,10 +43,6 @@ def check_redis_url(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     Unset is an error (there is no silent default); ``"embedded"`` starts a server private to
     this machine, whose locks exclude nothing across hosts — an error once ``DEBUG`` is off.
     """
-    from django.conf import settings
-
-    from reactor_app.conf import reactor_settings
-
     if reactor_settings.REDIS_URL is None and reactor_settings.REDIS is None:
         return [
             Error(
@@ -71,10 +71,6 @@ def check_redis_url(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """Warn about ``with_rate_limit("name")`` declarations whose name is not configured, or
     whose constant ``cost`` is more than the named limit allows."""
-    from reactor_app.coordination.rate_limit import named_windows
-    from reactor_app.dsl.coordination import RateLimitDeclaration
-    from reactor_app.dsl.registry import all_reactors
-
     warnings: list[Any] = []
     for path, reactor in all_reactors().items():
         owners: list[tuple[str, Any]] = [(path, reactor.declarations())]
@@ -117,8 +113,6 @@ def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]
 def check_redis_topology(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """``REACTOR_REDIS`` / ``REACTOR_REDIS_URL`` parse into one topology (one server, a Redis
     Cluster or a Sentinel set), so a typo shows at ``manage.py check``, not at the first step."""
-    from reactor_app.coordination.topology import configured_topology
-
     try:
         configured_topology()
     except ConfigurationError as exc:

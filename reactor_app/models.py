@@ -7,10 +7,11 @@ events here are a history of them, not a copy of live state).
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import models
 
+from reactor_app.engine.result import Result, wait_for
 from reactor_app.managers import (
     ContentionStateQuerySet,
     CoordinationEventQuerySet,
@@ -24,9 +25,6 @@ from reactor_app.status import (
     StepRunKind,
     StepRunStatus,
 )
-
-if TYPE_CHECKING:
-    from reactor_app.engine.result import Result
 
 #: version of the JSON layout stored in ``Execution.context``
 CONTEXT_SCHEMA_VERSION = 1
@@ -109,8 +107,6 @@ class Execution(models.Model):
 
     def to_result(self) -> Result:
         """The ``Result`` this execution's row describes."""
-        from reactor_app.engine.result import Result
-
         return Result.from_execution(self)
 
     def retry(
@@ -119,6 +115,7 @@ class Execution(models.Model):
         """Run this failed execution again from ``from_step`` (default: the step that failed),
         as a new execution linked by ``retry_of``, reusing the recorded results of the steps
         before it. See ``reactor_app.engine.retry`` for what is reused and where it runs."""
+        # deferred: the engine imports the models; the model method hands over to it
         from reactor_app.engine.retry import retry
 
         return retry(self, from_step=from_step, on_worker=on_worker, by=by)
@@ -128,6 +125,7 @@ class Execution(models.Model):
         (completed steps rolled back, holds released, waiters woken); a running one stops at
         its next step boundary or ``context.checkpoint()`` (see ``engine.cancel``). Raises
         ``ExecutionNotCancellable`` when it has already ended. Returns the refreshed row."""
+        # deferred: the engine imports the models; the model method hands over to it
         from reactor_app.engine.cancel import cancel_execution
 
         row = cancel_execution(self.pk, reason, by=by)
@@ -136,8 +134,6 @@ class Execution(models.Model):
 
     def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> Result:
         """Block until the execution is terminal (or interrupted) and return its ``Result``."""
-        from reactor_app.engine.result import wait_for
-
         return wait_for(self, timeout=timeout, poll_interval=poll_interval)
 
 

@@ -27,6 +27,8 @@ from celery.signals import worker_process_init
 @worker_process_init.connect
 def _start_worker_sweeps(**_: Any) -> None:
     """Each worker process keeps a sweep timer (see ``engine.sweeper``)."""
+    # deferred: this module loads before the apps do (settings and Celery config call
+    # beat_schedule()), and the engine imports the models
     from reactor_app.engine.sweeper import start_worker_sweeps
 
     start_worker_sweeps()
@@ -74,6 +76,8 @@ SWEEP_SCHEDULE: dict[str, Any] = sweep_schedule()
 def run_execution(self: Any, execution_id: str, requeue_token: str | None = None) -> dict[str, Any]:
     """Run (or continue) one execution on this worker. ``requeue_token`` names the park a
     countdown requeue belongs to (see ``engine.delivery.deliver``)."""
+    # deferred: this module loads before the apps do (settings and Celery config call
+    # beat_schedule()), and the engine imports the models
     from reactor_app.engine.delivery import deliver
 
     return deliver(execution_id, task_id=self.request.id, requeue_token=requeue_token)
@@ -82,6 +86,8 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
 @shared_task(name="reactor_app.sweep", acks_late=True)
 def sweep() -> dict[str, Any]:
     """Re-enqueue executions whose worker vanished; time out overdue interrupts."""
+    # deferred: this module loads before the apps do (settings and Celery config call
+    # beat_schedule()), and the engine imports the models
     from reactor_app.engine.sweeper import sweep as sweep_executions
 
     requeued = sweep_executions()
@@ -91,6 +97,8 @@ def sweep() -> dict[str, Any]:
 @shared_task(name="reactor_app.purge", acks_late=True)
 def purge() -> dict[str, Any]:
     """Delete finished executions older than ``REACTOR_RETENTION`` (nothing when it is None)."""
+    # deferred: this module loads before the apps do (settings and Celery config call
+    # beat_schedule()), and retention imports the models
     from reactor_app.retention import purge_finished
 
     return purge_finished().as_dict()

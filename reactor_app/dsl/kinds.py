@@ -13,20 +13,16 @@ worker (``engine.dispatch``); ``interrupt(...)`` pauses the execution until it i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from reactor_app.dsl.arguments import Source
-from reactor_app.dsl.coordination import Declaration
+from reactor_app.dsl.declarations import Declaration
+from reactor_app.dsl.reactor import Reactor
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.exceptions import DefinitionError
 
-if TYPE_CHECKING:
-    from reactor_app.dsl.reactor import Reactor
-
 
 def _is_reactor(target: Any) -> bool:
-    from reactor_app.dsl.reactor import Reactor
-
     return isinstance(target, type) and issubclass(target, Reactor)
 
 

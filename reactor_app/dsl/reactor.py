@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from reactor_app.dsl import registry
-from reactor_app.dsl.coordination import Coordinated
+from reactor_app.dsl.declarations import Coordinated
 from reactor_app.dsl.step import StepSpec, declared_inputs
 from reactor_app.engine.planner import Plan, build_plan
 from reactor_app.exceptions import DefinitionError
@@ -81,6 +81,8 @@ class Reactor(Coordinated):
         A ``background = True`` reactor is handed to a worker at once (``status ==
         "handed_off"``); ``background = "after:<step>"`` runs up to that step here.
         """
+        # deferred: the DSL hands over to the engine, which imports the models; they cannot
+        # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.executor import run_reactor
 
         return run_reactor(cls, inputs)
@@ -97,6 +99,8 @@ class Reactor(Coordinated):
         ``InputNotSerializable``). ``execution.wait(timeout)`` blocks until it is finished and
         returns its ``Result``.
         """
+        # deferred: the DSL hands over to the engine, which imports the models; they cannot
+        # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.enqueueing import run_async
 
         return run_async(cls, inputs, idempotency_key=idempotency_key)
@@ -108,6 +112,8 @@ class Reactor(Coordinated):
         Inline (or on a worker for a ``background`` reactor: ``status == "handed_off"``).
         Raises ``ExecutionNotResumable`` if it is not waiting there — e.g. a second resume.
         """
+        # deferred: the DSL hands over to the engine, which imports the models; they cannot
+        # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.interrupt_delivery import resume
 
         return resume(cls, execution_id, step=step, payload=payload)
@@ -117,6 +123,11 @@ class Reactor(Coordinated):
         cls, correlation_id: str, *, step: str | None = None, payload: Any = None
     ) -> Result:
         """``resume`` the execution of this reactor paused under ``correlation_id``."""
+        # deferred: the DSL hands over to the engine, which imports the models; they cannot
+        # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.interrupt_delivery import resume_by_correlation
 
         return resume_by_correlation(cls, correlation_id, step=step, payload=payload)
+
+
+registry.register_base(Reactor)

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
 
 _reactors: dict[str, type[Reactor]] = {}
+#: the base ``Reactor`` class itself (never registered: only its subclasses are reactors)
+_base: type[Reactor] | None = None
 
 
 def path_of(reactor: type[Reactor]) -> str:
@@ -19,6 +21,23 @@ def path_of(reactor: type[Reactor]) -> str:
 
 def register(reactor: type[Reactor]) -> None:
     _reactors[path_of(reactor)] = reactor
+
+
+def register_base(base: type[Reactor]) -> None:
+    global _base
+    _base = base
+
+
+def is_base(reactor: type[Reactor]) -> bool:
+    """Whether ``reactor`` is the base ``Reactor`` class: ``Reactor.resume(...)`` called on it
+    resumes an execution of any reactor."""
+    return reactor is _base
+
+
+def is_reactor(target: object) -> bool:
+    """Whether ``target`` is a reactor class (a subclass of the base ``Reactor``), for the
+    modules ``dsl.reactor`` imports, which cannot import it back."""
+    return isinstance(target, type) and _base is not None and issubclass(target, _base)
 
 
 def lookup(path: str) -> type[Reactor]:

@@ -12,12 +12,14 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from reactor_app.dsl import registry
 from reactor_app.dsl.arguments import Element, Source
-from reactor_app.dsl.coordination import (
+from reactor_app.dsl.declarations import (
     DECLARATIONS_ATTR,
     Coordinated,
     Declaration,
     DeclarationSet,
+    record_on_class,
 )
 from reactor_app.dsl.outcome import Outcome
 from reactor_app.dsl.retries import Retries, as_retries
@@ -84,6 +86,8 @@ class Step(Coordinated):
         retried and never parked. Called from inside a step body with that body's ``context``,
         the holds are owned by the running execution (so its own keys are re-entered).
         """
+        # deferred: the DSL hands over to the engine, which imports the models; they cannot
+        # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.runner import call_step
 
         return call_step(cls, args, parent=context)
@@ -263,9 +267,7 @@ class InlineStepSpec(StepSpec):
 
     def add_declaration(self, declaration: Declaration) -> None:
         # Keep the generated class introspectable exactly like a Step subclass.
-        from reactor_app.dsl.coordination import _attach
-
-        _attach(declaration, self.target)
+        record_on_class(declaration, self.target)
 
 
 def step(target: Any = None, /, *, where: Any = None, **arguments: Any) -> Any:
@@ -281,9 +283,7 @@ def step(target: Any = None, /, *, where: Any = None, **arguments: Any) -> Any:
     """
     if isinstance(target, type):
         if not issubclass(target, Step):
-            from reactor_app.dsl.reactor import Reactor
-
-            if issubclass(target, Reactor):
+            if registry.is_reactor(target):
                 raise DefinitionError(
                     f"step({target.__qualname__}) is a reactor: use compose({target.__qualname__}, "
                     "...) to run it in this execution, or async_reactor(...) to run it apart",

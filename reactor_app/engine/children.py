@@ -28,8 +28,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
+from reactor_app.engine.enqueueing import enqueue_on_commit
+from reactor_app.engine.hand_off_guard import guard_hand_off
+from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd, UnitStatus
 from reactor_app.engine.result import error_from_dict
+from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, validate_arguments
 from reactor_app.engine.state import (
     AsyncChild,
@@ -39,7 +43,6 @@ from reactor_app.engine.state import (
     ExecutionState,
     MapElement,
 )
-from reactor_app.engine.worker import guard_hand_off
 from reactor_app.exceptions import (
     CoordinationError,
     InputValidationError,
@@ -163,8 +166,6 @@ def start_worker_child(
     tells the delivery what to run: ``kind="async_step"`` runs one step of ``reactor_path``
     (``ExecutionRun.execute_async_step``), owned by the child's own id; ``root_id`` None makes
     the child a tree of its own (``async_reactor``)."""
-    from reactor_app.engine.enqueueing import enqueue_on_commit
-
     child_id = uuid.uuid4()
     context = ExecutionState()
     context.origin.worker = True
@@ -290,8 +291,6 @@ def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
     reactor gate on a later pass, an unexpected error) while a parallel map's elements run:
     wait for them (rollback never parks), then undo those that completed, newest first — they
     are the newest steps of the run, so before everything in the rollback log."""
-    from reactor_app.engine.rollback import undo_record
-
     failures: list[dict[str, Any]] = []
     pending = run.state.children.parallel_maps or {}
     for name in list(pending):
@@ -350,18 +349,3 @@ def block_on(child: Execution, timeout: float) -> Execution:
         time.sleep(0.05)
         child.refresh_from_db()
     return child
-
-
-def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidationError | None:
-    """Missing or unexpected inputs of a run, as one structured error."""
-    field_errors = {name: "required" for name in reactor.inputs if name not in inputs}
-    field_errors.update({name: "unexpected input" for name in inputs if name not in reactor.inputs})
-    if not field_errors:
-        return None
-    described = ", ".join(f"{k}: {v}" for k, v in field_errors.items())
-    return InputValidationError(
-        f"invalid inputs for {reactor.__qualname__}: {described}",
-        reactor=reactor.path(),
-        step=None,
-        field_errors=field_errors,
-    )

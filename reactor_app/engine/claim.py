@@ -15,6 +15,8 @@ import threading
 import uuid
 from typing import Any
 
+from redis.exceptions import LockError
+
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.keys import key as redis_key
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
@@ -62,8 +64,6 @@ class ExecutionClaim:
         self._thread.start()
 
     def _renew(self) -> None:
-        from redis.exceptions import LockError
-
         while not self._stop.wait(self.ttl / 3):
             try:
                 self._lock.reacquire()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from reactor_app.engine.cancel_flag import raise_if_cancelled
 from reactor_app.engine.state import KEPT_HOLDS as KEPT_HOLDS
 from reactor_app.engine.state import CompletedStep as CompletedStep
 from reactor_app.engine.state import ExecutionState as ExecutionState
@@ -129,8 +130,6 @@ class StepContext:
                 gate.keep_alive.raise_if_lost()  # the clock check; records lease_lost once
         if self.execution_id is not None:
             # an operator's cancel (engine.cancel), from any process: stop the body here
-            from reactor_app.engine.cancel import raise_if_cancelled
-
             raise_if_cancelled(
                 self.root_execution_id,
                 self.execution_id,

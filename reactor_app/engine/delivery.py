@@ -145,8 +145,6 @@ def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
 
 
 def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
-    from reactor_app.dsl.registry import lookup
-
     was_parked = execution.status == ExecutionStatus.PARKED
     # Still "running" although this delivery now holds the claim: the delivery that set it
     # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.

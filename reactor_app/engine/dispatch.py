@@ -28,7 +28,8 @@ from reactor_app.engine.enqueueing import (
     wake,
 )
 from reactor_app.engine.interrupt_delivery import resume, resume_by_correlation
-from reactor_app.engine.sweeper import kept_hold, renew_kept_holds, sweep
+from reactor_app.engine.state import kept_hold
+from reactor_app.engine.sweeper import renew_kept_holds, sweep
 
 __all__ = [
     "CLAIM_WAIT",

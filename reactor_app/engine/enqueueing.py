@@ -16,16 +16,17 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from celery import current_app
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import WAITING_PREFIX, Holder
-from reactor_app.engine.executor import REACTOR_SLOT, input_errors
+from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
-from reactor_app.engine.state import ExecutionState
+from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
 from reactor_app.models import Execution
 from reactor_app.serialization import encode, to_json
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: the task a delivery runs (``reactor_app.tasks.run_execution``), found by name in the current
+#: Celery app's registry: the tasks hand back to the engine, so the engine does not import them
+#: (``ReactorAppConfig.ready`` imports the tasks module, which registers them)
+RUN_EXECUTION = "reactor_app.run_execution"
+
 
 def enqueue(
     execution_id: Any, *, countdown: float | None = None, requeue_token: str | None = None
@@ -43,8 +49,6 @@ def enqueue(
     """Send the execution's task (identities only: the execution id, and for a park's own
     requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
     queue when that is not set."""
-    from reactor_app.tasks import run_execution
-
     options: dict[str, Any] = {}
     queue = reactor_settings.CELERY_QUEUE
     if queue:
@@ -52,7 +56,7 @@ def enqueue(
     if countdown is not None and countdown > 0:
         options["countdown"] = countdown
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
-    run_execution.apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
+    current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
 
 
 def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> None:

@@ -60,80 +60,53 @@ A delivery that takes over an execution left ``running`` by a dead delivery firs
 holds that delivery left behind (``engine.worker.drop_stale_holds``), so they are not re-entered
 as an extra nesting level.
 
-Where the step kinds of 3d live: plain steps here (``run_unit`` → ``engine.runner``);
-``compose`` and ``async_step``/``async_reactor`` children, and reading their results, in
+Where the parts live: the reactor-level gate of 2. in ``engine.reactor_gate``; one step of
+3b-3d in ``engine.steps`` (plain steps through ``run_unit`` → ``engine.runner``); ``compose``
+and ``async_step``/``async_reactor`` children, and reading their results, in
 ``engine.children``; ``map_step`` in ``engine.mapping``; the interrupt step in
-``engine.interrupts`` (resuming one is ``engine.dispatch``'s); cancel in ``engine.cancel``.
+``engine.interrupts`` (resuming one is ``engine.dispatch``'s); cancel in ``engine.cancel``
+(the flag polled at each boundary: ``engine.cancel_flag``; ending the run:
+``engine.cancelled``); writing the end of a pass and its ``Result`` in ``engine.finishing``.
+This module keeps the loop itself, with the run's identities and persistence, and the
+in-process entry points (``run_reactor``, ``run_inline``); its pseudocode above is a good part
+of its length.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from reactor_app.conf import reactor_settings
 from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
-from reactor_app.dsl.kinds import (
-    AsyncReactorSpec,
-    AsyncStepSpec,
-    ComposeSpec,
-    InterruptSpec,
-    MapSpec,
-)
+from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled
-from reactor_app.engine.children import (
-    await_children,
-    children_to_settle,
-    dispatch_child,
-    input_errors,
-    run_child,
-    settle_children,
-)
+from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
+from reactor_app.engine.cancelled import end_cancelled
+from reactor_app.engine.children import await_children, settle_children
 from reactor_app.engine.context import HeldKeys
-from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
-from reactor_app.engine.interrupts import run_interrupt
-from reactor_app.engine.mapping import run_map
+from reactor_app.engine.enqueueing import enqueue_on_commit, hand_off_new
+from reactor_app.engine.finishing import finish_pass, result_of
+from reactor_app.engine.gate import Gate
+from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
+from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
-from reactor_app.engine.runner import (
-    StepOutcome,
-    UnitRunner,
-    evaluate_where,
-    resolve_arguments,
-    validate_arguments,
-)
+from reactor_app.engine.runner import StepOutcome
 from reactor_app.engine.state import ExecutionState
-from reactor_app.engine.worker import (
-    ClaimLost,
-    guard_dispatcher_keys,
-    kept_hold_cover,
-    note_park,
-    outage_delay,
-)
-from reactor_app.exceptions import (
-    ArgumentResolutionError,
-    ConfigurationError,
-    CoordinationError,
-    CoordinationUnavailable,
-    ExecutionCancelled,
-    InputValidationError,
-    ReactorError,
-    StepFailed,
-)
+from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
+from reactor_app.engine.worker import ClaimLost, kept_hold_cover
+from reactor_app.exceptions import ExecutionCancelled, ReactorError, StepFailed
 from reactor_app.models import Execution
-from reactor_app.serialization import decode, encode, to_json
-from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
-from reactor_app.tracking import StepRecorder, emit_engine
+from reactor_app.serialization import decode, encode
+from reactor_app.status import EngineEvent, ExecutionStatus
+from reactor_app.tracking import emit_engine
 from reactor_app.tracking import flush as flush_tracking
 from reactor_app.write_behind import get_writer
 
@@ -142,10 +115,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
-
-#: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
-#: their labels)
-REACTOR_SLOT = ""
 
 
 class ExecutionRun:
@@ -179,7 +148,7 @@ class ExecutionRun:
         #: the next ``persist`` writes the buffered tracking rows first, in its transaction
         self.history_first = False
         self.last_end: RunEnd | None = None
-        #: the owners that handed this tree off (``engine.worker.dispatcher_owners``)
+        #: the owners that handed this tree off (``engine.hand_off_guard.dispatcher_owners``)
         self._dispatcher_owners: list[str] | None = None
         #: the row was inserted already running (``run_reactor``): the first pass's "mark
         #: running" write is that INSERT, so a caller waits for one statement less
@@ -267,8 +236,6 @@ class ExecutionRun:
     def child_run(self, execution_id: str) -> ExecutionRun | None:
         if execution_id in self.children:
             return self.children[execution_id]
-        from reactor_app.dsl.registry import lookup
-
         try:
             execution = Execution.objects.get(pk=execution_id)
         except Execution.DoesNotExist:
@@ -306,7 +273,7 @@ class ExecutionRun:
                 # what the tree holds outside it belongs to its parent.)
                 end = end_cancelled(self, cancel, gate_held=False)
                 return end
-            gate, end = self._enter_reactor_gate()
+            gate, end = enter_reactor_gate(self)
             if end is None:
                 end = self._run_steps()
             return end
@@ -351,125 +318,15 @@ class ExecutionRun:
         return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
 
     def execute_async_step(self) -> RunEnd:
-        """The body of an ``async_step`` task: one unit, holds owned by this execution's id.
-
-        Also one element of a parallel ``map_step`` (``engine.mapping``): the marker then names
-        the element's label (``<step>[<index>]``) and the execution's inputs are its arguments.
-        """
-        marker = self.state.origin.dispatch
-        assert marker is not None  # a child delivery (engine.children.start_worker_child)
-        name = marker["step"]
-        label = marker.get("label") or name
-        spec = self.reactor.steps[name]
-        step_class = spec.step_class()
-        assert step_class is not None
-        resuming = self.execution.started_at is not None
-        self.persist(
-            status=ExecutionStatus.RUNNING,
-            started_at=self.execution.started_at or timezone.now(),
-            current_step=label,
-        )
-        emit_engine(
-            EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
-            self.execution,
-        )
-        outcome = self.run_unit(spec, step_class, dict(self.inputs), label)
-        if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
-            self.state.ending.skipped = outcome.status == UnitStatus.SKIPPED
-            return RunEnd(PassEnd.SUCCEEDED, value=outcome.value)
-        if outcome.status == UnitStatus.HALTED:
-            return RunEnd(PassEnd.HALTED, reason=outcome.reason)
-        if outcome.status == UnitStatus.PARKED:
-            return RunEnd(PassEnd.PARKED, park=outcome.park)
-        if self._stopped_by_cancel(outcome.error):
-            return RunEnd(
-                PassEnd.CANCELLED,
-                error=outcome.error,
-                rollback_failures=list(outcome.rollback_failures),
-            )
-        return RunEnd(
-            PassEnd.FAILED, error=outcome.error, rollback_failures=list(outcome.rollback_failures)
-        )
-
-    def _enter_reactor_gate(self) -> tuple[Gate | None, RunEnd | None]:
-        # kept across the last park (step 5.); whatever happens below, they are dealt with now
-        kept, self.state.continuation.kept_holds = self.state.continuation.kept_holds, None
-        declarations = self.reactor.declarations()
-        if not declarations:
-            return None, None
-        continuing = bool(self.state.continuation.reactor_admitted)
-        gate = Gate(
-            # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
-            # when the run was first admitted; charging every pass would let one run burn the
-            # budget of many.
-            [d for d in declarations.ordered() if not (continuing and d.primitive == "rate_limit")],
-            self.inputs,
-            GateScope(
-                reactor=self.reactor_path,
-                step=None,
-                owner=self.owner,
-                execution_id=self.execution_id,
-                held_keys=self.held_keys,
-                positions=self.state.ordered,
-                position_slot=REACTOR_SLOT,
-                waiter_id=self.waiter_id,
-                worker_wait=self.worker_wait,
-                on_position=self.persist,
-            ),
-        )
-        try:
-            skip = gate.enter(
-                wait=declarations.wait_seconds(), park=self.park_on_contention, adopt=kept
-            )
-        except CoordinationUnavailable as outage:
-            if not self.park_on_contention:
-                return None, self._fail_at_gate(outage)
-            # A worker waits the outage out: it comes back later, nothing ran at this gate.
-            if kept:
-                self.state.continuation.kept_holds = kept  # not verified: still the execution's
-            self.root.requeue_in = outage_delay(self)
-            return None, RunEnd(PassEnd.PARKED)
-        except ParkRequested as parked:
-            ceiling = note_park(self, "", parked)
-            if ceiling is None:
-                return None, RunEnd(PassEnd.PARKED, park=parked)
-            parked.gate.abandon_position()
-            return None, self._fail_at_gate(ceiling)
-        except (CoordinationError, ConfigurationError) as error:
-            return None, self._fail_at_gate(error)
-        if isinstance(skip, Skip):
-            if continuing and skip.reason == "period":
-                # Another run completed in this bucket while this one was paused; halting now
-                # would leave its completed steps in place, so it fails and rolls back.
-                return None, self._fail_at_gate(
-                    CoordinationError(
-                        f"the period bucket of {skip.key!r} was marked by another execution "
-                        f"while {self.reactor_path} was paused; rolling back",
-                        reactor=self.reactor_path,
-                        step=None,
-                        key=skip.key,
-                        primitive="period",
-                    )
-                )
-            return None, RunEnd(PassEnd.HALTED, reason=skip.reason)
-        self.state.continuation.reactor_admitted = True
-        self.gates.append(gate)
-        return gate, None
-
-    def _fail_at_gate(self, error: ReactorError) -> RunEnd:
-        """The reactor gate refused on a later pass (resume, hand-off, redelivery): steps that
-        completed on earlier passes are rolled back as for any failure."""
-        failures: list[dict[str, Any]] = []
-        if self.state.completed or children_to_settle(self):
-            failures = settle_children(self) + roll_back(self)
-        return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
+        """The body of an ``async_step`` task (``engine.steps``)."""
+        return execute_async_step(self)
 
     def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
         """An operator's cancel of this execution or of its root (engine.cancel); ``fresh=False``
         at step boundaries, which read the flag at most every ``REACTOR_CANCEL_POLL``."""
         return cancel_request(self.root.execution_id, self.execution_id, fresh=fresh)
 
-    def _stopped_by_cancel(self, error: ReactorError | None) -> bool:
+    def stopped_by_cancel(self, error: ReactorError | None) -> bool:
         """A failure that is this execution's cancel (a checkpoint raised it, or a composed
         child stopped for it) — not an async child cancelled on its own, which fails us."""
         if isinstance(error, ExecutionCancelled) and error.fields().get("execution_id") in (
@@ -489,7 +346,7 @@ class ExecutionRun:
             spec = plan.specs[name]
             self.execution.current_step = name
             readers_of = plan.dependencies.get(name, frozenset())
-            outcome = await_children(self, readers_of) or self._run_spec(spec)
+            outcome = await_children(self, readers_of) or run_spec(self, spec)
             if outcome.status == UnitStatus.DISPATCHED:
                 continue  # checkpointed with the child; its result is read later
             if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
@@ -511,7 +368,7 @@ class ExecutionRun:
             failures = list(outcome.rollback_failures)
             failures.extend(settle_children(self))
             failures.extend(roll_back(self))
-            if self._stopped_by_cancel(outcome.error):
+            if self.stopped_by_cancel(outcome.error):
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
                 cancel = self._cancel_request() or {}
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
@@ -550,172 +407,27 @@ class ExecutionRun:
             return Scope(self.inputs, self.state.results, element)
         return Scope(self.inputs, self.state.results)
 
-    def _run_spec(self, spec: StepSpec) -> StepOutcome:
-        try:
-            if not evaluate_where(spec, self.inputs, self.state.results):
-                StepRecorder(self.execution, spec.name, StepRunKind.RUN, 1).finished(
-                    EngineEvent.STEP_SKIPPED, reason="where"
-                )
-                return StepOutcome(UnitStatus.SKIPPED, reason="where")
-        except Exception as exc:
-            return StepOutcome(
-                UnitStatus.FAILED,
-                error=StepFailed(
-                    f"where= of step {spec.name!r} of {self.reactor_path} raised "
-                    f"{type(exc).__name__}: {exc}",
-                    reactor=self.reactor_path,
-                    step=spec.name,
-                    cause=exc,
-                ),
-            )
-        if isinstance(spec, InterruptSpec):
-            return run_interrupt(self, spec)
-        if isinstance(spec, MapSpec):
-            return run_map(self, spec)
-        try:
-            args = resolve_arguments(spec, self.scope(), self.reactor_path)
-        except ArgumentResolutionError as error:
-            return StepOutcome(UnitStatus.FAILED, error=error)
-        if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec)):
-            return dispatch_child(self, spec, args)
-        if isinstance(spec, ComposeSpec):
-            if not spec.arguments:
-                # No arguments: the child receives the reactor inputs it declares.
-                args = {name: args[name] for name in spec.target.inputs if name in args}
-            return run_child(self, spec.target, args, label=spec.name)
-        step_class = spec.step_class()
-        assert step_class is not None
-        return self.run_unit(spec, step_class, args, spec.name)
-
     def run_unit(
         self, spec: StepSpec, step_class: Any, args: dict[str, Any], label: str
     ) -> StepOutcome:
-        try:
-            validate_arguments(step_class, args, self.reactor_path, label)
-        except InputValidationError as error:
-            return StepOutcome(UnitStatus.FAILED, error=error)
-        try:
-            # keys known only now (from results, per element) may be held by the execution
-            # that handed this one off: waiting for them would wait for ourselves
-            guard_dispatcher_keys(self, spec, args, label)
-        except CoordinationError as refused:
-            StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
-                EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
-            )
-            return StepOutcome(UnitStatus.FAILED, error=refused)
-        runner = UnitRunner(
-            self,
-            step_class,
-            spec,
-            args,
-            label=label,
-            owner=self.owner,
-            held_keys=self.held_keys,
-            position_slot=label,
-        )
-        outcome = runner.execute(park=self.park_on_contention)
-        if outcome.status == UnitStatus.PARKED and outcome.retry_in is not None:
-            # a failure retry's backoff or a coordination outage: a requeue, not contention
-            self.root.requeue_in = outcome.retry_in
-            return outcome
-        if outcome.status == UnitStatus.PARKED and outcome.park is not None:
-            ceiling = note_park(self, label, outcome.park)
-            if ceiling is not None:
-                outcome.park.gate.abandon_position()  # the line must not wait for this one
-                StepRecorder(self.execution, label, StepRunKind.RUN, 1).finished(
-                    EngineEvent.STEP_FAILED, error=ceiling.as_dict(), body_started=False
-                )
-                return StepOutcome(UnitStatus.FAILED, error=ceiling)
-            self._record_park(label, outcome.park)
-        return outcome
-
-    def _record_park(self, label: str, park: ParkRequested | None) -> None:
-        StepRecorder(self.execution, label, StepRunKind.RUN, 1).parked(
-            primitive=park.refused.claim.primitive if park else None,
-            key=park.refused.claim.key if park else None,
-        )
+        """A plain step (or one map element) through the runner (``engine.steps``)."""
+        return run_unit(self, spec, step_class, args, label)
 
     # -- ending ---------------------------------------------------------------------------
 
     def finish(self, end: RunEnd) -> None:
-        """Write the end of this pass onto the execution row and emit its event."""
-        if self.park_on_contention or reactor_settings.TRACKING_FLUSH_ON_FINISH:
-            # The pass's buffered step runs and events go with the row's final write (persist):
-            # whoever sees the row's new status (a Result, execution.wait()) finds its history
-            # written too — in bulk, O(1) statements whatever the number of steps
-            # (docs/operations.md).
-            self.history_first = True
-        else:
-            # In-process with the flush turned off, the caller waits for none of its history
-            # (written within the freshness bound); only the superseded progress is dropped.
-            get_writer().forget_progress(self.execution.pk)
-        now = timezone.now()
-        if end.status == PassEnd.SUCCEEDED:
-            self.persist(
-                status=ExecutionStatus.SUCCEEDED,
-                result=encode(end.value, strict=False, where="the result"),
-                finished_at=now,
-                current_step="",
-            )
-            emit_engine(EngineEvent.EXECUTION_SUCCEEDED, self.execution, value=end.value)
-        elif end.status == PassEnd.HALTED:
-            self.state.ending.halted, self.state.ending.halt_reason = True, end.reason
-            self.persist(status=ExecutionStatus.HALTED, finished_at=now)
-            emit_engine(EngineEvent.EXECUTION_HALTED, self.execution, reason=end.reason)
-        elif end.status == PassEnd.FAILED:
-            self.persist(
-                status=ExecutionStatus.FAILED,
-                error=end.error.as_dict() if end.error else None,
-                rollback_failures=to_json(end.rollback_failures),
-                finished_at=now,
-            )
-            emit_engine(EngineEvent.EXECUTION_FAILED, self.execution, error=end.error)
-        elif end.status == PassEnd.CANCELLED:
-            self.persist(
-                status=ExecutionStatus.CANCELLED,
-                error=end.error.as_dict() if end.error else None,
-                rollback_failures=to_json(end.rollback_failures),
-                finished_at=now,
-            )
-            emit_engine(EngineEvent.EXECUTION_CANCELLED, self.execution, error=end.error)
-        elif end.status == PassEnd.PARKED:
-            if self.requeue_in is not None:
-                requeue_at = now + timedelta(seconds=self.requeue_in)
-                self.state.continuation.requeue_at = requeue_at.isoformat()
-            # names this park's countdown requeue, so that one left over from an earlier park
-            # (the execution was woken and parked again meanwhile) is recognised and dropped
-            self.state.continuation.requeue_token = uuid.uuid4().hex
-            self.persist(status=ExecutionStatus.PARKED)
-            emit_engine(EngineEvent.EXECUTION_PARKED, self.execution)
-        elif end.status == PassEnd.INTERRUPTED:
-            self.persist(
-                status=ExecutionStatus.INTERRUPTED,
-                correlation_id=self.execution.correlation_id,
-                current_step=end.reason or self.execution.current_step,
-            )
-            emit_engine(EngineEvent.EXECUTION_INTERRUPTED, self.execution, step=end.reason)
-        elif end.status == PassEnd.HANDED_OFF:
-            # the worker that picks it up emits execution_resumed
-            self.state.origin.worker = True
-            self.persist(status=ExecutionStatus.PENDING)
+        """Write the end of this pass onto the execution row and emit its event
+        (``engine.finishing``)."""
+        finish_pass(self, end)
 
     def result(self, end: RunEnd) -> Result:
-        return Result(
-            status=end.status.value,
-            value=end.value if end.status == PassEnd.SUCCEEDED else None,
-            error=end.error,
-            execution_id=self.execution_id,
-            rollback_failures=end.rollback_failures,
-            halt_reason=end.reason if end.status == PassEnd.HALTED else None,
-        )
+        return result_of(self, end)
 
 
 def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     """``Reactor.run``: create the execution row and run it to the end in this process (or, for
     ``background = True``, hand the whole run to a worker)."""
     if reactor.background is True:
-        from reactor_app.engine.enqueueing import hand_off_new
-
         return hand_off_new(reactor, inputs)
     error = input_errors(reactor, inputs)
     now = timezone.now()
@@ -748,7 +460,5 @@ def run_inline(run: ExecutionRun) -> Result:
     end = run.execute()
     run.finish(end)
     if end.status == PassEnd.HANDED_OFF:
-        from reactor_app.engine.enqueueing import enqueue_on_commit
-
         enqueue_on_commit(run.execution.id)
     return run.result(end)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.coordination import primitives
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
     WAITING_PREFIX,
@@ -52,17 +53,17 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
-from reactor_app.dsl.coordination import (
+from reactor_app.dsl.declarations import (
     Declaration,
     OrderedLockDeclaration,
     RateLimitDeclaration,
 )
+from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
 
 if TYPE_CHECKING:
-    from reactor_app.coordination.admission import Coordinator
     from reactor_app.engine.context import HeldKeys
     from reactor_app.engine.state import KeptHold
 
@@ -115,8 +116,6 @@ class GateScope:
 
 
 def get_coordinator() -> Coordinator:
-    from reactor_app.coordination.admission import Coordinator
-
     return Coordinator()
 
 
@@ -630,8 +629,6 @@ def _wake(woken: Sequence[str]) -> None:
     """Re-enqueue parked executions a release (or a skip) let through: at once, not at their
     backoff requeue."""
     if woken:
-        from reactor_app.engine.enqueueing import wake
-
         wake(list(woken))
 
 

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from reactor_app.dsl.registry import is_base, lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
@@ -41,8 +42,6 @@ def resume(reactor: type[Reactor], execution_id: Any, *, step: str | None, paylo
     change is made under a row lock, so of two concurrent resumes exactly one wins; the other
     (and any later one) gets ``ExecutionNotResumable``.
     """
-    from reactor_app.dsl.registry import lookup
-
     background = reactor.background is True
     claim: ExecutionClaim | None = None
     if not background:
@@ -71,8 +70,6 @@ def resume(reactor: type[Reactor], execution_id: Any, *, step: str | None, paylo
 def _take_interrupt(
     reactor: type[Reactor], execution_id: Any, step: str | None, payload: Any, background: bool
 ) -> Execution:
-    from reactor_app.dsl.reactor import Reactor as BaseReactor
-
     with transaction.atomic():
         execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
         if execution is None:
@@ -82,7 +79,7 @@ def _take_interrupt(
                 step=step,
                 status=None,
             )
-        if reactor is not BaseReactor and execution.reactor != reactor.path():
+        if not is_base(reactor) and execution.reactor != reactor.path():
             raise ExecutionNotResumable(
                 f"execution {execution_id} is a run of {execution.reactor}, not {reactor.path()}",
                 execution_id=str(execution_id),
@@ -127,10 +124,8 @@ def resume_by_correlation(
     reactor: type[Reactor], correlation_id: str, *, step: str | None, payload: Any
 ) -> Result:
     """Resume the (oldest) execution of ``reactor`` paused under ``correlation_id``."""
-    from reactor_app.dsl.reactor import Reactor as BaseReactor
-
     waiting = Execution.objects.waiting_on_interrupt(str(correlation_id))
-    if reactor is not BaseReactor:
+    if not is_base(reactor):
         waiting = waiting.filter(reactor=reactor.path())
     if step is not None:
         waiting = waiting.filter(current_step=step)

@@ -48,11 +48,12 @@ from reactor_app.engine.children import (
     run_child,
     start_worker_child,
 )
+from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
 from reactor_app.engine.state import CompletedStep, ExecutionState, MapElement
-from reactor_app.engine.worker import backoff_seconds, guard_hand_off
+from reactor_app.engine.worker import backoff_seconds
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reactor_app import exceptions
+from reactor_app.conf import reactor_settings
 from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
 
@@ -69,13 +70,13 @@ def error_from_dict(data: dict[str, Any] | None) -> BaseException | None:
 def task_queue() -> str:
     """The queue reactor_app's tasks are sent to: ``REACTOR_CELERY_QUEUE``, else Celery's
     default queue of the current app."""
-    from reactor_app.conf import reactor_settings
-
     if reactor_settings.CELERY_QUEUE:
         return reactor_settings.CELERY_QUEUE
-    from reactor_app.tasks import run_execution
+    # deferred: this module loads with the package (while Django reads INSTALLED_APPS); Celery,
+    # with kombu and billiard, is imported only when a wait times out
+    from celery import current_app
 
-    return str(run_execution.app.conf.task_default_queue or "celery")
+    return str(current_app.conf.task_default_queue or "celery")
 
 
 def _no_consumer_hint() -> str:

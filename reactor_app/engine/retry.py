@@ -40,6 +40,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.registry import lookup
+from reactor_app.engine.enqueueing import _take_position_at_enqueue, enqueue_on_commit
+from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable
 from reactor_app.models import Execution
@@ -86,13 +88,9 @@ def retry(
             retry_of=failed,
         )
         if worker:
-            from reactor_app.engine.enqueueing import _take_position_at_enqueue, enqueue_on_commit
-
             _take_position_at_enqueue(reactor, decode(failed.inputs), execution)
             enqueue_on_commit(execution.id)
     if not worker:
-        from reactor_app.engine.executor import ExecutionRun, run_inline
-
         run_inline(ExecutionRun(reactor, execution, dict(execution.inputs)))
         execution.refresh_from_db()
     return execution

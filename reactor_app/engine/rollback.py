@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.dsl.coordination import DeclarationSet
+from reactor_app.dsl.declarations import DeclarationSet
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate

@@ -19,6 +19,7 @@ from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
 from reactor_app.engine.host import gate_scope, host_of, step_context
 from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
+from reactor_app.engine.rollback import run_rollback_hook
 from reactor_app.engine.worker import outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -303,8 +304,6 @@ class UnitRunner:
         """Compensate the failing step; its coordination is still held, so re-taking re-enters."""
         if not self.step_class.has_compensate():
             return []
-        from reactor_app.engine.rollback import run_rollback_hook
-
         return run_rollback_hook(
             self.run,
             self.step_class,

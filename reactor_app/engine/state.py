@@ -30,12 +30,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
+from reactor_app.coordination.claims import Hold, LockClaim, SemaphoreClaim
 from reactor_app.models import CONTEXT_SCHEMA_VERSION
 from reactor_app.serialization import decode, encode
 
 # --------------------------------------------------------------------------------------------
 # top-level keys that ORM filters name too
 
+#: the ordered-lock position slot of a reactor-level gate in ``state.ordered`` (steps use
+#: their labels)
+REACTOR_SLOT = ""
 #: the execution runs on workers: the sweeper re-enqueues it when its delivery vanishes
 WORKER = "worker"
 #: the reactor-level lock/semaphore holds kept across a park (``Gate.suspend``), re-adopted by
@@ -135,6 +139,18 @@ class KeptHold(TypedDict):
     key: str
     token: NotRequired[int]
     limit: NotRequired[int]
+
+
+def kept_hold(entry: KeptHold) -> Hold | None:
+    """A hold described by ``Gate.suspend`` (primitive, key, token, limit)."""
+    primitive, key = entry.get("primitive"), entry.get("key")
+    if not key:
+        return None
+    if primitive == "lock":
+        return Hold(claim=LockClaim(str(key)), fresh=True, token=entry.get("token"))
+    if primitive == "semaphore":
+        return Hold(claim=SemaphoreClaim(str(key), limit=int(entry.get("limit") or 1)), fresh=True)
+    return None
 
 
 class ParkedOn(TypedDict):

@@ -30,14 +30,13 @@ from django.utils.dateparse import parse_datetime
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Hold, LockClaim, SemaphoreClaim
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.delivery import RUNNABLE
 from reactor_app.engine.enqueueing import enqueue
 from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_interrupt
-from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, KeptHold
+from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, kept_hold
 from reactor_app.engine.worker import park_margin
 from reactor_app.exceptions import ReactorError
 from reactor_app.models import Execution
@@ -116,18 +115,6 @@ def renew_kept_holds(now: datetime | None = None) -> int:
             continue
         renewed += len(extended.extended)
     return renewed
-
-
-def kept_hold(entry: KeptHold) -> Hold | None:
-    """A hold described by ``Gate.suspend`` (primitive, key, token, limit)."""
-    primitive, key = entry.get("primitive"), entry.get("key")
-    if not key:
-        return None
-    if primitive == "lock":
-        return Hold(claim=LockClaim(str(key)), fresh=True, token=entry.get("token"))
-    if primitive == "semaphore":
-        return Hold(claim=SemaphoreClaim(str(key), limit=int(entry.get("limit") or 1)), fresh=True)
-    return None
 
 
 class SweepTimer:

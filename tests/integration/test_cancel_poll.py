@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from reactor_app import Reactor, Step, Success, step, value
 from reactor_app.coordination.redis import get_client
-from reactor_app.engine import cancel
+from reactor_app.engine import cancel_flag
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 
@@ -57,7 +57,7 @@ class Tick(Step):
         marks.setdefault("ticks", []).append(time.monotonic())
         if args["n"] == 2:
             request = {"reason": "from elsewhere", "by": "test", "at": "now"}
-            get_client().set(cancel._key(context.execution_id), json.dumps(request), ex=60)
+            get_client().set(cancel_flag._key(context.execution_id), json.dumps(request), ex=60)
             marks["raised"] = time.monotonic()
         time.sleep(0.01)
         return Success(None)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reactor_app import Step, Success, with_lock, with_semaphore
-from reactor_app.dsl.coordination import LockDeclaration
+from reactor_app.dsl.declarations import LockDeclaration
 from reactor_app.exceptions import CoordinationKeyError, DefinitionError
 
 

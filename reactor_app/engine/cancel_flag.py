@@ -1,0 +1,141 @@
+"""The cancel request: a Redis flag per execution that every process running it polls.
+
+``request_cancel`` raises the flag (``{prefix}:cancel:<id>``, the reason and who asked);
+``cancel_request`` reads it — at each step boundary, at the start of every pass and at
+``context.checkpoint()`` — so a cancel works whichever process is inside the run. Reading the
+flag is a Redis round trip, the largest cost of an uncoordinated step, so step boundaries and
+checkpoints read it at most every ``REACTOR_CANCEL_POLL`` seconds (default 0.05) per run; a
+cancel requested by the very process running the execution is seen at its next boundary. What
+a cancel does with the flag is told in ``engine.cancel``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from django.utils import timezone
+
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination.keys import key as redis_key
+from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.exceptions import ConfigurationError, ExecutionCancelled, InputValidationError
+
+logger = logging.getLogger(__name__)
+
+#: how long a cancel request outlives its execution's end (seconds): long enough for any pass
+#: still in flight to see it, short enough to clean itself up
+REQUEST_TTL = 7 * 86400
+#: seconds the engine stops polling for cancel requests after a failed read (see cancel_request)
+POLL_REST = 5.0
+_rest_until = 0.0
+#: the longest reason kept (the rest is cut): it is shown in the admin and stored on the row
+MAX_REASON = 1000
+
+
+def _key(execution_id: Any) -> str:
+    return redis_key("cancel", str(execution_id))
+
+
+#: the runs (their ids) whose flag was read and found clear, with the monotonic time of that
+#: read — the most recent ``_CHECKED_KEPT`` only (an old entry just means one more read)
+_checked: OrderedDict[tuple[str, ...], float] = OrderedDict()
+_CHECKED_KEPT = 4096
+#: executions cancelled by this very process: its own runs see them at the next boundary
+_requested_here: set[str] = set()
+_guard = threading.Lock()
+
+
+def request_cancel(execution_id: Any, reason: str, by: str | None) -> None:
+    """Raise the flag every process running ``execution_id`` polls."""
+    name = _key(execution_id)
+    request = {"reason": reason, "by": by, "at": timezone.now().isoformat()}
+    with unavailable_on_connection_error(key=name, primitive="cancel"):
+        get_client().set(name, json.dumps(request), ex=REQUEST_TTL)
+    with _guard:
+        if len(_requested_here) >= _CHECKED_KEPT:
+            _requested_here.clear()  # only a shortcut: the poll still finds older requests
+        _requested_here.add(str(execution_id))
+
+
+def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | None:
+    """The cancel request of the first of ``execution_ids`` that has one, else None.
+
+    Polled by the engine; an unreachable Redis reads as "not cancelled" (a run is never failed
+    by the poll itself). After a failed read the poll rests for ``POLL_REST`` seconds, so an
+    outage does not add a connection timeout to every step of runs that need no Redis.
+    ``fresh=False`` (step boundaries, checkpoints) answers "not cancelled" without reading when
+    the same run's flag was read clear less than ``REACTOR_CANCEL_POLL`` seconds ago."""
+    global _rest_until
+    ids = tuple(dict.fromkeys(str(i) for i in execution_ids if i))
+    now = time.monotonic()
+    if not ids or now < _rest_until:
+        return None
+    if not fresh and not _requested_here.intersection(ids):
+        with _guard:
+            last = _checked.get(ids)
+        if last is not None and now - last < reactor_settings.CANCEL_POLL:
+            return None
+    try:
+        client = get_client()
+        # one key at a time: the ids need not share a cluster slot
+        for execution_id in ids:
+            raw = client.get(_key(execution_id))
+            if raw:
+                data = json.loads(raw)
+                return data if isinstance(data, dict) else {"reason": str(data)}
+        with _guard:
+            _checked[ids] = now
+            _checked.move_to_end(ids)
+            if len(_checked) > _CHECKED_KEPT:
+                _checked.popitem(last=False)
+    except ConfigurationError:
+        # no coordination Redis configured: nothing can have been cancelled through it
+        _rest_until = time.monotonic() + POLL_REST
+    except Exception:
+        _rest_until = time.monotonic() + POLL_REST
+        logger.warning("could not read the cancel flag of %s", ids, exc_info=True)
+    return None
+
+
+def raise_if_cancelled(
+    *execution_ids: Any, reactor: str | None = None, step: str | None = None
+) -> None:
+    """``context.checkpoint()``: stop the step body when its execution was cancelled (the
+    flag read at most every ``REACTOR_CANCEL_POLL``, see the module docstring)."""
+    request = cancel_request(*execution_ids, fresh=False)
+    if request is not None:
+        raise cancelled_error(request, execution_ids[-1], reactor=reactor, step=step)
+
+
+def cancelled_error(
+    request: dict[str, Any], execution_id: Any, *, reactor: str | None, step: str | None = None
+) -> ExecutionCancelled:
+    reason = request.get("reason") or ""
+    by = request.get("by")
+    return ExecutionCancelled(
+        f"execution {execution_id} was cancelled"
+        + (f" by {by}" if by else "")
+        + (f": {reason}" if reason else ""),
+        reactor=reactor,
+        step=step,
+        execution_id=str(execution_id),
+        reason=reason,
+        by=by,
+    )
+
+
+def clean_reason(reason: Any) -> str:
+    """The reason as stored; ``InputValidationError`` when it is not text."""
+    if reason is None:
+        return ""
+    if not isinstance(reason, str):
+        raise InputValidationError(
+            f"a cancel reason must be text, got {type(reason).__name__}",
+            field_errors={"reason": "must be a string"},
+        )
+    return reason.strip()[:MAX_REASON]

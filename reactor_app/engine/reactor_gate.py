@@ -1,0 +1,100 @@
+"""The reactor-level gate of a pass (step 2 of the executor's main loop).
+
+``enter_reactor_gate`` admits the run under its reactor's declarations on every pass (a resume
+is a coordinated entry point), re-adopting the holds kept across a park; a refusal on a later
+pass rolls back the steps completed on earlier ones (``fail_at_gate``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from reactor_app.engine.children import children_to_settle, settle_children
+from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
+from reactor_app.engine.outcomes import PassEnd, RunEnd
+from reactor_app.engine.rollback import roll_back
+from reactor_app.engine.state import REACTOR_SLOT
+from reactor_app.engine.worker import note_park, outage_delay
+from reactor_app.exceptions import (
+    ConfigurationError,
+    CoordinationError,
+    CoordinationUnavailable,
+    ReactorError,
+)
+
+if TYPE_CHECKING:
+    from reactor_app.engine.executor import ExecutionRun
+
+
+def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
+    # kept across the last park (step 5.); whatever happens below, they are dealt with now
+    kept, run.state.continuation.kept_holds = run.state.continuation.kept_holds, None
+    declarations = run.reactor.declarations()
+    if not declarations:
+        return None, None
+    continuing = bool(run.state.continuation.reactor_admitted)
+    gate = Gate(
+        # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
+        # when the run was first admitted; charging every pass would let one run burn the
+        # budget of many.
+        [d for d in declarations.ordered() if not (continuing and d.primitive == "rate_limit")],
+        run.inputs,
+        GateScope(
+            reactor=run.reactor_path,
+            step=None,
+            owner=run.owner,
+            execution_id=run.execution_id,
+            held_keys=run.held_keys,
+            positions=run.state.ordered,
+            position_slot=REACTOR_SLOT,
+            waiter_id=run.waiter_id,
+            worker_wait=run.worker_wait,
+            on_position=run.persist,
+        ),
+    )
+    try:
+        skip = gate.enter(wait=declarations.wait_seconds(), park=run.park_on_contention, adopt=kept)
+    except CoordinationUnavailable as outage:
+        if not run.park_on_contention:
+            return None, fail_at_gate(run, outage)
+        # A worker waits the outage out: it comes back later, nothing ran at this gate.
+        if kept:
+            run.state.continuation.kept_holds = kept  # not verified: still the execution's
+        run.root.requeue_in = outage_delay(run)
+        return None, RunEnd(PassEnd.PARKED)
+    except ParkRequested as parked:
+        ceiling = note_park(run, "", parked)
+        if ceiling is None:
+            return None, RunEnd(PassEnd.PARKED, park=parked)
+        parked.gate.abandon_position()
+        return None, fail_at_gate(run, ceiling)
+    except (CoordinationError, ConfigurationError) as error:
+        return None, fail_at_gate(run, error)
+    if isinstance(skip, Skip):
+        if continuing and skip.reason == "period":
+            # Another run completed in this bucket while this one was paused; halting now
+            # would leave its completed steps in place, so it fails and rolls back.
+            return None, fail_at_gate(
+                run,
+                CoordinationError(
+                    f"the period bucket of {skip.key!r} was marked by another execution "
+                    f"while {run.reactor_path} was paused; rolling back",
+                    reactor=run.reactor_path,
+                    step=None,
+                    key=skip.key,
+                    primitive="period",
+                ),
+            )
+        return None, RunEnd(PassEnd.HALTED, reason=skip.reason)
+    run.state.continuation.reactor_admitted = True
+    run.gates.append(gate)
+    return gate, None
+
+
+def fail_at_gate(run: ExecutionRun, error: ReactorError) -> RunEnd:
+    """The reactor gate refused on a later pass (resume, hand-off, redelivery): steps that
+    completed on earlier passes are rolled back as for any failure."""
+    failures: list[dict[str, Any]] = []
+    if run.state.completed or children_to_settle(run):
+        failures = settle_children(run) + roll_back(run)
+    return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
