@@ -8,7 +8,10 @@ round trip, the largest cost of an uncoordinated step, so step boundaries and ch
 it at most every ``REACTOR_CANCEL_POLL`` seconds (default 0.05) per run: a run stops at the
 first boundary after that much time has passed since the request, at the latest. A cancel
 requested by the very process running the execution is seen at its next boundary, and the start
-of a pass and the decision whether a failure was a cancel always read the flag. Then:
+of a pass and the decision whether a failure was a cancel always read the flag — except the
+first pass of a run the same process has just created, whose flag counts as read clear at
+creation (a cancel names the execution's id, which nobody can know before its row exists).
+Then:
 
 * **Not running** (pending, parked, interrupted): the canceller ends it itself, at once. It takes
   the execution claim a delivery would take (so no delivery starts it meanwhile), flips the row
@@ -141,6 +144,20 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
         _rest_until = time.monotonic() + POLL_REST
         logger.warning("could not read the cancel flag of %s", ids, exc_info=True)
     return None
+
+
+def note_clear(execution_id: Any) -> None:
+    """Count the flag of an execution this process has just created as read clear now.
+
+    A cancel names an execution by its id, which nobody can know before the row exists: the
+    start of that run need not read the flag, and its step boundaries poll from here on (at
+    most ``REACTOR_CANCEL_POLL`` later, as after any read)."""
+    ids = (str(execution_id),)
+    with _guard:
+        _checked[ids] = time.monotonic()
+        _checked.move_to_end(ids)
+        if len(_checked) > _CHECKED_KEPT:
+            _checked.popitem(last=False)
 
 
 def raise_if_cancelled(

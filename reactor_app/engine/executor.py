@@ -88,7 +88,7 @@ from reactor_app.dsl.kinds import (
     MapSpec,
 )
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled
+from reactor_app.engine.cancel import cancel_request, cancelled_error, end_cancelled, note_clear
 from reactor_app.engine.children import (
     await_children,
     children_to_settle,
@@ -283,6 +283,8 @@ class ExecutionRun:
 
     def execute(self) -> RunEnd:
         resuming = self.execution.started_at is not None and not self.inserted_running
+        # created by this very call: nobody could have cancelled it yet (see cancel.note_clear)
+        created_here = self.inserted_running
         if self.inserted_running:
             self.inserted_running = False
         else:
@@ -299,7 +301,9 @@ class ExecutionRun:
         end: RunEnd | None = None
         abandoned = False
         try:
-            cancel = self._cancel_request() if self.parent is None else None
+            cancel = None
+            if self.parent is None and not created_here:
+                cancel = self._cancel_request()
             if cancel is not None:
                 # cancelled while it waited (or its delivery died): never enter it again. (A
                 # composed child stops at its first step boundary instead, inside its gate:
@@ -740,6 +744,7 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     )
     run = ExecutionRun(reactor, execution, inputs)
     run.inserted_running = True
+    note_clear(execution.pk)
     return run_inline(run)
 
 
