@@ -2,11 +2,12 @@
 
 ``request_cancel`` raises the flag (``{prefix}:cancel:<id>``, the reason and who asked);
 ``cancel_request`` reads it — at each step boundary, at the start of every pass and at
-``context.checkpoint()`` — so a cancel works whichever process is inside the run. Reading the
-flag is a Redis round trip, the largest cost of an uncoordinated step, so step boundaries and
-checkpoints read it at most every ``REACTOR_CANCEL_POLL`` seconds (default 0.05) per run; a
-cancel requested by the very process running the execution is seen at its next boundary. What
-a cancel does with the flag is told in ``engine.cancel``.
+``context.checkpoint()`` — so a cancel works whichever process is inside the run (the first
+pass of a run this process has just created skips the read at its start: ``note_clear``).
+Reading the flag is a Redis round trip, the largest cost of an uncoordinated step, so step
+boundaries and checkpoints read it at most every ``REACTOR_CANCEL_POLL`` seconds (default
+0.05) per run; a cancel requested by the very process running the execution is seen at its
+next boundary. What a cancel does with the flag is told in ``engine.cancel``.
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
         _rest_until = time.monotonic() + POLL_REST
         logger.warning("could not read the cancel flag of %s", ids, exc_info=True)
     return None
+
+
+def note_clear(execution_id: Any) -> None:
+    """Count the flag of an execution this process has just created as read clear now.
+
+    A cancel names an execution by its id, which nobody can know before the row exists: the
+    first pass of that run need not read the flag at its start, and its step boundaries poll
+    from here on (at most ``REACTOR_CANCEL_POLL`` later, as after any read)."""
+    ids = (str(execution_id),)
+    with _guard:
+        _checked[ids] = time.monotonic()
+        _checked.move_to_end(ids)
+        if len(_checked) > _CHECKED_KEPT:
+            _checked.popitem(last=False)
 
 
 def raise_if_cancelled(

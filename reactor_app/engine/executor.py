@@ -85,7 +85,7 @@ from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
+from reactor_app.engine.cancel_flag import cancel_request, cancelled_error, note_clear
 from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.children import await_children, settle_children
 from reactor_app.engine.context import HeldKeys
@@ -250,6 +250,8 @@ class ExecutionRun:
 
     def execute(self) -> RunEnd:
         resuming = self.execution.started_at is not None and not self.inserted_running
+        # created by this very call: nobody could have cancelled it yet (cancel_flag.note_clear)
+        created_here = self.inserted_running
         if self.inserted_running:
             self.inserted_running = False
         else:
@@ -266,7 +268,9 @@ class ExecutionRun:
         end: RunEnd | None = None
         abandoned = False
         try:
-            cancel = self._cancel_request() if self.parent is None else None
+            cancel = None
+            if self.parent is None and not created_here:
+                cancel = self._cancel_request()
             if cancel is not None:
                 # cancelled while it waited (or its delivery died): never enter it again. (A
                 # composed child stops at its first step boundary instead, inside its gate:
@@ -452,6 +456,7 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     )
     run = ExecutionRun(reactor, execution, inputs)
     run.inserted_running = True
+    note_clear(execution.pk)
     return run_inline(run)
 
 

@@ -40,7 +40,14 @@ _steps = Pending()
 
 
 def _tracer() -> Any:
-    # looked up per span: the project may set its tracer provider after reactor_app is ready
+    """The tracer spans start on, or None while no tracer provider is configured.
+
+    Looked up per event: the project may set its provider after reactor_app is ready. Until
+    it does, the API's default provider hands out spans that record nothing, and building
+    them (attributes, contexts, ids) was most of what a traced event cost: skipped.
+    """
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
     return trace.get_tracer(TRACER_NAME)
 
 
@@ -53,10 +60,13 @@ def _error(span: Any, error: Any) -> None:
 
 def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
     if kind in _EXECUTION_STARTS:
+        tracer = _tracer()
+        if tracer is None:
+            return
         # a composed child runs inside its parent's delivery: its span is a child of the
         # parent's (an async child runs in a delivery of its own: a root span)
         parent_span = _executions.peek(execution.parent_id) if execution.parent_id else None
-        span = _tracer().start_span(
+        span = tracer.start_span(
             f"reactor {execution.reactor_name}",
             context=trace.set_span_in_context(parent_span) if parent_span is not None else None,
             attributes={
@@ -78,9 +88,12 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
         return
     step_key = (execution.pk, payload.get("step"), payload.get("attempt"))
     if kind == EngineEvent.STEP_STARTED:
+        tracer = _tracer()
+        if tracer is None:
+            return
         parent = _executions.peek(execution.pk)
         context = trace.set_span_in_context(parent) if parent is not None else None
-        span = _tracer().start_span(
+        span = tracer.start_span(
             f"step {payload.get('step')}",
             context=context,
             attributes={

@@ -1,7 +1,7 @@
 -- _common.lua — fragment spliced into operation scripts by their include line.
 -- Helpers only: the Redis clock, the KEYS split, the reply shape, big-number formatting.
 
--- Status codes; the Python side's one table is reactor_app.coordination.redis.STATUSES
+-- Status codes; the Python side's one table is reactor_app.coordination.scripts.STATUSES
 -- (tests/unit/test_coordination.py checks that the two agree, name for name).
 local OK, LOCKED, SEMAPHORE_FULL, RATE_LIMITED, PERIOD_MARKED = 0, 1, 2, 3, 4
 local ORDERED_WAIT, ORDERED_STALE, CHAIN_FAILED, LOST, NOT_FOUND = 5, 6, 7, 8, 9
