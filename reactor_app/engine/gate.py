@@ -22,6 +22,12 @@ keeps them alive for as long as the execution stays parked). A hold that lapsed 
 force-released anyway is recorded as ``lease_lost``, whatever is still held is given back, and
 ``enter`` raises ``LeaseLost``: another execution may have run inside the workflow, so the run
 fails (and rolls back) instead of competing again.
+
+One module, over the usual size, on purpose: entering, keeping alive, suspending and leaving
+are one protocol over one admission's state (its claims, holds, keep-alive and deferred
+events), read top to bottom in the order a unit of work goes through them. What is not that
+protocol lives elsewhere: the waiting itself in ``coordination.waiting``, the refusal errors in
+``coordination.refusals``, the execution's side in ``engine.host``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from reactor_app.status import EngineEvent
+
 logger = logging.getLogger(__name__)
 
 #: receivers keep their bookkeeping here; a start never matched by an end (a delivery killed
@@ -65,6 +67,23 @@ def install() -> dict[str, bool]:
 def installed() -> dict[str, bool]:
     """Which of the two integrations this process connected."""
     return dict(_installed)
+
+
+#: the engine events that end an execution's delivery, and what each is called in a metric label
+#: or span attribute (both receivers read these)
+EXECUTION_ENDS: dict[str, str] = {
+    EngineEvent.EXECUTION_SUCCEEDED: "succeeded",
+    EngineEvent.EXECUTION_FAILED: "failed",
+    EngineEvent.EXECUTION_HALTED: "halted",
+    EngineEvent.EXECUTION_PARKED: "parked",
+    EngineEvent.EXECUTION_INTERRUPTED: "interrupted",
+}
+#: the engine events that end a step attempt, likewise
+STEP_ENDS: dict[str, str] = {
+    EngineEvent.STEP_SUCCEEDED: "succeeded",
+    EngineEvent.STEP_FAILED: "failed",
+    EngineEvent.STEP_RETRIED: "retried",
+}
 
 
 class Pending:

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from reactor_app import signals
-from reactor_app.metrics import Pending, now
+from reactor_app.metrics import EXECUTION_ENDS, STEP_ENDS, Pending, now
 from reactor_app.status import CoordinationEventKind, EngineEvent
 
 Kind = CoordinationEventKind
@@ -67,18 +67,6 @@ STEP_DURATION = Histogram(
     buckets=DURATION_BUCKETS,
 )
 
-_EXECUTION_ENDS = {
-    EngineEvent.EXECUTION_SUCCEEDED: "succeeded",
-    EngineEvent.EXECUTION_FAILED: "failed",
-    EngineEvent.EXECUTION_HALTED: "halted",
-    EngineEvent.EXECUTION_PARKED: "parked",
-    EngineEvent.EXECUTION_INTERRUPTED: "interrupted",
-}
-_STEP_ENDS = {
-    EngineEvent.STEP_SUCCEEDED: "succeeded",
-    EngineEvent.STEP_FAILED: "failed",
-    EngineEvent.STEP_RETRIED: "retried",
-}
 
 _steps = Pending()
 _holds = Pending()
@@ -88,7 +76,7 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
     if kind == EngineEvent.STEP_STARTED:
         _steps.push((execution.pk, payload.get("step"), payload.get("attempt")), now())
         return
-    outcome = _STEP_ENDS.get(kind)  # type: ignore[call-overload]
+    outcome = STEP_ENDS.get(kind)
     if outcome is not None:
         started = _steps.pop((execution.pk, payload.get("step"), payload.get("attempt")))
         if started is not None:
@@ -96,7 +84,7 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
                 now() - started
             )
         return
-    status = _EXECUTION_ENDS.get(kind)  # type: ignore[call-overload]
+    status = EXECUTION_ENDS.get(kind)
     if status is not None:
         EXECUTIONS.labels(execution.reactor, status).inc()
 

@@ -16,24 +16,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from reactor_app import signals
-from reactor_app.metrics import Pending
+from reactor_app.metrics import EXECUTION_ENDS, STEP_ENDS, Pending
 from reactor_app.status import EngineEvent
 
 TRACER_NAME = "reactor_app"
 
 _EXECUTION_STARTS = {EngineEvent.EXECUTION_STARTED, EngineEvent.EXECUTION_RESUMED}
-_EXECUTION_ENDS = {
-    EngineEvent.EXECUTION_SUCCEEDED: "succeeded",
-    EngineEvent.EXECUTION_FAILED: "failed",
-    EngineEvent.EXECUTION_HALTED: "halted",
-    EngineEvent.EXECUTION_PARKED: "parked",
-    EngineEvent.EXECUTION_INTERRUPTED: "interrupted",
-}
-_STEP_ENDS = {
-    EngineEvent.STEP_SUCCEEDED: "succeeded",
-    EngineEvent.STEP_FAILED: "failed",
-    EngineEvent.STEP_RETRIED: "retried",
-}
 
 _executions = Pending()
 _steps = Pending()
@@ -77,7 +65,7 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
         )
         _executions.push(execution.pk, span)
         return
-    status = _EXECUTION_ENDS.get(kind)  # type: ignore[call-overload]
+    status = EXECUTION_ENDS.get(kind)
     if status is not None:
         span = _executions.pop(execution.pk)
         if span is not None:
@@ -105,7 +93,7 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
         )
         _steps.push(step_key, span)
         return
-    outcome = _STEP_ENDS.get(kind)  # type: ignore[call-overload]
+    outcome = STEP_ENDS.get(kind)
     if outcome is not None:
         span = _steps.pop(step_key)
         if span is not None:
