@@ -31,8 +31,8 @@ def _tracer() -> Any:
     """The tracer spans start on, or None while no tracer provider is configured.
 
     Looked up per event: the project may set its provider after reactor_app is ready. Until
-    it does, the API's default provider hands out spans that record nothing, and building
-    them (attributes, contexts, ids) was most of what a traced event cost: skipped.
+    it does, the API's default provider hands out spans that record nothing; building them
+    (attributes, contexts) on every engine event would be work for nothing, so none is built.
     """
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None
