@@ -33,7 +33,9 @@ logger = logging.getLogger(__name__)
 REQUEST_TTL = 7 * 86400
 #: seconds the engine stops polling for cancel requests after a failed read (see cancel_request)
 POLL_REST = 5.0
-_rest_until = 0.0
+#: the poll's rest after a failed read: (the ``REACTOR_*`` settings version it failed under,
+#: monotonic end). Settings that change meanwhile name another Redis, so the rest ends with them.
+_rest: tuple[int, float] = (-1, 0.0)
 #: the longest reason kept (the rest is cut): it is shown in the admin and stored on the row
 MAX_REASON = 1000
 
@@ -68,13 +70,14 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
 
     Polled by the engine; an unreachable Redis reads as "not cancelled" (a run is never failed
     by the poll itself). After a failed read the poll rests for ``POLL_REST`` seconds, so an
-    outage does not add a connection timeout to every step of runs that need no Redis.
+    outage does not add a connection timeout to every step of runs that need no Redis; the rest
+    ends early when the ``REACTOR_*`` settings change (another Redis may be configured now).
     ``fresh=False`` (step boundaries, checkpoints) answers "not cancelled" without reading when
     the same run's flag was read clear less than ``REACTOR_CANCEL_POLL`` seconds ago."""
-    global _rest_until
+    global _rest
     ids = tuple(dict.fromkeys(str(i) for i in execution_ids if i))
     now = time.monotonic()
-    if not ids or now < _rest_until:
+    if not ids or (now < _rest[1] and _rest[0] == reactor_settings.version()):
         return None
     if not fresh and not _requested_here.intersection(ids):
         with _guard:
@@ -96,9 +99,9 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
                 _checked.popitem(last=False)
     except ConfigurationError:
         # no coordination Redis configured: nothing can have been cancelled through it
-        _rest_until = time.monotonic() + POLL_REST
+        _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
     except Exception:
-        _rest_until = time.monotonic() + POLL_REST
+        _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
         logger.warning("could not read the cancel flag of %s", ids, exc_info=True)
     return None
 

@@ -111,3 +111,19 @@ def test_a_request_from_elsewhere_stops_the_run_within_the_poll_interval() -> No
     # after the request; a run that never read the flag again would run all sixty (0.6 s)
     assert max(after, default=marks["raised"]) - marks["raised"] < 0.1 + 0.01 + 0.3
     assert len(marks["ticks"]) < 60
+
+
+def test_a_failed_read_rests_the_poll_only_while_the_settings_stay() -> None:
+    """After a failed read the poll rests (an outage must not cost every step a connection
+    attempt) — but only under the settings it failed with: once they change, another Redis may
+    be configured, and a request there is read at once (no test or deployment inherits the
+    rest of an earlier configuration)."""
+    execution_id = "rest-check"
+    request = {"reason": "seen", "by": "test", "at": "now"}
+    get_client().set(cancel_flag._key(execution_id), json.dumps(request), ex=60)
+    try:
+        with override_settings(REACTOR_REDIS_URL="redis://127.0.0.1:1/0"):
+            assert cancel_flag.cancel_request(execution_id) is None  # unreachable: now resting
+        assert cancel_flag.cancel_request(execution_id) == request
+    finally:
+        get_client().delete(cancel_flag._key(execution_id))
