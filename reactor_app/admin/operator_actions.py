@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
@@ -21,7 +20,7 @@ from reactor_app.admin.pages import (
     inspect_report,
     live_hold_limit,
 )
-from reactor_app.admin.permissions import OPERATE_PERMISSION, can_operate
+from reactor_app.admin.permissions import require_operator
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.operator import live, operations
 
@@ -53,13 +52,6 @@ def _confirm(
     return TemplateResponse(request, "admin/reactor_app/coordination/confirm.html", context)
 
 
-def _require_operator(request: HttpRequest) -> None:
-    if not can_operate(request):
-        raise PermissionDenied(
-            f"changing live coordination state needs the {OPERATE_PERMISSION!r} permission"
-        )
-
-
 def _operator_name(request: HttpRequest) -> str:
     return request.user.get_username()
 
@@ -70,7 +62,7 @@ def _back() -> HttpResponseRedirect:
 
 def force_release_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: what would be released (confirm). POST: release it and record ``forced_release``."""
-    _require_operator(request)
+    require_operator(request, "changing live coordination state")
     form = ForceReleaseForm(request.POST if request.method == "POST" else request.GET)
     if not form.is_valid():
         messages.error(request, f"cannot force-release: {form.errors.as_text()}")
@@ -115,7 +107,7 @@ def force_release_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpRes
 
 
 def _ordered_action(model_admin: ModelAdmin, request: HttpRequest, *, verb: str) -> HttpResponse:
-    _require_operator(request)
+    require_operator(request, "changing live coordination state")
     form = OrderedKeyForm(request.POST if request.method == "POST" else request.GET)
     if not form.is_valid():
         messages.error(request, f"cannot {verb} ordered lock: {form.errors.as_text()}")

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from reactor_app.admin.permissions import OPERATE_PERMISSION, can_operate
+from reactor_app.admin.permissions import require_operator
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable, ReactorNotRegistered
@@ -43,11 +43,6 @@ def retryable(execution: Execution) -> bool:
         and execution.parent_id is None
         and not execution.retries.exists()
     )
-
-
-def _require_operator(request: HttpRequest) -> None:
-    if not can_operate(request):
-        raise PermissionDenied(f"retrying an execution needs the {OPERATE_PERMISSION!r} permission")
 
 
 def _change_url(execution: Any) -> str:
@@ -80,7 +75,7 @@ class RetryForm(forms.Form):
 
 
 def retry_page(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
-    _require_operator(request)
+    require_operator(request, "retrying an execution")
     try:
         failed = Execution.objects.get(pk=object_id)
     except (Execution.DoesNotExist, ValidationError, ValueError) as exc:
@@ -126,7 +121,7 @@ def retry_page(model_admin: ModelAdmin, request: HttpRequest, object_id: str) ->
 
 
 def retry_selected(model_admin: ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    _require_operator(request)
+    require_operator(request, "retrying an execution")
     for failed in queryset:
         try:
             retried = _retry(model_admin, request, failed, None)
