@@ -242,7 +242,7 @@ class Gate:
             kept = [hold.claim for hold in adopted]
             # the rate limit was charged by the admission this one continues
             answer = self._admit(
-                lambda c: c not in kept and c.primitive != "rate_limit",
+                lambda c: c not in kept and c.primitive not in primitives.CHARGING,
                 holder,
                 wait=wait,
                 park=park,
@@ -624,9 +624,10 @@ TERMINAL_OUTCOMES: frozenset[Outcome] = frozenset({"success", "failure", "halt",
 
 
 def _worth_waiting(refused: Refused, budget: float) -> bool:
-    """A rate limit reopens at a known time: waiting for longer than the budget is useless.
-    Everything else can be freed by a release at any moment."""
-    if refused.claim.primitive != "rate_limit":
+    """A rate limit reopens at a known time (a charge is never released, ``Primitive.CHARGES``):
+    waiting for longer than the budget is useless. Everything else can be freed by a release
+    at any moment."""
+    if refused.claim.primitive not in primitives.CHARGING:
         return True
     return refused.retry_after is not None and refused.retry_after <= budget
 
