@@ -384,11 +384,7 @@ class Gate:
             elif primitive in KEPT_ACROSS_PARK:
                 # The declarations changed between deliveries (a deploy): this gate no longer
                 # covers the key, so give the hold back rather than let it wait for its TTL.
-                stray: Claim = (
-                    LockClaim(key)
-                    if primitive == "lock"
-                    else SemaphoreClaim(key, limit=int(entry.get("limit") or 1))
-                )
+                stray = primitives.holding(primitive).hold_claim(key, entry.get("limit"))
                 strays.append(Hold(claim=stray, fresh=True, token=token))
         holder = self._holder()
         if strays:
