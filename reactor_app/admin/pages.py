@@ -9,6 +9,7 @@ from django.http import HttpRequest
 
 from reactor_app.admin.links import execution_url, url
 from reactor_app.admin.permissions import can_operate
+from reactor_app.coordination import ordered_lock, primitives
 from reactor_app.models import Execution
 from reactor_app.operator import live
 
@@ -52,46 +53,16 @@ def decorate_holds(holds: list[dict[str, Any]], operate: bool) -> list[dict[str,
 
 def report_summary(report: dict[str, Any]) -> str:
     """One line describing an ``inspect_key`` report (for the recent-keys table)."""
-    primitive = report["primitive"]
-    if primitive == "lock":
-        lock = report["lock"]
-        if not lock["held"]:
-            return "free"
-        where = f"step {lock['step']}" if lock["step"] else "reactor level"
-        return f"held by {lock['execution'] or lock['owner']} ({where}), x{lock['count']}"
-    if primitive == "semaphore":
-        return f"{report['semaphore']['held']} slot(s) held"
-    if primitive == "rate_limit":
-        return ", ".join(
-            f"{w['count']}{'/' + str(w['limit']) if w['limit'] else ''} per {w['window']}"
-            for w in report["windows"]
-        )
-    if primitive == "period":
-        parts = [f"{m['every']} marked by {m['marked_by']}" for m in report["marked"]]
-        parts += [
-            f"{m['every']} in flight ({m['in_flight']['execution'] or m['in_flight']['owner']})"
-            for m in report["in_flight"]
-        ]
-        return ", ".join(parts) or "no current bucket marked or in flight"
-    ordered = report["ordered"]
-    return (
-        f"head {ordered['head'] or '-'}, next {ordered['next']}, "
-        f"last completed {ordered['last_completed']}, first failed "
-        f"{ordered['first_failed'] or '-'}, {len(ordered['positions'])} waiting"
-    )
+    return primitives.get(report["primitive"]).summary(report)
 
 
 def inspect_report(primitive: str, key: str, limit: int | None = None) -> dict[str, Any]:
     report = live.inspect_key(primitive, key, limit=limit)
     report["summary"] = report_summary(report)
     report["timeline_url"] = url("timeline", key=key)
-    for holder in report.get("semaphore", {}).get("holders", []):
-        holder["execution_url"] = execution_url(holder.get("execution"))
-    if primitive == "lock" and report["lock"]["held"]:
-        report["lock"]["execution_url"] = execution_url(report["lock"]["execution"])
-    if primitive == "ordered_lock":
-        for position in report["ordered"]["positions"]:
-            position["execution_url"] = execution_url(position.get("execution"))
+    for entry in primitives.get(primitive).attributed(report):
+        entry["execution_url"] = execution_url(entry.get("execution"))
+    if primitive == ordered_lock.PRIMITIVE:  # the verbs only a line has
         report["skip_url"] = url("ordered_skip", key=key)
         report["reset_url"] = url("ordered_reset", key=key)
     return report

@@ -46,7 +46,7 @@ from reactor_app.coordination.claims import (
     PeriodHit,
 )
 from reactor_app.coordination.keys import current_prefix, hash_slot
-from reactor_app.coordination.primitives import REGISTRY
+from reactor_app.coordination.primitives import HOLDING, REGISTRY
 from reactor_app.coordination.redis import (
     get_client,
     is_cluster,
@@ -127,7 +127,7 @@ class Coordinator:
         prefix, sharded = self.prefix, is_cluster(self.client)
         return [
             [*group, *holds_index.keys_for(claim.key, prefix, sharded=sharded)]
-            if claim.primitive in holds_index.INDEXED
+            if claim.primitive in HOLDING
             else group
             for claim, group in zip(claims, groups, strict=True)
         ]

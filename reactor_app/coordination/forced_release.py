@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from reactor_app.coordination import holds_index, lock, semaphore
+from reactor_app.coordination import holds_index, primitives
 from reactor_app.coordination.redis import is_cluster
 from reactor_app.coordination.scripts import Status, scripts_for
 
@@ -30,19 +30,12 @@ def force_release(
     """Remove a lock (or a semaphore's holders, or one owner's slot) whatever its nesting.
     Ordered locks have ``skip``/``reset`` instead."""
     prefix = coordinator.prefix
-    if primitive == "lock":
-        keys = [lock.hold_key(key, prefix), lock.waiters_key(key, prefix)]
-    elif primitive == "semaphore":
-        keys = [
-            semaphore.leases_key(key, prefix),
-            semaphore.holders_key(key, prefix),
-            semaphore.waiters_key(key, prefix),
-        ]
-    else:
+    if not primitives.holds(primitive):
         raise ValueError(
             f"force_release supports 'lock' and 'semaphore', not {primitive!r} "
             "(use skip/reset for an ordered lock)"
         )
+    keys = primitives.holding(primitive).force_release_keys(key, prefix)
     args = [primitive, owner or "", key]
     keys += holds_index.keys_for(key, prefix, sharded=is_cluster(coordinator.client))
     reply = scripts_for(coordinator.client).run(

@@ -45,7 +45,7 @@ from typing import Any
 
 import redis as redis_py
 
-from reactor_app.coordination import lock, semaphore
+from reactor_app.coordination import lock, primitives, semaphore
 from reactor_app.coordination.keys import current_prefix, hash_slot
 from reactor_app.coordination.redis import (
     get_client,
@@ -55,8 +55,6 @@ from reactor_app.coordination.redis import (
 )
 from reactor_app.coordination.scripts import script_sources, scripts_for
 
-#: the primitives the index holds (the ones an operator sees as "held")
-INDEXED = ("lock", "semaphore")
 SEPARATOR = "\0"
 #: the highest code point: an exclusive upper bound for "every member starting with a prefix"
 _LEX_TOP = "\U0010ffff"
@@ -162,15 +160,16 @@ def totals(*, client: Any = None, prefix: str | None = None) -> dict[str, int]:
             for flat in _per_master(client, prefix, "time", ["counts"]):
                 for name, value in zip(flat[::2], flat[1::2], strict=True):
                     raw[name] = raw.get(name, 0) + int(value)
-            every, semaphores = raw.get("all", 0), raw.get("semaphore", 0)
+            every, semaphores = raw.get("all", 0), raw.get(semaphore.PRIMITIVE, 0)
         else:
             time_key, _, _, counts_key = index_keys(prefix)
             pipe = client.pipeline(transaction=False)
             pipe.zcard(time_key)
-            pipe.hget(counts_key, "semaphore")
+            pipe.hget(counts_key, semaphore.PRIMITIVE)
             every, semaphores = pipe.execute()
     semaphores = max(int(semaphores or 0), 0)
-    return {"lock": max(int(every) - semaphores, 0), "semaphore": semaphores}
+    # the scripts count the semaphores' entries only (see the module docstring)
+    return {lock.PRIMITIVE: max(int(every) - semaphores, 0), semaphore.PRIMITIVE: semaphores}
 
 
 def _candidates(
@@ -367,12 +366,7 @@ def _states(client: Any, prefix: str, entries: list[tuple[str, str, str]]) -> li
     """One pipeline: each entry's hold as it is now (lock hash + PTTL, or lease + info)."""
     pipe = client.pipeline(transaction=False)
     for user_key, primitive, owner in entries:
-        if primitive == "lock":
-            pipe.hgetall(lock.hold_key(user_key, prefix))
-            pipe.pttl(lock.hold_key(user_key, prefix))
-        else:
-            pipe.zscore(semaphore.leases_key(user_key, prefix), owner)
-            pipe.hmget(semaphore.holders_key(user_key, prefix), owner, semaphore.LIMIT_FIELD)
+        primitives.holding(primitive).index_read(pipe, user_key, owner, prefix)
     return pipe.execute() if entries else []
 
 
@@ -381,39 +375,7 @@ def _row(
 ) -> dict[str, Any] | None:
     """The ``live_holds`` row of an index entry, or None when its hold is gone."""
     user_key, primitive, owner = entry
-    if primitive == "lock":
-        fields, ttl_ms = first, second
-        if not fields or fields.get("owner") != owner:
-            return None
-        return {
-            "primitive": "lock",
-            "key": user_key,
-            "owner": owner,
-            "step": fields.get("step") or None,
-            "execution": fields.get("execution") or None,
-            "reactor": fields.get("reactor") or None,
-            "acquired_at": int(fields["acquired_at"]) / 1000 if fields.get("acquired_at") else None,
-            "ttl_left": ttl_ms / 1000 if ttl_ms and ttl_ms > 0 else None,
-            "count": int(fields.get("count") or 0),
-            "token": int(fields["token"]) if fields.get("token") else None,
-        }
-    expiry_ms, (raw_info, raw_limit) = first, second
-    if expiry_ms is None or expiry_ms <= now_ms:
-        return None
-    info = json.loads(raw_info or "{}")
-    return {
-        "primitive": "semaphore",
-        "key": user_key,
-        "owner": owner,
-        "step": info.get("step") or None,
-        "execution": info.get("execution") or None,
-        "reactor": info.get("reactor") or None,
-        "acquired_at": info["acquired_at"] / 1000 if info.get("acquired_at") else None,
-        "ttl_left": (expiry_ms - now_ms) / 1000,
-        "count": int(info.get("count", 1)),
-        "token": None,
-        "limit": int(raw_limit) if raw_limit else None,
-    }
+    return primitives.holding(primitive).index_row(user_key, owner, first, second, now_ms)
 
 
 def _matches(row: dict[str, Any], filters: dict[str, Any]) -> bool:
@@ -536,11 +498,7 @@ def prune(
         keys = index_keys(prefix, slot=slot)
         specs = []
         for user_key, primitive, owner in group:
-            keys.append(
-                lock.hold_key(user_key, prefix)
-                if primitive == "lock"
-                else semaphore.leases_key(user_key, prefix)
-            )
+            keys.append(primitives.holding(primitive).live_key(user_key, prefix))
             specs.append({"p": primitive, "key": user_key, "owner": owner})
         reply = scripts_for(client).run("prune_holds", keys, [json.dumps(specs)])
         removed += len(reply.data.get("pruned", []))

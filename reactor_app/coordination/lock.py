@@ -17,16 +17,24 @@ re-entry keeps the token and never shortens the lease.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, LockClaim
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.coordination.reports import to_datetime
 
+# -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "lock"
-#: an owned hold until released (see coordination.primitives.Primitive.HOLDS)
+#: an owned hold until released
 HOLDS = True
+#: a refusal's retry_after is only the holder's lease left, an upper bound
+HINTED = False
+UNCAPPED_WAITS = False
+CHARGES = False
+HOLD_NOUN = "lock"
+NONE_HELD = "its lock is free"
 
 
 def seconds_to_ms(seconds: float) -> int:
@@ -136,3 +144,90 @@ def lock_state(user_key: str, *, client: Any = None, prefix: str | None = None) 
         acquired_at=int(fields["acquired_at"]) / 1000 if fields.get("acquired_at") else None,
         last_token=last_token,
     )
+
+
+# -- the holding primitive's side (see coordination.primitives.Holding) ----------------------
+
+
+def holders(
+    user_key: str, *, client: Any = None, prefix: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The owner of the lock and its attribution; empty when it is free."""
+    lock = lock_state(user_key, client=client, prefix=prefix)
+    if not lock.held:
+        return {}
+    return {
+        lock.owner or "": {
+            "step": lock.step,
+            "execution": lock.execution,
+            "reactor": lock.reactor,
+            "token": lock.token,
+            "count": lock.count,
+        }
+    }
+
+
+def hold_claim(user_key: str, limit: int | None = None) -> LockClaim:
+    return LockClaim(user_key)
+
+
+def force_release_keys(user_key: str, prefix: str) -> list[str]:
+    return [hold_key(user_key, prefix), waiters_key(user_key, prefix)]
+
+
+def live_key(user_key: str, prefix: str) -> str:
+    """The hold hash: the hold is live while it names the owner."""
+    return hold_key(user_key, prefix)
+
+
+def index_read(pipe: Any, user_key: str, owner: str, prefix: str) -> None:
+    pipe.hgetall(hold_key(user_key, prefix))
+    pipe.pttl(hold_key(user_key, prefix))
+
+
+def index_row(
+    user_key: str, owner: str, first: Any, second: Any, now_ms: int
+) -> dict[str, Any] | None:
+    fields, ttl_ms = first, second
+    if not fields or fields.get("owner") != owner:
+        return None
+    return {
+        "primitive": PRIMITIVE,
+        "key": user_key,
+        "owner": owner,
+        "step": fields.get("step") or None,
+        "execution": fields.get("execution") or None,
+        "reactor": fields.get("reactor") or None,
+        "acquired_at": int(fields["acquired_at"]) / 1000 if fields.get("acquired_at") else None,
+        "ttl_left": ttl_ms / 1000 if ttl_ms and ttl_ms > 0 else None,
+        "count": int(fields.get("count") or 0),
+        "token": int(fields["token"]) if fields.get("token") else None,
+    }
+
+
+# -- the operator's view (see coordination.primitives.Primitive.inspect) ---------------------
+
+
+def inspect(
+    user_key: str, *, limit: int | None = None, client: Any = None, prefix: str | None = None
+) -> dict[str, Any]:
+    lock = lock_state(user_key, client=client, prefix=prefix)
+    return {
+        "lock": {
+            **asdict(lock),
+            "acquired_at": to_datetime(lock.acquired_at),
+            "level": ("step" if lock.step else "reactor") if lock.held else None,
+        }
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    lock = report["lock"]
+    if not lock["held"]:
+        return "free"
+    where = f"step {lock['step']}" if lock["step"] else "reactor level"
+    return f"held by {lock['execution'] or lock['owner']} ({where}), x{lock['count']}"
+
+
+def attributed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [report["lock"]] if report["lock"]["held"] else []

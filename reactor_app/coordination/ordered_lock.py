@@ -28,7 +28,7 @@ All expire after ``ttl`` seconds without activity. Rules, all enforced in Lua:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, Holder, OrderedLockClaim, OrderedPosition
@@ -41,9 +41,16 @@ from reactor_app.coordination.redis import (
 )
 from reactor_app.coordination.scripts import Status, holder_json, scripts_for
 
+# -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "ordered_lock"
-#: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)
+#: a gate, not an owned hold (a position is kept by outcome, not by a lease)
 HOLDS = False
+#: a refusal's retry_after is when to come back: when the head would count as dead, at least
+#: every third of the poison-pill timeout (this position's heartbeat stays fresh)
+HINTED = True
+#: a line moves on its own: waits in it are capped only by REACTOR_ORDERED_WAIT_CEILING
+UNCAPPED_WAITS = True
+CHARGES = False
 DEFAULT_TTL = 86400.0  # seconds the line's state survives without activity
 
 
@@ -262,3 +269,25 @@ def reset(
         primitive=PRIMITIVE,
     )
     return int(reply.data["epoch"])
+
+
+# -- the operator's view (see coordination.primitives.Primitive.inspect) ---------------------
+
+
+def inspect(
+    user_key: str, *, limit: int | None = None, client: Any = None, prefix: str | None = None
+) -> dict[str, Any]:
+    return {"ordered": asdict(ordered_state(user_key, client=client, prefix=prefix))}
+
+
+def summary(report: dict[str, Any]) -> str:
+    ordered = report["ordered"]
+    return (
+        f"head {ordered['head'] or '-'}, next {ordered['next']}, "
+        f"last completed {ordered['last_completed']}, first failed "
+        f"{ordered['first_failed'] or '-'}, {len(ordered['positions'])} waiting"
+    )
+
+
+def attributed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(report["ordered"]["positions"])

@@ -32,11 +32,17 @@ from reactor_app.coordination.claims import Hold, PeriodClaim
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.lock import seconds_to_ms
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.coordination.reports import to_datetime
 from reactor_app.coordination.scripts import Status, scripts_for
 
+# -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "period"
-#: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)
+#: a gate, not an owned hold (its reservation is renewed, but kept by no park)
 HOLDS = False
+#: a refusal's retry_after is only the reservation's lease left, an upper bound
+HINTED = False
+UNCAPPED_WAITS = False
+CHARGES = False
 
 #: calendar-aligned units (UTC); "week" is the ISO week, starting on Monday
 UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
@@ -206,3 +212,55 @@ def period_reserved(
         return None  # its holder died: the next admission frees it
     entry["ttl"] = left_ms / 1000
     return entry
+
+
+# -- the operator's view (see coordination.primitives.Primitive.inspect) ---------------------
+
+
+def inspect(
+    user_key: str, *, limit: int | None = None, client: Any = None, prefix: str | None = None
+) -> dict[str, Any]:
+    """Every calendar unit's current bucket: who marked it, who runs it now."""
+    marks = [
+        {
+            "every": every,
+            "marked_by": period_marked(user_key, every, client=client, prefix=prefix),
+            # the run holding the current bucket now (neither done nor free yet)
+            "in_flight": _in_flight(period_reserved(user_key, every, client=client, prefix=prefix)),
+        }
+        for every in UNITS
+    ]
+    return {
+        "marks": marks,
+        "marked": [m for m in marks if m["marked_by"]],
+        "in_flight": [m for m in marks if m["in_flight"]],
+    }
+
+
+def _in_flight(reservation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A reservation as the report shows it: who runs the bucket, for how long yet."""
+    if reservation is None:
+        return None
+    return {
+        "owner": reservation.get("owner"),
+        "execution": reservation.get("execution") or None,
+        "step": reservation.get("step") or None,
+        "reactor": reservation.get("reactor") or None,
+        "acquired_at": to_datetime(reservation["acquired_at"] / 1000)
+        if reservation.get("acquired_at")
+        else None,
+        "ttl": reservation.get("ttl"),
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    parts = [f"{m['every']} marked by {m['marked_by']}" for m in report["marked"]]
+    parts += [
+        f"{m['every']} in flight ({m['in_flight']['execution'] or m['in_flight']['owner']})"
+        for m in report["in_flight"]
+    ]
+    return ", ".join(parts) or "no current bucket marked or in flight"
+
+
+def attributed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return []  # the in-flight reservations are shown as text, without links

@@ -39,9 +39,15 @@ from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, server_time, unavailable_on_connection_error
 from reactor_app.exceptions import ConfigurationError
 
+# -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "rate_limit"
-#: a gate or quota, not an owned hold (see coordination.primitives.Primitive.HOLDS)
+#: a quota, not an owned hold
 HOLDS = False
+#: a refusal's retry_after is exactly when enough of the window frees
+HINTED = True
+UNCAPPED_WAITS = False
+#: an admission spends its charge for good
+CHARGES = True
 
 #: named periods and their length in seconds
 PERIODS: dict[str, float] = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
@@ -302,3 +308,57 @@ def stored_windows(
             (label, float(data["seconds"]), int(data["limit"]), str(data.get("strategy", "")))
         )
     return sorted(windows, key=lambda w: w[1])
+
+
+# -- the operator's view (see coordination.primitives.Primitive.inspect) ---------------------
+
+#: the windows reported for a key that no stored admission or named limit describes
+STANDARD_WINDOWS = ("second", "minute", "hour", "day")
+
+
+def reported_windows(
+    user_key: str, *, client: Any = None, prefix: str | None = None
+) -> list[tuple[str, float, int | None, str]]:
+    """``(label, seconds, limit, strategy)`` of the windows to report for ``user_key``: those
+    its latest admissions stored in Redis, else those of the named limit of that name
+    (``REACTOR_RATE_LIMITS``), else the standard periods without a known limit."""
+    stored = stored_windows(user_key, client=client, prefix=prefix)
+    if stored:
+        return [(label, seconds, limit, strategy) for label, seconds, limit, strategy in stored]
+    if user_key in reactor_settings.RATE_LIMITS:
+        try:
+            return [(w.label, w.seconds, w.limit, "sliding") for w in named_windows(user_key)]
+        except Exception:  # a broken named limit must not hide the counts
+            pass
+    return [(label, parse_period(label), None, "sliding") for label in STANDARD_WINDOWS]
+
+
+def inspect(
+    user_key: str, *, limit: int | None = None, client: Any = None, prefix: str | None = None
+) -> dict[str, Any]:
+    return {
+        "windows": [
+            {
+                "window": label,
+                "seconds": seconds,
+                "count": rate_limit_count(
+                    user_key, seconds, strategy=strategy, client=client, prefix=prefix
+                ),
+                "limit": window_limit,
+            }
+            for label, seconds, window_limit, strategy in reported_windows(
+                user_key, client=client, prefix=prefix
+            )
+        ]
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{w['count']}{'/' + str(w['limit']) if w['limit'] else ''} per {w['window']}"
+        for w in report["windows"]
+    )
+
+
+def attributed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return []  # a charge names nobody

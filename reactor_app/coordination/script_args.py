@@ -16,7 +16,7 @@ from typing import Any
 
 from reactor_app.coordination import holds_index, lock
 from reactor_app.coordination.claims import Claim, Hold, LockClaim
-from reactor_app.coordination.primitives import REGISTRY
+from reactor_app.coordination.primitives import HOLDING, REGISTRY
 
 
 def admit_part(claim: Claim, prefix: str, sharded: bool) -> tuple[tuple[str, ...], str]:
@@ -33,7 +33,7 @@ def admit_part(claim: Claim, prefix: str, sharded: bool) -> tuple[tuple[str, ...
 def _build_admit_part(claim: Claim, prefix: str, sharded: bool) -> tuple[tuple[str, ...], str]:
     module = REGISTRY[claim.primitive]
     keys = list(module.admit_keys(claim, prefix))
-    if claim.primitive in holds_index.INDEXED:
+    if claim.primitive in HOLDING:
         keys.extend(holds_index.keys_for(claim.key, prefix, sharded=sharded))
     spec = {
         "p": claim.primitive,
@@ -69,6 +69,6 @@ def specs(
 
 def index_spec(claim: Claim, group: list[str]) -> dict[str, Any]:
     """``ik`` (the user key) for a group that ends with the live-holds index keys."""
-    if claim.primitive in holds_index.INDEXED and holds_index.is_index_group(group):
+    if claim.primitive in HOLDING and holds_index.is_index_group(group):
         return {"ik": claim.key}
     return {}

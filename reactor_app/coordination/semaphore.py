@@ -17,7 +17,7 @@ however deeply it nests.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from reactor_app.coordination.claims import Hold, SemaphoreClaim
@@ -28,10 +28,18 @@ from reactor_app.coordination.redis import (
     pipeline_with_time,
     unavailable_on_connection_error,
 )
+from reactor_app.coordination.reports import to_datetime
 
+# -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "semaphore"
-#: an owned hold until released (see coordination.primitives.Primitive.HOLDS)
+#: an owned hold until released
 HOLDS = True
+#: a refusal's retry_after is only a holder's lease left, an upper bound
+HINTED = False
+UNCAPPED_WAITS = False
+CHARGES = False
+HOLD_NOUN = "semaphore lease"
+NONE_HELD = "no semaphore lease is live on it"
 #: the holders-hash field holding the limit of the latest admission (starts with NUL: never
 #: an owner id)
 LIMIT_FIELD = "\0limit"
@@ -154,3 +162,94 @@ def semaphore_state(
     return SemaphoreState(
         key=user_key, limit=limit, held=held, available=available, holders=holders
     )
+
+
+# -- the holding primitive's side (see coordination.primitives.Holding) ----------------------
+
+
+def holders(
+    user_key: str, *, client: Any = None, prefix: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Every owner of a live lease and its attribution (no fencing token: locks only)."""
+    state = semaphore_state(user_key, client=client, prefix=prefix)
+    return {
+        h.owner: {
+            "step": h.step,
+            "execution": h.execution,
+            "reactor": h.reactor,
+            "token": None,
+            "count": h.count,
+        }
+        for h in state.holders
+    }
+
+
+def hold_claim(user_key: str, limit: int | None = None) -> SemaphoreClaim:
+    return SemaphoreClaim(user_key, limit=int(limit or 1))
+
+
+def force_release_keys(user_key: str, prefix: str) -> list[str]:
+    return [
+        leases_key(user_key, prefix),
+        holders_key(user_key, prefix),
+        waiters_key(user_key, prefix),
+    ]
+
+
+def live_key(user_key: str, prefix: str) -> str:
+    """The leases zset: the hold is live while the owner's lease is unexpired."""
+    return leases_key(user_key, prefix)
+
+
+def index_read(pipe: Any, user_key: str, owner: str, prefix: str) -> None:
+    pipe.zscore(leases_key(user_key, prefix), owner)
+    pipe.hmget(holders_key(user_key, prefix), owner, LIMIT_FIELD)
+
+
+def index_row(
+    user_key: str, owner: str, first: Any, second: Any, now_ms: int
+) -> dict[str, Any] | None:
+    expiry_ms, (raw_info, raw_limit) = first, second
+    if expiry_ms is None or expiry_ms <= now_ms:
+        return None
+    info = json.loads(raw_info or "{}")
+    return {
+        "primitive": PRIMITIVE,
+        "key": user_key,
+        "owner": owner,
+        "step": info.get("step") or None,
+        "execution": info.get("execution") or None,
+        "reactor": info.get("reactor") or None,
+        "acquired_at": info["acquired_at"] / 1000 if info.get("acquired_at") else None,
+        "ttl_left": (expiry_ms - now_ms) / 1000,
+        "count": int(info.get("count", 1)),
+        "token": None,
+        "limit": int(raw_limit) if raw_limit else None,
+    }
+
+
+# -- the operator's view (see coordination.primitives.Primitive.inspect) ---------------------
+
+
+def inspect(
+    user_key: str, *, limit: int | None = None, client: Any = None, prefix: str | None = None
+) -> dict[str, Any]:
+    state = semaphore_state(user_key, limit, client=client, prefix=prefix)
+    return {
+        "semaphore": {
+            "limit": state.limit,
+            "held": state.held,
+            "available": state.available,
+            "holders": [
+                {**asdict(h), "acquired_at": to_datetime(h.acquired_at)} for h in state.holders
+            ],
+        }
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    return f"{report['semaphore']['held']} slot(s) held"
+
+
+def attributed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(report["semaphore"]["holders"])

@@ -16,6 +16,7 @@ from reactor_app.dsl import registry
 from reactor_app.dsl.arguments import Element, Source
 from reactor_app.dsl.declarations import (
     DECLARATIONS_ATTR,
+    PRIMITIVES,
     Coordinated,
     Declaration,
     DeclarationSet,
@@ -181,13 +182,7 @@ class StepSpec:
         return self.declarations.ordered()
 
     def __getattr__(self, name: str) -> Any:
-        if name.endswith("_config") and name[: -len("_config")] in (
-            "lock",
-            "semaphore",
-            "rate_limit",
-            "period",
-            "ordered_lock",
-        ):
+        if name.endswith("_config") and name[: -len("_config")] in PRIMITIVES:
             return self.declarations.by_primitive.get(name[: -len("_config")])
         raise AttributeError(name)
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
-    Claim,
     Hold,
     Holder,
-    LockClaim,
     OrderedLockClaim,
     OrderedPosition,
-    SemaphoreClaim,
 )
 from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.engine.cancel_flag import cancelled_error
@@ -99,12 +97,9 @@ def _let_go(run: ExecutionRun) -> None:
     # leave the lines it waited in: a release would otherwise hand the key to a waiter that
     # will never come (the grant only lapses after a moment)
     for row in ContentionState.objects.filter(execution_id=run.execution_id):
-        waited: Claim | None = None
-        if row.primitive == "lock":
-            waited = LockClaim(row.key)
-        elif row.primitive == "semaphore":
-            waited = SemaphoreClaim(row.key, limit=1)
-        if waited is not None:
+        # the waiters of a hold (a lock, a semaphore slot: ``Primitive.HOLDS``)
+        if primitives.holds(row.primitive):
+            waited = primitives.holding(row.primitive).hold_claim(row.key, 1)
             try:
                 coordinator.unregister_waiter(waited, run.owner)
             except ReactorError:

@@ -242,7 +242,7 @@ class Gate:
             kept = [hold.claim for hold in adopted]
             # the rate limit was charged by the admission this one continues
             answer = self._admit(
-                lambda c: c not in kept and c.primitive != "rate_limit",
+                lambda c: c not in kept and c.primitive not in primitives.CHARGING,
                 holder,
                 wait=wait,
                 park=park,
@@ -384,11 +384,7 @@ class Gate:
             elif primitive in KEPT_ACROSS_PARK:
                 # The declarations changed between deliveries (a deploy): this gate no longer
                 # covers the key, so give the hold back rather than let it wait for its TTL.
-                stray: Claim = (
-                    LockClaim(key)
-                    if primitive == "lock"
-                    else SemaphoreClaim(key, limit=int(entry.get("limit") or 1))
-                )
+                stray = primitives.holding(primitive).hold_claim(key, entry.get("limit"))
                 strays.append(Hold(claim=stray, fresh=True, token=token))
         holder = self._holder()
         if strays:
@@ -624,9 +620,10 @@ TERMINAL_OUTCOMES: frozenset[Outcome] = frozenset({"success", "failure", "halt",
 
 
 def _worth_waiting(refused: Refused, budget: float) -> bool:
-    """A rate limit reopens at a known time: waiting for longer than the budget is useless.
-    Everything else can be freed by a release at any moment."""
-    if refused.claim.primitive != "rate_limit":
+    """A rate limit reopens at a known time (a charge is never released, ``Primitive.CHARGES``):
+    waiting for longer than the budget is useless. Everything else can be freed by a release
+    at any moment."""
+    if refused.claim.primitive not in primitives.CHARGING:
         return True
     return refused.retry_after is not None and refused.retry_after <= budget
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.coordination.state import lock_state, semaphore_state
+from reactor_app.coordination import primitives
 from reactor_app.dsl.arguments import FromInput, Scope, Value
 from reactor_app.dsl.declarations import Declaration, LockDeclaration, SemaphoreDeclaration
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec, MapSpec
@@ -176,11 +176,7 @@ def guard_dispatcher_keys(
     if not owners:
         return
     for primitive, key, _ in _keys(exclusive, args, run.reactor_path, label):
-        if primitive == "lock":
-            holder = lock_state(key).owner
-            holders = [holder] if holder else []
-        else:
-            holders = [h.owner for h in semaphore_state(key).holders]
+        holders = primitives.holding(primitive).holders(key)
         dispatcher = next((o for o in owners if o in holders), None)
         if dispatcher is None:
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from reactor_app.coordination import primitives
 from reactor_app.engine.children import children_to_settle, settle_children
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.outcomes import PassEnd, RunEnd
@@ -35,9 +36,13 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
     continuing = bool(run.state.continuation.reactor_admitted)
     gate = Gate(
         # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
-        # when the run was first admitted; charging every pass would let one run burn the
-        # budget of many.
-        [d for d in declarations.ordered() if not (continuing and d.primitive == "rate_limit")],
+        # when the run was first admitted (``Primitive.CHARGES``); charging every pass would
+        # let one run burn the budget of many.
+        [
+            d
+            for d in declarations.ordered()
+            if not (continuing and d.primitive in primitives.CHARGING)
+        ],
         run.inputs,
         GateScope(
             reactor=run.reactor_path,

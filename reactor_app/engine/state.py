@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
-from reactor_app.coordination.claims import Hold, LockClaim, SemaphoreClaim
+from reactor_app.coordination import primitives
+from reactor_app.coordination.claims import Hold
 from reactor_app.models import CONTEXT_SCHEMA_VERSION
 from reactor_app.serialization import decode, encode
 
@@ -146,11 +147,10 @@ def kept_hold(entry: KeptHold) -> Hold | None:
     primitive, key = entry.get("primitive"), entry.get("key")
     if not key:
         return None
-    if primitive == "lock":
-        return Hold(claim=LockClaim(str(key)), fresh=True, token=entry.get("token"))
-    if primitive == "semaphore":
-        return Hold(claim=SemaphoreClaim(str(key), limit=int(entry.get("limit") or 1)), fresh=True)
-    return None
+    if not primitives.holds(str(primitive)):
+        return None
+    claim = primitives.holding(str(primitive)).hold_claim(str(key), entry.get("limit"))
+    return Hold(claim=claim, fresh=True, token=entry.get("token"))  # only a lock has a token
 
 
 class ParkedOn(TypedDict):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import ContentionCeilingExceeded, ReactorError
@@ -44,13 +45,6 @@ if TYPE_CHECKING:
     from reactor_app.engine.gate import ParkRequested
 
 logger = logging.getLogger(__name__)
-
-#: primitives whose refusal carries a useful "come back at" hint; a lock's or semaphore's
-#: hint is only the holder's lease, an upper bound, so those use the backoff instead
-HINTED_PRIMITIVES = ("rate_limit", "ordered_lock")
-#: primitives whose waits are not capped by the contention ceiling (only by the optional
-#: ``REACTOR_ORDERED_WAIT_CEILING``)
-UNCAPPED_PRIMITIVES = ("ordered_lock",)
 
 
 class ClaimLost(Exception):
@@ -100,7 +94,9 @@ def park_margin() -> float:
 
 def requeue_delay(park: ParkRequested, attempts: int) -> float:
     refused = park.refused
-    if refused.claim.primitive in HINTED_PRIMITIVES and refused.retry_after is not None:
+    # a primitive whose refusal carries a useful "come back at" hint (``Primitive.HINTED``);
+    # the others' hint is only the holder's lease, an upper bound: they use the backoff
+    if refused.claim.primitive in primitives.HINTED and refused.retry_after is not None:
         # a little jitter so that executions refused by the same window do not come back
         # in the same millisecond
         return max(float(refused.retry_after), 0.0) + random.uniform(0.0, 0.05)
@@ -126,7 +122,7 @@ def note_park(
     row.primitive, row.key, row.attempts = claim.primitive, claim.key, attempts
     row.blocker = _blocker_snapshot(park)
     where = f"step {label!r}" if label else "reactor-level coordination"
-    if claim.primitive in UNCAPPED_PRIMITIVES:
+    if claim.primitive in primitives.UNCAPPED_WAITS:
         # ordered waits are uncapped unless REACTOR_ORDERED_WAIT_CEILING says otherwise
         ceiling = reactor_settings.ORDERED_WAIT_CEILING or attempts
     if attempts > ceiling:
@@ -172,7 +168,7 @@ def note_park(
 
 
 def _ceiling_setting(primitive: str) -> str:
-    if primitive in UNCAPPED_PRIMITIVES:
+    if primitive in primitives.UNCAPPED_WAITS:
         return "REACTOR_ORDERED_WAIT_CEILING"
     return "REACTOR_CONTENTION_CEILING"
 

@@ -7,23 +7,23 @@ reactor level, execution, acquisition time, TTL left, nesting count, fencing tok
 ``inspect_key`` answers "what is the state of this key?" for any of the five primitives.
 The operator verbs (force release, ordered-lock skip and reset) live in ``operations``.
 
-Everything is read through ``reactor_app.coordination.state``; this module only filters,
-normalises times to aware datetimes and labels the level of each hold.
+Everything is read through ``reactor_app.coordination`` (``state``, the live-holds index, and
+each primitive module's ``inspect``); this module only filters, normalises times to aware
+datetimes and labels the level of each hold.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from reactor_app.conf import reactor_settings
-from reactor_app.coordination import holds_index, primitives, rate_limit
+from reactor_app.coordination import holds_index, primitives, semaphore
 from reactor_app.coordination import state as coordination_state
-from reactor_app.coordination.period import UNITS
+from reactor_app.coordination.reports import to_datetime
 
 #: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
 PRIMITIVES = primitives.NAMES
@@ -31,16 +31,8 @@ PRIMITIVES = primitives.NAMES
 HOLDING_PRIMITIVES = primitives.HOLDING
 #: how a listing of live holds may be ordered (without a key prefix, which lists by key)
 HOLD_ORDERINGS = holds_index.ORDERINGS
-#: the rate-limit windows reported for a key no named limit describes
-STANDARD_WINDOWS = ("second", "minute", "hour", "day")
 #: hold levels: a step's own hold, or one taken around the whole reactor run
 LEVELS = ("step", "reactor")
-
-
-def to_datetime(epoch_seconds: float | None) -> datetime | None:
-    if epoch_seconds is None:
-        return None
-    return datetime.fromtimestamp(float(epoch_seconds), tz=UTC)
 
 
 def _hold(raw: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +147,7 @@ def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
     """Per semaphore key: how many owners hold a slot, and who (from ``live_holds`` rows)."""
     by_key: dict[str, list[dict[str, Any]]] = {}
     for hold in holds:
-        if hold["primitive"] == "semaphore":
+        if hold["primitive"] == semaphore.PRIMITIVE:
             by_key.setdefault(hold["key"], []).append(hold)
     return [
         {
@@ -171,92 +163,20 @@ def semaphore_occupancy(holds: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
 # -- one key ---------------------------------------------------------------------------------
 
 
-def _windows_for(key: str) -> list[tuple[str, float, int | None, str]]:
-    """``(label, seconds, limit, strategy)`` of the windows to report for a rate-limit key:
-    those its latest admissions stored in Redis, else those of the named limit of that name
-    (``REACTOR_RATE_LIMITS``), else the standard periods without a known limit."""
-    stored = rate_limit.stored_windows(key)
-    if stored:
-        return [(label, seconds, limit, strategy) for label, seconds, limit, strategy in stored]
-    if key in reactor_settings.RATE_LIMITS:
-        try:
-            return [(w.label, w.seconds, w.limit, "sliding") for w in rate_limit.named_windows(key)]
-        except Exception:  # a broken named limit must not hide the counts
-            pass
-    return [(label, rate_limit.parse_period(label), None, "sliding") for label in STANDARD_WINDOWS]
-
-
 def inspect_key(primitive: str, key: str, *, limit: int | None = None) -> dict[str, Any]:
-    """The live state of one key of one primitive, as plain data (see the admin template).
+    """The live state of one key of one primitive, as plain data (see the admin template):
+    ``{"primitive", "key"}`` and what the primitive's module reports (``Primitive.inspect``).
 
     ``limit`` is the semaphore limit to compute availability against (default: the one the
     latest admission stored).
     Raises ``ValueError`` for an unknown primitive and ``CoordinationUnavailable`` when Redis
     cannot be reached.
     """
-    report: dict[str, Any] = {"primitive": primitive, "key": key}
-    if primitive == "lock":
-        lock = coordination_state.lock_state(key)
-        report["lock"] = {
-            **asdict(lock),
-            "acquired_at": to_datetime(lock.acquired_at),
-            "level": ("step" if lock.step else "reactor") if lock.held else None,
-        }
-    elif primitive == "semaphore":
-        semaphore = coordination_state.semaphore_state(key, limit)
-        report["semaphore"] = {
-            "limit": semaphore.limit,
-            "held": semaphore.held,
-            "available": semaphore.available,
-            "holders": [
-                {**asdict(h), "acquired_at": to_datetime(h.acquired_at)} for h in semaphore.holders
-            ],
-        }
-    elif primitive == "rate_limit":
-        report["windows"] = [
-            {
-                "window": label,
-                "seconds": seconds,
-                "count": coordination_state.rate_limit_count(key, seconds, strategy=strategy),
-                "limit": window_limit,
-            }
-            for label, seconds, window_limit, strategy in _windows_for(key)
-        ]
-    elif primitive == "period":
-        marks = [
-            {
-                "every": every,
-                "marked_by": coordination_state.period_marked(key, every),
-                # the run holding the current bucket now (neither done nor free yet)
-                "in_flight": _in_flight(coordination_state.period_reserved(key, every)),
-            }
-            for every in UNITS
-        ]
-        report["marks"] = marks
-        report["marked"] = [m for m in marks if m["marked_by"]]
-        report["in_flight"] = [m for m in marks if m["in_flight"]]
-    elif primitive == "ordered_lock":
-        ordered = coordination_state.ordered_state(key)
-        report["ordered"] = asdict(ordered)
-    else:
+    if primitive not in primitives.REGISTRY:
         raise ValueError(f"unknown primitive {primitive!r}: use one of {', '.join(PRIMITIVES)}")
+    report: dict[str, Any] = {"primitive": primitive, "key": key}
+    report.update(primitives.get(primitive).inspect(key, limit=limit))
     return report
-
-
-def _in_flight(reservation: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A period reservation as the report shows it: who runs the bucket, for how long yet."""
-    if reservation is None:
-        return None
-    return {
-        "owner": reservation.get("owner"),
-        "execution": reservation.get("execution") or None,
-        "step": reservation.get("step") or None,
-        "reactor": reservation.get("reactor") or None,
-        "acquired_at": to_datetime(reservation["acquired_at"] / 1000)
-        if reservation.get("acquired_at")
-        else None,
-        "ttl": reservation.get("ttl"),
-    }
 
 
 # Here rather than with the serializers: the admin uses it too, and must not need DRF.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from reactor_app.coordination import primitives
 from reactor_app.coordination import state as coordination_state
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.enqueueing import wake
@@ -43,31 +44,8 @@ def _execution_id(value: str | None) -> str | None:
 
 def _holders_before(primitive: str, key: str, owner: str | None) -> dict[str, dict[str, Any]]:
     """``owner -> attribution`` of the holds about to be removed (read before removing)."""
-    if primitive == "lock":
-        lock = coordination_state.lock_state(key)
-        if not lock.held or (owner and lock.owner != owner):
-            return {}
-        return {
-            lock.owner or "": {
-                "step": lock.step,
-                "execution": lock.execution,
-                "reactor": lock.reactor,
-                "token": lock.token,
-                "count": lock.count,
-            }
-        }
-    semaphore = coordination_state.semaphore_state(key)
-    return {
-        h.owner: {
-            "step": h.step,
-            "execution": h.execution,
-            "reactor": h.reactor,
-            "token": None,
-            "count": h.count,
-        }
-        for h in semaphore.holders
-        if not owner or h.owner == owner
-    }
+    holders = primitives.holding(primitive).holders(key)
+    return {o: info for o, info in holders.items() if not owner or o == owner}
 
 
 def force_release(primitive: str, key: str, owner: str | None = None, *, by: str) -> dict[str, Any]:
@@ -77,7 +55,7 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
     nothing was held (by that owner). Raises ``ValueError`` for primitives that cannot be
     force-released and ``CoordinationUnavailable`` when Redis cannot be reached.
     """
-    if primitive not in ("lock", "semaphore"):
+    if not primitives.holds(primitive):
         raise ValueError(
             f"only locks and semaphores can be force-released, not {primitive!r} "
             "(an ordered lock is skipped or reset instead)"

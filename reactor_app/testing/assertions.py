@@ -18,6 +18,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from reactor_app.coordination import lock as lock_module
+from reactor_app.coordination import primitives
+from reactor_app.coordination import semaphore as semaphore_module
 from reactor_app.testing.state import (
     LockState,
     OrderedLockState,
@@ -323,30 +326,31 @@ def assert_held_by_step(
     same key. ``primitive`` (``"lock"`` or ``"semaphore"``) narrows the search. Returns the
     matching ``LockState`` or ``SemaphoreHolder``."""
     __tracebackhide__ = True
-    if primitive not in (None, "lock", "semaphore"):
+    if primitive is not None and not primitives.holds(primitive):
         raise ValueError(f"primitive must be 'lock' or 'semaphore', got {primitive!r}")
     state = coordination_state(client=client, prefix=prefix)
     wanted_execution = str(execution) if execution is not None else None
     found: list[str] = []
-    if primitive in (None, "lock"):
+    if primitive in (None, lock_module.PRIMITIVE):
         lock = state.lock(key)
         if lock.held:
             if lock.step == step and wanted_execution in (None, lock.execution):
                 return lock
             found.append(f"lock {describe_lock(lock)}")
-    if primitive in (None, "semaphore"):
+    if primitive in (None, semaphore_module.PRIMITIVE):
         for holder in state.semaphore(key).holders:
             if holder.step == step and wanted_execution in (None, holder.execution):
                 return holder
             found.append(f"semaphore lease of {describe_semaphore_holder(holder)}")
-    what = {"lock": "lock", "semaphore": "semaphore lease"}.get(primitive or "", "hold")
+    what = primitives.holding(primitive).HOLD_NOUN if primitive else "hold"
     expectation = f"expected a {what} on {key} attributed to step {step!r}" + (
         f" of execution {wanted_execution}" if wanted_execution else ""
     )
     if not found:
-        nothing = {
-            "lock": "its lock is free",
-            "semaphore": "no semaphore lease is live on it",
-        }.get(primitive or "", "nothing holds it (no lock, no live semaphore lease)")
+        nothing = (
+            primitives.holding(primitive).NONE_HELD
+            if primitive
+            else "nothing holds it (no lock, no live semaphore lease)"
+        )
         raise AssertionError(f"{expectation}, but {nothing}")
     raise AssertionError(f"{expectation}, but it is held only by: {'; '.join(found)}")
