@@ -103,11 +103,36 @@ class ScriptReply:
 
 LUA_PACKAGE = "reactor_app.coordination"
 LUA_FOLDER = "lua"
+#: one Lua file per primitive, in sections spliced into the general scripts
+PRIMITIVES_FOLDER = "primitives"
 _INCLUDE = re.compile(r"^-- @include (\S+\.lua)\s*$", re.MULTILINE)
+_PRIMITIVES = re.compile(r"^-- @primitives (\w+)\s*$", re.MULTILINE)
+_SECTION = re.compile(r"^-- @section (\w+)\s*$", re.MULTILINE)
 
 
 def _lua_folder() -> Any:
     return resources.files(LUA_PACKAGE).joinpath(LUA_FOLDER)
+
+
+def primitive_sections() -> dict[str, dict[str, str]]:
+    """``{primitive: {section: text}}`` of every ``lua/primitives/<primitive>.lua``.
+
+    A primitive's Lua is one file of sections (``admit``, ``release``, ``extend``), each spliced
+    into the general script that says ``-- @primitives <section>``; what precedes the first
+    section is the file's header comment, spliced nowhere.
+    """
+    folder = _lua_folder().joinpath(PRIMITIVES_FOLDER)
+    found: dict[str, dict[str, str]] = {}
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".lua"):
+            continue
+        # [header, name, text, name, text, ...]
+        _, *parts = _SECTION.split(entry.read_text(encoding="utf-8"))
+        names, texts = parts[0::2], parts[1::2]
+        found[entry.name[: -len(".lua")]] = {
+            name: text.strip("\n") + "\n" for name, text in zip(names, texts, strict=True)
+        }
+    return found
 
 
 @cache
@@ -115,7 +140,9 @@ def script_sources() -> dict[str, str]:
     """``{operation: source}`` for every ``lua/<operation>.lua`` of the installed package.
 
     Files starting with ``_`` are shared fragments, spliced into operations by a
-    ``-- @include _name.lua`` line, not operations themselves.
+    ``-- @include _name.lua`` line, not operations themselves. A ``-- @primitives <section>``
+    line takes that section of every primitive's file (``primitive_sections``), in name order:
+    each registers itself in the script's dispatch tables, so no script lists the primitives.
     """
     folder = _lua_folder()
     fragments: dict[str, str] = {}
@@ -128,6 +155,7 @@ def script_sources() -> dict[str, str]:
             fragments[entry.name] = text
         else:
             operations[entry.name[: -len(".lua")]] = text
+    sections = primitive_sections()
 
     def splice(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -135,7 +163,16 @@ def script_sources() -> dict[str, str]:
             raise RuntimeError(f"lua include {name!r} not found in {LUA_PACKAGE}/{LUA_FOLDER}")
         return fragments[name]
 
-    return {name: _INCLUDE.sub(splice, text) for name, text in sorted(operations.items())}
+    def splice_primitives(match: re.Match[str]) -> str:
+        section = match.group(1)
+        return "\n".join(
+            parts[section] for _, parts in sorted(sections.items()) if section in parts
+        )
+
+    return {
+        name: _PRIMITIVES.sub(splice_primitives, _INCLUDE.sub(splice, text))
+        for name, text in sorted(operations.items())
+    }
 
 
 class Scripts:

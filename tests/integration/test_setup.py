@@ -7,9 +7,9 @@ the claim.
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -240,14 +240,25 @@ def test_lua_scripts_ship_as_package_data() -> None:
     folder = resources.files("reactor_app.coordination") / "lua"
     scripts = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".lua"))
     assert scripts, "no .lua files in reactor_app/coordination/lua"
+    # each primitive's part of the general scripts, in a folder of its own
+    primitives = folder / "primitives"
+    scripts += sorted(
+        f"primitives/{entry.name}" for entry in primitives.iterdir() if entry.name.endswith(".lua")
+    )
+    assert "primitives/lock.lua" in scripts
 
     # Every script is covered by the package-data patterns, so it is in a wheel too.
     pyproject = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["reactor_app"]
+
+    def covered(path: str, pattern: str) -> bool:
+        # as setuptools globs: a "*" never crosses a "/"
+        return re.fullmatch(re.escape(pattern).replace(r"\*", "[^/]*"), path) is not None
+
     uncovered = [
         name
         for name in scripts
-        if not any(fnmatch.fnmatch(f"coordination/lua/{name}", pattern) for pattern in patterns)
+        if not any(covered(f"coordination/lua/{name}", pattern) for pattern in patterns)
     ]
     assert not uncovered, f"not in [tool.setuptools.package-data]: {uncovered}"
 

@@ -42,7 +42,13 @@ from reactor_app.coordination.keys import hash_slot, key, split_key
 from reactor_app.coordination.redis import get_client, redis_url
 from reactor_app.coordination.refusals import refusal_error
 from reactor_app.coordination.renewal import Renewal
-from reactor_app.coordination.scripts import STATUSES, Status, script_sources, scripts_for
+from reactor_app.coordination.scripts import (
+    STATUSES,
+    Status,
+    primitive_sections,
+    script_sources,
+    scripts_for,
+)
 from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationUnavailable,
@@ -209,16 +215,19 @@ def test_the_primitive_registry_and_the_scripts_name_the_same_primitives() -> No
 
     assert primitives.NAMES == ADMISSION_ORDER
     assert all(name == primitives.get(name).PRIMITIVE for name in primitives.NAMES)
+    # one Lua file per primitive, registering itself in each general script's dispatch table
+    assert set(primitive_sections()) == set(primitives.NAMES)
     sources = script_sources()
-    checks = re.search(r"^local CHECK = \{(.*?)\}", sources["admit"], re.MULTILINE | re.DOTALL)
-    takes = re.search(r"^local TAKE = \{(.*?)\}", sources["admit"], re.MULTILINE | re.DOTALL)
-    assert checks and takes
-    for table in (checks.group(1), takes.group(1)):
-        assert set(re.findall(r"(\w+) = \w+", table)) == set(primitives.NAMES)
-    released = set(re.findall(r"spec\.p == '(\w+)'", sources["release"]))
-    assert released == set(primitives.NAMES)
-    renewed = set(re.findall(r"item\.p == '(\w+)'", sources["extend"]))
-    assert renewed == set(primitives.RENEWABLE)
+
+    def registered(table: str, script: str) -> set[str]:
+        return set(re.findall(rf"^{table}\['(\w+)'\]", sources[script], re.MULTILINE))
+
+    assert registered("CHECK", "admit") == set(primitives.NAMES)
+    assert set(re.findall(r"^CHECK\['(\w+)'\], TAKE\['\1'\]", sources["admit"], re.M)) == set(
+        primitives.NAMES
+    )
+    assert registered("RELEASE", "release") == set(primitives.NAMES)
+    assert registered("EXTEND", "extend") == set(primitives.RENEWABLE)
     # the owned holds are what the live-holds index, the held-key registry and rollback know
     assert primitives.HOLDING == ("lock", "semaphore")
 

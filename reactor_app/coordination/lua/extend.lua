@@ -1,5 +1,8 @@
 --[[ extend.lua — renew leases still owned by their holder (the auto-extend thread, §2.6).
 
+Each primitive's renewal is the `extend` section of its own file, lua/primitives/<name>.lua,
+spliced in at the `-- @primitives extend` line below (coordination/scripts.py).
+
 A lock is renewed only while its hash still names this owner AND this fencing token: a lock
 that lapsed and was taken again, even by the same owner, is reported lost. A semaphore lease and
 a period reservation are renewed only while they exist, name this owner and have not expired.
@@ -29,59 +32,20 @@ local now = redis_now()
 local items = cjson.decode(ARGV[1])
 local extended, granted, lost = {}, {}, {}
 
-local function extend_lock(keys, item)
-  local current = redis.call('HMGET', keys[1], 'owner', 'token')
-  if not current[1] then return 'released' end
-  if current[1] ~= item.owner then return 'owner' end
-  if tonumber(current[2]) ~= item.token then return 'token' end
-  local ttl = redis.call('PTTL', keys[1])
-  if ttl < item.ttl_ms then
-    redis.call('PEXPIRE', keys[1], item.ttl_ms)
-    ttl = item.ttl_ms
-    index_renew(index_of(keys, 2, item.ik), 'lock', item.owner, now.ms + ttl)
-  end
-  return nil, ttl
-end
+-- the renewal of each renewed primitive (lua/primitives/<name>.lua), by primitive name
+local EXTEND = {}
 
-local function extend_semaphore(keys, item)
-  local leases, holders = keys[1], keys[2]
-  local expiry = redis.call('ZSCORE', leases, item.owner)
-  if not expiry then return 'released' end
-  if tonumber(expiry) <= now.ms then return 'expired' end
-  local renewed = math.max(tonumber(expiry), now.ms + item.ttl_ms)
-  redis.call('ZADD', leases, 'XX', renewed, item.owner)
-  if renewed ~= tonumber(expiry) then
-    index_renew(index_of(keys, 3, item.ik), 'semaphore', item.owner, renewed)
-  end
-  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
-  local keep_ms = tonumber(last[2]) - now.ms
-  redis.call('PEXPIRE', leases, keep_ms)
-  redis.call('PEXPIRE', holders, keep_ms)
-  return nil, renewed - now.ms
-end
-
-local function extend_period(keys, item)
-  local reserved = keys[1]
-  local raw = redis.call('HGET', reserved, int(item.bucket))
-  if not raw then return 'released' end
-  local entry = cjson.decode(raw)
-  if entry.owner ~= item.owner then return 'owner' end
-  if entry.expires <= now.ms then return 'expired' end
-  entry.expires = math.max(entry.expires, now.ms + item.ttl_ms)
-  redis.call('HSET', reserved, int(item.bucket), cjson.encode(entry))
-  local left = entry.expires - now.ms
-  if redis.call('PTTL', reserved) < left then redis.call('PEXPIRE', reserved, left) end
-  return nil, left
-end
+-- @primitives extend
 
 split_keys(items)
 for i, item in ipairs(items) do
   local keys = item.keys
   local reason, ttl
-  if item.p == 'lock' then reason, ttl = extend_lock(keys, item)
-  elseif item.p == 'period' then reason, ttl = extend_period(keys, item)
-  elseif item.p == 'semaphore' then reason, ttl = extend_semaphore(keys, item)
-  else return redis.error_reply('extend: not a renewed primitive: ' .. tostring(item.p)) end
+  local extend = EXTEND[item.p]
+  if not extend then
+    return redis.error_reply('extend: not a renewed primitive: ' .. tostring(item.p))
+  end
+  reason, ttl = extend(keys, item)
   if reason then
     table.insert(lost, {index = i - 1, reason = reason})
   else

@@ -1,5 +1,8 @@
 --[[ release.lua — release N holds in one step, in reverse admission order, with an outcome.
 
+Each primitive's release is the `release` section of its own file, lua/primitives/<name>.lua,
+spliced in at the `-- @primitives release` line below (coordination/scripts.py).
+
 Outcomes:
   success    period buckets are marked done with the execution; ordered cursors advance
   failure    ordered cursors advance; a strict ordered lock records first_failed
@@ -67,142 +70,16 @@ local function wake_one(base, waiters, message)
   table.insert(report.freed, base)
 end
 
-local function release_lock(keys, spec)
-  local state, popped = lock_release(keys[1], keys[2], holder.owner, function() return now.ms end,
-    index_of(keys, 3, spec.ik))
-  if state == 'not_held' then table.insert(report.not_held, keys[1])
-  elseif state == 'freed' then
-    if popped then table.insert(report.woken, popped) end
-    table.insert(report.freed, keys[1])
-  end
-end
+-- each primitive's release (lua/primitives/<name>.lua), by primitive name
+local RELEASE = {}
 
-local function release_semaphore(keys, spec)
-  local leases, holders, waiters = keys[1], keys[2], keys[3]
-  local index = index_of(keys, 4, spec.ik)
-  if not redis.call('ZSCORE', leases, holder.owner) then
-    table.insert(report.not_held, leases)
-    index_remove(index, 'semaphore', holder.owner)
-    return
-  end
-  local info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":1}')
-  info.count = (info.count or 1) - 1
-  if info.count > 0 then
-    redis.call('HSET', holders, holder.owner, cjson.encode(info))
-    return
-  end
-  redis.call('ZREM', leases, holder.owner)
-  redis.call('HDEL', holders, holder.owner)
-  index_remove(index, 'semaphore', holder.owner)
-  wake_one(leases, waiters, {primitive = 'semaphore', freed = true})
-end
-
-local function release_ordered(keys, spec)
-  local k = ordered_keys(keys)
-  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
-  if epoch ~= spec.epoch then
-    table.insert(report.not_held, k.state) -- reset while we held it: nothing of ours remains
-    return
-  end
-  if not terminal then
-    if tonumber(redis.call('HGET', k.state, 'in_flight') or '0') == spec.nonce then
-      redis.call('HDEL', k.state, 'in_flight')
-    end
-    redis.call('ZADD', k.positions, 'XX', now.ms, spec.nonce)
-    ordered_touch(k, spec.ttl_ms)
-    return
-  end
-  if spec.strict and (outcome == 'failure' or outcome == 'rollback') then
-    local first_failed = tonumber(redis.call('HGET', k.state, 'first_failed') or '0')
-    if first_failed == 0 or spec.nonce < first_failed then
-      redis.call('HSET', k.state, 'first_failed', spec.nonce)
-    end
-  end
-  local cursor, woken = ordered_complete(k, spec.nonce)
-  for _, id in ipairs(woken) do table.insert(report.woken, id) end
-  if cursor then
-    table.insert(report.advanced, {key = k.state, cursor = cursor})
-    table.insert(report.freed, k.state)
-  end
-  ordered_touch(k, spec.ttl_ms)
-end
-
-local function release_period(keys, spec)
-  local mark, reserved, waiters = keys[1], keys[2], keys[3]
-  local start, finish = spec.bucket, spec.bucket_end
-  if not start then start, finish = period_bucket(spec.every, now.seconds) end
-  local raw = redis.call('HGET', reserved, int(start))
-  local entry = raw and cjson.decode(raw) or nil
-  local ours = entry ~= nil and entry.owner == holder.owner
-  if ours and (entry.count or 1) > 1 then
-    -- a nested hold: the outermost release decides done or free
-    entry.count = entry.count - 1
-    redis.call('HSET', reserved, int(start), cjson.encode(entry))
-    return
-  end
-  if ours then
-    redis.call('HDEL', reserved, int(start))
-  else
-    -- lapsed and possibly reserved by another since (its lease was lost)
-    table.insert(report.not_held, mark)
-  end
-  local done = false
-  -- a bucket that is over needs no mark, and a newer bucket's mark must never be replaced
-  if outcome == 'success' and now.seconds < finish then
-    local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
-    if current <= start then
-      redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
-        'at', now.ms)
-      redis.call('PEXPIREAT', mark, int(finish * 1000))
-      table.insert(report.marked, mark)
-      done = true
-    end
-  end
-  if not ours then return end
-  redis.call('PUBLISH', reserved, cjson.encode({primitive = 'period', freed = true, done = done}))
-  if done then
-    -- every waiter of this bucket skips now
-    for _, id in ipairs(redis.call('ZRANGE', waiters, 0, -1)) do
-      table.insert(report.woken, id)
-    end
-    redis.call('DEL', waiters)
-  else
-    local popped = redis.call('ZPOPMIN', waiters, 1)
-    if popped[1] then table.insert(report.woken, popped[1]) end
-  end
-  table.insert(report.freed, mark)
-end
-
-local function release_rate_limit(keys, spec)
-  if outcome ~= 'give_back' then return end -- a charge is spent once the work was admitted
-  local cost = spec.cost or 1
-  local windows = spec.w or #keys
-  for i = 1, windows do
-    local name = keys[i]
-    if spec.strategy == 'fixed' then
-      local count = tonumber(redis.call('GET', name) or '0')
-      if count > 0 then redis.call('DECRBY', name, math.min(cost, count)) end
-    elseif spec.member then
-      local total_key = keys[windows + i]
-      -- the running total follows its member out (a missing total is rebuilt on next check)
-      if redis.call('ZREM', name, spec.member) == 1 and total_key
-          and redis.call('EXISTS', total_key) == 1 then
-        redis.call('HINCRBY', total_key, 'cost', -cost)
-        redis.call('HINCRBY', total_key, 'n', -1)
-      end
-    end
-  end
-end
+-- @primitives release
 
 split_keys(holds)
 for _, spec in ipairs(holds) do
   local keys = spec.keys
-  if spec.p == 'lock' then release_lock(keys, spec)
-  elseif spec.p == 'semaphore' then release_semaphore(keys, spec)
-  elseif spec.p == 'ordered_lock' then release_ordered(keys, spec)
-  elseif spec.p == 'period' then release_period(keys, spec)
-  elseif spec.p == 'rate_limit' then release_rate_limit(keys, spec)
-  end
+  local release = RELEASE[spec.p]
+  if release then release(keys, spec) end
 end
 
 return reply(OK, report)

@@ -1,0 +1,109 @@
+--[[ primitives/ordered_lock.lua — the ordered lock's part of the general scripts.
+
+One file per primitive (docs/architecture.md, "Adding a primitive"). The loader
+(coordination/scripts.py) splices each section of every file in this folder where an operation
+script says ``-- @primitives <section>``: ``admit`` into admit.lua (a check and a take,
+registered in CHECK and TAKE, and where a refused claim's waiters zset sits in its keys),
+``release`` into release.lua (RELEASE).
+A section runs in the scope of its script — that script's locals (now, holder, waiter, report,
+outcome, ...) and the fragments it includes — and receives the keys and spec its header lists.
+]]
+
+-- @section admit
+
+local function check_ordered(claim)
+  local k = ordered_keys(claim.keys)
+  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
+  if epoch ~= claim.epoch then
+    return nil, refusal(ORDERED_STALE, {nonce = claim.nonce, epoch = epoch, reason = 'epoch'})
+  end
+  local cursor = ordered_cursor(k)
+  if claim.nonce <= cursor then
+    return nil, refusal(ORDERED_STALE, {nonce = claim.nonce, epoch = epoch, reason = 'passed'})
+  end
+  -- every attempt is a sign of life of a waiting position
+  redis.call('ZADD', k.positions, now.ms, claim.nonce)
+  ordered_touch(k, claim.ttl_ms)
+
+  local first_failed = tonumber(redis.call('HGET', k.state, 'first_failed') or 'nil')
+  if claim.strict and first_failed and first_failed < claim.nonce then
+    local _, woken = ordered_complete(k, claim.nonce)
+    return nil, refusal(CHAIN_FAILED,
+      {nonce = claim.nonce, first_failed = first_failed, woken = woken})
+  end
+
+  -- pass over dead heads: no registration, or no heartbeat within the poison-pill timeout
+  local head = cursor + 1
+  local moved = false
+  while head < claim.nonce do
+    local beat = redis.call('ZSCORE', k.positions, head)
+    if beat and now.ms - tonumber(beat) <= claim.ppt_ms then break end
+    redis.call('ZREM', k.positions, head)
+    redis.call('HDEL', k.holders, head)
+    cursor, head, moved = head, head + 1, true
+  end
+  if moved then
+    redis.call('HSET', k.state, 'cursor', cursor)
+    -- a dead head may have died while admitted
+    if tonumber(redis.call('HGET', k.state, 'in_flight') or '0') <= cursor then
+      redis.call('HDEL', k.state, 'in_flight')
+    end
+  end
+
+  if head < claim.nonce then
+    local beat = tonumber(redis.call('ZSCORE', k.positions, head))
+    -- come back when the head would count as dead, and at least every third of the timeout
+    -- so that this position's own heartbeat stays fresh while it waits
+    local retry = math.min(claim.ppt_ms - (now.ms - beat), math.floor(claim.ppt_ms / 3))
+    local blocker = redis.call('HGET', k.holders, head)
+    return nil, refusal(ORDERED_WAIT, {
+      nonce = claim.nonce, last_completed = cursor, head = head,
+      retry_after_ms = math.max(retry, 1),
+      blocker = blocker and cjson.decode(blocker) or nil,
+    }, k.waiters, claim.nonce)
+  end
+  -- gate: a position through its gate, completed if a later claim turns out a skip
+  return {k = k, gate = true}
+end
+
+local function take_ordered(claim, plan)
+  redis.call('HSET', plan.k.state, 'in_flight', claim.nonce)
+  return {fresh = true}
+end
+
+CHECK['ordered_lock'], TAKE['ordered_lock'] = check_ordered, take_ordered
+WAITERS_INDEX['ordered_lock'] = 4 -- the waiters zset's place in the claim's keys
+
+-- @section release
+
+local function release_ordered(keys, spec)
+  local k = ordered_keys(keys)
+  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
+  if epoch ~= spec.epoch then
+    table.insert(report.not_held, k.state) -- reset while we held it: nothing of ours remains
+    return
+  end
+  if not terminal then
+    if tonumber(redis.call('HGET', k.state, 'in_flight') or '0') == spec.nonce then
+      redis.call('HDEL', k.state, 'in_flight')
+    end
+    redis.call('ZADD', k.positions, 'XX', now.ms, spec.nonce)
+    ordered_touch(k, spec.ttl_ms)
+    return
+  end
+  if spec.strict and (outcome == 'failure' or outcome == 'rollback') then
+    local first_failed = tonumber(redis.call('HGET', k.state, 'first_failed') or '0')
+    if first_failed == 0 or spec.nonce < first_failed then
+      redis.call('HSET', k.state, 'first_failed', spec.nonce)
+    end
+  end
+  local cursor, woken = ordered_complete(k, spec.nonce)
+  for _, id in ipairs(woken) do table.insert(report.woken, id) end
+  if cursor then
+    table.insert(report.advanced, {key = k.state, cursor = cursor})
+    table.insert(report.freed, k.state)
+  end
+  ordered_touch(k, spec.ttl_ms)
+end
+
+RELEASE['ordered_lock'] = release_ordered

@@ -1,0 +1,177 @@
+--[[ primitives/rate_limit.lua — the rate limit's part of the general scripts.
+
+One file per primitive (docs/architecture.md, "Adding a primitive"). The loader
+(coordination/scripts.py) splices each section of every file in this folder where an operation
+script says ``-- @primitives <section>``: ``admit`` into admit.lua (a check and a take,
+registered in CHECK and TAKE, and where a refused claim's waiters zset sits in its keys),
+``release`` into release.lua (RELEASE).
+A section runs in the scope of its script — that script's locals (now, holder, waiter, report,
+outcome, ...) and the fragments it includes — and receives the keys and spec its header lists.
+]]
+
+-- @section admit
+
+-- the cost a sliding-window member carries: "<us>-<seq>*<cost>", or 1 without "*"
+local function member_cost(member)
+  local c = string.match(member, '%*(%d+)$')
+  return c and tonumber(c) or 1
+end
+
+-- the running total of a sliding window after purging its expired members, O(expired); the
+-- total is rebuilt from the members (O(n), once) when its member count disagrees with the
+-- zset's: the total key expired, or an admission was made without it
+local function window_total(name, total_key, cutoff_us, window_ms)
+  local stored = redis.call('HMGET', total_key, 'cost', 'n')
+  local total, n = tonumber(stored[1]), tonumber(stored[2])
+  local expired = redis.call('ZRANGEBYSCORE', name, '-inf', cutoff_us)
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', name, '-inf', cutoff_us)
+    if total then
+      for _, member in ipairs(expired) do total = total - member_cost(member) end
+      n = n - #expired
+    end
+  end
+  local card = redis.call('ZCARD', name)
+  if not total or n ~= card then
+    total = 0
+    for _, member in ipairs(redis.call('ZRANGE', name, 0, -1)) do
+      total = total + member_cost(member)
+    end
+    n = card
+  end
+  if card == 0 then
+    redis.call('DEL', total_key)
+  else
+    redis.call('HSET', total_key, 'cost', total, 'n', n)
+    redis.call('PEXPIRE', total_key, math.ceil(window_ms) + 1)
+  end
+  return total
+end
+
+-- when enough cost has left the window for `need` more units: the oldest members leave first,
+-- so walk them in admission order until their costs add up to `need` (O(members walked))
+local function departure_us(name, need)
+  local start, batch, departed = 0, 128, 0
+  while true do
+    local entries = redis.call('ZRANGE', name, start, start + batch - 1, 'WITHSCORES')
+    if #entries == 0 then return nil end
+    for j = 1, #entries, 2 do
+      departed = departed + member_cost(entries[j])
+      if departed >= need then return tonumber(entries[j + 1]) end
+    end
+    start = start + batch
+  end
+end
+
+local function check_rate_limit(claim)
+  local worst = nil
+  local cost = claim.cost or 1
+  local totals = 1 + #claim.windows + (claim.stored and 1 or 0)
+  for i, window in ipairs(claim.windows) do
+    local name = claim.keys[i + 1]
+    local count, retry_us
+    if claim.strategy == 'fixed' then
+      count = tonumber(redis.call('GET', name) or '0')
+      if count + cost > window.limit then
+        local ttl = redis.call('PTTL', name)
+        retry_us = (ttl > 0 and ttl or 1) * 1000
+      end
+    else
+      local window_us = window.ms * 1000
+      -- an entry admitted at t counts while now < t + window
+      count = window_total(name, claim.keys[totals + i], int(now.us - window_us), window.ms)
+      if count + cost > window.limit then
+        -- the entry whose departure leaves room for this cost
+        local at = departure_us(name, count + cost - window.limit)
+        retry_us = at and (at + window_us - now.us) or window_us
+      end
+    end
+    if retry_us and (not worst or retry_us > worst.retry_us) then
+      worst = {retry_us = retry_us, limit = window.limit, label = window.label,
+               window_ms = window.ms, count = count}
+    end
+  end
+  if worst then
+    return nil, refusal(RATE_LIMITED, {
+      retry_after_ms = worst.retry_us / 1000, limit = worst.limit, label = worst.label,
+      window_ms = worst.window_ms, count = worst.count, cost = cost,
+    })
+  end
+  return {}
+end
+
+-- the limits travel with each admission; keep them beside the counts so operators see them
+local function store_windows(claim)
+  if not claim.stored then return end
+  local name = claim.keys[#claim.windows + 2]
+  local longest = 0
+  for _, window in ipairs(claim.windows) do
+    redis.call('HSET', name, window.label, cjson.encode(
+      {seconds = window.ms / 1000, limit = window.limit, strategy = claim.strategy}))
+    longest = math.max(longest, window.ms)
+  end
+  if redis.call('PTTL', name) < longest then redis.call('PEXPIRE', name, math.ceil(longest) + 1) end
+end
+
+local function take_rate_limit(claim, plan)
+  store_windows(claim)
+  local cost = claim.cost or 1
+  if claim.strategy == 'fixed' then
+    for i, window in ipairs(claim.windows) do
+      local name = claim.keys[i + 1]
+      redis.call('INCRBY', name, cost)
+      if redis.call('PTTL', name) < 0 then
+        -- windows are aligned on the epoch, so every process agrees on their edges
+        redis.call('PEXPIRE', name, math.max(window.ms - now.ms % window.ms, 1))
+      end
+    end
+    return {fresh = true}
+  end
+  -- members must be unique even for admissions within one microsecond
+  local seq = redis.call('INCR', claim.keys[1])
+  local member = int(now.us) .. '-' .. seq
+  -- the cost travels in the member, so a purge knows what leaves with it
+  if cost ~= 1 then member = member .. '*' .. cost end
+  local totals = 1 + #claim.windows + (claim.stored and 1 or 0)
+  local longest = 0
+  for i, window in ipairs(claim.windows) do
+    local name = claim.keys[i + 1]
+    redis.call('ZADD', name, int(now.us), member)
+    redis.call('PEXPIRE', name, math.ceil(window.ms) + 1)
+    -- the check just brought the total up to date (window_total), so it stays exact
+    local total_key = claim.keys[totals + i]
+    redis.call('HINCRBY', total_key, 'cost', cost)
+    redis.call('HINCRBY', total_key, 'n', 1)
+    redis.call('PEXPIRE', total_key, math.ceil(window.ms) + 1)
+    longest = math.max(longest, window.ms)
+  end
+  redis.call('PEXPIRE', claim.keys[1], math.ceil(longest) + 1)
+  return {fresh = true, member = member}
+end
+
+CHECK['rate_limit'], TAKE['rate_limit'] = check_rate_limit, take_rate_limit
+
+-- @section release
+
+local function release_rate_limit(keys, spec)
+  if outcome ~= 'give_back' then return end -- a charge is spent once the work was admitted
+  local cost = spec.cost or 1
+  local windows = spec.w or #keys
+  for i = 1, windows do
+    local name = keys[i]
+    if spec.strategy == 'fixed' then
+      local count = tonumber(redis.call('GET', name) or '0')
+      if count > 0 then redis.call('DECRBY', name, math.min(cost, count)) end
+    elseif spec.member then
+      local total_key = keys[windows + i]
+      -- the running total follows its member out (a missing total is rebuilt on next check)
+      if redis.call('ZREM', name, spec.member) == 1 and total_key
+          and redis.call('EXISTS', total_key) == 1 then
+        redis.call('HINCRBY', total_key, 'cost', -cost)
+        redis.call('HINCRBY', total_key, 'n', -1)
+      end
+    end
+  end
+end
+
+RELEASE['rate_limit'] = release_rate_limit

@@ -1,0 +1,110 @@
+--[[ primitives/semaphore.lua — the semaphore's part of the general scripts.
+
+One file per primitive (docs/architecture.md, "Adding a primitive"). The loader
+(coordination/scripts.py) splices each section of every file in this folder where an operation
+script says ``-- @primitives <section>``: ``admit`` into admit.lua (a check and a take,
+registered in CHECK and TAKE, and where a refused claim's waiters zset sits in its keys),
+``release`` into release.lua (RELEASE), ``extend`` into extend.lua (EXTEND: renewed leases).
+A section runs in the scope of its script — that script's locals (now, holder, waiter, report,
+outcome, ...) and the fragments it includes — and receives the keys and spec its header lists.
+]]
+
+-- @section admit
+
+local function check_semaphore(claim)
+  local leases, holders = claim.keys[1], claim.keys[2]
+  -- a crashed holder's slot comes back as soon as its lease lapses
+  local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now.ms)
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', leases, '-inf', now.ms)
+    redis.call('HDEL', holders, unpack(expired))
+    local index = index_of(claim.keys, 4, claim.ik)
+    for _, owner in ipairs(expired) do index_remove(index, 'semaphore', owner) end
+  end
+  if redis.call('ZSCORE', leases, holder.owner) then return {fresh = false} end
+  local held = redis.call('ZCARD', leases)
+  if held < claim.limit then return {fresh = true} end
+  local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
+  local info = redis.call('HGET', holders, first[1])
+  local blocker = info and cjson.decode(info) or {}
+  blocker.owner = first[1]
+  blocker.ttl_ms = tonumber(first[2]) - now.ms
+  return nil, refusal(SEMAPHORE_FULL, {
+    retry_after_ms = math.max(tonumber(first[2]) - now.ms, 1),
+    limit = claim.limit, held = held, blocker = blocker,
+  }, claim.keys[3], now.ms)
+end
+
+local function take_semaphore(claim, plan)
+  local leases, holders = claim.keys[1], claim.keys[2]
+  local expiry = now.ms + claim.ttl_ms
+  local info
+  if plan.fresh then
+    info = {count = 1, step = holder.step, execution = holder.execution,
+            reactor = holder.reactor, acquired_at = now.ms}
+  else
+    info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":0}')
+    info.count = (info.count or 0) + 1
+    expiry = math.max(expiry, tonumber(redis.call('ZSCORE', leases, holder.owner)))
+  end
+  redis.call('ZADD', leases, expiry, holder.owner)
+  -- the limit travels with every admission; kept beside the holders so operators see it
+  redis.call('HSET', holders, holder.owner, cjson.encode(info), '\0limit', claim.limit)
+  local index = index_of(claim.keys, 4, claim.ik)
+  if plan.fresh then index_add(index, 'semaphore', holder.owner, now.ms, expiry)
+  else index_renew(index, 'semaphore', holder.owner, expiry) end
+  -- the keys live as long as the longest lease
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
+  local keep_ms = tonumber(last[2]) - now.ms
+  redis.call('PEXPIRE', leases, keep_ms)
+  redis.call('PEXPIRE', holders, keep_ms)
+  return {fresh = plan.fresh}
+end
+
+CHECK['semaphore'], TAKE['semaphore'] = check_semaphore, take_semaphore
+WAITERS_INDEX['semaphore'] = 3 -- the waiters zset's place in the claim's keys
+
+-- @section release
+
+local function release_semaphore(keys, spec)
+  local leases, holders, waiters = keys[1], keys[2], keys[3]
+  local index = index_of(keys, 4, spec.ik)
+  if not redis.call('ZSCORE', leases, holder.owner) then
+    table.insert(report.not_held, leases)
+    index_remove(index, 'semaphore', holder.owner)
+    return
+  end
+  local info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":1}')
+  info.count = (info.count or 1) - 1
+  if info.count > 0 then
+    redis.call('HSET', holders, holder.owner, cjson.encode(info))
+    return
+  end
+  redis.call('ZREM', leases, holder.owner)
+  redis.call('HDEL', holders, holder.owner)
+  index_remove(index, 'semaphore', holder.owner)
+  wake_one(leases, waiters, {primitive = 'semaphore', freed = true})
+end
+
+RELEASE['semaphore'] = release_semaphore
+
+-- @section extend
+
+local function extend_semaphore(keys, item)
+  local leases, holders = keys[1], keys[2]
+  local expiry = redis.call('ZSCORE', leases, item.owner)
+  if not expiry then return 'released' end
+  if tonumber(expiry) <= now.ms then return 'expired' end
+  local renewed = math.max(tonumber(expiry), now.ms + item.ttl_ms)
+  redis.call('ZADD', leases, 'XX', renewed, item.owner)
+  if renewed ~= tonumber(expiry) then
+    index_renew(index_of(keys, 3, item.ik), 'semaphore', item.owner, renewed)
+  end
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
+  local keep_ms = tonumber(last[2]) - now.ms
+  redis.call('PEXPIRE', leases, keep_ms)
+  redis.call('PEXPIRE', holders, keep_ms)
+  return nil, renewed - now.ms
+end
+
+EXTEND['semaphore'] = extend_semaphore
