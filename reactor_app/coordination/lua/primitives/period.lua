@@ -1,13 +1,6 @@
---[[ primitives/period.lua — the period's part of the general scripts.
-
-One file per primitive (docs/architecture.md, "Adding a primitive"). The loader
-(coordination/scripts.py) splices each section of every file in this folder where an operation
-script says ``-- @primitives <section>``: ``admit`` into admit.lua (a check and a take,
-registered in CHECK and TAKE, and where a refused claim's waiters zset sits in its keys),
-``release`` into release.lua (RELEASE), ``extend`` into extend.lua (EXTEND: renewed leases).
-A section runs in the scope of its script — that script's locals (now, holder, waiter, report,
-outcome, ...) and the fragments it includes — and receives the keys and spec its header lists.
-]]
+--[[ primitives/period.lua — the period's part of the general scripts: its `admit` section is
+spliced into admit.lua, `release` into release.lua and `extend` into extend.lua. How, and what a
+section may use: docs/architecture.md, "Adding a primitive". ]]
 
 -- @section admit
 
