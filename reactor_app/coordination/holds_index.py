@@ -117,8 +117,11 @@ def member(user_key: str, primitive: str, owner: str) -> str:
 
 
 def split_member(text: str) -> tuple[str, str, str] | None:
+    """``(user key, primitive, owner)`` of an index member; None for one this version cannot
+    read — malformed, or naming a primitive it has no holding module for (a Redis shared with
+    another version, a hand edit): listings pass such members over rather than fail."""
     parts = text.rsplit(SEPARATOR, 2)
-    if len(parts) != 3:
+    if len(parts) != 3 or parts[1] not in primitives.HOLDING:
         return None
     return parts[0], parts[1], parts[2]
 

@@ -112,22 +112,32 @@ def note_park(
     park (``ContentionState``, ``parked`` event) and sets ``run.root.requeue_in``.
     """
     claim = park.refused.claim
-    row, _ = ContentionState.objects.get_or_create(
-        execution=run.execution,
-        step=label,
-        defaults={"primitive": claim.primitive, "key": claim.key},
-    )
-    attempts = row.attempts + 1
+    earlier = ContentionState.objects.filter(execution=run.execution, step=label).first()
+    attempts = (earlier.attempts if earlier is not None else 0) + 1
+    blocker = _blocker_snapshot(park)
     ceiling = reactor_settings.CONTENTION_CEILING
-    row.primitive, row.key, row.attempts = claim.primitive, claim.key, attempts
-    row.blocker = _blocker_snapshot(park)
     where = f"step {label!r}" if label else "reactor-level coordination"
     if claim.primitive in primitives.UNCAPPED_WAITS:
         # ordered waits are uncapped unless REACTOR_ORDERED_WAIT_CEILING says otherwise
         ceiling = reactor_settings.ORDERED_WAIT_CEILING or attempts
+
+    def record(next_attempt_at: Any) -> None:
+        # One write with every field: the row is never seen (admin, API, a test) holding the
+        # park without its count — a create followed by an update showed attempts 0 between.
+        ContentionState.objects.update_or_create(
+            execution=run.execution,
+            step=label,
+            defaults={
+                "primitive": claim.primitive,
+                "key": claim.key,
+                "attempts": attempts,
+                "blocker": blocker,
+                "next_attempt_at": next_attempt_at,
+            },
+        )
+
     if attempts > ceiling:
-        row.next_attempt_at = None
-        row.save()
+        record(None)
         return ContentionCeilingExceeded(
             f"{where} of {run.reactor_path} was refused {attempts} times on {claim.primitive} "
             f"{claim.key!r} ({_ceiling_setting(claim.primitive)} = {ceiling}); the work never "
@@ -139,8 +149,7 @@ def note_park(
             attempts=attempts,
         )
     delay = requeue_delay(park, attempts)
-    row.next_attempt_at = timezone.now() + timedelta(seconds=delay)
-    row.save()
+    record(timezone.now() + timedelta(seconds=delay))
     run.state.contention[label] = attempts
     run.root.requeue_in = delay
     # what the next delivery reports as "resumed"
@@ -162,7 +171,7 @@ def note_park(
         execution_id=run.execution_id,
         attempts=attempts,
         requeue_in=round(delay, 3),
-        blocker=row.blocker,
+        blocker=blocker,
     )
     return None
 

@@ -208,3 +208,25 @@ def test_totals_come_from_the_index_and_an_exact_key_is_found_among_many(redis_p
     # k:01 matches k:010 ... k:019 only
     under = holds_index.page(limit=50, key_prefix="k:01", client=coordinator.client, prefix=prefix)
     assert [r["key"] for r in under.rows] == [f"k:{n:03d}" for n in range(10, 20)]
+
+
+def test_an_entry_of_a_primitive_this_version_cannot_read_is_passed_over(redis_prefix: str) -> None:
+    """The index is written by the scripts only, but a Redis shared with another version (a
+    primitive added there) or edited by hand can hold entries this one has no module for: the
+    listing and the pruning pass them over, like a malformed member, instead of failing the
+    operator's page."""
+    prefix = redis_prefix
+    coordinator = Coordinator(client=get_client(), prefix=prefix)
+    assert isinstance(
+        coordinator.admit([LockClaim("k:known", ttl=60)], Holder(owner="o1")), Admitted
+    )
+    time_key, keys_key, ttl_key, _ = holds_index.index_keys(prefix)
+    stranger = holds_index.member("k:stranger", "gizmo", "o2")
+    client = coordinator.client
+    client.zadd(time_key, {stranger: time.time()})
+    client.zadd(keys_key, {stranger: 0})
+    client.zadd(ttl_key, {stranger: time.time() * 1000 + 60_000})
+    listed = holds_index.page(limit=10, client=client, prefix=prefix)
+    assert identities(listed.rows) == [("lock", "k:known", "o1")]
+    by_key = holds_index.page(limit=10, key_prefix="k:", client=client, prefix=prefix)
+    assert identities(by_key.rows) == [("lock", "k:known", "o1")]

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db.models.signals import post_save
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
@@ -356,3 +357,25 @@ def test_a_reactor_semaphore_slot_is_kept_across_a_park_and_readopted(in_process
     assert [e.detail["limit"] for e in adopted(execution, pool)] == [1]
     assert coordination_state().semaphore(pool, 1).held == 0
     assert deliver(str(other.id))["outcome"] == "succeeded"
+
+
+def test_a_park_is_recorded_with_its_count_in_one_write(in_process: None) -> None:
+    """Every write of the contention row carries the park's count: nobody reading the row (the
+    admin's parked list, the API, a waiter's test) ever sees a parked execution with zero
+    attempts, as a create followed by an update would show between the two."""
+    saved: list[int] = []
+
+    def on_save(sender: Any, instance: ContentionState, **_: Any) -> None:
+        saved.append(instance.attempts)
+
+    post_save.connect(on_save, sender=ContentionState, dispatch_uid="test-park-count")
+    step_lock = hold_lock("side:8")
+    try:
+        execution = ExclusiveReactor.run_async(key=8, side=8)
+        assert deliver(str(execution.id))["outcome"] == "parked"
+        assert deliver(str(execution.id))["outcome"] == "parked"
+    finally:
+        post_save.disconnect(dispatch_uid="test-park-count", sender=ContentionState)
+        Coordinator().release(step_lock, "success")
+    assert saved == [1, 2]
+    assert ContentionState.objects.get(execution=execution).attempts == 2
