@@ -29,6 +29,7 @@ import random
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
@@ -122,19 +123,27 @@ def note_park(
         ceiling = reactor_settings.ORDERED_WAIT_CEILING or attempts
 
     def record(next_attempt_at: Any) -> None:
-        # One write with every field: the row is never seen (admin, API, a test) holding the
-        # park without its count — a create followed by an update showed attempts 0 between.
-        ContentionState.objects.update_or_create(
-            execution=run.execution,
-            step=label,
-            defaults={
-                "primitive": claim.primitive,
-                "key": claim.key,
-                "attempts": attempts,
-                "blocker": blocker,
-                "next_attempt_at": next_attempt_at,
-            },
-        )
+        # One statement with every field: the row is never seen (admin, API, a test) holding
+        # the park without its count, as a create followed by an update showed it (attempts 0
+        # in between). Not ``update_or_create``: its read-then-write transaction fails at once
+        # with "database is locked" on SQLite when another process writes (a deferred
+        # transaction cannot upgrade its lock), and this runs in every parking worker.
+        fields = {
+            "primitive": claim.primitive,
+            "key": claim.key,
+            "attempts": attempts,
+            "blocker": blocker,
+            "next_attempt_at": next_attempt_at,
+        }
+        rows = ContentionState.objects.filter(execution=run.execution, step=label)
+        if earlier is not None and rows.update(**fields, updated_at=timezone.now()):
+            return
+        try:
+            with transaction.atomic():
+                ContentionState.objects.create(execution=run.execution, step=label, **fields)
+        except IntegrityError:
+            # created meanwhile (only a delivery that lost its claim could): count onto it
+            rows.update(**fields, updated_at=timezone.now())
 
     if attempts > ceiling:
         record(None)

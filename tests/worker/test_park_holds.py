@@ -363,7 +363,7 @@ def test_a_park_is_recorded_with_its_count_in_one_write(in_process: None) -> Non
     """Every write of the contention row carries the park's count: nobody reading the row (the
     admin's parked list, the API, a waiter's test) ever sees a parked execution with zero
     attempts, as a create followed by an update would show between the two."""
-    saved: list[int] = []
+    saved: list[int] = []  # attempts of each save of the row (its creation included)
 
     def on_save(sender: Any, instance: ContentionState, **_: Any) -> None:
         saved.append(instance.attempts)
@@ -377,5 +377,6 @@ def test_a_park_is_recorded_with_its_count_in_one_write(in_process: None) -> Non
     finally:
         post_save.disconnect(dispatch_uid="test-park-count", sender=ContentionState)
         Coordinator().release(step_lock, "success")
-    assert saved == [1, 2]
+    # the row was created with its first park counted (a later park may update it in place)
+    assert saved and saved[0] == 1 and 0 not in saved
     assert ContentionState.objects.get(execution=execution).attempts == 2
