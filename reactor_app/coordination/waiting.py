@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.coordination import lock
+from reactor_app.coordination import lock, subscriptions
 from reactor_app.coordination.claims import (
     WAITING_PREFIX,
     AdmissionResult,
@@ -114,8 +114,9 @@ def admit_waiting(
     ):
         return result
     with unavailable_on_connection_error(key=result.claim.key, primitive=result.claim.primitive):
-        pubsub = coordinator.client.pubsub()
+        pubsub = subscriptions.borrow(coordinator.client)
     subscribed: set[str] = set()
+    ended_cleanly = False
     try:
         while True:
             channel = wake_channel(coordinator, result.claim)
@@ -126,6 +127,7 @@ def admit_waiting(
             else:
                 remaining = deadline_for(result) - time.monotonic()
                 if remaining <= 0:
+                    ended_cleanly = True
                     return result
                 pause = remaining
                 if result.retry_after is not None:
@@ -134,10 +136,12 @@ def admit_waiting(
             queued = waiter_id is None
             result = coordinator.admit(claims, holder, waiter_id=queue_as)
             if not isinstance(result, Refused) or result.detail.stale:
+                ended_cleanly = True
                 return result
     finally:
-        with unavailable_on_connection_error():
-            pubsub.close()
+        # kept for this thread's next wait: closing it would disconnect a pooled connection
+        # that the next command pays to reopen (coordination.subscriptions)
+        subscriptions.give_back(pubsub, coordinator.client, subscribed, reusable=ended_cleanly)
         if queued and not isinstance(result, Admitted):
             handed_on = leave(coordinator, claims, queue_as)
             woken = getattr(result, "woken", None)

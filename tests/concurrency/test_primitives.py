@@ -29,7 +29,7 @@ import pytest
 import redis
 import redis.connection
 
-from reactor_app.coordination import embedded, rate_limit, state
+from reactor_app.coordination import embedded, rate_limit, state, subscriptions
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
@@ -282,6 +282,82 @@ def test_admit_waiting_is_woken_by_the_release(
     print(f"woken {latency * 1000:.2f} ms after the release")
     assert latency < 0.25, latency  # far below the 30 s lease and the 10 s wait
     coordinator.release(entered["result"], "success")
+
+
+def test_a_thread_that_waits_again_reuses_its_wake_subscription(private_redis: Any) -> None:
+    """Closing a wait's PubSub disconnects a pooled connection (redis-py), so the next command
+    reconnects: a thread keeps its subscription instead (``coordination.subscriptions``).
+    Consecutive waits on the same key and on another one are each woken by their release."""
+    coordinator = Coordinator(client=private_redis, prefix="subs")
+    keys = "aabbaabbab"
+    go = [threading.Event() for _ in keys]
+    woken: list[tuple[float, Any]] = []
+
+    def waiter() -> None:
+        for round_, key in enumerate(keys):
+            go[round_].wait(10)
+            result = coordinator.admit_waiting([LockClaim(key, ttl=30)], holder(f"w{round_}"), 10)
+            woken.append((time.monotonic(), result))
+            if isinstance(result, Admitted):
+                coordinator.release(result, "success")
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    connections: list[int] = []
+    latencies = []
+    try:
+        for round_, key in enumerate(keys):
+            held = coordinator.admit([LockClaim(key, ttl=30)], holder(f"h{round_}"))
+            assert isinstance(held, Admitted)
+            go[round_].set()
+            time.sleep(0.2)  # the waiter is refused and sleeps on its subscription
+            released_at = time.monotonic()
+            coordinator.release(held, "success")
+            deadline = time.monotonic() + 10
+            while len(woken) <= round_ and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert len(woken) == round_ + 1, f"round {round_}: the waiter never came back"
+            at, result = woken[round_]
+            assert isinstance(result, Admitted), (round_, result)
+            latencies.append(at - released_at)
+            time.sleep(0.05)  # the waiter's own release
+            connections.append(int(private_redis.info("stats")["total_connections_received"]))
+    finally:
+        for event in go:
+            event.set()
+        thread.join(10)
+    # every wait was woken by its release (a 30 s lease, a 10 s wait otherwise)
+    assert max(latencies) < 0.25, latencies
+    # the first round opened what the two threads need (pool connections, one subscription);
+    # closing each wait's subscription made every later round reconnect
+    assert connections[-1] - connections[0] <= 1, connections
+
+
+def test_a_forked_child_never_reuses_its_parents_wake_subscription(prefix: str) -> None:
+    global _FORK_CLIENT
+    coordinator = Coordinator(client=get_client(redis_url()), prefix=prefix)
+    claim = LockClaim("fork-sub", ttl=30)
+    held = coordinator.admit([claim], holder("first"))
+    assert isinstance(held, Admitted)
+    threading.Timer(0.2, coordinator.release, (held, "success")).start()
+    admitted = coordinator.admit_waiting([claim], holder("second"), 10)
+    assert isinstance(admitted, Admitted)
+    coordinator.release(admitted, "success")
+    kept = subscriptions.borrow(coordinator.client)  # what this thread kept from its wait
+    subscriptions.give_back(kept, coordinator.client, [], reusable=True)
+    _FORK_CLIENT = coordinator.client  # the very client object, inherited by the child
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        # its socket is the parent's: a child reading it would steal the parent's messages
+        child_got_the_parents = pool.apply(_borrows_the_kept_subscription, (id(kept),))
+    assert child_got_the_parents is False
+    assert subscriptions.borrow(coordinator.client) is kept  # the parent's is still its own
+
+
+_FORK_CLIENT: Any = None
+
+
+def _borrows_the_kept_subscription(kept_id: int) -> bool:
+    return id(subscriptions.borrow(_FORK_CLIENT)) == kept_id
 
 
 # -- semaphore --------------------------------------------------------------------------------
