@@ -71,6 +71,9 @@ class Released:
     woken: list[str] = field(default_factory=list)  # parked waiter ids to re-enqueue now
     not_held: list[tuple[str, str]] = field(default_factory=list)  # lapsed or taken over
     marked: list[tuple[str, str]] = field(default_factory=list)  # period buckets marked
+    #: the value of the flag that stopped the release (``release(unless=...)``): nothing
+    #: was released
+    flagged: str | None = None
 
     def __iter__(self) -> Iterator[str]:
         """Iterating a release yields the waiter ids to wake (what a worker acts on)."""
@@ -78,7 +81,7 @@ class Released:
 
 
 #: ``lua/lock_release.lua``'s states (1 is "kept": still nested)
-LOCK_FREED, LOCK_NOT_HELD = 0, 2
+LOCK_FREED, LOCK_NOT_HELD, LOCK_FLAGGED = 0, 2, 3
 
 
 def sort_claims(claims: Iterable[Claim]) -> list[Claim]:
@@ -151,11 +154,7 @@ class Coordinator:
         if not ordered:
             return Admitted(holds=[], holder=holder)
         if len(ordered) == 1 and type(ordered[0]) is LockClaim:
-            sent_at = time.monotonic()
-            result = self._admit_lock(ordered[0], holder, waiter_id)
-            if isinstance(result, Admitted):
-                result.sent_at = sent_at
-            return result
+            return self._admit_lock(ordered[0], holder, waiter_id)
         prefix = self.prefix
         parts = [admit_part(c, prefix, is_cluster(self.client)) for c in ordered]
         groups = [list(keys) for keys, _ in parts]
@@ -195,6 +194,9 @@ class Coordinator:
         the same rules as in ``admit.lua``, flat arguments and answer, no JSON either way."""
         client = self.client
         keys = lock_keys(claim.key, self.prefix, is_cluster(client), admit=True)
+        # the lease counts from here (Admitted.sent_at): once the keys are built, which on a
+        # cluster may first build the process's slot table (holds_index.slot_tags)
+        sent_at = time.monotonic()
         with unavailable_on_connection_error(key=claim.key, primitive="lock"):
             raw = scripts_for(client).call(
                 "lock_admit",
@@ -209,7 +211,10 @@ class Coordinator:
                     claim.key,
                 ),
             )
-        return lock_admission(claim, holder, raw)
+        result = lock_admission(claim, holder, raw)
+        if isinstance(result, Admitted):
+            result.sent_at = sent_at
+        return result
 
     def _admit_one_by_one(
         self,
@@ -243,22 +248,42 @@ class Coordinator:
             return [(holds, groups)]
         return [([h], [g]) for h, g in zip(holds, groups, strict=True)]
 
-    def release(self, admitted: Admitted, outcome: ReleaseOutcome) -> Released:
-        """Release every hold (reverse order) in one call; see ``lua/release.lua``."""
+    def release(
+        self, admitted: Admitted, outcome: ReleaseOutcome, *, unless: Sequence[str] = ()
+    ) -> Released:
+        """Release every hold (reverse order) in one call; see ``lua/release.lua``.
+
+        ``unless``: Redis keys of flags (an execution's cancel request, ``engine.cancel_flag``)
+        — when one is set, nothing is released and ``Released.flagged`` is its value. On one
+        server the flags are read inside the release script, in its round trip; where the
+        holds' keys cannot share a call with them (a cluster), they are read just before.
+        """
         holds = list(reversed(admitted.holds))
         if not holds:
             return Released()
+        flags = list(unless)
+        if flags and is_cluster(self.client):
+            raised = self._raised_flag(flags)
+            if raised is not None:
+                return Released(flagged=raised)
+            flags = []
         if len(holds) == 1 and type(holds[0].claim) is LockClaim:
-            return self._release_lock(holds[0].claim, admitted.holder)
+            return self._release_lock(holds[0].claim, admitted.holder, flags)
         groups = self._with_index(
             [h.claim for h in holds],
             [REGISTRY[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
         )
+        batches = self._batches(holds, groups)
+        if flags and len(batches) > 1:
+            raised = self._raised_flag(flags)
+            if raised is not None:
+                return Released(flagged=raised)
+            flags = []
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
         not_held: list[tuple[str, str]] = []
         marked: list[tuple[str, str]] = []
-        for batch_holds, batch_groups in self._batches(holds, groups):
+        for batch_holds, batch_groups in batches:
             base_keys = {
                 group[0]: (hold.claim.primitive, hold.claim.key)
                 for hold, group in zip(batch_holds, batch_groups, strict=True)
@@ -268,29 +293,48 @@ class Coordinator:
             )
             reply = self._run(
                 "release",
-                [k for group in batch_groups for k in group],
-                [outcome, holder_json(admitted.holder), json.dumps(arguments)],
+                [*(k for group in batch_groups for k in group), *flags],
+                [outcome, holder_json(admitted.holder), json.dumps(arguments), len(flags)],
                 batch_holds[0].claim if len(batch_holds) == 1 else None,
             )
+            if reply.data.get("flagged") is not None:
+                return Released(flagged=str(reply.data["flagged"]))
             freed += [base_keys[name] for name in reply.data.get("freed", [])]
             woken += list(reply.data.get("woken", []))
             not_held += [base_keys[name] for name in reply.data.get("not_held", [])]
             marked += [base_keys[name] for name in reply.data.get("marked", [])]
         return Released(freed=freed, woken=woken, not_held=not_held, marked=marked)
 
-    def _release_lock(self, claim: LockClaim, holder: Holder) -> Released:
+    def _release_lock(
+        self, claim: LockClaim, holder: Holder, flags: Sequence[str] = ()
+    ) -> Released:
         """One lock on its own through ``lua/lock_release.lua`` (see ``_admit_lock``)."""
         client = self.client
         keys = lock_keys(claim.key, self.prefix, is_cluster(client), admit=False)
+        arguments: tuple[str | int, ...] = (holder.owner, claim.key)
+        if flags:
+            keys, arguments = (*keys, *flags), (*arguments, len(flags))
         with unavailable_on_connection_error(key=claim.key, primitive="lock"):
-            state, woken = scripts_for(client).call("lock_release", keys, (holder.owner, claim.key))
+            state, woken = scripts_for(client).call("lock_release", keys, arguments)
         name = ("lock", claim.key)
         state = int(state)
+        if state == LOCK_FLAGGED:
+            return Released(flagged=_text(woken))
         return Released(
             freed=[name] if state == LOCK_FREED else [],
             woken=[str(woken)] if woken else [],
             not_held=[name] if state == LOCK_NOT_HELD else [],
         )
+
+    def _raised_flag(self, flags: Sequence[str]) -> str | None:
+        """The first of ``flags`` that is set (read one by one: they need not share a slot)."""
+        client = self.client
+        with unavailable_on_connection_error(key=flags[0]):
+            for name in flags:
+                value = client.get(name)
+                if value is not None:
+                    return _text(value)
+        return None
 
     # -- waiting and the waiter orders (coordination.waiting) -----------------------------
 
@@ -344,3 +388,7 @@ __all__ = [
     "Released",
     "sort_claims",
 ]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -75,7 +75,7 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
     ``fresh=False`` (step boundaries, checkpoints) answers "not cancelled" without reading when
     the same run's flag was read clear less than ``REACTOR_CANCEL_POLL`` seconds ago."""
     global _rest
-    ids = tuple(dict.fromkeys(str(i) for i in execution_ids if i))
+    ids = _ids(execution_ids)
     now = time.monotonic()
     if not ids or (now < _rest[1] and _rest[0] == reactor_settings.version()):
         return None
@@ -90,13 +90,8 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
         for execution_id in ids:
             raw = client.get(_key(execution_id))
             if raw:
-                data = json.loads(raw)
-                return data if isinstance(data, dict) else {"reason": str(data)}
-        with _guard:
-            _checked[ids] = now
-            _checked.move_to_end(ids)
-            if len(_checked) > _CHECKED_KEPT:
-                _checked.popitem(last=False)
+                return request_from(raw)
+        _note_checked(ids, now)
     except ConfigurationError:
         # no coordination Redis configured: nothing can have been cancelled through it
         _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
@@ -106,15 +101,39 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
     return None
 
 
-def note_clear(execution_id: Any) -> None:
-    """Count the flag of an execution this process has just created as read clear now.
+def note_clear(*execution_ids: Any) -> None:
+    """Count the flags of ``execution_ids`` as read clear now.
 
-    A cancel names an execution by its id, which nobody can know before the row exists: the
-    first pass of that run need not read the flag at its start, and its step boundaries poll
-    from here on (at most ``REACTOR_CANCEL_POLL`` later, as after any read)."""
-    ids = (str(execution_id),)
+    For an execution this process has just created: a cancel names an execution by its id,
+    which nobody can know before the row exists, so the first pass of that run need not read
+    the flag at its start. And after a release that read the flags in its own round trip
+    (``flag_keys``). Step boundaries poll from here on (at most ``REACTOR_CANCEL_POLL``
+    later, as after any read)."""
+    _note_checked(_ids(execution_ids), time.monotonic())
+
+
+def flag_keys(*execution_ids: Any) -> list[str]:
+    """The Redis keys of the cancel requests of ``execution_ids``: a step's release reads them
+    in its own round trip and does not happen while one is raised (``Gate.exit_unless``), so
+    the check after a body costs no read of its own."""
+    return [_key(execution_id) for execution_id in _ids(execution_ids)]
+
+
+def request_from(raw: Any) -> dict[str, Any]:
+    """A raised flag's value as the request ``cancel_request`` answers."""
+    data = json.loads(raw)
+    return data if isinstance(data, dict) else {"reason": str(data)}
+
+
+def _ids(execution_ids: tuple[Any, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(str(i) for i in execution_ids if i))
+
+
+def _note_checked(ids: tuple[str, ...], at: float) -> None:
+    if not ids:
+        return
     with _guard:
-        _checked[ids] = time.monotonic()
+        _checked[ids] = at
         _checked.move_to_end(ids)
         if len(_checked) > _CHECKED_KEPT:
             _checked.popitem(last=False)

@@ -121,13 +121,7 @@ class StepContext:
         process paused longer than its lease knows it on waking), and ``ExecutionCancelled`` if
         the execution was cancelled (the step fails without retry and the execution rolls back
         and ends ``cancelled``). The engine also checks after every body."""
-        if self.lease_lost:
-            raise self.lease_lost[0]
-        for gate in reversed(self.gates):
-            if gate.lost:
-                raise gate.lost[0]
-            if gate.keep_alive is not None:
-                gate.keep_alive.raise_if_lost()  # the clock check; records lease_lost once
+        self.check_leases()
         if self.execution_id is not None:
             # an operator's cancel (engine.cancel), from any process: stop the body here
             raise_if_cancelled(
@@ -136,3 +130,14 @@ class StepContext:
                 reactor=self.reactor.path() if self.reactor else None,
                 step=self.step_name,
             )
+
+    def check_leases(self) -> None:
+        """``checkpoint()`` without the cancel read: after a body whose release reads the
+        cancel request in its own round trip (``engine.runner``)."""
+        if self.lease_lost:
+            raise self.lease_lost[0]
+        for gate in reversed(self.gates):
+            if gate.lost:
+                raise gate.lost[0]
+            if gate.keep_alive is not None:
+                gate.keep_alive.raise_if_lost()  # the clock check; records lease_lost once

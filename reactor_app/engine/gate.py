@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.coordination import primitives
-from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.admission import Coordinator, Released
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
     WAITING_PREFIX,
@@ -515,6 +515,24 @@ class Gate:
             return []
         return self._release(admitted, outcome)
 
+    def exit_unless(self, outcome: Outcome, flags: Sequence[str]) -> str | None:
+        """``exit`` — unless one of the Redis keys ``flags`` (the execution's cancel request)
+        is set when the release runs: it is read in the release's own round trip
+        (``Coordinator.release(unless=...)``). Then nothing is released, the gate keeps its
+        holds, renewed as before, and the flag's value is returned; else None."""
+        admitted = self._stop()
+        if admitted is None:
+            return None
+        released = self._give_back(admitted, outcome, unless=flags)
+        if released.flagged is not None:
+            self.admitted = admitted
+            self.keep_alive = self.coordinator.keep_alive(
+                admitted, on_lost=self._on_lost, on_extended=self._on_extended
+            )
+            return released.flagged
+        self._released(admitted, outcome, list(released.woken))
+        return None
+
     def suspend(self, hold_for: float | None = None) -> list[KeptHold]:
         """A reactor-level gate whose execution parks on a worker (docs/design.md §2.8): keep
         the lock and semaphore holds — the renewal thread lets go of them, nothing is released
@@ -570,13 +588,24 @@ class Gate:
     def _release(self, admitted: Admitted, outcome: Outcome, *, tracked: bool = True) -> list[str]:
         """Release ``admitted``; ``tracked``: its holds are in the held-key registry (False for
         kept holds given back before this delivery adopted them)."""
-        woken: list[str] = []
+        woken = list(self._give_back(admitted, outcome).woken)
+        return self._released(admitted, outcome, woken, tracked=tracked)
+
+    def _give_back(
+        self, admitted: Admitted, outcome: Outcome, unless: Sequence[str] = ()
+    ) -> Released:
         try:
-            released = self.coordinator.release(admitted, outcome)
-            woken = list(getattr(released, "woken", None) or [])
+            return self.coordinator.release(admitted, outcome, unless=unless)
         except CoordinationUnavailable:
             # The work already ran; the holds lapse with their TTLs. Never hide it.
             logger.exception("could not release %s; holds will expire by TTL", self.claims)
+            return Released()
+
+    def _released(
+        self, admitted: Admitted, outcome: Outcome, woken: list[str], *, tracked: bool = True
+    ) -> list[str]:
+        """What follows a release: the held-key registry, the events, the ordered position,
+        and re-enqueueing the parked executions it let through."""
         for hold in reversed(admitted.holds):
             claim = hold.claim
             registered = tracked and primitives.holds(claim.primitive)

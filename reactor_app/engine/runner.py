@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
 from reactor_app.dsl.step import Step, StepSpec
+from reactor_app.engine.cancel_flag import cancelled_error, flag_keys, note_clear, request_from
 from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
@@ -232,14 +233,20 @@ class UnitRunner:
                 if recorder:
                     recorder.started(args=self.args)
                 context = self._context(attempt, gate)
+                flags = _cancel_flags(gate, context)
                 try:
                     outcome: Outcome = as_outcome(instance.run(self.args, context))
-                    context.checkpoint()
+                    if flags:
+                        context.check_leases()  # the release below reads the cancel request
+                    else:
+                        context.checkpoint()
                 except Exception as exc:
                     # a cancelled execution stops here: no further attempt
                     outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
                 if self.host.stores_results:
                     outcome = storable(outcome, self.label)
+                if flags and isinstance(outcome, (Success, Skipped, Halt)):
+                    outcome = self._release_unless_cancelled(gate, outcome, flags, context)
                 if isinstance(outcome, (Success, Skipped, Halt)):
                     # Only a success marks a period bucket; a skip or halt is still terminal.
                     release_as = "success" if isinstance(outcome, Success) else "halt"
@@ -266,6 +273,24 @@ class UnitRunner:
                 if gate is not None:
                     gate.exit(release_as)
             current_clock().sleep(delay)
+
+    def _release_unless_cancelled(
+        self, gate: Gate | None, outcome: Outcome, flags: list[str], context: StepContext
+    ) -> Outcome:
+        """The check after a body, folded into the release: release the step's holds unless
+        its execution was cancelled meanwhile — then keep them and fail the step, which is
+        compensated under them like any failure (docs/coordination.md, "Cancelling")."""
+        assert gate is not None
+        raised = gate.exit_unless("success" if isinstance(outcome, Success) else "halt", flags)
+        ids = (context.root_execution_id, context.execution_id)
+        if raised is None:
+            note_clear(*ids)
+            return outcome
+        reactor = context.reactor.path() if context.reactor else None
+        error = cancelled_error(
+            request_from(raised), context.execution_id, reactor=reactor, step=context.step_name
+        )
+        return Failure(error, retryable=False)
 
     def _keep_attempts(self, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""
@@ -316,6 +341,16 @@ class UnitRunner:
             parent_context=context,
             declared=self.declared,
         )
+
+
+def _cancel_flags(gate: Gate | None, context: StepContext) -> list[str]:
+    """The cancel-request keys the step's release reads (``Gate.exit_unless``), or none: no
+    holds to release, or no execution to cancel (``Step.call``)."""
+    if gate is None or gate.admitted is None or not gate.admitted.holds:
+        return []
+    if context.execution_id is None:
+        return []
+    return flag_keys(context.root_execution_id, context.execution_id)
 
 
 def call_step(

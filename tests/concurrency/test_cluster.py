@@ -362,7 +362,9 @@ def test_the_index_shard_of_a_hold_shares_its_slot(cluster: Any, redis_prefix: s
         hold_slot = hash_slot(key("lock", user_key, prefix=redis_prefix))
         assert {hash_slot(name) for name in keys} == {hold_slot}
         assert hash_slot(key("semaphore", user_key, prefix=redis_prefix)) == hold_slot
-    assert len(set(holds_index.slot_tags())) == holds_index.SLOTS
+    tags = holds_index.slot_tags()
+    assert len(set(tags)) == holds_index.SLOTS
+    assert all(hash_slot(tag) == slot for slot, tag in enumerate(tags))
 
 
 def test_the_index_lists_pages_and_orders_holds_across_every_primary(

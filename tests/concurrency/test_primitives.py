@@ -328,9 +328,10 @@ def test_a_thread_that_waits_again_reuses_its_wake_subscription(private_redis: A
         thread.join(10)
     # every wait was woken by its release (a 30 s lease, a 10 s wait otherwise)
     assert max(latencies) < 0.25, latencies
-    # the first round opened what the two threads need (pool connections, one subscription);
-    # closing each wait's subscription made every later round reconnect
-    assert connections[-1] - connections[0] <= 1, connections
+    # The first round opened what the two threads need (pool connections, one subscription).
+    # Closing each wait's subscription made every later round reconnect (9 more here); a
+    # later round may still open one when both threads happen to need the pool at once.
+    assert connections[-1] - connections[0] <= 3, str(connections)
 
 
 def test_a_forked_child_never_reuses_its_parents_wake_subscription(prefix: str) -> None:

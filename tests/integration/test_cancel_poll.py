@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from reactor_app import Reactor, Step, Success, step, value
+from reactor_app import Reactor, Step, Success, step, value, with_lock
+from reactor_app.coordination.lock import hold_key
 from reactor_app.coordination.redis import get_client
 from reactor_app.engine import cancel_flag
 from reactor_app.models import Execution
@@ -127,3 +128,49 @@ def test_a_failed_read_rests_the_poll_only_while_the_settings_stay() -> None:
         assert cancel_flag.cancel_request(execution_id) == request
     finally:
         get_client().delete(cancel_flag._key(execution_id))
+
+
+@with_lock(lambda args: "cancel-fold:acct", ttl=30, wait=5)
+class CancelledMidBody(Step):
+    """Raises its execution's cancel flag during its body, as another process would, and
+    records what its compensation sees."""
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        request = {"reason": "mid-body", "by": "test", "at": "now"}
+        get_client().set(cancel_flag._key(context.execution_id), json.dumps(request), ex=60)
+        return Success("done")
+
+    def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> Any:
+        marks["compensated"] = type(error).__name__
+        marks["held_while_compensating"] = bool(get_client().exists(hold_key("cancel-fold:acct")))
+
+
+class After(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        marks["after_ran"] = True
+        return Success(None)
+
+
+class FoldedCancel(Reactor):
+    charge = step(CancelledMidBody)
+    notify = step(After)
+
+
+def test_a_cancel_during_a_held_body_is_read_by_its_release_and_compensated_under_the_hold() -> (
+    None
+):
+    """The check after a locked body rides on the release (one round trip, no read of its
+    own): even a poll interval longer than the whole run cannot let a cancel raised during
+    the body through — the step fails, is compensated while the lock is still held, and the
+    run ends cancelled before its next step. (With the read left to the poll, this run
+    succeeded: its flag was last read at creation, well within the minute.)"""
+    marks.clear()
+    with override_settings(REACTOR_CANCEL_POLL=60):
+        result = FoldedCancel.run()
+    assert not result.ok
+    execution = Execution.objects.get(pk=result.execution_id)
+    assert execution.status == ExecutionStatus.CANCELLED
+    assert marks.get("compensated") == "ExecutionCancelled"
+    assert marks.get("held_while_compensating") is True
+    assert "after_ran" not in marks
+    assert not get_client().exists(hold_key("cancel-fold:acct"))  # released after compensating

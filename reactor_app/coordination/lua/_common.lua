@@ -19,6 +19,17 @@ local function split_keys(items)
   end
 end
 
+-- A release that must not happen while a flag is up (an execution's cancel request, read in
+-- the release's own round trip: coordination/admission.py, Coordinator.release): the last
+-- `count` KEYS are flag keys; the value of the first one set, or nil when none is.
+local function raised_flag(count)
+  for i = #KEYS - count + 1, #KEYS do
+    local value = redis.call('GET', KEYS[i])
+    if value then return value end
+  end
+  return nil
+end
+
 -- Every script answers {status, json payload}.
 local function reply(status, payload)
   return {status, cjson.encode(payload or {})}

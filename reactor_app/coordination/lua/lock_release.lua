@@ -5,17 +5,27 @@ release; at zero the key is freed, a wake message is PUBLISHed on the hold key a
 waiter is popped and granted the key for HANDOFF_GRANT_MS. A lock's release does not depend on
 the outcome, so none is passed.
 
-KEYS  hold hash, waiters zset; then, optionally, the four live-holds index keys
-ARGV  owner, user key for the index (only read when the index keys are passed)
+KEYS  hold hash, waiters zset; then, optionally, the four live-holds index keys; then F flag
+      keys (see ARGV[3])
+ARGV  owner, user key for the index (only read when the index keys are passed), F (optional,
+      default 0): how many flag keys end KEYS — when one of them is set, nothing is released
 
 Returns {state, woken}: state 0 freed, 1 kept (still nested), 2 not held (lapsed or taken
-over); woken = the waiter id popped for the freed key, or "".
+over); woken = the waiter id popped for the freed key, or "". State 3: a flag is set, nothing
+was released, and the second element is the flag's value.
 ]]
 
 -- @include _common.lua
 -- @include _lock.lua
 
+local flags = tonumber(ARGV[3] or '0')
+if flags > 0 then
+  local raised = raised_flag(flags)
+  if raised then return {3, raised} end
+end
+local index = nil
+if #KEYS - flags >= 6 then index = index_of(KEYS, 3, ARGV[2]) end
 local function now_ms() return redis_now().ms end
-local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], now_ms, index_of(KEYS, 3, ARGV[2]))
+local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], now_ms, index)
 local code = ({freed = 0, kept = 1, not_held = 2})[state]
 return {code, popped or ''}

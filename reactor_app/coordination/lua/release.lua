@@ -44,6 +44,8 @@ ARGV[3]  holds json, in release order; each {p = primitive, n = key count} plus:
            rate_limit:   strategy, member? (the sliding-window entry added at admission),
                          cost? (units charged, default 1), w? (window count, default all keys)
            lock, semaphore: ik? (user key, when the index keys follow)
+ARGV[4]  F (optional, default 0): how many flag keys end KEYS, after every group — when one of
+         them is set nothing is released and the reply is {0, json {flagged = its value}}
 
 Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base keys],
                   marked = [mark keys], advanced = [{key, cursor}]}}
@@ -53,6 +55,12 @@ Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base ke
 -- @include _lock.lua
 -- @include _calendar.lua
 -- @include _ordered.lua
+
+local flags = tonumber(ARGV[4] or '0')
+if flags > 0 then
+  local raised = raised_flag(flags)
+  if raised then return reply(OK, {flagged = raised}) end
+end
 
 local now = redis_now()
 local outcome = ARGV[1]
