@@ -124,6 +124,14 @@ class Renewal:
         if self._scheduler is not None:
             self._scheduler.remove(self, timeout)
 
+    def restart(self) -> Renewal:
+        """Renew again after ``stop()`` — a release that did not happen (``Gate.exit_unless``:
+        the execution was cancelled, its step is compensated under the holds). The leases
+        still count from their last grant."""
+        self.stopped = False
+        self._scheduler = None
+        return self.start()
+
     def expired(self) -> bool:
         """True once the last grant is older than the shortest lease by the monotonic clock."""
         return bool(self.holds) and time.monotonic() - self.granted_at >= self.shortest_lease

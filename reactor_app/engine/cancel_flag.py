@@ -7,7 +7,10 @@ pass of a run this process has just created skips the read at its start: ``note_
 Reading the flag is a Redis round trip, the largest cost of an uncoordinated step, so step
 boundaries and checkpoints read it at most every ``REACTOR_CANCEL_POLL`` seconds (default
 0.05) per run; a cancel requested by the very process running the execution is seen at its
-next boundary. What a cancel does with the flag is told in ``engine.cancel``.
+next boundary. After a body that holds coordination the flag is not read on its own: the
+step's release reads it in the same round trip (``flag_keys``, ``Gate.exit_unless``) and
+counts as a read (``note_clear``). What a cancel does with the flag is told in
+``engine.cancel``.
 """
 
 from __future__ import annotations

@@ -520,15 +520,14 @@ class Gate:
         is set when the release runs: it is read in the release's own round trip
         (``Coordinator.release(unless=...)``). Then nothing is released, the gate keeps its
         holds, renewed as before, and the flag's value is returned; else None."""
+        renewal = self.keep_alive  # stopped first: it must not renew what is being released
         admitted = self._stop()
         if admitted is None:
             return None
         released = self._give_back(admitted, outcome, unless=flags)
         if released.flagged is not None:
             self.admitted = admitted
-            self.keep_alive = self.coordinator.keep_alive(
-                admitted, on_lost=self._on_lost, on_extended=self._on_extended
-            )
+            self.keep_alive = renewal.restart() if renewal is not None else None
             return released.flagged
         self._released(admitted, outcome, list(released.woken))
         return None

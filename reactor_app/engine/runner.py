@@ -279,7 +279,8 @@ class UnitRunner:
     ) -> Outcome:
         """The check after a body, folded into the release: release the step's holds unless
         its execution was cancelled meanwhile — then keep them and fail the step, which is
-        compensated under them like any failure (docs/coordination.md, "Cancelling")."""
+        compensated under them like any failure (docs/operations.md, "Cancelling an
+        execution")."""
         assert gate is not None
         raised = gate.exit_unless("success" if isinstance(outcome, Success) else "halt", flags)
         ids = (context.root_execution_id, context.execution_id)

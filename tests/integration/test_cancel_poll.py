@@ -174,3 +174,42 @@ def test_a_cancel_during_a_held_body_is_read_by_its_release_and_compensated_unde
     assert marks.get("held_while_compensating") is True
     assert "after_ran" not in marks
     assert not get_client().exists(hold_key("cancel-fold:acct"))  # released after compensating
+
+
+@with_lock(lambda args: "cancel-fold:long", ttl=1, wait=5)
+class LongCancelledMidBody(Step):
+    """A body and a compensation each longer than the lock's 1 s lease: only renewal keeps it."""
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        request = {"reason": "mid-body", "by": "test", "at": "now"}
+        get_client().set(cancel_flag._key(context.execution_id), json.dumps(request), ex=60)
+        time.sleep(1.5)
+        return Success("done")
+
+    def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> Any:
+        time.sleep(1.5)
+        marks["held_after_long_compensation"] = bool(
+            get_client().exists(hold_key("cancel-fold:long"))
+        )
+        try:
+            context.checkpoint()
+        except Exception as exc:
+            marks["checkpoint"] = type(exc).__name__
+
+
+class LongFoldedCancel(Reactor):
+    charge = step(LongCancelledMidBody)
+
+
+def test_a_release_held_back_by_a_cancel_keeps_renewing_the_holds() -> None:
+    """The renewal stops before the release is tried and starts again when a cancel holds
+    the release back, counting from the last renewal — not from the admission, whose lease
+    ran out long ago (that would report the lock lost and let it lapse mid-compensation)."""
+    marks.clear()
+    with override_settings(REACTOR_CANCEL_POLL=60):
+        result = LongFoldedCancel.run()
+    execution = Execution.objects.get(pk=result.execution_id)
+    assert execution.status == ExecutionStatus.CANCELLED
+    assert marks.get("held_after_long_compensation") is True
+    assert "checkpoint" not in marks or marks["checkpoint"] == "ExecutionCancelled"
+    assert not get_client().exists(hold_key("cancel-fold:long"))
