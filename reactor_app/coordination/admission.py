@@ -261,24 +261,24 @@ class Coordinator:
         holds = list(reversed(admitted.holds))
         if not holds:
             return Released()
+        lone_lock = len(holds) == 1 and type(holds[0].claim) is LockClaim
+        batches = []
+        if not lone_lock:
+            groups = self._with_index(
+                [h.claim for h in holds],
+                [REGISTRY[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
+            )
+            batches = self._batches(holds, groups)
         flags = list(unless)
-        if flags and is_cluster(self.client):
-            raised = self._raised_flag(flags)
+        if flags and (is_cluster(self.client) or len(batches) > 1):
+            raised = self._raised_flag(flags)  # they cannot ride on the release call
             if raised is not None:
                 return Released(flagged=raised)
             flags = []
-        if len(holds) == 1 and type(holds[0].claim) is LockClaim:
-            return self._release_lock(holds[0].claim, admitted.holder, flags)
-        groups = self._with_index(
-            [h.claim for h in holds],
-            [REGISTRY[h.claim.primitive].release_keys(h.claim, self.prefix) for h in holds],
-        )
-        batches = self._batches(holds, groups)
-        if flags and len(batches) > 1:
-            raised = self._raised_flag(flags)
-            if raised is not None:
-                return Released(flagged=raised)
-            flags = []
+        if lone_lock:
+            claim = holds[0].claim
+            assert isinstance(claim, LockClaim)
+            return self._release_lock(claim, admitted.holder, flags)
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
         not_held: list[tuple[str, str]] = []
