@@ -22,6 +22,10 @@ ends (so a ``Result`` reader sees its rows), and whenever the caller is inside a
 transaction: rows written from inside ``transaction.atomic`` ride in that transaction (a
 background connection could neither see the uncommitted execution row nor, on SQLite, write
 while the transaction holds the lock); whatever else was buffered in the process rides along.
+The one exception: while another thread's flush is writing, a flush inside a transaction does
+not wait for it (that flush may be waiting for the transaction's own locks — a deadlock no
+database can see); its rows stay buffered and the writer thread writes them after the
+transaction ends (``TrackingWriter._take_turn``).
 
 A hard crash (SIGKILL, power loss) loses what was buffered: at most one freshness bound of rows
 (or one buffer's worth) of that process. Executions themselves are never written behind.
@@ -33,10 +37,12 @@ This module is the buffer and its thread: when rows are written. What a flush wr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from celery import signals as celery_signals
@@ -61,8 +67,10 @@ class TrackingWriter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        #: one flush at a time, so a step run is inserted before its update is written
-        self._flushing = threading.Lock()
+        #: one flush at a time, so a step run is inserted before its update is written.
+        #: Re-entrant: a run's final write holds it around its transaction (``turn``), then
+        #: flushes inside it. See ``_take_turn`` for the order it is taken in.
+        self._flushing = threading.RLock()
         #: field dicts of ``CoordinationEvent`` rows, ``detail`` not yet made JSON
         self._events: list[dict[str, Any]] = []
         self._steps: list[PendingStepRun] = []
@@ -104,9 +112,17 @@ class TrackingWriter:
 
     def forget_progress(self, pk: Any) -> None:
         """Drop an execution's buffered progress: a final write of its row supersedes it. A
-        flush in flight is waited for, so its progress write cannot land after that one."""
-        with self._flushing, self._lock:
-            self._progress.pop(pk, None)
+        flush in flight is waited for, so its progress write cannot land after that one —
+        unless the caller is inside a transaction (``_take_turn``); a late progress write
+        changes only a row still ``running`` (``tracking_store``), so it cannot undo the final
+        write either way."""
+        taken = self._take_turn()
+        try:
+            with self._lock:
+                self._progress.pop(pk, None)
+        finally:
+            if taken:
+                self._flushing.release()
 
     def _arrived(self) -> None:
         # called with the lock held
@@ -122,10 +138,11 @@ class TrackingWriter:
         return len(self._events) + len(self._steps) + len(self._progress)
 
     def _after_add(self) -> None:
-        if transaction.get_connection().in_atomic_block:
+        if transaction.get_connection().in_atomic_block and self._flush() is not None:
             # Inside the caller's transaction: the rows belong to it (see the module docstring).
-            self.flush()
-        elif self._thread is None:
+            return
+        if self._thread is None:
+            # Also when a flush inside a transaction had to leave its rows to the writer.
             self._start()
 
     def _start(self) -> None:
@@ -144,12 +161,52 @@ class TrackingWriter:
 
     # -- writing ----------------------------------------------------------------------------
 
+    def _take_turn(self) -> bool:
+        """Take the flush lock; whether it was taken.
+
+        Outside a transaction the caller waits for a flush in flight. Inside one it must not:
+        that flush (the writer thread's) may itself be waiting for a lock this transaction
+        holds — SQLite's write lock, taken when the transaction begins, or on PostgreSQL an
+        execution row locked ``FOR UPDATE`` that its rows reference — and neither database
+        can see a wait on a Python lock, so the two would wait for each other (on SQLite until
+        the busy timeout, failing every other process's writes meanwhile). So the lock is
+        always taken before a database lock, never after: inside a transaction only if it is
+        free (or already this thread's)."""
+        if transaction.get_connection().in_atomic_block:
+            return self._flushing.acquire(blocking=False)
+        self._flushing.acquire()
+        return True
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hold the flush lock around a transaction that will ``flush`` inside it (a run's
+        final write), so that it is taken before the transaction's database locks."""
+        taken = self._take_turn()
+        try:
+            yield
+        finally:
+            if taken:
+                self._flushing.release()
+
     def flush(self, *, finishing: Any = None) -> int:
         """Write every buffered row now, on the calling thread; the number of rows written.
 
         ``finishing``: the pk of an execution whose final write follows at once (its buffered
-        progress is dropped, that write supersedes it)."""
-        with self._flushing:
+        progress is dropped, that write supersedes it). Inside a transaction, while another
+        thread's flush is writing, this writes nothing (0): the rows stay buffered for the
+        writer thread, which writes them once that transaction has ended (``_take_turn``)."""
+        written = self._flush(finishing=finishing)
+        if written is None:
+            if self._thread is None:
+                self._start()
+            return 0
+        return written
+
+    def _flush(self, *, finishing: Any = None) -> int | None:
+        """``flush``; None when it could not take its turn (see ``_take_turn``)."""
+        if not self._take_turn():
+            return None
+        try:
             with self._lock:
                 events, self._events = self._events, []
                 steps, self._steps = self._steps, []
@@ -165,6 +222,8 @@ class TrackingWriter:
             written = write_rows(events, snapshot, progress)
             self.written += written
             return written
+        finally:
+            self._flushing.release()
 
     def release_connection(self, timeout: float = 5.0) -> bool:
         """Have the writer thread write what is buffered and close its database connection now,

@@ -206,7 +206,8 @@ class ExecutionRun:
             # in one transaction — one commit to wait for (on a worker, outside any hold), and
             # whoever sees the status finds the history written too.
             self.history_first = False
-            with transaction.atomic():
+            # the flush's turn first, the transaction second (write_behind: lock order)
+            with get_writer().turn(), transaction.atomic():
                 flush_tracking(finishing=self.execution.pk)
                 self.execution.save(update_fields=update_fields)
             return

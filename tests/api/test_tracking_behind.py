@@ -409,3 +409,119 @@ def test_events_written_in_bulk_keep_every_character_and_value() -> None:
     }
     second = CoordinationEvent.objects.get(key="bulk:plain")
     assert second.token is None and second.owner == "" and second.detail == {}
+
+
+# -- flushes and the caller's transaction ------------------------------------------------------
+
+
+def _short_lock_waits() -> None:
+    """This thread's connection gives up a lock wait after 3 s instead of the busy timeout (a
+    deadlock, if the code under test had one, then ends the test in seconds, not hangs it)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET lock_timeout = '3s'")
+        elif connection.vendor == "sqlite":
+            cursor.execute("PRAGMA busy_timeout = 3000")
+
+
+def test_a_flush_inside_a_transaction_never_waits_for_a_flush_waiting_on_that_transaction(
+    settings: Any,
+) -> None:
+    """The writer's flush can be stuck on a lock the caller's transaction holds — SQLite's
+    write lock, or an execution row locked FOR UPDATE that its rows reference on PostgreSQL. A
+    row recorded inside that transaction must not wait for that flush in turn (each would wait
+    for the other; on SQLite until the busy timeout, failing every other writer meanwhile):
+    it is left to the writer, and no row of either side is lost."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from reactor_app.models import Execution
+    from reactor_app.tracking import record_coordination
+
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60  # only the flushes below write
+    execution = Execution.objects.start(reactor="behind.Deadlock", inputs={})
+    writer = get_writer()
+    writer.flush()
+    locked, errors = threading.Event(), []
+    took: dict[str, float] = {}
+
+    def record(key: str) -> None:
+        record_coordination("acquired", primitive="lock", key=key, execution_id=execution.pk)
+
+    def flush_on_the_side() -> None:
+        # the writer's part: a flush of a row that references the locked execution
+        try:
+            _short_lock_waits()
+            record("behind:deadlock:outside")
+            assert locked.wait(10)
+            writer.flush()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def transaction_side() -> None:
+        try:
+            _short_lock_waits()
+            with transaction.atomic():
+                Execution.objects.select_for_update().get(pk=execution.pk)
+                Execution.objects.filter(pk=execution.pk).update(heartbeat_at=timezone.now())
+                locked.set()
+                deadline = time.monotonic() + 10
+                while writer.pending and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the other flush has taken the buffer...
+                time.sleep(0.3)  # ...and waits for this transaction's lock
+                started = time.monotonic()
+                record("behind:deadlock:inside")
+                took["inside"] = time.monotonic() - started
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=flush_on_the_side),
+        threading.Thread(target=transaction_side),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert took["inside"] < 1.0, took  # it did not wait for the stuck flush
+    writer.flush()
+    keys = set(
+        CoordinationEvent.objects.filter(execution_id=execution.pk).values_list("key", flat=True)
+    )
+    assert keys == {"behind:deadlock:outside", "behind:deadlock:inside"}
+
+
+def test_a_runs_final_write_waits_for_a_flush_in_flight_and_carries_its_history(
+    settings: Any,
+) -> None:
+    """A run's final write takes the flush's turn before its transaction (so it never holds
+    the database while waiting for another flush): a flush in flight on another thread delays
+    it, and its history is still written with it — there when ``run`` returns."""
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60  # only the final write writes
+    writer = get_writer()
+    writer.flush()
+    held, let_go = threading.Event(), threading.Event()
+
+    def flush_in_flight() -> None:
+        with writer.turn():
+            held.set()
+            let_go.wait(10)
+
+    other = threading.Thread(target=flush_in_flight)
+    other.start()
+    assert held.wait(10)
+    threading.Timer(0.3, let_go.set).start()
+    try:
+        result = OneLockedStep.run()
+    finally:
+        let_go.set()
+        other.join(10)
+    assert result.ok
+    runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
+    assert runs.count() == 1
+    assert CoordinationEvent.objects.filter(execution_id=result.execution_id).count() == 2
