@@ -27,12 +27,13 @@ STEP_CLOSING_FIELDS = ("status", "finished_at", "error", "detail")
 class PendingStepRun:
     """One step run on its way to the database; mutate it only through ``TrackingWriter``."""
 
-    __slots__ = ("fields", "pk", "queued")
+    __slots__ = ("buffered", "fields", "pk", "queued")
 
     def __init__(self, fields: dict[str, Any]) -> None:
         self.fields = fields
         self.pk: int | None = None  # set once a flush inserted the row
-        self.queued = False
+        self.queued = False  # waiting in the buffer for the next flush
+        self.buffered = False  # ever handed to the buffer: its writes stay there, in order
 
 
 def write_rows(

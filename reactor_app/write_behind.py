@@ -18,14 +18,18 @@ after the close, otherwise the close becomes an UPDATE of the row the earlier fl
 ``flush()`` writes everything buffered on the calling thread (serialised with the writer
 thread). It runs at interpreter exit (``atexit``), at Celery worker shutdown, when a worker
 delivery ends and — unless ``REACTOR_TRACKING_FLUSH_ON_FINISH`` is off — when an in-process run
-ends (so a ``Result`` reader sees its rows), and whenever the caller is inside a database
-transaction: rows written from inside ``transaction.atomic`` ride in that transaction (a
-background connection could neither see the uncommitted execution row nor, on SQLite, write
-while the transaction holds the lock); whatever else was buffered in the process rides along.
-The one exception: while another thread's flush is writing, a flush inside a transaction does
-not wait for it (that flush may be waiting for the transaction's own locks — a deadlock no
-database can see); its rows stay buffered and the writer thread writes them after the
-transaction ends (``TrackingWriter._take_turn``).
+ends (so a ``Result`` reader sees its rows): then ``turn`` takes the flush lock *before* the
+final write's transaction opens, and the buffer is written in that transaction.
+
+**Inside a caller's transaction** (``transaction.atomic``: ``ATOMIC_REQUESTS``, a test case)
+rows never enter the buffer: each is written at once on the caller's connection, in that
+transaction — it may point to an execution row nobody else can see yet, and it must roll back
+with it. The buffer, in turn, never rides in a caller's transaction: its rows are other
+threads', which that transaction's rollback must not take with it, and a flush inside a
+transaction never waits for the flush lock — the flush holding it may be waiting for a lock
+that transaction holds (SQLite's write lock, an execution row locked ``FOR UPDATE``), a
+deadlock neither database can see. A step run the buffer has seen stays the buffer's, so its
+insert and its update keep their order.
 
 A hard crash (SIGKILL, power loss) loses what was buffered: at most one freshness bound of rows
 (or one buffer's worth) of that process. Executions themselves are never written behind.
@@ -67,10 +71,11 @@ class TrackingWriter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        #: one flush at a time, so a step run is inserted before its update is written.
-        #: Re-entrant: a run's final write holds it around its transaction (``turn``), then
-        #: flushes inside it. See ``_take_turn`` for the order it is taken in.
-        self._flushing = threading.RLock()
+        #: one flush of the buffer at a time, committed before it is let go: a step run is
+        #: inserted before its update is written, and its row is visible to the next flush
+        self._flushing = threading.Lock()
+        #: the thread holding ``_flushing`` through ``turn`` (a run's final write)
+        self._turn_owner: int | None = None
         #: field dicts of ``CoordinationEvent`` rows, ``detail`` not yet made JSON
         self._events: list[dict[str, Any]] = []
         self._steps: list[PendingStepRun] = []
@@ -87,42 +92,53 @@ class TrackingWriter:
     # -- the caller's side ------------------------------------------------------------------
 
     def add_event(self, fields: dict[str, Any]) -> None:
-        """Buffer one ``CoordinationEvent`` row (its fields; ``detail`` made JSON when written)."""
+        """Buffer one ``CoordinationEvent`` row (its fields; ``detail`` made JSON when written)
+        — or, inside a transaction, write it in that transaction (module docstring)."""
+        if _in_transaction():
+            self._count(write_rows([fields], [], {}))
+            return
         with self._lock:
             self._events.append(fields)
             self._arrived()
-        self._after_add()
+        self._ensure_thread()
 
     def update_step(self, pending: PendingStepRun, **fields: Any) -> None:
-        """Apply ``fields`` to ``pending`` and queue it for the next flush."""
+        """Apply ``fields`` to ``pending`` and queue it for the next flush — or write it in
+        the caller's transaction, if the buffer never had it (a step run the buffer has seen
+        stays the buffer's, so its insert and update keep their order)."""
+        snapshot = None
         with self._lock:
             pending.fields.update(fields)
-            if not pending.queued:
-                pending.queued = True
+            if not pending.buffered and _in_transaction():
+                snapshot = [(pending, pending.pk, dict(pending.fields))]
+            elif not pending.queued:
+                pending.queued = pending.buffered = True
                 self._steps.append(pending)
-            self._arrived()
-        self._after_add()
+            if snapshot is None:
+                self._arrived()
+        if snapshot is not None:
+            self._count(write_rows([], snapshot, {}))
+            return
+        self._ensure_thread()
 
     def update_execution(self, pk: Any, **fields: Any) -> None:
-        """Progress of an in-process run (its current step), written behind like its steps."""
+        """Progress of an in-process run (its current step), written behind like its steps
+        — or, inside a transaction, at once in it (like every row there)."""
+        if _in_transaction():
+            self._count(write_rows([], [], {pk: fields}))
+            return
         with self._lock:
             self._progress.setdefault(pk, {}).update(fields)
             self._arrived()
-        self._after_add()
+        self._ensure_thread()
 
     def forget_progress(self, pk: Any) -> None:
         """Drop an execution's buffered progress: a final write of its row supersedes it. A
-        flush in flight is waited for, so its progress write cannot land after that one —
-        unless the caller is inside a transaction (``_take_turn``); a late progress write
-        changes only a row still ``running`` (``tracking_store``), so it cannot undo the final
-        write either way."""
-        taken = self._take_turn()
-        try:
-            with self._lock:
-                self._progress.pop(pk, None)
-        finally:
-            if taken:
-                self._flushing.release()
+        flush in flight is waited for (outside a transaction, ``turn``), so its progress
+        write cannot land after that one; a late progress write changes only a row still
+        ``running`` (``tracking_store``) anyway."""
+        with self.turn(), self._lock:
+            self._progress.pop(pk, None)
 
     def _arrived(self) -> None:
         # called with the lock held
@@ -137,12 +153,12 @@ class TrackingWriter:
     def _size(self) -> int:
         return len(self._events) + len(self._steps) + len(self._progress)
 
-    def _after_add(self) -> None:
-        if transaction.get_connection().in_atomic_block and self._flush() is not None:
-            # Inside the caller's transaction: the rows belong to it (see the module docstring).
-            return
+    def _count(self, written: int) -> None:
+        with self._lock:
+            self.written += written
+
+    def _ensure_thread(self) -> None:
         if self._thread is None:
-            # Also when a flush inside a transaction had to leave its rows to the writer.
             self._start()
 
     def _start(self) -> None:
@@ -161,69 +177,59 @@ class TrackingWriter:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _take_turn(self) -> bool:
-        """Take the flush lock; whether it was taken.
-
-        Outside a transaction the caller waits for a flush in flight. Inside one it must not:
-        that flush (the writer thread's) may itself be waiting for a lock this transaction
-        holds — SQLite's write lock, taken when the transaction begins, or on PostgreSQL an
-        execution row locked ``FOR UPDATE`` that its rows reference — and neither database
-        can see a wait on a Python lock, so the two would wait for each other (on SQLite until
-        the busy timeout, failing every other process's writes meanwhile). So the lock is
-        always taken before a database lock, never after: inside a transaction only if it is
-        free (or already this thread's)."""
-        if transaction.get_connection().in_atomic_block:
-            return self._flushing.acquire(blocking=False)
-        self._flushing.acquire()
-        return True
-
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """Hold the flush lock around a transaction that will ``flush`` inside it (a run's
-        final write), so that it is taken before the transaction's database locks."""
-        taken = self._take_turn()
-        try:
+        """Hold the buffer's flush lock (waiting for a flush in flight) around a transaction
+        that will ``flush`` inside it: a run's final write, which carries the buffered history
+        with it. Taken before the transaction opens, never inside one: a flush in flight may
+        be waiting for a lock that transaction would hold (SQLite's write lock, an execution
+        row locked ``FOR UPDATE``) — a deadlock no database can see. Inside a caller's
+        transaction this takes nothing: the rows recorded in it are already written in it."""
+        me = threading.get_ident()
+        if self._turn_owner == me or _in_transaction():
             yield
-        finally:
-            if taken:
-                self._flushing.release()
+            return
+        with self._flushing:
+            self._turn_owner = me
+            try:
+                yield
+            finally:
+                self._turn_owner = None
 
     def flush(self, *, finishing: Any = None) -> int:
         """Write every buffered row now, on the calling thread; the number of rows written.
 
         ``finishing``: the pk of an execution whose final write follows at once (its buffered
-        progress is dropped, that write supersedes it). Inside a transaction, while another
-        thread's flush is writing, this writes nothing (0): the rows stay buffered for the
-        writer thread, which writes them once that transaction has ended (``_take_turn``)."""
-        written = self._flush(finishing=finishing)
-        if written is None:
-            if self._thread is None:
-                self._start()
-            return 0
-        return written
+        progress is dropped, that write supersedes it).
 
-    def _flush(self, *, finishing: Any = None) -> int | None:
-        """``flush``; None when it could not take its turn (see ``_take_turn``)."""
-        if not self._take_turn():
-            return None
-        try:
-            with self._lock:
-                events, self._events = self._events, []
-                steps, self._steps = self._steps, []
-                progress, self._progress = self._progress, {}
-                progress.pop(finishing, None)
-                self._oldest = None
-                # a consistent copy of each step run: its owner may change it right after
-                snapshot = [(pending, pending.pk, dict(pending.fields)) for pending in steps]
-                for pending in steps:
-                    pending.queued = False
-            if not events and not snapshot and not progress:
-                return 0
-            written = write_rows(events, snapshot, progress)
-            self.written += written
-            return written
-        finally:
-            self._flushing.release()
+        Inside a transaction (and outside ``turn``) this writes nothing: the rows recorded in
+        that transaction are already in it, and the buffer's rows — other threads', recorded
+        outside any transaction — must not ride in a transaction that may roll back, nor wait
+        for a flush in flight that may be waiting for this transaction's locks."""
+        if self._turn_owner == threading.get_ident():
+            return self._write_buffer(finishing)
+        if _in_transaction():
+            return 0
+        with self._flushing:
+            return self._write_buffer(finishing)
+
+    def _write_buffer(self, finishing: Any) -> int:
+        """Write what is buffered; the caller holds ``_flushing``."""
+        with self._lock:
+            events, self._events = self._events, []
+            steps, self._steps = self._steps, []
+            progress, self._progress = self._progress, {}
+            progress.pop(finishing, None)
+            self._oldest = None
+            # a consistent copy of each step run: its owner may change it right after
+            snapshot = [(pending, pending.pk, dict(pending.fields)) for pending in steps]
+            for pending in steps:
+                pending.queued = False
+        if not events and not snapshot and not progress:
+            return 0
+        written = write_rows(events, snapshot, progress)
+        self._count(written)
+        return written
 
     def release_connection(self, timeout: float = 5.0) -> bool:
         """Have the writer thread write what is buffered and close its database connection now,
@@ -274,6 +280,11 @@ class TrackingWriter:
 
 
 _writer = TrackingWriter()
+
+
+def _in_transaction() -> bool:
+    """Whether the calling thread is inside ``transaction.atomic`` (its default connection)."""
+    return bool(transaction.get_connection().in_atomic_block)
 
 
 def get_writer() -> TrackingWriter:

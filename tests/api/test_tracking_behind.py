@@ -525,3 +525,79 @@ def test_a_runs_final_write_waits_for_a_flush_in_flight_and_carries_its_history(
     runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
     assert runs.count() == 1
     assert CoordinationEvent.objects.filter(execution_id=result.execution_id).count() == 2
+
+
+def test_a_run_inside_a_callers_transaction_keeps_its_history_beside_a_flush_in_flight(
+    settings: Any,
+) -> None:
+    """Rows recorded inside a caller's transaction go into that transaction, not the buffer:
+    left to the writer thread, they would be written from its own connection before the
+    commit — pointing to an execution row it cannot see yet (PostgreSQL drops them as foreign
+    key violations) — whenever a flush happened to be in flight as the run ended."""
+    from django.db import transaction
+
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.1
+    writer = get_writer()
+    writer.flush()
+    held, let_go = threading.Event(), threading.Event()
+
+    def flush_in_flight() -> None:
+        with writer.turn():
+            held.set()
+            let_go.wait(10)
+
+    other = threading.Thread(target=flush_in_flight)
+    other.start()
+    assert held.wait(10)
+    try:
+        with transaction.atomic():
+            result = OneLockedStep.run()
+            let_go.set()
+            time.sleep(0.5)  # several freshness bounds with the transaction still open
+    finally:
+        let_go.set()
+        other.join(10)
+    assert result.ok
+    # no flush needed: the rows committed with the transaction
+    runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
+    assert runs.count() == 1
+    assert CoordinationEvent.objects.filter(execution_id=result.execution_id).count() == 2
+
+
+def test_a_transaction_that_rolls_back_takes_none_of_the_buffers_rows_with_it(
+    settings: Any,
+) -> None:
+    """The buffer holds other work's rows (recorded outside any transaction); a flush asked
+    for inside some thread's transaction must not carry them into it, or its rollback
+    silently loses them."""
+    from django.db import transaction
+
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60  # only the flushes below write
+    writer = get_writer()
+    writer.flush()
+    outcome = LockedNoop.call()  # its two events wait in the buffer
+    assert writer.pending >= 2
+    errors: list[BaseException] = []
+
+    class Rollback(Exception):
+        pass
+
+    def rolled_back() -> None:
+        try:
+            with transaction.atomic():
+                writer.flush()
+                raise Rollback
+        except Rollback:
+            pass
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=rolled_back)
+    thread.start()
+    thread.join(30)
+    assert errors == []
+    writer.flush()
+    kinds = CoordinationEvent.objects.filter(key="behind:call", token=outcome.value)
+    assert sorted(kinds.values_list("kind", flat=True)) == ["acquired", "released"]
