@@ -27,8 +27,8 @@ unreachable for longer than the shortest lease, ``lost`` is set to a ``LeaseLost
 ``on_lost`` is called once; the renewal then stops. ``on_extended(key, granted_ms)`` is called
 after each successful renewal, once per renewed lock or semaphore lease (period reservations
 are renewed without it: the callback names only a key, which a lock may share). ``stop()``
-removes the renewal and waits for a round in flight (one round trip at most), so no callback
-runs after it.
+removes the renewal and, when a round in flight is renewing it, waits for that round (one
+round trip at most), so no callback runs after it.
 """
 
 from __future__ import annotations
@@ -199,8 +199,10 @@ class RenewalScheduler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        #: held while a round talks to Redis and runs callbacks; ``remove`` waits for it
-        self._round = threading.Lock()
+        #: id() of the renewals of the round in flight (it talks to Redis and runs their
+        #: callbacks): ``remove`` waits for the round only when its renewal is in it
+        self._in_round: set[int] = set()
+        self._round_over = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, Renewal]] = []
         self._active: set[int] = set()  # id() of renewals not stopped
         self._order = itertools.count()
@@ -230,14 +232,20 @@ class RenewalScheduler:
                 self._wake.notify()
 
     def remove(self, renewal: Renewal, timeout: float = 5.0) -> None:
+        on_own_thread = threading.current_thread() is self._thread
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._active.discard(id(renewal))
             # entries of stopped renewals are dropped lazily when they reach the top
-        # A round in flight may be renewing it right now: let it finish (it skips the
-        # callbacks of stopped renewals), so nothing runs on its behalf after stop().
-        on_own_thread = threading.current_thread() is self._thread
-        if not on_own_thread and self._round.acquire(timeout=timeout):
-            self._round.release()
+            # A round in flight may be renewing it right now: let it finish (it skips the
+            # callbacks of stopped renewals), so nothing runs on its behalf after stop().
+            # Only a round it is in: one stuck on a slow Redis (or another client's) must not
+            # hold up every gate's exit in the process.
+            while not on_own_thread and id(renewal) in self._in_round:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._round_over.wait(timeout=left)
 
     def active(self) -> int:
         with self._lock:
@@ -270,15 +278,17 @@ class RenewalScheduler:
                         break
                     heapq.heappop(self._heap)
                     due.append(renewal)
-            with self._round:
-                try:
-                    self._renew(due)
-                except Exception:  # never let the thread die silently
-                    logger.exception("renewal round crashed")
-                    for renewal in due:
-                        renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
-                self.rounds += 1
+                self._in_round = {id(renewal) for renewal in due}
+            try:
+                self._renew(due)
+            except Exception:  # never let the thread die silently
+                logger.exception("renewal round crashed")
+                for renewal in due:
+                    renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
             with self._lock:
+                self.rounds += 1
+                self._in_round = set()
+                self._round_over.notify_all()
                 for renewal in due:
                     if id(renewal) in self._active and renewal.lost is None:
                         heapq.heappush(self._heap, (renewal.due, next(self._order), renewal))

@@ -221,6 +221,46 @@ def test_a_body_three_times_the_ttl_stays_exclusive_with_renewal(
     assert entered >= holder_left  # the contender got in only after the long body ended
 
 
+class SlowRenewals(Coordinator):
+    """A coordinator whose renewal round trips take ``delay`` seconds: a Redis that answers
+    slowly (or a connection timing out), for the renewals of this coordinator only."""
+
+    def __init__(self, *args: Any, delay: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay = delay
+        self.renewing = threading.Event()
+
+    def extend_many(self, *args: Any, **kwargs: Any) -> Any:
+        self.renewing.set()
+        time.sleep(self.delay)
+        return super().extend_many(*args, **kwargs)
+
+
+def test_a_renewal_round_stuck_on_a_slow_redis_holds_up_no_other_holds_release(
+    prefix: str,
+) -> None:
+    """The process has one renewal thread; ``stop()`` waits for a round only when that round
+    is renewing its own holds. Waiting for any round would hold every gate's exit in the
+    process hostage to one slow client (up to the connect or command timeout)."""
+    client = get_client(redis_url())
+    slow = SlowRenewals(client=client, prefix=prefix, delay=2.0)
+    quick = Coordinator(client=client, prefix=prefix)
+    stuck = slow.admit([LockClaim("slow", ttl=0.6)], holder("slow"))  # renewed every 0.2 s
+    other = quick.admit([LockClaim("other", ttl=60)], holder("other"))  # not due for 20 s
+    assert isinstance(stuck, Admitted) and isinstance(other, Admitted)
+    try:
+        with Renewal(stuck, coordinator=slow):
+            assert slow.renewing.wait(5)  # its round is out, waiting on the slow answer
+            renewal = Renewal(other, coordinator=quick).start()
+            started = time.monotonic()
+            renewal.stop()
+            took = time.monotonic() - started
+    finally:
+        quick.release(other, "success")
+        quick.release(stuck, "success")
+    assert took < 0.5, took
+
+
 def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:
     coordinator = child_coordinator(url, prefix)
     admitted = coordinator.admit(claims, holder(f"doomed-{os.getpid()}"))
