@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterable
@@ -27,7 +28,12 @@ from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
 from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
-from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable, ReactorError
+from reactor_app.exceptions import (
+    CoordinationUnavailable,
+    IdempotencyKeyReused,
+    InputNotSerializable,
+    ReactorError,
+)
 from reactor_app.models import Execution
 from reactor_app.serialization import encode, to_json
 from reactor_app.status import ExecutionStatus
@@ -160,8 +166,15 @@ def run_async(
                 context=_worker_context(),
                 idempotency_key=idempotency_key,
             )
-            _take_position_at_enqueue(reactor, inputs, execution)
-            enqueue_on_commit(execution.id)
+            if reactor.ordered_lock_config is None:
+                enqueue_on_commit(execution.id)
+            else:
+                # after the commit, not inside the transaction: a rollback must not leave a
+                # position in the line that nobody will ever run (the line would wait for it
+                # for a whole poison-pill timeout), nor a slow Redis hold the transaction open
+                transaction.on_commit(
+                    functools.partial(_take_position_then_enqueue, reactor, inputs, execution)
+                )
     except IntegrityError:
         # A concurrent call with the same key won the insert (the unique constraint decides).
         existing = _same_call(reactor, stored_inputs, idempotency_key)
@@ -193,12 +206,21 @@ def _same_call(
     return existing
 
 
+def _take_position_then_enqueue(
+    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
+) -> None:
+    """Once the new execution's row is committed: its ordered-lock position, then the task."""
+    _take_position_at_enqueue(reactor, inputs, execution)
+    _enqueue_or_leave_to_sweeper(execution.id, None)
+
+
 def _take_position_at_enqueue(
     reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
 ) -> None:
     """A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4), so the position is
-    taken now: with several workers, the order in which deliveries start is not the order in
-    which runs were enqueued. The executor finds it under the reactor's slot and reuses it."""
+    taken now — when the run is committed, before its task is sent: with several workers, the
+    order in which deliveries start is not the order in which runs were enqueued. The executor
+    finds it under the reactor's slot and reuses it."""
     declaration = reactor.ordered_lock_config
     if declaration is None:
         return
@@ -210,6 +232,14 @@ def _take_position_at_enqueue(
             Holder(owner=execution_id, execution_id=execution_id, reactor=reactor.path()),
             declaration.ttl,
         )
+    except CoordinationUnavailable:
+        # the run is committed: it runs, and its first pass takes a position (docs/operations.md)
+        logger.warning(
+            "could not take the ordered-lock position of %s at enqueue; its worker will",
+            execution_id,
+            exc_info=True,
+        )
+        return
     except ReactorError:
         return  # the worker's gate meets the same problem and fails the run with it
     context = dict(execution.context or {})

@@ -24,3 +24,24 @@ def test_runs_pass_the_line_in_enqueue_order(worker: Any) -> None:
         assert execution.wait(timeout=90).ok
     assert [entry["n"] for entry in records("passed")] == list(range(8))
     assert_ordered_lock("queue:k", last_completed=nonces[-1], first_failed=None)
+
+
+def test_a_run_async_rolled_back_with_its_transaction_leaves_no_position_in_the_line() -> None:
+    """The position is taken once the execution's row is committed: a ``run_async`` inside a
+    transaction that rolls back must not leave a position nobody will run — every later run
+    of the line would wait a whole poison-pill timeout for it."""
+    from django.db import transaction
+
+    from reactor_app.coordination.ordered_lock import ordered_state
+    from reactor_app.models import Execution
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        EnqueueOrderedReactor.run_async(key="rolled-back", n=0)
+        raise Rollback
+    assert not Execution.objects.filter(reactor=EnqueueOrderedReactor.path()).exists()
+    line = ordered_state("queue:rolled-back")
+    # no epoch: nothing was ever assigned on this line
+    assert (line.epoch, line.next, line.positions) == (None, 1, [])
