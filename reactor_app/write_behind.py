@@ -18,8 +18,9 @@ after the close, otherwise the close becomes an UPDATE of the row the earlier fl
 ``flush()`` writes everything buffered on the calling thread (serialised with the writer
 thread). It runs at interpreter exit (``atexit``), at Celery worker shutdown, when a worker
 delivery ends and — unless ``REACTOR_TRACKING_FLUSH_ON_FINISH`` is off — when an in-process run
-ends (so a ``Result`` reader sees its rows): then ``turn`` takes the flush lock *before* the
-final write's transaction opens, and the buffer is written in that transaction.
+ends (so a ``Result`` reader sees its rows): then ``turn`` takes the flush lock before the
+buffer is written and holds it through the final write, which follows the buffer's own commit
+(the buffer holds other threads' rows: a final write that fails must not roll them back).
 
 **Inside a caller's transaction** (``transaction.atomic``: ``ATOMIC_REQUESTS``, a test case)
 rows never enter the buffer: each is written at once on the caller's connection, in that
@@ -179,12 +180,12 @@ class TrackingWriter:
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """Hold the buffer's flush lock (waiting for a flush in flight) around a transaction
-        that will ``flush`` inside it: a run's final write, which carries the buffered history
-        with it. Taken before the transaction opens, never inside one: a flush in flight may
-        be waiting for a lock that transaction would hold (SQLite's write lock, an execution
-        row locked ``FOR UPDATE``) — a deadlock no database can see. Inside a caller's
-        transaction this takes nothing: the rows recorded in it are already written in it."""
+        """Hold the buffer's flush lock (waiting for a flush in flight) while this thread
+        flushes and then writes what must follow the flush: a run's final write, whose history
+        is then written first. Never taken inside a transaction: a flush in flight may be
+        waiting for a lock that transaction holds (SQLite's write lock, an execution row locked
+        ``FOR UPDATE``) — a deadlock no database can see. Inside a caller's transaction this
+        takes nothing: the rows recorded in it are already written in it."""
         me = threading.get_ident()
         if self._turn_owner == me or _in_transaction():
             yield
@@ -212,6 +213,16 @@ class TrackingWriter:
             return 0
         with self._flushing:
             return self._write_buffer(finishing)
+
+    def discard(self) -> int:
+        """Drop every buffered row unwritten; the number dropped. For a test that ends inside
+        its own transaction (``reactor_app.testing``): its rows would be rolled back with it,
+        and written later by the writer thread they would land in the next test's data."""
+        with self._lock:
+            dropped = self._size()
+            self._events, self._steps, self._progress = [], [], {}
+            self._oldest = None
+            return dropped
 
     def _write_buffer(self, finishing: Any) -> int:
         """Write what is buffered; the caller holds ``_flushing``."""

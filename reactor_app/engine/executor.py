@@ -78,7 +78,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.coordination.registry import HoldRegistry
@@ -145,7 +144,7 @@ class ExecutionRun:
         self.requeue_in: float | None = None
         #: called before every checkpoint; a delivery checks its claim there
         self.on_persist: Callable[[], None] | None = parent.on_persist if parent else None
-        #: the next ``persist`` writes the buffered tracking rows first, in its transaction
+        #: the next ``persist`` writes the buffered tracking rows first (``persist``)
         self.history_first = False
         self.last_end: RunEnd | None = None
         #: the owners that handed this tree off (``engine.hand_off_guard.dispatcher_owners``)
@@ -202,12 +201,13 @@ class ExecutionRun:
             setattr(self.execution, name, value)
         update_fields = ["context", "heartbeat_at", "updated_at", *fields.keys()]
         if self.history_first:
-            # The end of a pass: its buffered step runs and events, then the row's new status,
-            # in one transaction — one commit to wait for (on a worker, outside any hold), and
-            # whoever sees the status finds the history written too.
+            # The end of a pass: its buffered step runs and events, then the row's new status
+            # — whoever sees the status finds the history written. The flush lock is taken
+            # before any database lock and held until both are committed (write_behind). The
+            # buffer commits on its own: it also holds other threads' rows, which a failed
+            # final write must not roll back with it.
             self.history_first = False
-            # the flush's turn first, the transaction second (write_behind: lock order)
-            with get_writer().turn(), transaction.atomic():
+            with get_writer().turn():
                 flush_tracking(finishing=self.execution.pk)
                 self.execution.save(update_fields=update_fields)
             return

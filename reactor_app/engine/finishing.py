@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 def finish_pass(run: ExecutionRun, end: RunEnd) -> None:
     """Write the end of this pass onto the execution row and emit its event."""
     if run.park_on_contention or reactor_settings.TRACKING_FLUSH_ON_FINISH:
-        # The pass's buffered step runs and events go with the row's final write (persist):
-        # whoever sees the row's new status (a Result, execution.wait()) finds its history
-        # written too — in bulk, O(1) statements whatever the number of steps
-        # (docs/operations.md).
+        # The pass's buffered step runs and events are written just before the row's final
+        # write (persist): whoever sees the row's new status (a Result, execution.wait())
+        # finds its history written too — in bulk, O(1) statements whatever the number of
+        # steps (docs/operations.md).
         run.history_first = True
     else:
         # In-process with the flush turned off, the caller waits for none of its history

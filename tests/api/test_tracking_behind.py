@@ -601,3 +601,29 @@ def test_a_transaction_that_rolls_back_takes_none_of_the_buffers_rows_with_it(
     writer.flush()
     kinds = CoordinationEvent.objects.filter(key="behind:call", token=outcome.value)
     assert sorted(kinds.values_list("kind", flat=True)) == ["acquired", "released"]
+
+
+def test_a_final_write_that_fails_rolls_back_no_other_works_rows(settings: Any) -> None:
+    """A run's final write flushes the buffer first — which also holds other work's rows. The
+    buffer commits on its own: a final write that then fails (here: the run's row was
+    deleted while it ran) must not take those rows down with it."""
+    from reactor_app.models import Execution
+
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60  # only the flushes below write
+    writer = get_writer()
+    writer.flush()
+    outcome = LockedNoop.call()  # another piece of work: its two events wait in the buffer
+
+    class Vanishing(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            Execution.objects.filter(pk=context.execution_id).delete()
+            return Success(None)
+
+    class Doomed(Reactor):
+        only = step(Vanishing)
+
+    with pytest.raises(Exception, match="did not affect any rows"):
+        Doomed.run()
+    writer.flush()
+    kinds = CoordinationEvent.objects.filter(key="behind:call", token=outcome.value)
+    assert sorted(kinds.values_list("kind", flat=True)) == ["acquired", "released"]
