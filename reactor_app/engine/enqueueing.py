@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import uuid
@@ -23,13 +24,17 @@ from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import WAITING_PREFIX, Holder
+from reactor_app.coordination.claims import (
+    WAITING_PREFIX,
+    Admitted,
+    Hold,
+    Holder,
+)
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
 from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
-    CoordinationUnavailable,
     IdempotencyKeyReused,
     InputNotSerializable,
     ReactorError,
@@ -166,14 +171,15 @@ def run_async(
                 context=_worker_context(),
                 idempotency_key=idempotency_key,
             )
-            if reactor.ordered_lock_config is None:
+            line = _ordered_line(reactor, inputs)
+            if line is None:
                 enqueue_on_commit(execution.id)
             else:
                 # after the commit, not inside the transaction: a rollback must not leave a
                 # position in the line that nobody will ever run (the line would wait for it
                 # for a whole poison-pill timeout), nor a slow Redis hold the transaction open
                 transaction.on_commit(
-                    functools.partial(_take_position_then_enqueue, reactor, inputs, execution)
+                    functools.partial(_take_position_then_enqueue, reactor, line, execution)
                 )
     except IntegrityError:
         # A concurrent call with the same key won the insert (the unique constraint decides).
@@ -206,50 +212,77 @@ def _same_call(
     return existing
 
 
-def _take_position_then_enqueue(
-    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
-) -> None:
-    """Once the new execution's row is committed: its ordered-lock position, then the task."""
-    _take_position_at_enqueue(reactor, inputs, execution)
+def _ordered_line(reactor: type[Reactor], inputs: dict[str, Any]) -> str | None:
+    """The key of the reactor-level ordered lock a run of ``inputs`` queues on (computed now,
+    from the inputs as they are at the call), or None: no such lock, or a key that cannot be
+    computed — the worker's gate meets the same problem and fails the run with it."""
+    declaration = reactor.ordered_lock_config
+    if declaration is None:
+        return None
+    try:
+        key: str = declaration.compute_key(inputs, reactor=reactor.path(), step=None)
+    except ReactorError:
+        return None
+    return key
+
+
+def _take_position_then_enqueue(reactor: type[Reactor], line: str, execution: Execution) -> None:
+    """Once the new execution's row is committed: its ordered-lock position, then its task.
+
+    A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4): with several
+    workers, the order in which deliveries start is not the order in which runs were enqueued,
+    so the position is taken here and the executor finds it under the reactor's slot. Never
+    raises (an on-commit hook that raised would make a committed call look failed): what goes
+    wrong is logged, and the run still goes to a worker, whose first pass takes a position.
+    """
+    # Compare-and-set on the heartbeat first (as the sweeper does): from here the sweeper
+    # leaves the row alone, so it cannot be sent to a worker before its position is saved —
+    # and if the sweeper got to a stale row first (a caller's transaction older than
+    # REACTOR_SWEEP_AFTER), that run is already on its way and takes its position itself.
+    try:
+        fresh = timezone.now()
+        won = Execution.objects.filter(pk=execution.pk, heartbeat_at=execution.heartbeat_at)
+        if not won.update(heartbeat_at=fresh):
+            return
+        execution.heartbeat_at = fresh
+    except Exception:
+        logger.exception("could not take execution %s to enqueue it", execution.id)
+        return  # the sweeper enqueues it
+    _take_position_at_enqueue(reactor, line, execution)
     _enqueue_or_leave_to_sweeper(execution.id, None)
 
 
-def _take_position_at_enqueue(
-    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
-) -> None:
-    """A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4), so the position is
-    taken now — when the run is committed, before its task is sent: with several workers, the
-    order in which deliveries start is not the order in which runs were enqueued. The executor
-    finds it under the reactor's slot and reuses it."""
+def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Execution) -> None:
     declaration = reactor.ordered_lock_config
-    if declaration is None:
-        return
+    assert declaration is not None
     execution_id = str(execution.id)
+    holder = Holder(owner=execution_id, execution_id=execution_id, reactor=reactor.path())
+    coordinator = Coordinator()
     try:
-        key = declaration.compute_key(inputs, reactor=reactor.path(), step=None)
-        position = Coordinator().assign_position(
-            key,
-            Holder(owner=execution_id, execution_id=execution_id, reactor=reactor.path()),
-            declaration.ttl,
-        )
-    except CoordinationUnavailable:
-        # the run is committed: it runs, and its first pass takes a position (docs/operations.md)
+        position = coordinator.assign_position(line, holder, declaration.ttl)
+    except Exception:
         logger.warning(
             "could not take the ordered-lock position of %s at enqueue; its worker will",
             execution_id,
             exc_info=True,
         )
         return
-    except ReactorError:
-        return  # the worker's gate meets the same problem and fails the run with it
     context = dict(execution.context or {})
     context.setdefault("ordered", {})[REACTOR_SLOT] = {
-        "key": key,
+        "key": line,
         "nonce": position.nonce,
         "epoch": position.epoch,
     }
+    try:
+        Execution.objects.filter(pk=execution.pk).update(context=context)
+    except Exception:
+        logger.exception("could not save the ordered-lock position of %s", execution_id)
+        # nobody will run that position: let the line move past it at once
+        claim = declaration.claim(line, position)
+        with contextlib.suppress(Exception):
+            coordinator.release(Admitted(holds=[Hold(claim, fresh=True)], holder=holder), "halt")
+        return
     execution.context = context
-    execution.save(update_fields=["context"])
 
 
 def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:

@@ -45,3 +45,23 @@ def test_a_run_async_rolled_back_with_its_transaction_leaves_no_position_in_the_
     line = ordered_state("queue:rolled-back")
     # no epoch: nothing was ever assigned on this line
     assert (line.epoch, line.next, line.positions) == (None, 1, [])
+
+
+def test_a_run_the_sweeper_took_first_keeps_no_second_position() -> None:
+    """The position is taken after the commit; if the sweeper took the committed row first (a
+    caller's transaction older than ``REACTOR_SWEEP_AFTER`` leaves it stale at once), that run
+    is already on its way and takes its own position: the enqueue step must not add another,
+    nor overwrite the row's state."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from reactor_app.coordination.ordered_lock import ordered_state
+    from reactor_app.models import Execution
+
+    with transaction.atomic():
+        execution = EnqueueOrderedReactor.run_async(key="swept", n=0)
+        # what the sweeper's compare-and-set on the heartbeat does when it wins
+        Execution.objects.filter(pk=execution.pk).update(heartbeat_at=timezone.now())
+    line = ordered_state("queue:swept")
+    assert (line.epoch, line.next, line.positions) == (None, 1, [])
+    assert not Execution.objects.get(pk=execution.pk).context["ordered"]
