@@ -199,10 +199,10 @@ class RenewalScheduler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        #: id() of the renewals of the round in flight (it talks to Redis and runs their
-        #: callbacks): ``remove`` waits for the round only when its renewal is in it
-        self._in_round: set[int] = set()
-        self._round_over = threading.Condition(self._lock)
+        #: id() of the renewals the round in flight is renewing right now (one client's
+        #: pipeline and its callbacks): ``remove`` waits only while its renewal is among them
+        self._renewing: set[int] = set()
+        self._part_done = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, Renewal]] = []
         self._active: set[int] = set()  # id() of renewals not stopped
         self._order = itertools.count()
@@ -237,15 +237,15 @@ class RenewalScheduler:
         with self._lock:
             self._active.discard(id(renewal))
             # entries of stopped renewals are dropped lazily when they reach the top
-            # A round in flight may be renewing it right now: let it finish (it skips the
-            # callbacks of stopped renewals), so nothing runs on its behalf after stop().
-            # Only a round it is in: one stuck on a slow Redis (or another client's) must not
-            # hold up every gate's exit in the process.
-            while not on_own_thread and id(renewal) in self._in_round:
+            # The round in flight may be renewing it right now: let that part finish, so
+            # nothing runs on its behalf after stop() (a part not begun yet skips stopped
+            # renewals). Only its own part: another client's pipeline, stuck on a slow Redis,
+            # must not hold up every gate's exit in the process.
+            while not on_own_thread and id(renewal) in self._renewing:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._round_over.wait(timeout=left)
+                self._part_done.wait(timeout=left)
 
     def active(self) -> int:
         with self._lock:
@@ -278,29 +278,35 @@ class RenewalScheduler:
                         break
                     heapq.heappop(self._heap)
                     due.append(renewal)
-                self._in_round = {id(renewal) for renewal in due}
             try:
                 self._renew(due)
             except Exception:  # never let the thread die silently
                 logger.exception("renewal round crashed")
                 for renewal in due:
                     renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
+            finally:
+                self._renewing_now([])
             with self._lock:
                 self.rounds += 1
-                self._in_round = set()
-                self._round_over.notify_all()
                 for renewal in due:
                     if id(renewal) in self._active and renewal.lost is None:
                         heapq.heappush(self._heap, (renewal.due, next(self._order), renewal))
                     else:
                         self._active.discard(id(renewal))
 
+    def _renewing_now(self, renewals: list[Renewal]) -> list[Renewal]:
+        """Mark the part of the round about to run (its renewals not stopped meanwhile, which
+        it returns) and let ``remove`` calls waiting for the previous part go."""
+        with self._lock:
+            live = [renewal for renewal in renewals if not renewal.stopped]
+            self._renewing = {id(renewal) for renewal in live}
+            self._part_done.notify_all()
+            return live
+
     def _renew(self, due: list[Renewal]) -> None:
         """One round: every due renewal's leases in one pipeline per client and key prefix."""
         live: list[Renewal] = []
-        for renewal in due:
-            if renewal.stopped:
-                continue
+        for renewal in self._renewing_now(due):
             if renewal.expired():
                 # paused past the lease: renewing now could only find it gone, or worse
                 renewal._lose(renewal.holds[0], "lease expired by the clock before renewal")
@@ -311,7 +317,10 @@ class RenewalScheduler:
         for renewal in live:
             coordinator = renewal.coordinator
             by_client.setdefault((id(coordinator.client), coordinator.prefix), []).append(renewal)
-        for group in by_client.values():
+        for everyone in by_client.values():
+            group = self._renewing_now(everyone)
+            if not group:
+                continue
             sent_at = time.monotonic()
             try:
                 answers = group[0].coordinator.extend_many(

@@ -261,6 +261,32 @@ def test_a_renewal_round_stuck_on_a_slow_redis_holds_up_no_other_holds_release(
     assert took < 0.5, took
 
 
+def test_a_renewal_due_with_a_stuck_one_stops_without_waiting_for_its_client(
+    prefix: str,
+) -> None:
+    """Renewals due together share a round, one pipeline per client and prefix. One whose
+    pipeline has not gone out yet (another client's is stuck before it) stops at once: that
+    part of the round skips it."""
+    client = get_client(redis_url())
+    slow = SlowRenewals(client=client, prefix=prefix, delay=2.0)
+    quick = Coordinator(client=client, prefix=f"{prefix}:other")
+    first = slow.admit([LockClaim("slow", ttl=0.6)], holder("slow"))
+    second = quick.admit([LockClaim("other", ttl=0.6)], holder("other"))  # due with it
+    assert isinstance(first, Admitted) and isinstance(second, Admitted)
+    stuck = Renewal(first, coordinator=slow).start()
+    renewal = Renewal(second, coordinator=quick).start()
+    try:
+        assert slow.renewing.wait(5)  # the round is out, stuck on the slow answer
+        started = time.monotonic()
+        renewal.stop()
+        took = time.monotonic() - started
+    finally:
+        stuck.stop()
+        quick.release(second, "success")
+        slow.release(first, "success")
+    assert took < 0.5, took
+
+
 def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:
     coordinator = child_coordinator(url, prefix)
     admitted = coordinator.admit(claims, holder(f"doomed-{os.getpid()}"))
