@@ -79,9 +79,13 @@ def _connection_factory() -> _CoordinationConnectionFactory:
 
 
 def _forget_connections_after_fork() -> None:
-    """Give a forked child its own pools instead of the parent's sockets."""
+    """Give a forked child its own pools instead of the parent's sockets — and its own guard:
+    a fork while another thread of the parent held it (building a cluster client, which maps
+    the slots over the network) would leave the child's copy locked forever."""
     global _factory
     global _default_client
+    global _clients_guard
+    _clients_guard = threading.Lock()
     _factory = None
     _default_client = None
     _clients.clear()

@@ -423,6 +423,27 @@ def test_a_forked_child_never_reuses_its_parents_wake_subscription(prefix: str) 
 _FORK_CLIENT: Any = None
 
 
+def test_a_child_forked_while_a_client_was_being_built_can_build_its_own() -> None:
+    """The guard around building a client is held while a cluster client maps its slots over
+    the network; a fork at that moment (a prefork worker pool) must not leave the child's
+    copy of it locked forever."""
+    from reactor_app.coordination import redis as coordination_redis
+
+    guard = coordination_redis._clients_guard
+    assert guard.acquire(timeout=10)  # as a thread building a client would hold it
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            pending = pool.apply_async(_pings_a_fresh_client, (redis_url(),))
+            answered = pending.get(timeout=20)
+    finally:
+        guard.release()
+    assert answered is True
+
+
+def _pings_a_fresh_client(url: str) -> bool:
+    return bool(get_client(url).ping())
+
+
 def _borrows_the_kept_subscription(kept_id: int) -> bool:
     return id(subscriptions.borrow(_FORK_CLIENT)) == kept_id
 
