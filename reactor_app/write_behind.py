@@ -18,9 +18,9 @@ after the close, otherwise the close becomes an UPDATE of the row the earlier fl
 ``flush()`` writes everything buffered on the calling thread (serialised with the writer
 thread). It runs at interpreter exit (``atexit``), at Celery worker shutdown, when a worker
 delivery ends and — unless ``REACTOR_TRACKING_FLUSH_ON_FINISH`` is off — when an in-process run
-ends (so a ``Result`` reader sees its rows): then ``turn`` takes the flush lock before the
-buffer is written and holds it through the final write, which follows the buffer's own commit
-(the buffer holds other threads' rows: a final write that fails must not roll them back).
+ends (so a ``Result`` reader sees its rows) — just before the run's final write, in a
+transaction of its own (the buffer holds other threads' rows: a final write that fails must not
+roll them back).
 
 **Inside a caller's transaction** (``transaction.atomic``: ``ATOMIC_REQUESTS``, a test case)
 rows never enter the buffer: each is written at once on the caller's connection, in that
@@ -75,8 +75,6 @@ class TrackingWriter:
         #: one flush of the buffer at a time, committed before it is let go: a step run is
         #: inserted before its update is written, and its row is visible to the next flush
         self._flushing = threading.Lock()
-        #: the thread holding ``_flushing`` through ``turn`` (a run's final write)
-        self._turn_owner: int | None = None
         #: field dicts of ``CoordinationEvent`` rows, ``detail`` not yet made JSON
         self._events: list[dict[str, Any]] = []
         self._steps: list[PendingStepRun] = []
@@ -180,35 +178,27 @@ class TrackingWriter:
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """Hold the buffer's flush lock (waiting for a flush in flight) while this thread
-        flushes and then writes what must follow the flush: a run's final write, whose history
-        is then written first. Never taken inside a transaction: a flush in flight may be
-        waiting for a lock that transaction holds (SQLite's write lock, an execution row locked
-        ``FOR UPDATE``) — a deadlock no database can see. Inside a caller's transaction this
-        takes nothing: the rows recorded in it are already written in it."""
-        me = threading.get_ident()
-        if self._turn_owner == me or _in_transaction():
+        """Hold the buffer's flush lock, after any flush in flight. Never inside a transaction:
+        that flush may be waiting for a lock the transaction holds (SQLite's write lock, an
+        execution row locked ``FOR UPDATE``) — a deadlock no database can see — so there this
+        takes nothing."""
+        if _in_transaction():
             yield
             return
         with self._flushing:
-            self._turn_owner = me
-            try:
-                yield
-            finally:
-                self._turn_owner = None
+            yield
 
     def flush(self, *, finishing: Any = None) -> int:
-        """Write every buffered row now, on the calling thread; the number of rows written.
+        """Write every buffered row now, on the calling thread, in a transaction of its own;
+        the number of rows written.
 
         ``finishing``: the pk of an execution whose final write follows at once (its buffered
         progress is dropped, that write supersedes it).
 
-        Inside a transaction (and outside ``turn``) this writes nothing: the rows recorded in
-        that transaction are already in it, and the buffer's rows — other threads', recorded
-        outside any transaction — must not ride in a transaction that may roll back, nor wait
-        for a flush in flight that may be waiting for this transaction's locks."""
-        if self._turn_owner == threading.get_ident():
-            return self._write_buffer(finishing)
+        Inside a transaction this writes nothing: the rows recorded in that transaction are
+        already in it, and the buffer's rows — other threads', recorded outside any
+        transaction — must not ride in a transaction that may roll back, nor wait for a flush
+        in flight that may be waiting for this transaction's locks."""
         if _in_transaction():
             return 0
         with self._flushing:

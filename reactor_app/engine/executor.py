@@ -202,15 +202,11 @@ class ExecutionRun:
         update_fields = ["context", "heartbeat_at", "updated_at", *fields.keys()]
         if self.history_first:
             # The end of a pass: its buffered step runs and events, then the row's new status
-            # — whoever sees the status finds the history written. The flush lock is taken
-            # before any database lock and held until both are committed (write_behind). The
-            # buffer commits on its own: it also holds other threads' rows, which a failed
-            # final write must not roll back with it.
+            # — whoever sees the status finds the history written. The buffer commits on its
+            # own (write_behind): it also holds other threads' rows, which a failed final
+            # write must not roll back with it.
             self.history_first = False
-            with get_writer().turn():
-                flush_tracking(finishing=self.execution.pk)
-                self.execution.save(update_fields=update_fields)
-            return
+            flush_tracking(finishing=self.execution.pk)
         self.execution.save(update_fields=update_fields)
 
     def checkpoint(self, **fields: Any) -> None:

@@ -499,9 +499,10 @@ def test_a_flush_inside_a_transaction_never_waits_for_a_flush_waiting_on_that_tr
 def test_a_runs_final_write_waits_for_a_flush_in_flight_and_carries_its_history(
     settings: Any,
 ) -> None:
-    """A run's final write takes the flush's turn before its transaction (so it never holds
-    the database while waiting for another flush): a flush in flight on another thread delays
-    it, and its history is still written with it — there when ``run`` returns."""
+    """A run's final write flushes the buffer first, outside any transaction of its own (so it
+    never holds the database while it waits for another flush): a flush in flight on another
+    thread delays it, and its history is still written before it — there when ``run``
+    returns."""
     settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60  # only the final write writes
     writer = get_writer()
     writer.flush()
