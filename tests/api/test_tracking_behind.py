@@ -13,6 +13,7 @@ in it (``reactor_app.write_behind``), which is not the path under test here.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -496,6 +497,35 @@ def test_a_flush_inside_a_transaction_never_waits_for_a_flush_waiting_on_that_tr
     assert keys == {"behind:deadlock:outside", "behind:deadlock:inside"}
 
 
+@contextlib.contextmanager
+def flush_in_flight() -> Iterator[threading.Event]:
+    """Another thread holds the writer's flush lock, as a flush in flight does, until the
+    yielded event is set (or the block ends)."""
+    writer = get_writer()
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with writer.turn():
+            held.set()
+            let_go.wait(10)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    assert held.wait(10)
+    try:
+        yield let_go
+    finally:
+        let_go.set()
+        other.join(10)
+
+
+def assert_history_of_one_locked_step(result: Any) -> None:
+    assert result.ok
+    runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
+    assert runs.count() == 1
+    assert CoordinationEvent.objects.filter(execution_id=result.execution_id).count() == 2
+
+
 def test_a_runs_final_write_waits_for_a_flush_in_flight_and_carries_its_history(
     settings: Any,
 ) -> None:
@@ -504,28 +534,11 @@ def test_a_runs_final_write_waits_for_a_flush_in_flight_and_carries_its_history(
     thread delays it, and its history is still written before it — there when ``run``
     returns."""
     settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60  # only the final write writes
-    writer = get_writer()
-    writer.flush()
-    held, let_go = threading.Event(), threading.Event()
-
-    def flush_in_flight() -> None:
-        with writer.turn():
-            held.set()
-            let_go.wait(10)
-
-    other = threading.Thread(target=flush_in_flight)
-    other.start()
-    assert held.wait(10)
-    threading.Timer(0.3, let_go.set).start()
-    try:
+    get_writer().flush()
+    with flush_in_flight() as let_go:
+        threading.Timer(0.3, let_go.set).start()
         result = OneLockedStep.run()
-    finally:
-        let_go.set()
-        other.join(10)
-    assert result.ok
-    runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
-    assert runs.count() == 1
-    assert CoordinationEvent.objects.filter(execution_id=result.execution_id).count() == 2
+    assert_history_of_one_locked_step(result)
 
 
 def test_a_run_inside_a_callers_transaction_keeps_its_history_beside_a_flush_in_flight(
@@ -538,31 +551,13 @@ def test_a_run_inside_a_callers_transaction_keeps_its_history_beside_a_flush_in_
     from django.db import transaction
 
     settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.1
-    writer = get_writer()
-    writer.flush()
-    held, let_go = threading.Event(), threading.Event()
-
-    def flush_in_flight() -> None:
-        with writer.turn():
-            held.set()
-            let_go.wait(10)
-
-    other = threading.Thread(target=flush_in_flight)
-    other.start()
-    assert held.wait(10)
-    try:
-        with transaction.atomic():
-            result = OneLockedStep.run()
-            let_go.set()
-            time.sleep(0.5)  # several freshness bounds with the transaction still open
-    finally:
+    get_writer().flush()
+    with flush_in_flight() as let_go, transaction.atomic():
+        result = OneLockedStep.run()
         let_go.set()
-        other.join(10)
-    assert result.ok
+        time.sleep(0.5)  # several freshness bounds with the transaction still open
     # no flush needed: the rows committed with the transaction
-    runs = StepRun.objects.filter(execution_id=result.execution_id, status="succeeded")
-    assert runs.count() == 1
-    assert CoordinationEvent.objects.filter(execution_id=result.execution_id).count() == 2
+    assert_history_of_one_locked_step(result)
 
 
 def test_a_transaction_that_rolls_back_takes_none_of_the_buffers_rows_with_it(
