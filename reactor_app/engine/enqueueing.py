@@ -171,16 +171,7 @@ def run_async(
                 context=_worker_context(),
                 idempotency_key=idempotency_key,
             )
-            line = _ordered_line(reactor, inputs)
-            if line is None:
-                enqueue_on_commit(execution.id)
-            else:
-                # after the commit, not inside the transaction: a rollback must not leave a
-                # position in the line that nobody will ever run (the line would wait for it
-                # for a whole poison-pill timeout), nor a slow Redis hold the transaction open
-                transaction.on_commit(
-                    functools.partial(_take_position_then_enqueue, reactor, line, execution)
-                )
+            enqueue_new_on_commit(reactor, inputs, execution)
     except IntegrityError:
         # A concurrent call with the same key won the insert (the unique constraint decides).
         existing = _same_call(reactor, stored_inputs, idempotency_key)
@@ -210,6 +201,22 @@ def _same_call(
             execution_id=str(existing.id),
         )
     return existing
+
+
+def enqueue_new_on_commit(
+    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
+) -> None:
+    """A new execution's task, sent once the current transaction commits — for a reactor with
+    an ordered lock, after taking its position in the line (``_take_position_then_enqueue``).
+    After the commit, not inside the transaction: a rollback must not leave a position that
+    nobody will ever run (the line would wait a whole poison-pill timeout for it), nor a slow
+    Redis hold the transaction open. The line's key is computed now, from the inputs as they
+    are at the call."""
+    line = _ordered_line(reactor, inputs)
+    if line is None:
+        enqueue_on_commit(execution.id)
+        return
+    transaction.on_commit(functools.partial(_take_position_then_enqueue, reactor, line, execution))
 
 
 def _ordered_line(reactor: type[Reactor], inputs: dict[str, Any]) -> str | None:

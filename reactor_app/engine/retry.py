@@ -40,7 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reactor_app.dsl.registry import lookup
-from reactor_app.engine.enqueueing import _take_position_at_enqueue, enqueue_on_commit
+from reactor_app.engine.enqueueing import enqueue_new_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable
@@ -88,8 +88,7 @@ def retry(
             retry_of=failed,
         )
         if worker:
-            _take_position_at_enqueue(reactor, decode(failed.inputs), execution)
-            enqueue_on_commit(execution.id)
+            enqueue_new_on_commit(reactor, decode(failed.inputs), execution)
     if not worker:
         run_inline(ExecutionRun(reactor, execution, dict(execution.inputs)))
         execution.refresh_from_db()
