@@ -210,6 +210,8 @@ class TrackingWriter:
         and written later by the writer thread they would land in the next test's data."""
         with self._lock:
             dropped = self._size()
+            for pending in self._steps:
+                pending.queued = False  # a later update queues it again
             self._events, self._steps, self._progress = [], [], {}
             self._oldest = None
             return dropped

@@ -27,8 +27,9 @@ unreachable for longer than the shortest lease, ``lost`` is set to a ``LeaseLost
 ``on_lost`` is called once; the renewal then stops. ``on_extended(key, granted_ms)`` is called
 after each successful renewal, once per renewed lock or semaphore lease (period reservations
 are renewed without it: the callback names only a key, which a lock may share). ``stop()``
-removes the renewal and, when a round in flight is renewing it, waits for that round (one
-round trip at most), so no callback runs after it.
+removes the renewal and, while a round in flight is renewing it, waits for that part of the
+round (its client's pipeline and callbacks: one round trip at most), so no callback runs after
+it.
 """
 
 from __future__ import annotations
