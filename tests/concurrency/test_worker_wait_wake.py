@@ -213,6 +213,8 @@ def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_gr
 
     coordinator = Coordinator()
     assert coordinator.register_waiter(claim, "wait:leaving")  # queued first, then gone
+    # the order is by Redis time in ms (ids break a tie): let the next waiter come strictly later
+    time.sleep(0.005)
     log: list[str] = []
     patient = Waiter("patient", hold_for=0.0, budget=30, log=log)
     patient.start()
