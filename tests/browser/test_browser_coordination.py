@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.urls import reverse
 from django.utils import timezone
 
@@ -67,6 +68,9 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             yield page
         finally:
             browser.close()
+            # The test's ORM calls ran beside Playwright's event loop, under a connection of
+            # their own: close it, or the test database cannot be dropped at the end.
+            connections.close_all()
 
 
 COORDINATION = "/admin/reactor_app/coordination/"
