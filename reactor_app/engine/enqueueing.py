@@ -284,10 +284,12 @@ def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Exec
         Execution.objects.filter(pk=execution.pk).update(context=context)
     except Exception:
         logger.exception("could not save the ordered-lock position of %s", execution_id)
-        # nobody will run that position: let the line move past it at once
+        # nobody will run that position: let the line move past it at once, and re-enqueue
+        # the parked run it lets through (as a gate abandoning its position does)
         claim = declaration.claim(line, position)
         with contextlib.suppress(Exception):
-            coordinator.release(Admitted(holds=[Hold(claim, fresh=True)], holder=holder), "halt")
+            given_back = Admitted(holds=[Hold(claim, fresh=True)], holder=holder)
+            wake(coordinator.release(given_back, "halt").woken)
         return
     execution.context = context
 
