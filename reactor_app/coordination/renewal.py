@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
@@ -60,6 +61,10 @@ logger = logging.getLogger(__name__)
 
 #: a renewal due within this fraction of its interval rides along with an earlier one
 COALESCE_FRACTION = 0.2
+
+#: cleared entries a heap may hold before it is compacted (and then only once they are most
+#: of it): compacting is a pass over the heap, paid for by this many removals
+COMPACT_AFTER = 256
 
 
 def _renewable(hold: Hold) -> bool:
@@ -204,8 +209,14 @@ class RenewalScheduler:
         #: pipeline and its callbacks): ``remove`` waits only while its renewal is among them
         self._renewing: set[int] = set()
         self._part_done = threading.Condition(self._lock)
-        self._heap: list[tuple[float, int, Renewal]] = []
-        self._active: set[int] = set()  # id() of renewals not stopped
+        #: [due, order, renewal] entries; a stopped renewal's entry stays until it reaches the
+        #: top or the heap is compacted, but with its renewal cleared (``remove``)
+        self._heap: list[list[Any]] = []
+        #: id() of each renewal not stopped -> its current entry
+        self._active: dict[int, list[Any]] = {}
+        #: cleared entries, about (one cleared while its round had it out of the heap counts
+        #: too): it only decides when to compact
+        self._stale = 0
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         #: the monotonic deadline the thread is waiting for (inf: no deadline, or busy)
@@ -220,8 +231,7 @@ class RenewalScheduler:
 
     def add(self, renewal: Renewal) -> None:
         with self._lock:
-            self._active.add(id(renewal))
-            heapq.heappush(self._heap, (renewal.due, next(self._order), renewal))
+            self._push(renewal)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="reactor-renewal", daemon=True
@@ -236,8 +246,7 @@ class RenewalScheduler:
         on_own_thread = threading.current_thread() is self._thread
         deadline = time.monotonic() + timeout
         with self._lock:
-            self._active.discard(id(renewal))
-            # entries of stopped renewals are dropped lazily when they reach the top
+            self._forget(renewal)
             # The round in flight may be renewing it right now: let that part finish, so
             # nothing runs on its behalf after stop() (a part not begun yet skips stopped
             # renewals). Only its own part: another client's pipeline, stuck on a slow Redis,
@@ -248,6 +257,29 @@ class RenewalScheduler:
                     break
                 self._part_done.wait(timeout=left)
 
+    def _push(self, renewal: Renewal) -> None:
+        # called with the lock held
+        entry: list[Any] = [renewal.due, next(self._order), renewal]
+        self._active[id(renewal)] = entry
+        heapq.heappush(self._heap, entry)
+
+    def _forget(self, renewal: Renewal) -> None:
+        """Stop scheduling ``renewal`` (lock held). Its entry is cleared at once, not left to
+        reach the top of the heap: it would keep the renewal — and through its callbacks the
+        gate, the claims and the caller's arguments — alive until the renewal's next due time
+        (a third of the lease, 20 s for a 60 s lock), so a busy process would carry every
+        recent call's objects, and the garbage collector would walk them all
+        (docs/benchmarks.md, "Hot path"). Mostly-stale heaps are compacted."""
+        entry = self._active.pop(id(renewal), None)
+        if entry is None or entry[2] is not renewal:
+            return
+        entry[2] = None
+        self._stale += 1
+        if self._stale > COMPACT_AFTER and self._stale > len(self._heap) // 2:
+            self._heap = [entry for entry in self._heap if entry[2] is not None]
+            heapq.heapify(self._heap)
+            self._stale = 0
+
     def active(self) -> int:
         with self._lock:
             return len(self._active)
@@ -256,8 +288,9 @@ class RenewalScheduler:
         while True:
             with self._lock:
                 while True:
-                    while self._heap and id(self._heap[0][2]) not in self._active:
+                    while self._heap and self._heap[0][2] is None:
                         heapq.heappop(self._heap)
+                        self._stale -= 1
                     if not self._heap:
                         self._sleeping_until = float("inf")
                         self._wake.wait()
@@ -272,8 +305,9 @@ class RenewalScheduler:
                 due: list[Renewal] = []
                 while self._heap:
                     when, _, renewal = self._heap[0]
-                    if id(renewal) not in self._active:
+                    if renewal is None:
                         heapq.heappop(self._heap)
+                        self._stale -= 1
                         continue
                     if when > now + renewal.interval * COALESCE_FRACTION:
                         break
@@ -291,9 +325,9 @@ class RenewalScheduler:
                 self.rounds += 1
                 for renewal in due:
                     if id(renewal) in self._active and renewal.lost is None:
-                        heapq.heappush(self._heap, (renewal.due, next(self._order), renewal))
+                        self._push(renewal)
                     else:
-                        self._active.discard(id(renewal))
+                        self._active.pop(id(renewal), None)
 
     def _renewing_now(self, renewals: list[Renewal]) -> list[Renewal]:
         """Mark the part of the round about to run (its renewals not stopped meanwhile, which

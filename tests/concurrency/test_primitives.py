@@ -12,6 +12,7 @@ Redis is the configured coordination Redis; each test uses the suite's per-test 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -285,6 +287,42 @@ def test_a_renewal_due_with_a_stuck_one_stops_without_waiting_for_its_client(
         quick.release(second, "success")
         slow.release(first, "success")
     assert took < 0.5, took
+
+
+def test_a_stopped_renewal_is_let_go_at_once_and_a_restarted_one_renewed_once(
+    prefix: str,
+) -> None:
+    """The scheduler forgets a stopped renewal when it stops, not when its (cleared) heap
+    entry reaches the top a third of a lease later: until then the entry would keep the
+    renewal, its callbacks and everything they reach alive (on a busy process, every recent
+    call's objects). A renewal stopped and restarted (``Gate.exit_unless``) has one live entry,
+    so it is renewed once per round, not once per start."""
+    coordinator = Coordinator(client=get_client(redis_url()), prefix=prefix)
+    admitted = coordinator.admit([LockClaim("let-go", ttl=60)], holder("let-go"))
+    again = coordinator.admit([LockClaim("restarted", ttl=0.6)], holder("restarted"))
+    assert isinstance(admitted, Admitted) and isinstance(again, Admitted)
+    try:
+        renewal = Renewal(admitted, coordinator=coordinator).start()  # due in 20 s
+        gone = weakref.ref(renewal)
+        renewal.stop()
+        del renewal
+        gc.collect()
+        assert gone() is None
+
+        extended: list[str] = []
+        restarted = Renewal(
+            again, coordinator=coordinator, on_extended=lambda k, _: extended.append(k)
+        )
+        restarted.start()
+        restarted.stop()
+        restarted.restart()
+        time.sleep(0.5)  # two rounds at most (every 0.2 s)
+        restarted.stop()
+        rounds = restarted.renewals
+    finally:
+        coordinator.release(again, "success")
+        coordinator.release(admitted, "success")
+    assert 1 <= rounds <= 3 and len(extended) == rounds, (rounds, extended)
 
 
 def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:
