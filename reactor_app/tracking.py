@@ -194,7 +194,9 @@ def record_coordination(
         "token": token,
         "detail": detail,
     }
-    _send(signals.signal_for(kind), CoordinationEvent, payload)
+    dedicated = signals.signal_for(kind)
+    if dedicated.receivers:  # most event kinds have none: not even a send's cost then
+        _send(dedicated, CoordinationEvent, payload)
     _send(signals.coordination_event, CoordinationEvent, payload)
     if not full_tracking():
         return

@@ -8,7 +8,6 @@ its own, so one bad row (its execution deleted meanwhile...) does not cost the o
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -235,15 +234,22 @@ def _copy(
     ``Step.call`` (docs/benchmarks.md, "Hot path"). ``json_columns`` travel as their JSON text,
     which the server parses as it would a literal.
     """
+    missing = [_MISSING.get(name) for name in columns]
+    json_at = [i for i, name in enumerate(columns) if name in json_columns]
+    encode = _JSON.encode
     with cursor.copy(sql) as copy:
         for row in rows:
-            values = []
-            for name in columns:
-                value = row.get(name, _MISSING.get(name))
-                if name in json_columns and value is not None:
-                    value = json.dumps(value, cls=_Encoder)
-                values.append(value)
+            values = [
+                row.get(name, default) for name, default in zip(columns, missing, strict=True)
+            ]
+            for i in json_at:
+                if values[i] is not None:
+                    values[i] = encode(values[i])
             copy.write_row(values)
+
+
+#: one encoder for every JSON value a flush writes (``json.dumps(cls=...)`` builds one per call)
+_JSON = _Encoder()
 
 
 def _running(pk: Any) -> Any:

@@ -253,15 +253,23 @@ def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | floa
     number) — without its per-argument type dispatch, which on the single-lock fast path cost
     more than building the bytes.
     """
-    parts = [b"EVALSHA", sha.encode(), str(len(keys)).encode()]
-    parts.extend(key.encode() for key in keys)
+    parts = [key.encode() for key in keys]
     for arg in args:
-        if isinstance(arg, bool):  # ambiguous (1/0 or "True"?): refused, as redis-py does
+        if isinstance(arg, str):
+            parts.append(arg.encode())
+        elif isinstance(arg, bool):  # ambiguous (1/0 or "True"?): refused, as redis-py does
             raise TypeError(f"script arguments are text or numbers, not {arg!r}")
-        parts.append(arg.encode() if isinstance(arg, str) else repr(arg).encode())
-    return b"".join(
-        [b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)]
+        else:
+            parts.append(repr(arg).encode())
+    count = b"%d" % len(keys)
+    head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+        len(parts) + 3,
+        len(sha),
+        sha.encode(),
+        len(count),
+        count,
     )
+    return head + b"".join([b"$%d\r\n%s\r\n" % (len(part), part) for part in parts])
 
 
 def decode_reply(raw: Any) -> ScriptReply:

@@ -321,6 +321,33 @@ def test_a_raising_coordination_receiver_never_strands_a_hold() -> None:
     assert_not_locked("acct:31")
 
 
+def test_a_receiver_connected_after_events_were_sent_gets_the_next_ones_and_no_more_once_gone() -> (
+    None
+):
+    """The signals cache their receivers per sender; connecting and disconnecting must still
+    take effect at once, for the catch-all signal and for an event kind's own signal."""
+    from reactor_app import signals
+
+    assert ExclusiveReactor.run(account_id=32).ok  # sends (and caches) with no receiver
+    seen: list[tuple[str, str]] = []
+
+    def receiver(sender: Any, kind: str, key: str, **payload: Any) -> None:
+        seen.append((str(kind), key))
+
+    signals.acquired.connect(receiver, weak=False)
+    signals.coordination_event.connect(receiver, weak=False)
+    try:
+        assert ExclusiveReactor.run(account_id=33).ok
+    finally:
+        signals.acquired.disconnect(receiver)
+        signals.coordination_event.disconnect(receiver)
+    assert seen.count(("acquired", "acct:33")) == 2  # once per signal
+    assert ("released", "acct:33") in seen
+    seen.clear()
+    assert ExclusiveReactor.run(account_id=34).ok
+    assert seen == []
+
+
 def test_renewal_events_name_their_primitive() -> None:
     from reactor_app.models import CoordinationEvent
 
