@@ -33,7 +33,7 @@ protocol lives elsewhere: the waiting itself in ``coordination.waiting``, the re
 from __future__ import annotations
 
 import logging
-import uuid
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -664,5 +664,11 @@ def _wake(woken: Sequence[str]) -> None:
 
 
 def fresh_owner() -> str:
-    """Owner id of work that belongs to no execution (``Step.call``)."""
-    return f"call:{uuid.uuid4()}"
+    """Owner id of work that belongs to no execution (``Step.call``): 128 random bits.
+
+    From ``random``'s generator, not ``uuid4``: every ``Step.call`` makes one, and
+    ``os.urandom``'s system call measured up to tens of µs on a busy virtual machine
+    (docs/benchmarks.md, "Hot path"). Uniqueness is all an owner needs, not secrecy (it is
+    shown in the admin); the generator is seeded from the OS and re-seeded in every forked
+    child by ``random`` itself, so two processes never share a sequence."""
+    return f"call:{random.getrandbits(128):032x}"

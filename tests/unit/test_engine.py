@@ -551,3 +551,25 @@ def test_step_call_reports_a_failing_compensation_on_its_error() -> None:
     assert outcome.error.message.startswith("step 'test_step_call_reports")
     failures = outcome.error.fields()["rollback_failures"]
     assert [(f["kind"], f["reason"]) for f in failures] == [("compensate", "error")]
+
+
+def _owners_in_child(_: int) -> list[str]:
+    from reactor_app.engine.gate import fresh_owner
+
+    return [fresh_owner() for _ in range(3)]
+
+
+def test_step_call_owners_are_unique_across_forked_processes() -> None:
+    """A ``Step.call`` owner is what makes a hold re-entrant: two processes making the same
+    owner would both walk into one lock. Owners come from a generator that every forked child
+    re-seeds, so children forked from one parent (a prefork worker pool) never repeat them."""
+    import multiprocessing
+
+    from reactor_app.engine.gate import fresh_owner
+
+    made = [fresh_owner() for _ in range(3)]  # the parent's generator has run before the fork
+    with multiprocessing.get_context("fork").Pool(3) as pool:
+        for owners in pool.map(_owners_in_child, range(3)):
+            made += owners
+    assert all(owner.startswith("call:") and len(owner) == 37 for owner in made), made
+    assert len(set(made)) == len(made), made
