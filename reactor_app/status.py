@@ -71,6 +71,8 @@ class CoordinationEventKind(models.TextChoices):
 
     ACQUIRED = "acquired"
     RELEASED = "released"
+    #: a release that could not reach the store: the hold stays taken until its lease lapses
+    RELEASE_FAILED = "release_failed"
     ACQUISITION_FAILED = "acquisition_failed"
     PARKED = "parked"
     RESUMED = "resumed"

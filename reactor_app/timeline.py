@@ -6,6 +6,8 @@ same execution get separate lanes — and shows
 
 * hold bars, from the outermost ``acquired`` to the matching ``released`` (re-entrant
   acquisitions only deepen the nesting), cut short by ``forced_release`` or ``lease_lost``;
+  a ``release_failed`` ends it too (its owner let go) and is marked: the key stays taken
+  until the lease lapses;
 * park bars, from ``parked`` to the lane's next event (resumed, acquired ...);
 * marks for refusals, forced releases, lost leases, hand-off refusals and ordered-lock
   operator actions.
@@ -38,6 +40,7 @@ MARK_COLOURS = {
     Kind.ACQUISITION_FAILED: "#c0392b",
     Kind.FORCED_RELEASE: "#8e0000",
     Kind.LEASE_LOST: "#8e0000",
+    Kind.RELEASE_FAILED: "#8e0000",
     Kind.HANDOFF_REFUSED: "#d35400",
     Kind.ORDERED_SKIPPED: "#2c3e50",
     Kind.ORDERED_RESET: "#2c3e50",
@@ -154,10 +157,14 @@ def build(
             depth[lane] = depth.get(lane, 0) + 1
             if lane not in open_holds:
                 open_holds[lane] = Bar(lane, "hold", event.at, token=event.token)
-        elif kind == Kind.RELEASED:
+        elif kind in (Kind.RELEASED, Kind.RELEASE_FAILED):
             depth[lane] = depth.get(lane, 0) - 1
             if depth[lane] <= 0:
                 close_hold(lane, event.at, kind)
+            if kind == Kind.RELEASE_FAILED:
+                # the bar ends where its owner let go; the key stays taken until its lease
+                # lapses, which the mark says
+                marks.append(Mark(lane, kind, event.at, event.detail))
         elif kind in (Kind.FORCED_RELEASE, Kind.LEASE_LOST):
             # the whole hold is gone whatever its nesting: close every lane of that owner
             for other in [

@@ -74,6 +74,9 @@ class Released:
     #: the value of the flag that stopped the release (``release(unless=...)``): nothing
     #: was released
     flagged: str | None = None
+    #: why the store could not be reached (``Gate._give_back``): nothing was released, the
+    #: holds lapse with their leases
+    failed: str | None = None
 
     def __iter__(self) -> Iterator[str]:
         """Iterating a release yields the waiter ids to wake (what a worker acts on)."""

@@ -529,7 +529,7 @@ class Gate:
             self.admitted = admitted
             self.keep_alive = renewal.restart() if renewal is not None else None
             return released.flagged
-        self._released(admitted, outcome, list(released.woken))
+        self._released(admitted, outcome, released)
         return None
 
     def suspend(self, hold_for: float | None = None) -> list[KeptHold]:
@@ -587,30 +587,38 @@ class Gate:
     def _release(self, admitted: Admitted, outcome: Outcome, *, tracked: bool = True) -> list[str]:
         """Release ``admitted``; ``tracked``: its holds are in the held-key registry (False for
         kept holds given back before this delivery adopted them)."""
-        woken = list(self._give_back(admitted, outcome).woken)
-        return self._released(admitted, outcome, woken, tracked=tracked)
+        return self._released(
+            admitted, outcome, self._give_back(admitted, outcome), tracked=tracked
+        )
 
     def _give_back(
         self, admitted: Admitted, outcome: Outcome, unless: Sequence[str] = ()
     ) -> Released:
         try:
             return self.coordinator.release(admitted, outcome, unless=unless)
-        except CoordinationUnavailable:
-            # The work already ran; the holds lapse with their TTLs. Never hide it.
+        except CoordinationUnavailable as exc:
+            # The work already ran; the holds lapse with their TTLs. Never hide it: not in the
+            # log, nor in the history (a ``release_failed`` event, not ``released``).
             logger.exception("could not release %s; holds will expire by TTL", self.claims)
-            return Released()
+            return Released(failed=exc.cause or exc.message)
 
     def _released(
-        self, admitted: Admitted, outcome: Outcome, woken: list[str], *, tracked: bool = True
+        self, admitted: Admitted, outcome: Outcome, released: Released, *, tracked: bool = True
     ) -> list[str]:
         """What follows a release: the held-key registry, the events, the ordered position,
-        and re-enqueueing the parked executions it let through."""
+        and re-enqueueing the parked executions it let through. A release that could not reach
+        the store records ``release_failed`` events: this unit is done with the holds, but
+        they stay taken until their leases lapse, and the history must not say otherwise."""
+        woken = list(released.woken)
+        kind, failure = CoordinationEventKind.RELEASED, {}
+        if released.failed is not None:
+            kind, failure = CoordinationEventKind.RELEASE_FAILED, {"cause": released.failed}
         for hold in reversed(admitted.holds):
             claim = hold.claim
             registered = tracked and primitives.holds(claim.primitive)
             if self.scope.held_keys is not None and registered:
                 self.scope.held_keys.pop(claim.primitive, claim.key)
-            self._event(CoordinationEventKind.RELEASED, claim, token=hold.token, outcome=outcome)
+            self._event(kind, claim, token=hold.token, outcome=outcome, **failure)
         if not tracked and self.scope.held_keys is not None:
             # kept holds given back before this delivery adopted them: still announced
             self.scope.held_keys.settle([(h.claim.primitive, h.claim.key) for h in admitted.holds])

@@ -111,7 +111,7 @@ def on_coordination_event(
         _holds.push(hold, now())
         if not detail.get("reentrant"):
             _child(ADMISSIONS, primitive).inc()
-    elif kind in (Kind.RELEASED, Kind.FORCED_RELEASE):
+    elif kind in (Kind.RELEASED, Kind.FORCED_RELEASE, Kind.RELEASE_FAILED):
         started = _holds.pop(hold)
         if started is not None:
             _child(HOLD_DURATION, primitive).observe(now() - started)

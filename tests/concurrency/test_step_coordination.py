@@ -44,6 +44,7 @@ from reactor_app.testing import (
     coordination_state,
     within_freshness_bound,
 )
+from reactor_app.write_behind import flush
 from tests.concurrency.harness import (
     held_elsewhere,
     max_concurrency,
@@ -852,6 +853,36 @@ def test_redis_unreachable_fails_the_step_and_the_work_never_runs(form: str, set
     assert ran == []
     assert isinstance(result.error, CoordinationUnavailable)
     assert result.error.step == "charge"
+
+
+def test_a_release_that_cannot_reach_redis_is_recorded_as_failed_not_released(
+    settings: Any,
+) -> None:
+    """The body ran, then the store went away: the step's result stands, and its history says
+    the hold was never given back (it lapses with its lease) — a ``release_failed`` event with
+    the cause, never ``released``."""
+    from reactor_app.testing.servers import StandaloneServer
+
+    with StandaloneServer() as server:
+        settings.REACTOR_REDIS_URL = server.url
+
+        @with_lock(lambda args: "acct:gone", ttl=30)
+        class GoesAway(Step):
+            def run(self, args: dict[str, Any], context: Any) -> Any:
+                server.stop()  # after the admission, before the release
+                return Success("done")
+
+        result = GoesAway.call()
+    assert result.ok and result.value == "done"
+    flush()  # the rows are written behind the call
+    kinds = list(
+        CoordinationEvent.objects.filter(key="acct:gone")
+        .order_by("at")
+        .values_list("kind", flat=True)
+    )
+    assert kinds == ["acquired", "release_failed"], kinds
+    failed = CoordinationEvent.objects.get(key="acct:gone", kind="release_failed")
+    assert failed.detail["outcome"] == "success" and failed.detail["cause"]
 
 
 def test_a_step_declaring_nothing_takes_no_hold() -> None:

@@ -74,6 +74,19 @@ def test_forced_release_ends_the_hold_and_is_marked() -> None:
     assert [m.kind for m in drawn.marks] == [Kind.FORCED_RELEASE, Kind.LEASE_LOST]
 
 
+def test_a_failed_release_ends_the_bar_where_its_owner_let_go_and_is_marked() -> None:
+    drawn = build(
+        event(Kind.ACQUIRED, 10),
+        event(Kind.RELEASE_FAILED, 12, outcome="success", cause="Redis unreachable"),
+    )
+    (bar,) = drawn.bars
+    assert bar.end == START + timedelta(minutes=12) and bar.ended_by == Kind.RELEASE_FAILED
+    (mark,) = drawn.marks
+    assert mark.kind == Kind.RELEASE_FAILED and mark.detail["cause"] == "Redis unreachable"
+    svg = timeline.render_svg(drawn)
+    assert 'class="mark release_failed"' in svg and "Redis unreachable" in svg
+
+
 def test_parks_run_until_the_lane_moves_on_and_open_ones_reach_the_end() -> None:
     drawn = build(
         event(Kind.ACQUIRED, 1, owner="holder"),
