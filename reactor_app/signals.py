@@ -12,16 +12,11 @@ from django.dispatch import Signal
 
 from reactor_app.status import CoordinationEventKind, EngineEvent
 
-# Cached: every event sends two of these on the caller's path (a Step.call sends four), and the
-# receivers of a sender (the model class) are looked up once, not on every send; connecting
-# or disconnecting a receiver clears the cache (docs/benchmarks.md, "Hot path").
-engine_event = Signal(use_caching=True)
-coordination_event = Signal(use_caching=True)
+engine_event = Signal()
+coordination_event = Signal()
 
-ENGINE_SIGNALS: dict[str, Signal] = {kind.value: Signal(use_caching=True) for kind in EngineEvent}
-COORDINATION_SIGNALS: dict[str, Signal] = {
-    kind.value: Signal(use_caching=True) for kind in CoordinationEventKind
-}
+ENGINE_SIGNALS: dict[str, Signal] = {kind.value: Signal() for kind in EngineEvent}
+COORDINATION_SIGNALS: dict[str, Signal] = {kind.value: Signal() for kind in CoordinationEventKind}
 
 globals().update(ENGINE_SIGNALS)
 globals().update(COORDINATION_SIGNALS)

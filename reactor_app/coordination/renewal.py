@@ -258,7 +258,8 @@ class RenewalScheduler:
                 self._part_done.wait(timeout=left)
 
     def _push(self, renewal: Renewal) -> None:
-        # called with the lock held
+        # called with the lock held; one live entry per renewal, whatever came before
+        self._forget(renewal)
         entry: list[Any] = [renewal.due, next(self._order), renewal]
         self._active[id(renewal)] = entry
         heapq.heappush(self._heap, entry)
@@ -302,7 +303,10 @@ class RenewalScheduler:
                     self._wake.wait(timeout=left)
                 self._sleeping_until = 0.0  # busy: whatever is added now is seen after the round
                 now = time.monotonic()
-                due: list[Renewal] = []
+                # the entries this round takes out of the heap: they go back in after it, as
+                # they are, unless their renewal was stopped meanwhile (cleared by ``_forget``;
+                # a restart during the round pushed an entry of its own)
+                taken: list[list[Any]] = []
                 while self._heap:
                     when, _, renewal = self._heap[0]
                     if renewal is None:
@@ -311,8 +315,8 @@ class RenewalScheduler:
                         continue
                     if when > now + renewal.interval * COALESCE_FRACTION:
                         break
-                    heapq.heappop(self._heap)
-                    due.append(renewal)
+                    taken.append(heapq.heappop(self._heap))
+                due: list[Renewal] = [entry[2] for entry in taken]
             try:
                 self._renew(due)
             except Exception:  # never let the thread die silently
@@ -323,10 +327,14 @@ class RenewalScheduler:
                 self._renewing_now([])
             with self._lock:
                 self.rounds += 1
-                for renewal in due:
-                    if id(renewal) in self._active and renewal.lost is None:
-                        self._push(renewal)
+                for entry, renewal in zip(taken, due, strict=True):
+                    if entry[2] is None:  # stopped during the round: counted stale, never pushed
+                        self._stale = max(0, self._stale - 1)
+                    elif renewal.lost is None:
+                        entry[0], entry[1] = renewal.due, next(self._order)
+                        heapq.heappush(self._heap, entry)
                     else:
+                        entry[2] = None
                         self._active.pop(id(renewal), None)
 
     def _renewing_now(self, renewals: list[Renewal]) -> list[Renewal]:

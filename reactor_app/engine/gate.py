@@ -33,6 +33,7 @@ protocol lives elsewhere: the waiting itself in ``coordination.waiting``, the re
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -674,9 +675,16 @@ def _wake(woken: Sequence[str]) -> None:
 def fresh_owner() -> str:
     """Owner id of work that belongs to no execution (``Step.call``): 128 random bits.
 
-    From ``random``'s generator, not ``uuid4``: every ``Step.call`` makes one, and
+    From a generator of this module's own, not ``uuid4``: every ``Step.call`` makes one, and
     ``os.urandom``'s system call measured up to tens of µs on a busy virtual machine
-    (docs/benchmarks.md, "Hot path"). Uniqueness is all an owner needs, not secrecy (it is
-    shown in the admin); the generator is seeded from the OS and re-seeded in every forked
-    child by ``random`` itself, so two processes never share a sequence."""
-    return f"call:{random.getrandbits(128):032x}"
+    (docs/benchmarks.md, "Hot path"). Not ``random``'s shared generator either: any code in the
+    process may seed that one (test tools do, per example) and then hand out the same owners
+    again — two callers with one owner would both walk into one lock as re-entries. This one
+    is seeded from the OS, never by a caller, and again in every forked child. Owners need
+    uniqueness, not secrecy (the admin shows them)."""
+    return f"call:{_owners.getrandbits(128):032x}"
+
+
+_owners = random.Random()  # seeded from the OS
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_owners.seed)

@@ -48,7 +48,7 @@ from reactor_app.coordination.claims import (
     SemaphoreClaim,
 )
 from reactor_app.coordination.redis import get_client, redis_url
-from reactor_app.coordination.renewal import Renewal
+from reactor_app.coordination.renewal import Renewal, scheduler
 from reactor_app.coordination.replies import TrackedHold
 from reactor_app.coordination.scripts import scripts_for
 
@@ -323,6 +323,42 @@ def test_a_stopped_renewal_is_let_go_at_once_and_a_restarted_one_renewed_once(
         coordinator.release(again, "success")
         coordinator.release(admitted, "success")
     assert 1 <= rounds <= 3 and len(extended) == rounds, (rounds, extended)
+
+
+def test_a_renewal_stopped_and_restarted_during_its_round_is_renewed_once_per_round(
+    prefix: str,
+) -> None:
+    """``Gate.exit_unless`` stops a renewal and, when the release is refused (a cancel
+    request), restarts it. When that happens while the renewal is out of the heap for a round
+    (its part not begun: another client's pipeline is stuck first), the round must not put it
+    back beside the entry the restart pushed: it would be renewed twice per round for good, and
+    the old entry would keep the renewal alive after its stop."""
+    client = get_client(redis_url())
+    slow = SlowRenewals(client=client, prefix=prefix, delay=0.3)
+    quick = Coordinator(client=client, prefix=f"{prefix}:other")
+    first = slow.admit([LockClaim("slow", ttl=0.9)], holder("slow"))
+    second = quick.admit([LockClaim("other", ttl=0.9)], holder("other"))  # due with it
+    assert isinstance(first, Admitted) and isinstance(second, Admitted)
+    extended: list[str] = []
+    stuck = Renewal(first, coordinator=slow).start()
+    renewal = Renewal(second, coordinator=quick, on_extended=lambda k, _: extended.append(k))
+    renewal.start()
+    try:
+        assert slow.renewing.wait(5)  # the round is out, stuck before the quick client's part
+        renewal.stop()
+        renewal.restart()
+        stuck.stop()  # the slow client's round ends within its delay; no more after it
+        time.sleep(2.0)  # the quick renewal alone: every 0.3 s
+        renewal.stop()
+        rounds = len(extended)
+        entries = [e for e in scheduler()._heap if e[2] is renewal]
+    finally:
+        quick.release(second, "success")
+        slow.release(first, "success")
+    assert entries == []  # stopped: nothing in the heap keeps it
+    # about 2.0 / 0.3 rounds, each renewing it once (twice each with a second live entry)
+    assert 3 <= rounds <= 9, (rounds, extended)
+    assert renewal.lost is None
 
 
 def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:

@@ -573,3 +573,16 @@ def test_step_call_owners_are_unique_across_forked_processes() -> None:
             made += owners
     assert all(owner.startswith("call:") and len(owner) == 37 for owner in made), made
     assert len(set(made)) == len(made), made
+
+
+def test_seeding_the_shared_random_generator_never_repeats_a_step_call_owner() -> None:
+    """Test tools and applications seed ``random`` for reproducibility; owners must not
+    follow it (the same seed in two workers would give them one owner)."""
+    import random
+
+    from reactor_app.engine.gate import fresh_owner
+
+    random.seed(7)
+    first = fresh_owner()
+    random.seed(7)
+    assert fresh_owner() != first
