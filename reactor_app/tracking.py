@@ -180,7 +180,8 @@ def record_coordination(
     ``execution_id`` must name an ``Execution`` row or be None (``Step.call`` owners are not
     executions). The row is stamped now — or ``at``, when the event happened earlier on
     another thread (a renewal) — and written behind (``write_behind``); ``durable`` rows
-    (operator actions, their audit trail) are written before this returns.
+    (operator actions, their audit trail) are written before this returns, at every tracking
+    level, and a failure to write one raises.
     """
     at = at or timezone.now()
     payload = {
@@ -198,8 +199,8 @@ def record_coordination(
     if dedicated.receivers:  # most event kinds have none: not even a send's cost then
         _send(dedicated, CoordinationEvent, payload)
     _send(signals.coordination_event, CoordinationEvent, payload)
-    if not full_tracking():
-        return
+    if not durable and not full_tracking():
+        return  # an operator action's audit row is written whatever the tracking level
     fields = {
         "execution_id": execution_id or None,
         "step": step or "",
@@ -218,5 +219,8 @@ def record_coordination(
         return
     try:
         CoordinationEvent.objects.create(**{**fields, "detail": to_json(detail)})
-    except Exception:  # pragma: no cover - history must never break the protected work
-        logger.exception("could not record coordination event %s for %s", kind, key)
+    except Exception:
+        # No protected work runs here: an operator's action was applied and its audit row
+        # is missing. Say so to the operator (the error propagates), never report success.
+        logger.exception("%s applied to %s, but its audit row could not be written", kind, key)
+        raise

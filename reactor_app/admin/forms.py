@@ -17,7 +17,8 @@ class InspectForm(forms.Form):
     """ "What is the state of this key?" — any primitive, any key."""
 
     primitive = forms.ChoiceField(choices=[(p, p) for p in live.PRIMITIVES], initial="lock")
-    key = forms.CharField(max_length=512)
+    # keys are exact text: a key with spaces at its ends is another key (so is an owner)
+    key = forms.CharField(max_length=512, strip=False)
     limit = forms.IntegerField(
         required=False, min_value=1, help_text="semaphore limit, to show free slots"
     )
@@ -36,7 +37,11 @@ class HoldSearchForm(forms.Form):
     inspect form's ``primitive``/``key`` on the same page never filter the holds)."""
 
     q = forms.CharField(
-        required=False, max_length=512, label="Key starts with", help_text="e.g. acct:"
+        required=False,
+        max_length=512,
+        strip=False,
+        label="Key starts with",
+        help_text="e.g. acct:",
     )
     h_step = forms.CharField(required=False, max_length=255, label="Step")
     h_reactor = forms.CharField(
@@ -76,7 +81,7 @@ class HoldSearchForm(forms.Form):
 
 
 class TimelineForm(forms.Form):
-    key = forms.CharField(max_length=512)
+    key = forms.CharField(max_length=512, strip=False)
     minutes = forms.IntegerField(
         min_value=1,
         max_value=MAX_TIMELINE_MINUTES,
@@ -87,9 +92,9 @@ class TimelineForm(forms.Form):
 
 class ForceReleaseForm(forms.Form):
     primitive = forms.ChoiceField(choices=[(p, p) for p in live.HOLDING_PRIMITIVES])
-    key = forms.CharField(max_length=512)
-    owner = forms.CharField(max_length=255, required=False)
+    key = forms.CharField(max_length=512, strip=False)
+    owner = forms.CharField(max_length=255, required=False, strip=False)
 
 
 class OrderedKeyForm(forms.Form):
-    key = forms.CharField(max_length=512)
+    key = forms.CharField(max_length=512, strip=False)

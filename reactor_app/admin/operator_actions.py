@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import messages
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
@@ -86,6 +87,13 @@ def force_release_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpRes
             holders = [h for h in holders if h["owner"] == owner]
     except CoordinationUnavailable as exc:
         messages.error(request, exc.message)
+        return HttpResponseRedirect(url("changelist"))
+    except DatabaseError as exc:
+        # the release was applied; its audit row was not written (tracking.record_coordination)
+        messages.error(
+            request,
+            f"force-released {primitive} {key!r}, but its audit row could not be written: {exc}",
+        )
         return HttpResponseRedirect(url("changelist"))
     return _confirm(
         model_admin,

@@ -32,8 +32,14 @@ def _choice(choices: Any, what: str, help_text: str) -> serializers.ChoiceField:
 
 
 def _text(help_text: str) -> serializers.CharField:
+    # exact text: coordination keys, owners and names are compared as given (a key with
+    # spaces at its ends is another key)
     return serializers.CharField(
-        required=False, allow_blank=True, max_length=512, help_text=help_text
+        required=False,
+        allow_blank=True,
+        max_length=512,
+        trim_whitespace=False,
+        help_text=help_text,
     )
 
 

@@ -152,9 +152,18 @@ def decode_cursor(cursor: str) -> dict[str, Any]:
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"not a cursor of this listing: {cursor!r}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("m"), str):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("m"), str)
+        or ("s" in data and not _finite_number(data["s"]))
+        or data.get("o", "acquired") not in ORDERINGS
+    ):
         raise ValueError(f"not a cursor of this listing: {cursor!r}")
     return data
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def totals(*, client: Any = None, prefix: str | None = None) -> dict[str, int]:
@@ -430,7 +439,9 @@ def page(
     client = client or get_client()
     prefix = current_prefix(prefix)
     if filters.get("key") is not None and key_prefix is None:
-        key_prefix = filters["key"]  # an exact key is a prefix whose other matches are dropped
+        # an exact key: the prefix of its own members only ("<key>\0<primitive>\0<owner>"),
+        # not of every longer key that starts with it
+        key_prefix = filters["key"] + SEPARATOR
     if ordering is not None and ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, not {ordering!r}")
     if ordering is not None and key_prefix is not None:
@@ -457,6 +468,8 @@ def page(
                 entry = split_member(name)
                 if entry is None:
                     continue
+                if wanted_primitive is not None and entry[1] != wanted_primitive:
+                    continue  # never read: the filter costs no state reads
                 chunk.append((entry, name, at))
                 if len(chunk) >= batch:
                     break
@@ -467,8 +480,6 @@ def page(
                 row = _row(entry, states[2 * index], states[2 * index + 1], now_ms)
                 if row is None:
                     lapsed.append(entry)
-                    continue
-                if wanted_primitive is not None and entry[1] != wanted_primitive:
                     continue
                 if not _matches(row, filters):
                     continue

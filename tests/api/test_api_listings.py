@@ -388,6 +388,34 @@ def test_holds_are_paged_by_cursor_and_filtered_by_key_prefix(staff_client: Clie
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"m": "x", "s": None},
+        {"m": "x", "s": [1]},
+        {"m": "x", "s": "nan"},
+        {"m": "x", "s": float("nan")},
+        {"m": "x", "s": True},
+        {"m": "x", "s": 1.0, "o": "sideways"},
+        {"m": 1},
+        ["m"],
+    ],
+)
+def test_a_crafted_holds_cursor_is_a_400_never_a_500(staff_client: Client, data: Any) -> None:
+    import base64
+    import json
+
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.coordination.claims import Holder, LockClaim
+
+    Coordinator().admit([LockClaim("acct:1", ttl=60)], Holder(owner="o1"))
+    cursor = base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+    response = get(staff_client, "holds/", cursor=cursor)
+    assert response.status_code == 400, (response.status_code, response.content)
+    assert "cursor" in response.content.decode()
+
+
+@pytest.mark.django_db
 def test_holds_are_ordered_by_time_left_across_cursor_pages(staff_client: Client) -> None:
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.coordination.claims import Holder, LockClaim, SemaphoreClaim

@@ -210,6 +210,39 @@ def test_totals_come_from_the_index_and_an_exact_key_is_found_among_many(redis_p
     assert [r["key"] for r in under.rows] == [f"k:{n:03d}" for n in range(10, 20)]
 
 
+def test_an_exact_key_or_a_primitive_filter_reads_only_the_holds_it_can_return(
+    redis_prefix: str, monkeypatch: Any
+) -> None:
+    """A listing reads each walked entry's hold state; an exact key walks only that key's own
+    entries (not every longer key that starts with it) and a primitive filter reads no state
+    of another primitive's entries: both cost what they return, not the index's size."""
+    prefix = redis_prefix
+    coordinator = Coordinator(client=get_client(), prefix=prefix)
+    for n in range(300):
+        assert isinstance(
+            coordinator.admit([LockClaim(f"k:1{n}", ttl=60)], Holder(owner=f"o{n}")), Admitted
+        )
+    assert isinstance(coordinator.admit([LockClaim("k:1", ttl=60)], Holder(owner="o-1")), Admitted)
+    assert isinstance(coordinator.admit([SemaphoreClaim("k:1", 5)], Holder(owner="o-2")), Admitted)
+    read: list[int] = []
+    states = holds_index._states
+
+    def counted(client: Any, prefix: str, entries: list[Any]) -> Any:
+        read.append(len(entries))
+        return states(client, prefix, entries)
+
+    monkeypatch.setattr(holds_index, "_states", counted)
+    exact = holds_index.page(limit=10, key="k:1", client=coordinator.client, prefix=prefix)
+    assert sorted(identities(exact.rows)) == [("lock", "k:1", "o-1"), ("semaphore", "k:1", "o-2")]
+    assert sum(read) == 2, read
+    read.clear()
+    semaphores = holds_index.page(
+        limit=10, primitive="semaphore", client=coordinator.client, prefix=prefix
+    )
+    assert identities(semaphores.rows) == [("semaphore", "k:1", "o-2")]
+    assert sum(read) == 1, read
+
+
 def test_an_entry_of_a_primitive_this_version_cannot_read_is_passed_over(redis_prefix: str) -> None:
     """The index is written by the scripts only, but a Redis shared with another version (a
     primitive added there) or edited by hand can hold entries this one has no module for: the

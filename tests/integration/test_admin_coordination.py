@@ -296,6 +296,58 @@ def test_force_release_by_an_operator_frees_the_key_and_the_holder_loses_its_lea
 
 
 @pytest.mark.django_db
+def test_a_force_release_is_audited_whatever_the_tracking_level(
+    operator_client: Client, settings: Any
+) -> None:
+    settings.REACTOR_TRACKING = "executions"  # no coordination events... but audits
+    holder = Holder(owner="stuck-owner", step="charge", reactor="shop.Pay")
+    assert isinstance(Coordinator().admit([LockClaim("acct:audit", ttl=60)], holder), Admitted)
+    params = {"primitive": "lock", "key": "acct:audit", "owner": ""}
+    assert operator_client.post(FORCE_RELEASE, params).status_code == 302
+    assert_not_locked("acct:audit")
+    audit = CoordinationEvent.objects.get(kind=CoordinationEventKind.FORCED_RELEASE)
+    assert (audit.key, audit.owner, audit.step) == ("acct:audit", "stuck-owner", "charge")
+    assert not CoordinationEvent.objects.exclude(pk=audit.pk).exists()  # nothing else written
+
+
+@pytest.mark.django_db
+def test_a_force_release_whose_audit_row_cannot_be_written_never_reports_success(
+    operator_client: Client, monkeypatch: Any
+) -> None:
+    from django.db import DatabaseError
+
+    assert isinstance(
+        Coordinator().admit([LockClaim("acct:unaudited", ttl=60)], Holder(owner="o")), Admitted
+    )
+
+    def unwritable(**fields: Any) -> Any:
+        raise DatabaseError("the audit table is gone")
+
+    monkeypatch.setattr(CoordinationEvent.objects, "create", unwritable)
+    params = {"primitive": "lock", "key": "acct:unaudited", "owner": ""}
+    response = operator_client.post(FORCE_RELEASE, params, follow=True)
+    page = text(response)
+    assert "audit row could not be written" in page and "the audit table is gone" in page
+    assert "held by o" not in page  # no success message
+
+
+@pytest.mark.django_db
+def test_a_key_with_spaces_at_its_ends_is_force_released_as_it_is(
+    operator_client: Client,
+) -> None:
+    """Keys are exact text: the form must not trim " acct:1 " into another key."""
+    coordinator = Coordinator()
+    assert isinstance(
+        coordinator.admit([LockClaim(" acct:1 ", ttl=60)], Holder(owner="a")), Admitted
+    )
+    assert isinstance(coordinator.admit([LockClaim("acct:1", ttl=60)], Holder(owner="b")), Admitted)
+    params = {"primitive": "lock", "key": " acct:1 ", "owner": ""}
+    assert operator_client.post(FORCE_RELEASE, params).status_code == 302
+    assert_not_locked(" acct:1 ")
+    assert_locked("acct:1")
+
+
+@pytest.mark.django_db
 def test_force_released_hold_reports_lease_lost_at_the_next_renewal(
     operator_client: Client,
 ) -> None:
