@@ -279,9 +279,7 @@ class Coordinator:
                 return Released(flagged=raised)
             flags = []
         if lone_lock:
-            claim = holds[0].claim
-            assert isinstance(claim, LockClaim)
-            return self._release_lock(claim, admitted.holder, flags)
+            return self._release_lock(holds[0], admitted.holder, flags)
         freed: list[tuple[str, str]] = []
         woken: list[str] = []
         not_held: list[tuple[str, str]] = []
@@ -308,15 +306,17 @@ class Coordinator:
             marked += [base_keys[name] for name in reply.data.get("marked", [])]
         return Released(freed=freed, woken=woken, not_held=not_held, marked=marked)
 
-    def _release_lock(
-        self, claim: LockClaim, holder: Holder, flags: Sequence[str] = ()
-    ) -> Released:
-        """One lock on its own through ``lua/lock_release.lua`` (see ``_admit_lock``)."""
+    def _release_lock(self, hold: Hold, holder: Holder, flags: Sequence[str] = ()) -> Released:
+        """One lock on its own through ``lua/lock_release.lua`` (see ``_admit_lock``); only
+        the hold its admission took (its fencing token), not a later one of the same owner."""
+        claim = hold.claim
+        assert isinstance(claim, LockClaim)
         client = self.client
         keys = lock_keys(claim.key, self.prefix, is_cluster(client), admit=False)
-        arguments: tuple[str | int, ...] = (holder.owner, claim.key)
+        token = "" if hold.token is None else str(hold.token)
+        arguments: tuple[str | int, ...] = (holder.owner, claim.key, len(flags), token)
         if flags:
-            keys, arguments = (*keys, *flags), (*arguments, len(flags))
+            keys = (*keys, *flags)
         with unavailable_on_connection_error(key=claim.key, primitive="lock"):
             state, woken = scripts_for(client).call("lock_release", keys, arguments)
         name = ("lock", claim.key)

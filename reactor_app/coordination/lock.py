@@ -74,7 +74,9 @@ def release_keys(claim: LockClaim, prefix: str) -> list[str]:
 
 
 def release_spec(hold: Hold) -> dict[str, Any]:
-    return {}
+    # the admission's token: a hold its owner took again since (under a newer token) is not
+    # this release's to free (lua/_lock.lua, lock_release)
+    return {"token": str(hold.token)} if hold.token is not None else {}
 
 
 def extend_keys(claim: LockClaim, prefix: str) -> list[str]:

@@ -31,7 +31,7 @@ import pytest
 import redis
 import redis.connection
 
-from reactor_app.coordination import embedded, rate_limit, state, subscriptions
+from reactor_app.coordination import embedded, holds_index, rate_limit, state, subscriptions
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
@@ -359,6 +359,36 @@ def test_a_renewal_stopped_and_restarted_during_its_round_is_renewed_once_per_ro
     # about 2.0 / 0.3 rounds, each renewing it once (twice each with a second live entry)
     assert 3 <= rounds <= 9, (rounds, extended)
     assert renewal.lost is None
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["lock-alone", "lock-with-semaphore"])
+def test_a_stale_release_never_frees_the_hold_its_owner_took_again(
+    prefix: str, alone: bool
+) -> None:
+    """A delivery that lost its execution claim mid-step is replaced by one that drops the
+    stale holds (a force-release) and takes them again under the same owner — the execution —
+    with a new fencing token. When the stale delivery reaches its exit, its release must not
+    free the new hold while the new delivery's step runs under it. Both release scripts (the
+    lone-lock one and the general one) check the admission's token."""
+    coordinator = Coordinator(client=get_client(redis_url()), prefix=prefix)
+    owner = Holder(owner="root-execution")
+    claims: list[Claim] = [LockClaim("acct:9", ttl=30)]
+    if not alone:
+        claims.append(SemaphoreClaim("pool:9", limit=2))
+    stale = coordinator.admit(claims, owner)
+    assert isinstance(stale, Admitted)
+    coordinator.force_release("lock", "acct:9", owner="root-execution")
+    taken_again = coordinator.admit([LockClaim("acct:9", ttl=30)], owner)
+    assert isinstance(taken_again, Admitted)
+    assert taken_again.holds[0].token != stale.holds[0].token
+    released = coordinator.release(stale, "park")
+    assert ("lock", "acct:9") in released.not_held and ("lock", "acct:9") not in released.freed
+    current = state.lock_state("acct:9", client=coordinator.client, prefix=prefix)
+    assert current.held and current.token == taken_again.holds[0].token
+    assert current.owner == "root-execution"
+    listed = holds_index.page(key="acct:9", client=coordinator.client, prefix=prefix).rows
+    assert [row["owner"] for row in listed] == ["root-execution"]  # its index entry stays
+    assert coordinator.release(taken_again, "success").freed == [("lock", "acct:9")]
 
 
 def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:

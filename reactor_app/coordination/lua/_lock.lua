@@ -99,14 +99,21 @@ local function lock_hand_on(hold, waiters, now_ms)
 end
 
 -- Release one nesting level of `owner`'s hold; `now_ms` is a function, called (a TIME) only
--- when a waiter is granted the key. Returns "not_held" (lapsed or taken over),
--- "kept" (still nested) or "freed", and for "freed" the waiter popped (or nil): the release
--- hands the free key on (lock_hand_on), so waiters are served in the order they registered.
-local function lock_release(hold, waiters, owner, now_ms, index)
-  local current = redis.call('HMGET', hold, 'owner', 'count')
+-- when a waiter is granted the key. `token` (text, or nil/"" to skip the check) is the
+-- fencing token of the admission being released: a hold of the same owner under another token
+-- is a later acquisition (the owner's hold was force-released and taken again, e.g. by the
+-- delivery that took over from a stale one) and is not this release's to free. Returns
+-- "not_held" (lapsed, taken over, or re-taken under a newer token), "kept" (still nested) or
+-- "freed", and for "freed" the waiter popped (or nil): the release hands the free key on
+-- (lock_hand_on), so waiters are served in the order they registered.
+local function lock_release(hold, waiters, owner, now_ms, index, token)
+  local current = redis.call('HMGET', hold, 'owner', 'count', 'token')
   if current[1] ~= owner then
     index_remove(index, 'lock', owner) -- lapsed: its index entry is stale
     return 'not_held'
+  end
+  if token and token ~= '' and current[3] ~= token then
+    return 'not_held' -- the index entry is the newer hold's: left alone
   end
   if (tonumber(current[2]) or 1) > 1 then
     redis.call('HINCRBY', hold, 'count', -1)

@@ -8,10 +8,12 @@ the outcome, so none is passed.
 KEYS  hold hash, waiters zset; then, optionally, the four live-holds index keys; then F flag
       keys (see ARGV[3])
 ARGV  owner, user key for the index (only read when the index keys are passed), F (optional,
-      default 0): how many flag keys end KEYS — when one of them is set, nothing is released
+      default 0): how many flag keys end KEYS — when one of them is set, nothing is released,
+      token (optional, "" to skip): the admission's fencing token — a hold of the same owner
+      under another token is a later acquisition, not this one's (state 2)
 
 Returns {state, woken}: state 0 freed, 1 kept (still nested), 2 not held (lapsed or taken
-over); woken = the waiter id popped for the freed key, or "". State 3: a flag is set, nothing
+over, or re-taken under a newer token); woken = the waiter id popped for the freed key, or "". State 3: a flag is set, nothing
 was released, and the second element is the flag's value.
 ]]
 
@@ -26,6 +28,6 @@ end
 local index = nil
 if #KEYS - flags >= 6 then index = index_of(KEYS, 3, ARGV[2]) end
 local function now_ms() return redis_now().ms end
-local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], now_ms, index)
+local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], now_ms, index, ARGV[4])
 local code = ({freed = 0, kept = 1, not_held = 2})[state]
 return {code, popped or ''}

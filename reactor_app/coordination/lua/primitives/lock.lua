@@ -23,7 +23,7 @@ WAITERS_INDEX['lock'] = 3 -- the waiters zset's place in the claim's keys
 
 local function release_lock(keys, spec)
   local state, popped = lock_release(keys[1], keys[2], holder.owner, function() return now.ms end,
-    index_of(keys, 3, spec.ik))
+    index_of(keys, 3, spec.ik), spec.token)
   if state == 'not_held' then table.insert(report.not_held, keys[1])
   elseif state == 'freed' then
     if popped then table.insert(report.woken, popped) end
