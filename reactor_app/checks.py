@@ -26,6 +26,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         "TRACKING",
         "EXECUTION_CLAIM_TTL",
         "SWEEP_AFTER",
+        "SWEEP_INTERVAL",
+        "EXTERNAL_SWEEP_INTERVAL",
         "CELERY_QUEUE",
         "RETENTION",
     ):

@@ -265,6 +265,20 @@ class ReactorSettings:
         return float(value)
 
     @property
+    def EXTERNAL_SWEEP_INTERVAL(self) -> float:
+        """Seconds between the sweeps scheduled outside the workers (beat, cron) when
+        ``SWEEP_INTERVAL`` is 0 — default 60, the cadence of ``tasks.sweep_schedule`` and the
+        finest cron can do. The holds parked executions keep are lengthened to outlast two of
+        them (``engine.worker.park_margin``)."""
+        value = self._get("EXTERNAL_SWEEP_INTERVAL", 60.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(
+                "REACTOR_EXTERNAL_SWEEP_INTERVAL must be a number of seconds > 0",
+                setting="EXTERNAL_SWEEP_INTERVAL",
+            )
+        return float(value)
+
+    @property
     def ORDERED_WAIT_CEILING(self) -> int | None:
         """Parks of one unit on an ordered lock before it fails (None: unbounded)."""
         value = self._get("ORDERED_WAIT_CEILING", None)

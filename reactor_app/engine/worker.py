@@ -89,8 +89,12 @@ def kept_hold_cover(requeue_in: float | None) -> float:
 
 def park_margin() -> float:
     """Slack on top of a parked execution's due time before its kept holds could lapse: two
-    sweeps, so one missed sweep never loses them (at least 10 s)."""
-    return max(2 * reactor_settings.SWEEP_INTERVAL, 10.0)
+    sweeps, so one missed sweep never loses them (at least 10 s). The sweeps are the workers'
+    own (``SWEEP_INTERVAL``) or, with those off, the ones scheduled outside them
+    (``EXTERNAL_SWEEP_INTERVAL``): a margin counted from a 0 interval would let the holds
+    lapse between two beat or cron sweeps."""
+    every = reactor_settings.SWEEP_INTERVAL or reactor_settings.EXTERNAL_SWEEP_INTERVAL
+    return max(2 * every, 10.0)
 
 
 def requeue_delay(park: ParkRequested, attempts: int) -> float:

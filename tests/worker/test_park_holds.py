@@ -380,3 +380,47 @@ def test_a_park_is_recorded_with_its_count_in_one_write(in_process: None) -> Non
     # the row was created with its first park counted (a later park may update it in place)
     assert saved and saved[0] == 1 and 0 not in saved
     assert ContentionState.objects.get(execution=execution).attempts == 2
+
+
+@pytest.mark.parametrize(
+    ("external", "at_least"), [(None, 120.0), (300, 600.0)], ids=["default", "every-300s"]
+)
+def test_with_sweeps_scheduled_outside_the_workers_kept_holds_outlast_two_of_them(
+    settings: Any, external: int | None, at_least: float
+) -> None:
+    """``REACTOR_SWEEP_INTERVAL = 0`` hands the sweep to beat or cron (every 60 s by default,
+    ``REACTOR_EXTERNAL_SWEEP_INTERVAL`` otherwise). Each sweep lengthens the holds parked
+    executions keep; counted from a 0 interval, the lengthening was 10 s and the holds lapsed
+    between two sweeps, letting another execution into the workflow."""
+    from reactor_app.engine.dispatch import renew_kept_holds
+    from reactor_app.engine.state import ExecutionState
+
+    settings.REACTOR_SWEEP_INTERVAL = 0
+    if external is not None:
+        settings.REACTOR_EXTERNAL_SWEEP_INTERVAL = external
+    execution_id = uuid.uuid4()
+    admitted = Coordinator().admit([LockClaim("wf:kept", ttl=2)], Holder(owner=str(execution_id)))
+    assert isinstance(admitted, Admitted)
+    state = ExecutionState()
+    state.origin.worker = True
+    # parked waiting for something with no due time of its own (an async child)
+    state.continuation.kept_holds = [
+        {"primitive": "lock", "key": "wf:kept", "token": admitted.holds[0].token}
+    ]
+    Execution.objects.create(
+        id=execution_id,
+        reactor="shop.Workflow",
+        inputs={},
+        status=ExecutionStatus.PARKED,
+        context=state.to_json(),
+    )
+    assert renew_kept_holds() == 1
+    lease = coordination_state().lock("wf:kept").ttl
+    assert lease is not None and at_least - 5 <= lease <= at_least + 1, lease
+
+
+def test_a_bad_external_sweep_interval_is_a_configuration_error(settings: Any) -> None:
+    from reactor_app.checks import check_settings
+
+    settings.REACTOR_EXTERNAL_SWEEP_INTERVAL = 0
+    assert [e.obj for e in check_settings()] == ["REACTOR_EXTERNAL_SWEEP_INTERVAL"]
