@@ -20,8 +20,11 @@ Tracking rows are written behind the work by the writer thread, as in production
 include whatever that thread takes from the caller (the GIL, the database). Keys live under a
 fresh prefix and are deleted after; the rows it wrote are deleted too. Also printed: the Redis
 server time per call (``INFO commandstats``: the commands each contender sends, a script
-counted whole with the commands it runs, never those twice). Not a test: it prints figures;
-docs/benchmarks.md records them.
+counted whole with the commands it runs, never those twice). Each ratio is printed twice: the
+ratio of the overall medians, and in brackets the median of the ratios taken block by block
+(each block's contenders run milliseconds apart, so a machine changing speed mid-run moves
+both sides of a block's ratio alike). Not a test: it prints figures; docs/benchmarks.md
+records them.
 """
 
 from __future__ import annotations
@@ -106,6 +109,18 @@ def measure(
 
 def p50(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def block_ratio(values: list[float], peer: list[float], block: int = 50) -> float:
+    """The median over blocks of (this contender's median / the peer's median) in the same
+    round of blocks: measured a few ms apart, so a machine that changes speed during the run
+    (a busy neighbour) moves both sides of each ratio alike. A steadier figure than the ratio
+    of the overall medians when the run is noisy; the two agree on a quiet machine."""
+    ratios = [
+        p50(values[start : start + block]) / p50(peer[start : start + block])
+        for start in range(0, min(len(values), len(peer)), block)
+    ]
+    return p50(ratios)
 
 
 class Noop(Step):
@@ -273,11 +288,18 @@ def main() -> None:
             CoordinationEvent.objects.filter(key__startswith="bench:").delete()
 
     peer = p50(samples["redis-py Lock pair"])
-    print(f"\n{'median per call, µs':48} {'p50':>9} {'p90':>9}  ratio to the redis-py pair")
+    print(
+        f"\n{'median per call, µs':48} {'p50':>9} {'p90':>9}  ratio to the redis-py pair"
+        "  (median of per-block ratios)"
+    )
     for label, values in samples.items():
         ordered = sorted(values)
         p90 = ordered[int(len(ordered) * 0.9)]
-        print(f"{label:48} {p50(values):9.1f} {p90:9.1f}  {p50(values) / peer:5.2f}x")
+        paired = block_ratio(values, samples["redis-py Lock pair"])
+        print(
+            f"{label:48} {p50(values):9.1f} {p90:9.1f}  {p50(values) / peer:5.2f}x"
+            f"  ({paired:5.2f}x)"
+        )
     one, ten = (
         p50(samples["Reactor.run, 1 no-op step"]),
         p50(samples["Reactor.run, 10 no-op steps"]),

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -27,13 +28,16 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
-from reactor_app.engine.enqueueing import enqueue_on_commit
+from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
+from reactor_app.engine.enqueueing import enqueue_on_commit, wake
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
-from reactor_app.engine.outcomes import PassEnd, UnitStatus
+from reactor_app.engine.leftovers import abandon_positions, leave_lines, release_kept
+from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus
 from reactor_app.engine.result import error_from_dict
-from reactor_app.engine.rollback import undo_record
+from reactor_app.engine.rollback import roll_back, undo_record
 from reactor_app.engine.runner import StepOutcome, validate_arguments
 from reactor_app.engine.state import (
     AsyncChild,
@@ -58,6 +62,8 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.executor import ExecutionRun
 
+
+logger = logging.getLogger(__name__)
 
 #: seconds a rollback waits for a parallel map's running elements before reporting them
 ELEMENT_SETTLE_TIMEOUT = 300.0
@@ -257,14 +263,16 @@ def child_error(row: Execution, fallback: str, reactor: str, step: str) -> React
 
 
 def children_to_settle(run: ExecutionRun) -> bool:
-    """Whether a rollback of ``run`` has children to wait for first (``settle_children``)."""
-    return bool(run.state.children.pending_async or run.state.children.parallel_maps)
+    """Whether a rollback of ``run`` has children to settle first (``settle_children``)."""
+    children = run.state.children
+    return bool(children.pending_async or children.parallel_maps or children.composed)
 
 
 def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
-    """Before a rollback: wait for running async steps so that their successes are undone
-    too (rollback never parks, so a worker blocks here as well)."""
-    failures: list[dict[str, Any]] = []
+    """Before a rollback: end the composed children the tree parked in (``settle_composed``),
+    and wait for running async steps so that their successes are undone too (rollback never
+    parks, so a worker blocks here as well)."""
+    failures: list[dict[str, Any]] = settle_composed(run)
     pending = run.state.children.pending_async or {}
     for name in list(pending):
         entry = pending[name]
@@ -284,6 +292,49 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
             continue
         settle_child(run, name, entry, child)
     return failures + settle_map_elements(run)
+
+
+def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
+    """End the composed children ``run`` parked in, before ``run`` rolls back without
+    resuming them (a refusal at its own reactor gate, a cancel, an unexpected error).
+
+    Such a child is mid-way: its completed steps are part of the tree's work, and it may keep
+    reactor-level holds across the park. Each one (its own parked children first) is rolled
+    back — its completed steps undone, newest first, while what it kept is still held — then
+    gives back what it kept (holds, ordered positions, waiter places) and ends ``cancelled``
+    when the tree was cancelled, else ``failed``. Left alone, it stayed ``parked`` for good,
+    its kept holds renewed by every sweep. Returns what could not be undone."""
+    failures: list[dict[str, Any]] = []
+    composed = run.state.children.composed or {}
+    for label in list(composed):
+        child = run.child_run(composed.pop(label))
+        if child is None or child.execution.status in TERMINAL_STATUSES:
+            continue
+        try:
+            undone = settle_children(child) + roll_back(child)
+        except Exception as exc:  # a rollback bug must not leave the child parked for good
+            logger.exception("rollback of composed child %s failed", child.execution_id)
+            undone = [{"step": label, "kind": "undo", "reason": "error", "error": str(exc)}]
+        coordinator = Coordinator()
+        woken = release_kept(child, coordinator) + abandon_positions(child, coordinator)
+        leave_lines(child, coordinator)
+        if woken:
+            wake(woken)
+        request = cancel_request(child.root.execution_id, child.execution_id)
+        if request is not None:
+            error: ReactorError = cancelled_error(
+                request, child.execution_id, reactor=child.reactor_path
+            )
+            child.finish(RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=undone))
+        else:
+            error = StepFailed(
+                f"the execution {child.reactor_path} is composed into ended before resuming it",
+                reactor=child.reactor_path,
+                step=label,
+            )
+            child.finish(RunEnd(PassEnd.FAILED, error=error, rollback_failures=undone))
+        failures += undone
+    return failures
 
 
 def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:

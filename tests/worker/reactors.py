@@ -18,6 +18,7 @@ from reactor_app import (
     Success,
     async_reactor,
     async_step,
+    compose,
     from_input,
     from_result,
     interrupt,
@@ -378,3 +379,21 @@ class TimedApprovalReactor(Reactor):
     prepare = step(AuditStep, account_id=from_input("order_id"))
     approval = interrupt(timeout=1)
     apply = step(ApprovalStep, approval=from_result("approval"))
+
+
+@with_lock(lambda inputs: f"child:{inputs['key']}", ttl=30)
+class LockedChild(Reactor):
+    """Composed into ``LockedParent``: its own reactor-level lock, a completed step to undo,
+    then a step that parks the tree on ``side:<side>``."""
+
+    inputs = ("key", "side")
+
+    audit = step(AuditStep, account_id=from_input("key"))
+    side = step(SideLockedStep, key=from_input("key"), side=from_input("side"))
+
+
+@with_lock(lambda inputs: f"parent:{inputs['key']}", ttl=30)
+class LockedParent(Reactor):
+    inputs = ("key", "side")
+
+    sub = compose(LockedChild, key=from_input("key"), side=from_input("side"))

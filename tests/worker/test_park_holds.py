@@ -36,6 +36,7 @@ from tests.worker.reactors import (
     BriefLeaseReactor,
     ExclusiveFailingReactor,
     ExclusiveReactor,
+    LockedParent,
     PooledReactor,
     records,
 )
@@ -424,3 +425,63 @@ def test_a_bad_external_sweep_interval_is_a_configuration_error(settings: Any) -
 
     settings.REACTOR_EXTERNAL_SWEEP_INTERVAL = 0
     assert [e.obj for e in check_settings()] == ["REACTOR_EXTERNAL_SWEEP_INTERVAL"]
+
+
+def park_in_composed_child(key: int) -> tuple[Execution, Execution, Admitted]:
+    """``LockedParent`` → ``LockedChild``, parked on ``side:<key>`` (held here) inside the
+    child: the child has completed ``audit`` and keeps ``child:<key>`` across the park."""
+    side = hold_lock(f"side:{key}")
+    parent = LockedParent.run_async(key=key, side=key)
+    wait_until(
+        lambda: (
+            Execution.objects.filter(parent_id=parent.pk, status=ExecutionStatus.PARKED).exists()
+            and Execution.objects.get(pk=parent.pk).status == ExecutionStatus.PARKED
+        ),
+        30,
+        message="the tree never parked in its composed child",
+    )
+    child = Execution.objects.get(parent_id=parent.pk)
+    assert coordination_state().lock(f"child:{key}").held
+    return parent, child, side
+
+
+def test_a_tree_that_fails_at_its_own_gate_ends_its_parked_composed_child(worker: Any) -> None:
+    """The parent's kept lock is force-released while the tree is parked inside its composed
+    child: the resume fails at the parent's gate (``LeaseLost``) and rolls back. The child's
+    completed step is undone, its kept lock released, and it ends ``failed`` — it stayed
+    ``parked``, its lock renewed by every sweep, for good."""
+    from reactor_app.engine.dispatch import renew_kept_holds
+
+    parent, child, side = park_in_composed_child(77)
+    try:
+        Coordinator().force_release("lock", "parent:77")  # an operator's action
+    finally:
+        release_and_wake(side)
+    wait_until(lambda: Execution.objects.get(pk=parent.pk).is_terminal, 30, message="no end")
+    parent.refresh_from_db()
+    child.refresh_from_db()
+    assert parent.status == ExecutionStatus.FAILED and parent.error["type"] == "LeaseLost"
+    assert child.status == ExecutionStatus.FAILED and child.finished_at is not None
+    assert [r["step"] for r in records("rollback")] == ["audit"]
+    assert_not_locked("child:77")
+    assert renew_kept_holds() == 0  # nothing parked keeps anything
+
+
+def test_cancelling_a_tree_parked_in_its_composed_child_ends_and_rolls_back_the_child(
+    worker: Any,
+) -> None:
+    from reactor_app.engine.cancel import cancel_execution
+
+    parent, child, side = park_in_composed_child(78)
+    try:
+        cancel_execution(parent.pk, "stop")
+    finally:
+        release_and_wake(side)
+    wait_until(lambda: Execution.objects.get(pk=parent.pk).is_terminal, 30, message="no end")
+    parent.refresh_from_db()
+    child.refresh_from_db()
+    assert parent.status == ExecutionStatus.CANCELLED
+    assert child.status == ExecutionStatus.CANCELLED
+    assert [r["step"] for r in records("rollback")] == ["audit"]
+    assert_not_locked("child:78")
+    assert_not_locked("parent:78")
