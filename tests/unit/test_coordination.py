@@ -616,6 +616,21 @@ def test_force_release_frees_whatever_the_nesting(coordinator: Coordinator) -> N
     ]
 
 
+def test_a_force_released_lock_goes_to_its_head_waiter_first(coordinator: Coordinator) -> None:
+    """A forced release hands the lock on as a release does: the head waiter is granted the
+    key for a moment, so a newcomer cannot take it first, and the waiters keep their order."""
+    claim = LockClaim("forced", ttl=60)
+    assert isinstance(coordinator.admit([claim], ALICE), Admitted)
+    for waiter in ("exec-b", "exec-c"):
+        assert not isinstance(coordinator.admit([claim], BOB, waiter_id=waiter), Admitted)
+    assert coordinator.force_release("lock", "forced").woken == ["exec-b"]
+    newcomer = coordinator.admit([claim], Holder(owner="newcomer"))
+    assert isinstance(newcomer, Refused)
+    assert newcomer.blocker and newcomer.blocker["granted_to"] == "exec-b"
+    assert isinstance(coordinator.admit([claim], BOB, waiter_id="exec-b"), Admitted)
+    assert coordinator.waiters(claim) == ["exec-c"]
+
+
 def test_live_holds_are_attributed(coordinator: Coordinator) -> None:
     coordinator.admit([LockClaim("acct:{7}", ttl=30)], ALICE)
     coordinator.admit([SemaphoreClaim("pool", limit=3, ttl=30)], BOB)

@@ -1,7 +1,9 @@
 --[[ force_release.lua — operator action: free a lock or semaphore whatever its nesting.
 
 The holder is not asked; its next renewal reports the lease lost. One parked waiter is popped
-per freed slot and a wake message is PUBLISHed on the base key's name.
+per freed slot and a wake message is PUBLISHed on the base key's name. A freed lock is handed
+on as a release hands it on (lock_hand_on in _lock.lua): its head waiter is granted the key for
+a moment and the message names it, so the waiters stay served in the order they came.
 
 KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset, [KEYS[3..6] index]
 KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset,
@@ -18,6 +20,7 @@ Returns {status, json}:
 ]]
 
 -- @include _common.lua
+-- @include _lock.lua
 
 local primitive, owner = ARGV[1], ARGV[2]
 local user_key = (ARGV[3] or '') ~= '' and ARGV[3] or nil
@@ -35,7 +38,9 @@ if primitive == 'lock' then
   redis.call('DEL', KEYS[1])
   index_remove(index_of(KEYS, 3, user_key), 'lock', current)
   table.insert(released, current)
-  pop_waiter(KEYS[2])
+  local handed = lock_hand_on(KEYS[1], KEYS[2], function() return redis_now().ms end)
+  if handed then table.insert(woken, handed) end
+  return reply(OK, {released = released, woken = woken})
 elseif primitive == 'semaphore' then
   local owners
   if owner ~= '' then
