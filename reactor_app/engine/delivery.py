@@ -99,6 +99,10 @@ def deliver(
         except ReactorNotRegistered as missing:
             return {**summary, **_fail_unrunnable(execution, missing)}
         run = _run_pass(execution, claim)
+    except CoordinationUnavailable:
+        # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
+        # nothing ran, the row is still "running", so the next delivery takes over again
+        return {**summary, **_retry_after_outage(execution)}
     except ClaimLost:
         # Another delivery may run it now, or nobody (the claim vanished with a restarted
         # Redis): look again once a claim would have lapsed; a duplicate is harmless.
@@ -111,8 +115,9 @@ def deliver(
 
 
 def _retry_after_outage(execution: Execution) -> dict[str, Any]:
-    """The coordination Redis is unreachable before this delivery could claim the execution:
-    nothing ran; send it again after a backoff. If the broker is unreachable too, the sweeper
+    """The coordination Redis is unreachable before this delivery could claim the execution
+    (or drop the holds of the dead delivery it takes over from): nothing ran; send it again
+    after a backoff. If the broker is unreachable too, the sweeper
     re-enqueues it once the heartbeat is stale (docs/operations.md, "Recovery")."""
     delay = backoff_seconds(1)
     logger.warning("coordination store unreachable; %s requeued in %.1fs", execution.id, delay)

@@ -36,7 +36,7 @@ from reactor_app.conf import reactor_settings
 from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.enqueueing import wake
-from reactor_app.exceptions import ContentionCeilingExceeded, ReactorError
+from reactor_app.exceptions import ContentionCeilingExceeded, CoordinationUnavailable, ReactorError
 from reactor_app.models import ContentionState
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -222,28 +222,36 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
     charges and ordered positions need nothing: a charge is spent, a position is reused.
 
     Caveat: if the predecessor is not dead but only lost its claim (renewal failed for a whole
-    claim TTL), it may still be inside the step; it finds its lease lost at its next renewal.
+    claim TTL), it may still be inside the step; it finds its lease lost at its next renewal,
+    and its release frees nothing this delivery takes again (a lock's release names its
+    admission's fencing token).
     Returns the ``(primitive, key)`` pairs actually released; records a ``forced_release``
     event (``detail={"reason": "redelivery"}``) for each and wakes their parked waiters.
+    Raises ``CoordinationUnavailable`` when Redis cannot be reached, before changing anything
+    it did not release: going on would re-enter the stale holds (the key held until its TTL
+    after this delivery's release) and a park for the outage would make the next delivery
+    no takeover — ``deliver`` sends the execution again later instead, still ``running``.
     """
-    run.state.continuation.kept_holds = None
     registry = run.held_keys.registry
     if registry is None:
+        run.state.continuation.kept_holds = None
         return []
-    try:
-        targets = registry.entries()
-    except ReactorError:  # Redis unreachable: admission will report it
-        logger.warning("could not read the held-key registry of %s", run.owner)
-        return []
+    targets = registry.entries()  # CoordinationUnavailable: nothing changed yet
+    run.state.continuation.kept_holds = None
     coordinator = Coordinator()
     released: list[tuple[str, str]] = []
     woken: list[str] = []
+    done: list[tuple[str, str]] = []
     for primitive, key, step in targets:
         try:
             outcome = coordinator.force_release(primitive, key, owner=run.owner)
+        except CoordinationUnavailable:
+            registry.withdraw(done)  # best effort, like every withdrawal
+            raise
         except (ReactorError, ValueError):
             logger.warning("could not drop stale %s %r of %s", primitive, key, run.owner)
             continue
+        done.append((primitive, key))
         if not outcome.released:
             continue
         released.append((primitive, key))
@@ -258,7 +266,7 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
             execution_id=run.execution_id,
             reason="redelivery",
         )
-    registry.withdraw([(primitive, key) for primitive, key, _ in targets])
+    registry.withdraw(done)
     if woken:
         wake(woken)
     return released

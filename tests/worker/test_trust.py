@@ -8,6 +8,8 @@
   at once with ``HandOffRefused`` instead of waiting for its own parent.
 * A crash inside a composed child: the redelivery frees the child's holds (the held-key
   registry lists them), so nothing stays locked after the execution completes.
+* A takeover that cannot read the registry (Redis fails right then) changes nothing and comes
+  back, instead of re-entering the dead delivery's holds.
 """
 
 from __future__ import annotations
@@ -132,3 +134,39 @@ def test_a_crash_inside_a_composed_child_frees_the_childs_holds_on_redelivery(
     ]
     runs = records("composed")
     assert [r["entry"] for r in runs] == [2] and runs[0]["pid"] != entered["pid"]
+
+
+def test_a_takeover_that_cannot_read_the_registry_changes_nothing_and_comes_back(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery taking over from a dead one (the row still ``running``) drops the holds the
+    dead one left before anything else. If Redis fails it right then, it must not go on: it
+    would re-enter the stale lock (one release later, the key stays held until its TTL) and a
+    park for the outage would make the next delivery no takeover. It changes nothing and the
+    execution is sent again, still ``running``; that delivery drops the holds and finishes."""
+    from reactor_app.coordination.registry import HoldRegistry
+    from reactor_app.engine.dispatch import deliver
+    from reactor_app.exceptions import CoordinationUnavailable
+    from tests.worker.reactors import ExclusiveReactor
+
+    settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{os.getpid()}-{time.monotonic_ns()}"
+    execution = ExclusiveReactor.run_async(key="t1", side="t1")
+    Execution.objects.filter(pk=execution.pk).update(status=ExecutionStatus.RUNNING)
+    owner = str(execution.pk)  # the dead delivery's reactor-level hold, announced first
+    HoldRegistry(owner).announce([("lock", "excl:t1")])
+    assert isinstance(Coordinator().admit([LockClaim("excl:t1", ttl=30)], Holder(owner)), Admitted)
+
+    real = HoldRegistry.entries
+
+    def unreachable(self: HoldRegistry) -> Any:
+        raise CoordinationUnavailable("the coordination Redis is unreachable", cause="test")
+
+    monkeypatch.setattr(HoldRegistry, "entries", unreachable)
+    assert deliver(str(execution.pk))["outcome"] == "coordination_unavailable"
+    execution.refresh_from_db()
+    assert execution.status == ExecutionStatus.RUNNING
+    assert coordination_state().lock("excl:t1").count == 1  # not re-entered, not released
+
+    monkeypatch.setattr(HoldRegistry, "entries", real)
+    assert deliver(str(execution.pk))["outcome"] == "succeeded"
+    assert_not_locked("excl:t1")  # dropped, taken once, released once
