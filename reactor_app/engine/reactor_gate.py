@@ -10,8 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.coordination import primitives
+from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.children import children_to_settle, settle_children
+from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
+from reactor_app.engine.leftovers import release_kept
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.state import REACTOR_SLOT
@@ -32,6 +35,14 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
     kept, run.state.continuation.kept_holds = run.state.continuation.kept_holds, None
     declarations = run.reactor.declarations()
     if not declarations:
+        if kept:
+            # kept by a version of the reactor that declared them (a deploy between two
+            # deliveries): nothing here covers them any more, give them back now rather than
+            # let them stand until their park lease lapses
+            run.state.continuation.kept_holds = kept
+            woken = release_kept(run, Coordinator())
+            if woken:
+                wake(woken)
         return None, None
     continuing = bool(run.state.continuation.reactor_admitted)
     gate = Gate(

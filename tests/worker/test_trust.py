@@ -10,6 +10,8 @@
   registry lists them), so nothing stays locked after the execution completes.
 * A takeover that cannot read the registry (Redis fails right then) changes nothing and comes
   back, instead of re-entering the dead delivery's holds.
+* Holds kept across a park by a reactor version that declared them are given back when a
+  version without those declarations resumes it.
 """
 
 from __future__ import annotations
@@ -170,3 +172,30 @@ def test_a_takeover_that_cannot_read_the_registry_changes_nothing_and_comes_back
     monkeypatch.setattr(HoldRegistry, "entries", real)
     assert deliver(str(execution.pk))["outcome"] == "succeeded"
     assert_not_locked("excl:t1")  # dropped, taken once, released once
+
+
+def test_holds_kept_by_a_reactor_that_no_longer_declares_them_are_given_back(
+    settings: Any,
+) -> None:
+    """A deploy between two deliveries removed the reactor-level declarations of a parked
+    execution: the holds its earlier version kept across the park are released when it
+    resumes, not left standing until their park lease lapses."""
+    from reactor_app.engine.dispatch import deliver
+    from reactor_app.engine.state import ExecutionState
+    from tests.worker.reactors import PaymentReactor
+
+    settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{os.getpid()}-{time.monotonic_ns()}"
+    execution = PaymentReactor.run_async(account_id=41, hold=False)  # declares no reactor lock
+    owner = str(execution.pk)
+    kept = Coordinator().admit([LockClaim("gone:41", ttl=60)], Holder(owner))
+    assert isinstance(kept, Admitted)
+    state = ExecutionState.peek(execution.context)
+    state.origin.worker = True
+    state.continuation.kept_holds = [
+        {"primitive": "lock", "key": "gone:41", "token": kept.holds[0].token}
+    ]
+    Execution.objects.filter(pk=execution.pk).update(
+        status=ExecutionStatus.PARKED, context=state.to_json()
+    )
+    assert deliver(owner)["outcome"] == "succeeded"
+    assert_not_locked("gone:41")
