@@ -247,6 +247,8 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
             outcome = coordinator.force_release(primitive, key, owner=run.owner)
         except CoordinationUnavailable:
             registry.withdraw(done)  # best effort, like every withdrawal
+            if woken:
+                wake(woken)
             raise
         except (ReactorError, ValueError):
             logger.warning("could not drop stale %s %r of %s", primitive, key, run.owner)

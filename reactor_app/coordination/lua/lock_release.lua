@@ -12,9 +12,9 @@ ARGV  owner, user key for the index (only read when the index keys are passed), 
       token (optional, "" to skip): the admission's fencing token — a hold of the same owner
       under another token is a later acquisition, not this one's (state 2)
 
-Returns {state, woken}: state 0 freed, 1 kept (still nested), 2 not held (lapsed or taken
-over, or re-taken under a newer token); woken = the waiter id popped for the freed key, or "". State 3: a flag is set, nothing
-was released, and the second element is the flag's value.
+Returns {state, woken}: state 0 freed, 1 kept (still nested), 2 not held (lapsed, taken over,
+or re-taken under a newer token); woken = the waiter id popped for the freed key, or "".
+State 3: a flag is set, nothing was released, and the second element is the flag's value.
 ]]
 
 -- @include _common.lua
