@@ -616,6 +616,20 @@ def test_force_release_frees_whatever_the_nesting(coordinator: Coordinator) -> N
     ]
 
 
+def test_force_releasing_a_semaphore_releases_only_live_leases(coordinator: Coordinator) -> None:
+    """A lease that lapsed (not purged yet) holds nothing: it is not released, audited or
+    counted, and wakes no waiter."""
+    assert isinstance(
+        coordinator.admit([SemaphoreClaim("slots:lapsed", limit=5, ttl=0.1)], ALICE), Admitted
+    )
+    assert isinstance(
+        coordinator.admit([SemaphoreClaim("slots:lapsed", limit=5, ttl=60)], BOB), Admitted
+    )
+    time.sleep(0.3)  # alice's lease lapses
+    assert coordinator.force_release("semaphore", "slots:lapsed", owner="alice").released == []
+    assert coordinator.force_release("semaphore", "slots:lapsed").released == ["bob"]
+
+
 def test_a_force_released_lock_goes_to_its_head_waiter_first(coordinator: Coordinator) -> None:
     """A forced release hands the lock on as a release does: the head waiter is granted the
     key for a moment, so a newcomer cannot take it first, and the waiters keep their order."""

@@ -42,11 +42,15 @@ if primitive == 'lock' then
   if handed then table.insert(woken, handed) end
   return reply(OK, {released = released, woken = woken})
 elseif primitive == 'semaphore' then
+  -- holders whose lease lives: a lapsed one (not purged yet: the next admission does that)
+  -- holds nothing, so it is neither released, nor audited, nor worth a waiter's wake-up
+  local now_ms = redis_now().ms
   local owners
   if owner ~= '' then
-    owners = redis.call('ZSCORE', KEYS[1], owner) and {owner} or {}
+    local expiry = redis.call('ZSCORE', KEYS[1], owner)
+    owners = (expiry and tonumber(expiry) > now_ms) and {owner} or {}
   else
-    owners = redis.call('ZRANGE', KEYS[1], 0, -1)
+    owners = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(now_ms), '+inf')
   end
   if #owners == 0 then return reply(NOT_FOUND, {}) end
   redis.call('ZREM', KEYS[1], unpack(owners))
