@@ -139,6 +139,14 @@ def _ordered_action(model_admin: ModelAdmin, request: HttpRequest, *, verb: str)
     except CoordinationUnavailable as exc:
         messages.error(request, exc.message)
         return HttpResponseRedirect(url("changelist"))
+    except DatabaseError as exc:
+        # the action was applied; its audit row was not written (tracking.record_coordination)
+        messages.error(
+            request,
+            f"{verb} of ordered lock {key!r} applied, but its audit row could not be "
+            f"written: {exc}",
+        )
+        return HttpResponseRedirect(url("changelist"))
     if verb == "skip":
         description = (
             f"Complete the head of {key!r} (position {state['ordered']['head'] or '-'}) without "

@@ -25,10 +25,20 @@ class ForceReleased:
 
 
 def force_release(
-    coordinator: Coordinator, primitive: str, key: str, owner: str | None = None
+    coordinator: Coordinator,
+    primitive: str,
+    key: str,
+    owner: str | None = None,
+    *,
+    hand_on: bool = True,
 ) -> ForceReleased:
     """Remove a lock (or a semaphore's holders, or one owner's slot) whatever its nesting.
-    Ordered locks have ``skip``/``reset`` instead."""
+    Ordered locks have ``skip``/``reset`` instead.
+
+    ``hand_on``: a freed lock is granted to its head waiter for a moment, as a release grants
+    it (an operator's release, a tree that ends). False for a delivery dropping the stale holds
+    of the dead one it takes over from (``engine.worker.drop_stale_holds``): it takes them
+    again at once, and a grant to a waiter would let that waiter run inside its workflow."""
     prefix = coordinator.prefix
     if not primitives.holds(primitive):
         raise ValueError(
@@ -36,7 +46,7 @@ def force_release(
             "(use skip/reset for an ordered lock)"
         )
     keys = primitives.holding(primitive).force_release_keys(key, prefix)
-    args = [primitive, owner or "", key]
+    args = [primitive, owner or "", key, "1" if hand_on else "0"]
     keys += holds_index.keys_for(key, prefix, sharded=is_cluster(coordinator.client))
     reply = scripts_for(coordinator.client).run(
         "force_release", keys, args, key=key, primitive=primitive

@@ -163,7 +163,12 @@ def decode_cursor(cursor: str) -> dict[str, Any]:
 
 
 def _finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
 
 
 def totals(*, client: Any = None, prefix: str | None = None) -> dict[str, int]:

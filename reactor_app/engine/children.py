@@ -76,6 +76,18 @@ def run_child(
     child: ExecutionRun | None = None
     if label in known:
         child = run.child_run(known[label])
+    if child is not None and child.execution.status in (
+        ExecutionStatus.FAILED,
+        ExecutionStatus.CANCELLED,
+    ):
+        # ended by a rollback of this run that died before it could checkpoint
+        # (``settle_composed``): its steps are undone, it must not carry on from the middle
+        known.pop(label, None)
+        row = child.execution
+        return StepOutcome(
+            UnitStatus.FAILED,
+            error=child_error(row, "composed child ended", run.reactor_path, label),
+        )
     if child is None:
         error = input_errors(reactor, inputs)
         if error is not None:
@@ -307,7 +319,13 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
     failures: list[dict[str, Any]] = []
     composed = run.state.children.composed or {}
     for label in list(composed):
-        child = run.child_run(composed.pop(label))
+        child_id = composed.pop(label)
+        try:
+            child = run.child_run(child_id)
+        except ReactorError:  # its reactor is not importable here: nothing can undo it
+            logger.exception("composed child %s of %s cannot be loaded", child_id, run.reactor_path)
+            failures.append({"step": label, "kind": "undo", "reason": "error"})
+            continue
         if child is None or child.execution.status in TERMINAL_STATUSES:
             continue
         try:

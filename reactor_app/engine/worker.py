@@ -244,7 +244,8 @@ def drop_stale_holds(run: ExecutionRun) -> list[tuple[str, str]]:
     done: list[tuple[str, str]] = []
     for primitive, key, step in targets:
         try:
-            outcome = coordinator.force_release(primitive, key, owner=run.owner)
+            # not handed on to a waiter: this delivery takes them again at once
+            outcome = coordinator.force_release(primitive, key, owner=run.owner, hand_on=False)
         except CoordinationUnavailable:
             registry.withdraw(done)  # best effort, like every withdrawal
             if woken:

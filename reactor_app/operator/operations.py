@@ -62,6 +62,10 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
         )
     before = _holders_before(primitive, key, owner)
     outcome = Coordinator().force_release(primitive, key, owner or None)
+    if outcome.woken:
+        # the freed key is granted to its head waiter: re-enqueue it now, whatever happens to
+        # the audit rows below (a failed write raises), not at its backoff
+        wake(outcome.woken)
     for released_owner in outcome.released:
         holder = before.get(released_owner, {})
         record_coordination(
@@ -78,9 +82,6 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
             count=holder.get("count"),
             woken=outcome.woken,
         )
-    if outcome.woken:
-        # the freed key had parked waiters: re-enqueue them now rather than at their backoff
-        wake(outcome.woken)
     logger.warning(
         "%s force-released %s %r held by %s", by, primitive, key, ", ".join(outcome.released)
     )

@@ -316,9 +316,14 @@ def test_a_force_release_whose_audit_row_cannot_be_written_never_reports_success
 ) -> None:
     from django.db import DatabaseError
 
-    assert isinstance(
-        Coordinator().admit([LockClaim("acct:unaudited", ttl=60)], Holder(owner="o")), Admitted
-    )
+    from reactor_app.operator import operations
+
+    claim = LockClaim("acct:unaudited", ttl=60)
+    assert isinstance(Coordinator().admit([claim], Holder(owner="o")), Admitted)
+    # a parked execution waits for the key: the forced release grants it the key
+    assert not isinstance(Coordinator().admit([claim], Holder("w"), waiter_id="w-exec"), Admitted)
+    woken: list[list[str]] = []
+    monkeypatch.setattr(operations, "wake", lambda ids: woken.append(list(ids)))
 
     def unwritable(**fields: Any) -> Any:
         raise DatabaseError("the audit table is gone")
@@ -329,6 +334,8 @@ def test_a_force_release_whose_audit_row_cannot_be_written_never_reports_success
     page = text(response)
     assert "audit row could not be written" in page and "the audit table is gone" in page
     assert "held by o" not in page  # no success message
+    # the waiter it was granted to is re-enqueued all the same, not left to its backoff
+    assert woken == [["w-exec"]]
 
 
 @pytest.mark.django_db
@@ -369,6 +376,24 @@ def test_force_released_hold_reports_lease_lost_at_the_next_renewal(
     assert renewal.lost.key == "acct:17"
     event = CoordinationEvent.objects.get(kind=CoordinationEventKind.FORCED_RELEASE)
     assert event.owner == "holder-1" and event.step == "charge"
+
+
+@pytest.mark.django_db
+def test_an_ordered_reset_whose_audit_row_cannot_be_written_says_so(
+    operator_client: Client, monkeypatch: Any
+) -> None:
+    from django.db import DatabaseError
+
+    Coordinator().assign_position("line:19", Holder(owner="first", step="ship"))
+
+    def unwritable(**fields: Any) -> Any:
+        raise DatabaseError("the audit table is gone")
+
+    monkeypatch.setattr(CoordinationEvent.objects, "create", unwritable)
+    reset = COORDINATION + "ordered-reset/"
+    page = text(operator_client.post(reset, {"key": "line:19"}, follow=True))
+    assert "audit row could not be written" in page and "the audit table is gone" in page
+    assert coordination_state().ordered_lock("line:19").positions == []  # it was applied
 
 
 @pytest.mark.django_db

@@ -199,3 +199,58 @@ def test_holds_kept_by_a_reactor_that_no_longer_declares_them_are_given_back(
     )
     assert deliver(owner)["outcome"] == "succeeded"
     assert_not_locked("gone:41")
+
+
+def test_a_takeover_takes_its_dead_predecessors_lock_again_before_any_waiter(
+    settings: Any,
+) -> None:
+    """Dropping the dead delivery's holds is no operator's release: the key is not granted to
+    the waiter parked on it, or that waiter would run inside this execution's workflow while
+    its completed steps stand. The takeover takes the lock again at once and finishes."""
+    from reactor_app.coordination.registry import HoldRegistry
+    from reactor_app.engine.dispatch import deliver
+    from tests.worker.reactors import ExclusiveReactor
+
+    settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{os.getpid()}-{time.monotonic_ns()}"
+    execution = ExclusiveReactor.run_async(key="t2", side="t2")
+    Execution.objects.filter(pk=execution.pk).update(status=ExecutionStatus.RUNNING)
+    owner = str(execution.pk)
+    HoldRegistry(owner).announce([("lock", "excl:t2")])
+    claim = LockClaim("excl:t2", ttl=30)
+    assert isinstance(Coordinator().admit([claim], Holder(owner)), Admitted)
+    waiting = Coordinator().admit([claim], Holder("someone-else"), waiter_id="parked-waiter")
+    assert not isinstance(waiting, Admitted)
+    assert deliver(owner)["outcome"] == "succeeded"
+    assert_not_locked("excl:t2")
+
+
+def test_a_takeover_never_carries_on_a_composed_child_a_rollback_already_ended(
+    settings: Any,
+) -> None:
+    """A rollback ended the composed child the tree was parked in (``failed``, its steps
+    undone), then died before the parent's own row said so. The delivery that takes over must
+    not run the child again from the middle: the child's step fails the parent."""
+    from reactor_app.engine.dispatch import deliver
+    from reactor_app.engine.state import ExecutionState
+    from tests.worker.reactors import LockedParent
+
+    settings.REACTOR_CELERY_QUEUE = f"reactor-nobody-{os.getpid()}-{time.monotonic_ns()}"
+    parent = LockedParent.run_async(key=79, side=79)
+    child = Execution.objects.create(
+        reactor="tests.worker.reactors.LockedChild",
+        inputs={"key": 79, "side": 79},
+        parent=parent,
+        root_id=parent.pk,
+        status=ExecutionStatus.FAILED,
+        error={"type": "StepFailed", "message": "ended by its tree's rollback"},
+    )
+    state = ExecutionState.peek(parent.context)
+    state.origin.worker = True
+    state.children.composed_runs()["sub"] = str(child.pk)
+    Execution.objects.filter(pk=parent.pk).update(
+        status=ExecutionStatus.RUNNING, context=state.to_json()
+    )
+    assert deliver(str(parent.pk))["outcome"] == "failed"
+    assert records("enter:audit") == [] and records("enter:side") == []
+    child.refresh_from_db()
+    assert child.status == ExecutionStatus.FAILED

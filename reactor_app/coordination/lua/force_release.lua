@@ -3,7 +3,8 @@
 The holder is not asked; its next renewal reports the lease lost. One parked waiter is popped
 per freed slot and a wake message is PUBLISHed on the base key's name. A freed lock is handed
 on as a release hands it on (lock_hand_on in _lock.lua): its head waiter is granted the key for
-a moment and the message names it, so the waiters stay served in the order they came.
+a moment and the message names it, so the waiters stay served in the order they came (unless
+ARGV[4] says otherwise).
 
 KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset, [KEYS[3..6] index]
 KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset,
@@ -13,6 +14,9 @@ KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zse
 ARGV[1]  primitive: "lock" | "semaphore"
 ARGV[2]  owner to release, or "" for any owner (every holder of a semaphore)
 ARGV[3]  the user key, when the index keys are passed (else "" or absent)
+ARGV[4]  "0": a freed lock is not handed on (its grant dropped, its head waiter popped and
+         woken to try again) — for a delivery that takes over a dead one's holds and takes
+         them again at once; else (default) it is handed on, as a release hands it on
 
 Returns {status, json}:
   0 OK         {released = [owners], woken = [waiter ids]}
@@ -23,6 +27,7 @@ Returns {status, json}:
 -- @include _lock.lua
 
 local primitive, owner = ARGV[1], ARGV[2]
+local hand_on = ARGV[4] ~= '0' 
 local user_key = (ARGV[3] or '') ~= '' and ARGV[3] or nil
 local released, woken = {}, {}
 
@@ -38,9 +43,12 @@ if primitive == 'lock' then
   redis.call('DEL', KEYS[1])
   index_remove(index_of(KEYS, 3, user_key), 'lock', current)
   table.insert(released, current)
-  local handed = lock_hand_on(KEYS[1], KEYS[2], function() return redis_now().ms end)
-  if handed then table.insert(woken, handed) end
-  return reply(OK, {released = released, woken = woken})
+  if hand_on then
+    local handed = lock_hand_on(KEYS[1], KEYS[2], function() return redis_now().ms end)
+    if handed then table.insert(woken, handed) end
+    return reply(OK, {released = released, woken = woken})
+  end
+  pop_waiter(KEYS[2])
 elseif primitive == 'semaphore' then
   -- holders whose lease lives: a lapsed one (not purged yet: the next admission does that)
   -- holds nothing, so it is neither released, nor audited, nor worth a waiter's wake-up
