@@ -14,10 +14,9 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import ModelAdmin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
@@ -118,7 +117,10 @@ def cancel_selected(
 def cancel_page(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     """The execution page's button: GET confirms, POST cancels and returns to the page."""
     _require(request)
-    execution = get_object_or_404(Execution, pk=object_id)
+    try:
+        execution = Execution.objects.get(pk=object_id)
+    except (Execution.DoesNotExist, ValidationError, ValueError) as exc:  # not even a UUID
+        raise Http404(f"no execution {object_id}") from exc
     page = reverse("admin:reactor_app_execution_change", args=[execution.pk])
     form = CancelForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -75,8 +77,30 @@ def step_or_reactor(step: str | None) -> SafeString:
     return format_html('<em title="{}">reactor</em>', "a reactor-level hold or park")
 
 
+class GuardedChangeList(ChangeList):
+    """A changelist that answers a filter value the database or Django cannot take with the
+    admin's own "bad filter" page (a redirect to ``?e=1``), never a server error: a NUL
+    character (PostgreSQL text cannot hold one; the search box already refuses it) or a date
+    drill-down past the calendar (``created_at__year=9999``: the end of the period overflows
+    where Django computes it)."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        for name, value in self.get_filters_params().items():
+            values = value if isinstance(value, list) else [value]
+            if any("\x00" in str(item) for item in values):
+                raise IncorrectLookupParameters(f"{name}: a NUL character")
+        try:
+            return super().get_filters(request)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
 class ReadOnlyMixin:
-    """Runtime records are written by the engine only."""
+    """Runtime records are written by the engine only, and listed from whatever query string
+    the browser sends (``GuardedChangeList``)."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return GuardedChangeList
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

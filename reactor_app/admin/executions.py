@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -101,6 +103,20 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return admin_cancel.can_cancel(request)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Execution], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        """An action on a selection that is not execution ids (a hand-made POST) is refused
+        with a message: Django would filter the executions by it and fail on the first value
+        that is not a UUID."""
+        for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+            try:
+                Execution._meta.pk.to_python(value)
+            except ValidationError:
+                self.message_user(request, f"not an execution: {value!r}", messages.ERROR)
+                return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def _cancel_urls(self) -> list[URLPattern]:
         cancel = path(
