@@ -586,3 +586,24 @@ def test_seeding_the_shared_random_generator_never_repeats_a_step_call_owner() -
     first = fresh_owner()
     random.seed(7)
     assert fresh_owner() != first
+
+
+def test_the_public_signals_answer_has_listeners_and_take_any_sender() -> None:
+    """The documented signals are plain Django signals: ``has_listeners()`` and a send with no
+    sender work (a receiver cache keyed by sender refuses both: it cannot key ``None``)."""
+    from reactor_app import signals
+
+    assert signals.acquired.has_listeners() is False
+    heard: list[str] = []
+
+    def receiver(sender: Any, **payload: Any) -> None:
+        heard.append(payload["kind"])
+
+    signals.step_failed.connect(receiver, weak=False)
+    try:
+        assert signals.step_failed.has_listeners()
+        signals.step_failed.send(sender=None, kind="step_failed")
+        signals.coordination_event.send_robust(sender=None, kind="acquired")
+    finally:
+        signals.step_failed.disconnect(receiver)
+    assert heard == ["step_failed"]
