@@ -60,9 +60,10 @@ def release_registry(run: ExecutionRun, coordinator: Coordinator) -> list[str]:
     woken: list[str] = []
     registry = HoldRegistry(run.owner)
     try:
-        for primitive, key, _step in registry.entries():
+        entries = registry.entries()
+        for primitive, key, _step in entries:
             woken += coordinator.force_release(primitive, key, owner=run.owner).woken
-        registry.withdraw([(p, k) for p, k, _ in registry.entries()])
+        registry.withdraw([(primitive, key) for primitive, key, _ in entries])
     except (ReactorError, ValueError):
         logger.warning("could not release the registry holds of %s", run.execution_id)
     return woken

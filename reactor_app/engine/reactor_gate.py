@@ -31,19 +31,17 @@ if TYPE_CHECKING:
 
 
 def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
-    # kept across the last park (step 5.); whatever happens below, they are dealt with now
-    kept, run.state.continuation.kept_holds = run.state.continuation.kept_holds, None
     declarations = run.reactor.declarations()
     if not declarations:
-        if kept:
-            # kept by a version of the reactor that declared them (a deploy between two
-            # deliveries): nothing here covers them any more, give them back now rather than
-            # let them stand until their park lease lapses
-            run.state.continuation.kept_holds = kept
-            woken = release_kept(run, Coordinator())
-            if woken:
-                wake(woken)
+        # Holds kept across the last park by a version of the reactor that declared them (a
+        # deploy between two deliveries): nothing here covers them any more, so they are given
+        # back now rather than left standing until their park lease lapses.
+        woken = release_kept(run, Coordinator())
+        if woken:
+            wake(woken)
         return None, None
+    # kept across the last park (step 5.); whatever happens below, they are dealt with now
+    kept, run.state.continuation.kept_holds = run.state.continuation.kept_holds, None
     continuing = bool(run.state.continuation.reactor_admitted)
     gate = Gate(
         # A continuation (resume, redelivery, hand-off) was charged its rate-limit slot
