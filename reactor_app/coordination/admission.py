@@ -34,6 +34,7 @@ from reactor_app.coordination import (
 )
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
+    UNASSIGNED,
     AdmissionResult,
     Admitted,
     Claim,
@@ -44,6 +45,7 @@ from reactor_app.coordination.claims import (
     OrderedPosition,
     Outcome,
     PeriodHit,
+    with_positions,
 )
 from reactor_app.coordination.keys import current_prefix, hash_slot
 from reactor_app.coordination.primitives import HOLDING, REGISTRY
@@ -163,12 +165,27 @@ class Coordinator:
         groups = [list(keys) for keys, _ in parts]
         sent_at = time.monotonic()
         if len(ordered) == 1 or self._one_call([k for group in groups for k in group]):
+            # an UNASSIGNED ordered position is assigned by this call (admit.lua)
             result = self._admit_call(ordered, groups, holder, waiter_id, parts)
         else:
+            assigned = self._assign_positions(ordered, holder)
+            ordered = with_positions(ordered, assigned)
             result = self._admit_one_by_one(ordered, groups, holder, waiter_id)
+            result.assigned.update(assigned)
         if isinstance(result, Admitted):
             result.sent_at = sent_at
         return result
+
+    def _assign_positions(
+        self, claims: Sequence[Claim], holder: Holder
+    ) -> dict[str, OrderedPosition]:
+        """Places in line for the ``UNASSIGNED`` ordered claims of an admission that cannot
+        be one script call (a cluster, keys in several slots), where no call assigns them."""
+        return {
+            claim.key: self.assign_position(claim.key, holder, claim.ttl)
+            for claim in claims
+            if isinstance(claim, OrderedLockClaim) and claim.position == UNASSIGNED
+        }
 
     def _admit_call(
         self,

@@ -6,7 +6,7 @@ claims, never key functions. The outcome types below are what admission answers 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 Primitive = Literal["lock", "semaphore", "rate_limit", "period", "ordered_lock"]
@@ -78,6 +78,11 @@ class OrderedPosition:
     epoch: int
 
 
+#: the position of an ordered-lock claim that has none yet (a direct ``Step.call``): the
+#: admission assigns it in its own round trip and answers it (``assigned`` of the result)
+UNASSIGNED = OrderedPosition(nonce=0, epoch=0)
+
+
 @dataclass(frozen=True)
 class OrderedLockClaim:
     key: str
@@ -107,6 +112,8 @@ class Admitted:
     #: monotonic time the admission was sent (0: unknown). The leases were granted after it,
     #: so a lease clock started here never outlives the lease in Redis (``renewal``).
     sent_at: float = 0.0
+    #: ordered positions this admission assigned (user key -> position; see ``UNASSIGNED``)
+    assigned: dict[str, OrderedPosition] = field(default_factory=dict)
 
     def token_for(self, key: str | None = None) -> int | None:
         for hold in self.holds:
@@ -155,6 +162,9 @@ class Refused:
     #: waiters a wait that gave up handed its keys on to (``Coordinator.admit_waiting``):
     #: parked ones must be re-enqueued like any woken waiter
     woken: list[str] = field(default_factory=list)
+    #: ordered positions the refused admission assigned all the same (``UNASSIGNED``): the
+    #: caller's place in the line, for its next attempt or for leaving the line
+    assigned: dict[str, OrderedPosition] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,6 +175,8 @@ class PeriodHit:
     marked_by: str | None = None
     #: parked waiters of the next ordered position, which this skip let through
     woken: list[str] = field(default_factory=list)
+    #: ordered positions this admission assigned (``UNASSIGNED``)
+    assigned: dict[str, OrderedPosition] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,8 +187,26 @@ class ChainFailed:
     first_failed: int | None = None
     #: parked waiters of the next position, which this skip let through
     woken: list[str] = field(default_factory=list)
+    #: ordered positions this admission assigned (``UNASSIGNED``)
+    assigned: dict[str, OrderedPosition] = field(default_factory=dict)
 
 
 AdmissionResult = Admitted | Refused | PeriodHit | ChainFailed
+
+
+def with_positions(claims: list[Claim], assigned: dict[str, OrderedPosition]) -> list[Claim]:
+    """``claims`` with each ``UNASSIGNED`` ordered-lock claim given its position from
+    ``assigned`` (an admission's answer), so later attempts and the release use that place."""
+    if not assigned:
+        return claims
+    return [
+        replace(claim, position=assigned[claim.key])
+        if isinstance(claim, OrderedLockClaim)
+        and claim.position == UNASSIGNED
+        and claim.key in assigned
+        else claim
+        for claim in claims
+    ]
+
 
 Outcome = Literal["success", "failure", "halt", "retry", "park", "rollback"]

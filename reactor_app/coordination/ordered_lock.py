@@ -2,8 +2,10 @@
 
 A position (``nonce``, dense per epoch: 1, 2, 3 ...) is assigned when the run starts (reactor
 level) or when the execution first reaches the step (step level — so the step form orders by
-*arrival at the step*), and is reused across retries and parks. Admission passes only the head
-(``cursor + 1``). Key layout (``K`` = the user key, inside the hash tag):
+*arrival at the step*), and is reused across retries and parks. A direct ``Step.call``
+passes ``claims.UNASSIGNED`` instead: ``admit.lua`` assigns the place in the admission's own
+round trip and answers it. Admission passes only the head (``cursor + 1``). Key layout
+(``K`` = the user key, inside the hash tag):
 
 * ``{prefix}:ordered_lock:{K}`` — hash ``epoch`` (ms; a new one after a reset or expiry),
   ``next`` (last nonce assigned), ``cursor`` (last completed nonce), ``first_failed`` (strict

@@ -22,10 +22,12 @@ from reactor_app.coordination.claims import (
     Holder,
     LockClaim,
     OrderedLockClaim,
+    OrderedPosition,
     PeriodClaim,
     PeriodHit,
     RefusalDetail,
     Refused,
+    with_positions,
 )
 from reactor_app.coordination.scripts import ScriptReply, Status
 
@@ -41,6 +43,13 @@ class TrackedHold(Hold):
 def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) -> AdmissionResult:
     """A general script's (``admit.lua``) answer for ``claims``, in admission order."""
     data = reply.data
+    assigned = {
+        claims[int(entry["index"])].key: OrderedPosition(
+            nonce=int(entry["nonce"]), epoch=int(entry["epoch"])
+        )
+        for entry in data.get("assigned") or []
+    }
+    claims = with_positions(claims, assigned)
     if reply.status is Status.OK:
         holds: list[Hold] = []
         for claim, raw in zip(claims, data["holds"], strict=True):
@@ -54,14 +63,21 @@ def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) ->
                     detail=detail,
                 )
             )
-        return Admitted(holds=holds, holder=holder)
+        return Admitted(holds=holds, holder=holder, assigned=assigned)
     claim = claims[int(data.get("index", 0))]
     if reply.status is Status.PERIOD_MARKED:
         assert isinstance(claim, PeriodClaim)
-        return PeriodHit(claim=claim, marked_by=data.get("marked_by") or None, woken=_ids(data))
+        return PeriodHit(
+            claim=claim,
+            marked_by=data.get("marked_by") or None,
+            woken=_ids(data),
+            assigned=assigned,
+        )
     if reply.status is Status.CHAIN_FAILED:
         assert isinstance(claim, OrderedLockClaim)
-        return ChainFailed(claim=claim, first_failed=data.get("first_failed"), woken=_ids(data))
+        return ChainFailed(
+            claim=claim, first_failed=data.get("first_failed"), woken=_ids(data), assigned=assigned
+        )
     window_ms = data.get("window_ms")
     refusal = RefusalDetail(
         status=int(reply.status),
@@ -86,6 +102,7 @@ def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) ->
         retry_after=_seconds(data.get("retry_after_ms")),
         blocker=_blocker(data.get("blocker")),
         detail=refusal,
+        assigned=assigned,
     )
 
 

@@ -39,7 +39,9 @@ from reactor_app.coordination.claims import (
     Holder,
     LockClaim,
     OrderedLockClaim,
+    OrderedPosition,
     Refused,
+    with_positions,
 )
 from reactor_app.coordination.primitives import REGISTRY
 from reactor_app.coordination.redis import server_time, unavailable_on_connection_error
@@ -94,7 +96,7 @@ def admit_waiting(
     answer's ``woken``. ``refused`` is the answer of an admission the caller already made,
     so the first attempt is not repeated.
     """
-    claims = list(claims)
+    wanted: list[Claim] = list(claims)
     started = time.monotonic()
     limits = dict(waits or {})
     queue_as = waiter_id or f"{WAITING_PREFIX}{uuid.uuid4().hex}"
@@ -104,9 +106,25 @@ def admit_waiting(
         allowed = min(wait_seconds, limits.get(refused.claim.primitive, wait_seconds))
         return started + max(allowed, 0.0)
 
-    result = (
-        refused if refused is not None else coordinator.admit(claims, holder, waiter_id=waiter_id)
-    )
+    #: ordered positions an attempt assigned (``claims.UNASSIGNED``): every later attempt
+    #: keeps that place in the line, and the answer reports it, whichever attempt it is
+    assigned: dict[str, OrderedPosition] = {}
+
+    def attempt(queue: str | None) -> AdmissionResult:
+        nonlocal wanted
+        answer = coordinator.admit(wanted, holder, waiter_id=queue)
+        if answer.assigned:
+            assigned.update(answer.assigned)
+            wanted = with_positions(wanted, answer.assigned)
+        answer.assigned = dict(assigned)
+        return answer
+
+    if refused is not None:
+        assigned.update(refused.assigned)
+        wanted = with_positions(wanted, refused.assigned)
+        result: AdmissionResult = refused
+    else:
+        result = attempt(waiter_id)
     if (
         not isinstance(result, Refused)
         or deadline_for(result) <= time.monotonic()
@@ -134,7 +152,7 @@ def admit_waiting(
                     pause = min(remaining, max(result.retry_after, MIN_PAUSE))
                 _sleep_until_woken(pubsub if subscribed else None, pause, queue_as)
             queued = waiter_id is None
-            result = coordinator.admit(claims, holder, waiter_id=queue_as)
+            result = attempt(queue_as)
             if not isinstance(result, Refused) or result.detail.stale:
                 ended_cleanly = True
                 return result
@@ -143,7 +161,7 @@ def admit_waiting(
         # that the next command pays to reopen (coordination.subscriptions)
         subscriptions.give_back(pubsub, coordinator.client, subscribed, reusable=ended_cleanly)
         if queued and not isinstance(result, Admitted):
-            handed_on = leave(coordinator, claims, queue_as)
+            handed_on = leave(coordinator, wanted, queue_as)
             woken = getattr(result, "woken", None)
             if isinstance(woken, list):
                 woken.extend(handed_on)

@@ -45,6 +45,7 @@ from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator, Released
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
+    UNASSIGNED,
     WAITING_PREFIX,
     AdmissionResult,
     Admitted,
@@ -59,6 +60,7 @@ from reactor_app.coordination.claims import (
     PeriodHit,
     Refused,
     SemaphoreClaim,
+    with_positions,
 )
 from reactor_app.dsl.declarations import (
     Declaration,
@@ -181,18 +183,26 @@ class Gate:
     def _position(self, declaration: OrderedLockDeclaration, key: str) -> OrderedPosition:
         store = self.scope.positions
         slot = self.scope.position_slot
-        if store is not None:
-            known = store.get(slot)
-            if known and known.get("key") == key:
-                return OrderedPosition(nonce=int(known["nonce"]), epoch=int(known["epoch"]))
+        if store is None:
+            # Nothing to persist it in (a direct call): the admission assigns the place in
+            # line in its own round trip (``UNASSIGNED``), and ``_take_positions`` learns it.
+            return UNASSIGNED
+        known = store.get(slot)
+        if known and known.get("key") == key:
+            return OrderedPosition(nonce=int(known["nonce"]), epoch=int(known["epoch"]))
         position = self.coordinator.assign_position(key, self._holder(), declaration.ttl)
-        if store is not None:
-            store[slot] = {"key": key, "nonce": position.nonce, "epoch": position.epoch}
-            if self.scope.on_position is not None:
-                # Persist before the body runs: a delivery that dies now must find its place
-                # in the line again, not queue behind its own ghost.
-                self.scope.on_position()
+        store[slot] = {"key": key, "nonce": position.nonce, "epoch": position.epoch}
+        if self.scope.on_position is not None:
+            # Persist before the body runs: a delivery that dies now must find its place in
+            # the line again, not queue behind its own ghost.
+            self.scope.on_position()
         return position
+
+    def _take_positions(self, answer: AdmissionResult) -> None:
+        """Keep the ordered positions an admission assigned (``UNASSIGNED`` claims): the
+        release, a further attempt and leaving the line all use that place."""
+        if answer.assigned:
+            self.claims = with_positions(self.claims, answer.assigned)
 
     def abandon_position(self) -> None:
         """Complete this unit's ordered-lock position without running (a terminal ``halt``:
@@ -309,6 +319,7 @@ class Gate:
                     answer = self.coordinator.admit_waiting(claims, holder, wait, waits=self.waits)
             except CoordinationUnavailable as exc:
                 raise self._unavailable(exc) from exc
+            self._take_positions(answer)
             if held_keys is not None and not isinstance(answer, Admitted):
                 held_keys.settle(registered)
             if isinstance(answer, Refused) and answer.detail.stale:

@@ -19,6 +19,24 @@ local function ordered_cursor(k)
   return tonumber(redis.call('HGET', k.state, 'cursor') or '0')
 end
 
+-- Take the next place in the line for `holder` ({owner, execution?, step?, reactor?}; its
+-- attribution is stored with the position). The first assignment, or the first after the state
+-- expired, starts a new epoch: the Redis time in ms. Returns nonce, epoch.
+local function ordered_assign(k, holder, ttl_ms, now)
+  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
+  if epoch == 0 then
+    epoch = now.ms
+    redis.call('HSET', k.state, 'epoch', epoch, 'next', 0, 'cursor', 0)
+  end
+  local nonce = redis.call('HINCRBY', k.state, 'next', 1)
+  local attribution = {assigned_at = now.ms}
+  for field, value in pairs(holder) do attribution[field] = value end
+  redis.call('ZADD', k.positions, now.ms, nonce)
+  redis.call('HSET', k.holders, nonce, cjson.encode(attribution))
+  ordered_touch(k, ttl_ms)
+  return nonce, epoch
+end
+
 -- Move the cursor over head positions that have no registration (completed out of turn by a
 -- chain-failed skip), then hand the parked waiter of the new head its wake-up.
 local function ordered_settle(k, cursor)

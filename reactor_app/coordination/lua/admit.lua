@@ -34,7 +34,9 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
 
 ARGV[1]  holder json: {owner, execution?, step?, reactor?}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
-           ordered_lock: nonce, epoch (ms), ppt_ms (poison-pill timeout), strict (bool), ttl_ms
+           ordered_lock: nonce, epoch (ms), ppt_ms (poison-pill timeout), strict (bool), ttl_ms;
+                         nonce 0: no position yet — one is assigned in this call, before
+                         any check, and kept whatever the answer (see `assigned` below)
            period:       every ("second".."year" or seconds as text), ttl_ms (reservation lease)
            lock:         ttl_ms, ik? (user key, when the index keys follow)
            semaphore:    limit, ttl_ms (lease), ik?
@@ -49,7 +51,9 @@ ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of eve
          first come, first served). A free lock granted to another waiter by the last release
          is refused too.
 
-Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`:
+Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`; every
+payload has `assigned` = [{index, nonce, epoch}] when ordered positions were assigned in this
+call (nonce 0 in the spec), so one round trip both takes a place in the line and tries it:
   0 OK             {time = "s.us", holds = [{fresh, token? (text: µs-sized), bucket?,
                     bucket_end?, member?}]}
   1 LOCKED         {retry_after_ms = lock PTTL, blocker = {owner, step, execution, reactor,
@@ -104,10 +108,24 @@ end
 
 -- each primitive's check and take (lua/primitives/<name>.lua), by primitive name
 local CHECK, TAKE, WAITERS_INDEX = {}, {}, {}
+-- what a claim sets up before any check, reported whatever the answer (an ordered position
+-- assigned in this call: the caller keeps it for its next attempt and its release)
+local PREPARE = {}
 
 -- @primitives admit
 
 -- ------------------------------------------------------------------ admission
+
+local assigned = {} -- {index (0-based claim), ...} of what PREPARE set up, for the reply
+for i, claim in ipairs(claims) do
+  local prepare = PREPARE[claim.p]
+  local prepared = prepare and prepare(claim)
+  if prepared then
+    prepared.index = i - 1
+    assigned[#assigned + 1] = prepared
+  end
+end
+if #assigned == 0 then assigned = nil end -- absent from the reply (cjson: {} is not a list)
 
 local plans = {}
 local gate = nil -- the ordered position that passed its gate in this call
@@ -127,6 +145,7 @@ for i, claim in ipairs(claims) do
     refused.status, refused.waiters_key, refused.waiter_score = nil, nil, nil
     refused.index = i - 1
     refused.time = now.text
+    refused.assigned = assigned
     return reply(status, refused)
   end
   if plan.err then return plan end -- an error reply from a check
@@ -142,4 +161,4 @@ for i, claim in ipairs(claims) do
     redis.call('ZREM', claim.keys[waiters_index], waiter)
   end
 end
-return reply(OK, {time = now.text, holds = holds})
+return reply(OK, {time = now.text, holds = holds, assigned = assigned})

@@ -23,14 +23,5 @@ local k = ordered_keys(KEYS)
 local holder = cjson.decode(ARGV[1])
 local ttl_ms = tonumber(ARGV[2])
 
-local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
-if epoch == 0 then
-  epoch = now.ms
-  redis.call('HSET', k.state, 'epoch', epoch, 'next', 0, 'cursor', 0)
-end
-local nonce = redis.call('HINCRBY', k.state, 'next', 1)
-holder.assigned_at = now.ms
-redis.call('ZADD', k.positions, now.ms, nonce)
-redis.call('HSET', k.holders, nonce, cjson.encode(holder))
-ordered_touch(k, ttl_ms)
+local nonce, epoch = ordered_assign(k, holder, ttl_ms, now)
 return reply(OK, {nonce = nonce, epoch = epoch, last_completed = ordered_cursor(k)})
