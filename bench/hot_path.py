@@ -272,7 +272,7 @@ def main() -> None:
                 "locked Step.call (admit + release)": server_time_per_call(
                     plain, locked_call, SENT_BY_OURS
                 ),
-                "five-primitive Step.call (assign + admit + release)": server_time_per_call(
+                "five-primitive Step.call (admit + release)": server_time_per_call(
                     plain, five_call, SENT_BY_OURS
                 ),
             }

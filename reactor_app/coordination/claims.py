@@ -103,6 +103,10 @@ class Hold:
     claim: Claim
     fresh: bool  # False when the owner re-entered a hold it already had
     token: int | None = None  # fencing token (locks only): never below Redis TIME in µs
+    #: the acquisition a semaphore slot was taken under (its Redis time in µs, as text): the
+    #: release and renewal of this hold touch only that one, never a slot the same owner took
+    #: again after this one was force-released (None: not known, not checked)
+    lease: str | None = None
 
 
 @dataclass

@@ -53,13 +53,14 @@ def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) ->
     if reply.status is Status.OK:
         holds: list[Hold] = []
         for claim, raw in zip(claims, data["holds"], strict=True):
-            detail = {k: v for k, v in raw.items() if k not in ("fresh", "token")}
+            detail = {k: v for k, v in raw.items() if k not in ("fresh", "token", "lease")}
             detail["time"] = data["time"]
             holds.append(
                 TrackedHold(
                     claim=claim,
                     fresh=bool(raw.get("fresh")),
                     token=int(raw["token"]) if raw.get("token") is not None else None,
+                    lease=str(raw["lease"]) if raw.get("lease") else None,
                     detail=detail,
                 )
             )

@@ -78,7 +78,8 @@ release_keys = admit_keys
 
 
 def release_spec(hold: Hold) -> dict[str, Any]:
-    return {}
+    # only the acquisition admitted (a slot the owner took again since is not this one's)
+    return {"lease": hold.lease} if hold.lease else {}
 
 
 def extend_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
@@ -87,7 +88,10 @@ def extend_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
 
 def extend_spec(hold: Hold, owner: str) -> dict[str, Any]:
     assert isinstance(hold.claim, SemaphoreClaim)
-    return {"owner": owner, "ttl_ms": seconds_to_ms(hold.claim.ttl)}
+    spec: dict[str, Any] = {"owner": owner, "ttl_ms": seconds_to_ms(hold.claim.ttl)}
+    if hold.lease:
+        spec["lease"] = hold.lease
+    return spec
 
 
 def wake_channel(claim: SemaphoreClaim, prefix: str) -> str:

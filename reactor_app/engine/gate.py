@@ -390,14 +390,14 @@ class Gate:
         for entry in kept:
             primitive, key = str(entry.get("primitive")), str(entry.get("key"))
             claim = by_key.get((primitive, key))
-            token = entry.get("token")
+            token, lease = entry.get("token"), entry.get("lease")
             if claim is not None:
-                holds.append(Hold(claim=claim, fresh=True, token=token))
+                holds.append(Hold(claim=claim, fresh=True, token=token, lease=lease))
             elif primitive in KEPT_ACROSS_PARK:
                 # The declarations changed between deliveries (a deploy): this gate no longer
                 # covers the key, so give the hold back rather than let it wait for its TTL.
                 stray = primitives.holding(primitive).hold_claim(key, entry.get("limit"))
-                strays.append(Hold(claim=stray, fresh=True, token=token))
+                strays.append(Hold(claim=stray, fresh=True, token=token, lease=lease))
         holder = self._holder()
         if strays:
             self._release(Admitted(holds=strays, holder=holder), "park", tracked=False)
@@ -580,6 +580,8 @@ class Gate:
             entry: KeptHold = {"primitive": claim.primitive, "key": claim.key}
             if hold.token is not None:
                 entry["token"] = hold.token
+            if hold.lease is not None:
+                entry["lease"] = hold.lease
             if isinstance(claim, SemaphoreClaim):
                 entry["limit"] = claim.limit
             described.append(entry)

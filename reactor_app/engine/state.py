@@ -140,17 +140,20 @@ class KeptHold(TypedDict):
     key: str
     token: NotRequired[int]
     limit: NotRequired[int]
+    #: a semaphore slot's acquisition (``Hold.lease``)
+    lease: NotRequired[str]
 
 
 def kept_hold(entry: KeptHold) -> Hold | None:
-    """A hold described by ``Gate.suspend`` (primitive, key, token, limit)."""
+    """A hold described by ``Gate.suspend`` (primitive, key, token, limit, lease)."""
     primitive, key = entry.get("primitive"), entry.get("key")
     if not key:
         return None
     if not primitives.holds(str(primitive)):
         return None
     claim = primitives.holding(str(primitive)).hold_claim(str(key), entry.get("limit"))
-    return Hold(claim=claim, fresh=True, token=entry.get("token"))  # only a lock has a token
+    # only a lock has a token, only a semaphore a lease (older states have neither)
+    return Hold(claim=claim, fresh=True, token=entry.get("token"), lease=entry.get("lease"))
 
 
 class ParkedOn(TypedDict):

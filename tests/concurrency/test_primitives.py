@@ -391,6 +391,37 @@ def test_a_stale_release_never_frees_the_hold_its_owner_took_again(
     assert coordinator.release(taken_again, "success").freed == [("lock", "acct:9")]
 
 
+def test_a_stale_release_or_renewal_never_touches_the_semaphore_slot_its_owner_took_again(
+    prefix: str,
+) -> None:
+    """The semaphore side of the takeover above: the stale delivery's slot is force-released
+    and the new delivery takes one under the same owner. The stale delivery's release must not
+    give that new slot back (a third owner would then run beside the new delivery, past the
+    limit), and its renewal must report the slot lost instead of renewing the new one."""
+    coordinator = Coordinator(client=get_client(redis_url()), prefix=prefix)
+    owner = Holder(owner="root-execution")
+    pool = SemaphoreClaim("pool:10", limit=1, ttl=30)
+    stale = coordinator.admit([pool], owner)
+    assert isinstance(stale, Admitted)
+    coordinator.force_release("semaphore", "pool:10", owner="root-execution")
+    taken_again = coordinator.admit([pool], owner)
+    assert isinstance(taken_again, Admitted) and taken_again.holds[0].fresh
+
+    renewed = coordinator.extend(stale.holds, "root-execution")
+    assert [reason for _, reason in renewed.lost] == ["token"] and not renewed.extended
+    released = coordinator.release(stale, "success")
+    assert ("semaphore", "pool:10") in released.not_held
+    assert ("semaphore", "pool:10") not in released.freed
+    # the slot is still the new delivery's: the limit of 1 holds
+    third = coordinator.admit([pool], Holder(owner="another-execution"))
+    assert isinstance(third, Refused), third
+    listed = holds_index.page(key="pool:10", client=coordinator.client, prefix=prefix).rows
+    assert [row["owner"] for row in listed] == ["root-execution"]  # its index entry stays
+    assert coordinator.extend(taken_again.holds, "root-execution").lost == []
+    assert coordinator.release(taken_again, "success").freed == [("semaphore", "pool:10")]
+    assert isinstance(coordinator.admit([pool], Holder(owner="another-execution")), Admitted)
+
+
 def hold_then_sleep(url: str, prefix: str, claims: list[Claim], ready: Any) -> None:
     coordinator = child_coordinator(url, prefix)
     admitted = coordinator.admit(claims, holder(f"doomed-{os.getpid()}"))

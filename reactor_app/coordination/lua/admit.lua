@@ -20,8 +20,9 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     registered ms; plus at most one "grant:<waiter id>" -> -(grant expiry ms),
                     see release.lua)
   semaphore  (3+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
-                    {count, step, execution, reactor, acquired_at ms}; and field "\0limit" =
-                    the limit of the latest admission, for operators), waiters zset
+                    {count, step, execution, reactor, acquired_at ms, lease = µs text}; and
+                    field "\0limit" = the limit of the latest admission, for operators),
+                    waiters zset
   I = 0, or 4 with the live-holds index (see _common.lua): by-time zset, by-key zset, by-expiry
   zset, counts
       hash — then the claim's spec carries `ik`, its user key
@@ -55,7 +56,7 @@ Returns {status, json}; every refusal payload has `index` (0-based claim) and `t
 payload has `assigned` = [{index, nonce, epoch}] when ordered positions were assigned in this
 call (nonce 0 in the spec), so one round trip both takes a place in the line and tries it:
   0 OK             {time = "s.us", holds = [{fresh, token? (text: µs-sized), bucket?,
-                    bucket_end?, member?}]}
+                    bucket_end?, member?, lease? (a semaphore's acquisition, text)}]}
   1 LOCKED         {retry_after_ms = lock PTTL, blocker = {owner, step, execution, reactor,
                     since = acquired ms, ttl_ms}}; or, for a free key granted to its head
                     waiter, {retry_after_ms = grant left, blocker = {granted_to, ttl_ms}}

@@ -4,8 +4,10 @@ Each primitive's renewal is the `extend` section of its own file, lua/primitives
 spliced in at the `-- @primitives extend` line below (coordination/scripts.py).
 
 A lock is renewed only while its hash still names this owner AND this fencing token: a lock
-that lapsed and was taken again, even by the same owner, is reported lost. A semaphore lease and
-a period reservation are renewed only while they exist, name this owner and have not expired.
+that lapsed and was taken again, even by the same owner, is reported lost. A semaphore lease is
+renewed only while it exists, names this owner, has not expired and — when the item names its
+lease — is still that acquisition (reason "token" otherwise). A period reservation is renewed
+only while it exists, names this owner and has not expired.
 A renewed lease never gets shorter.
 
 KEYS — one group per item, in the order of ARGV[1]:
@@ -16,7 +18,8 @@ KEYS — one group per item, in the order of ARGV[1]:
   in the by-expiry zset
 ARGV[1]  items json: [{p = "lock" | "semaphore" | "period", n = key count, owner,
                        ik? (locks, semaphores: the user key, when the index keys follow),
-                       token? (locks), bucket? (periods: the reserved bucket's start, epoch s),
+                       token? (locks), lease? (semaphores: the acquisition, as admitted),
+                       bucket? (periods: the reserved bucket's start, epoch s),
                        ttl_ms (the lease to grant from now; 0 = only check that the hold is
                        still ours, leaving its lease as it is)}]
 

@@ -33,8 +33,11 @@ local function take_semaphore(claim, plan)
   local expiry = now.ms + claim.ttl_ms
   local info
   if plan.fresh then
+    -- `lease` names this acquisition (the Redis clock in µs, as text: cjson keeps only 14
+    -- digits of a number), so the release and the renewal of an earlier acquisition by the
+    -- same owner — force-released since, e.g. a stale delivery's — leave this one alone
     info = {count = 1, step = holder.step, execution = holder.execution,
-            reactor = holder.reactor, acquired_at = now.ms}
+            reactor = holder.reactor, acquired_at = now.ms, lease = int(now.us)}
   else
     info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":0}')
     info.count = (info.count or 0) + 1
@@ -51,7 +54,7 @@ local function take_semaphore(claim, plan)
   local keep_ms = tonumber(last[2]) - now.ms
   redis.call('PEXPIRE', leases, keep_ms)
   redis.call('PEXPIRE', holders, keep_ms)
-  return {fresh = plan.fresh}
+  return {fresh = plan.fresh, lease = info.lease}
 end
 
 CHECK['semaphore'], TAKE['semaphore'] = check_semaphore, take_semaphore
@@ -68,6 +71,12 @@ local function release_semaphore(keys, spec)
     return
   end
   local info = cjson.decode(redis.call('HGET', holders, holder.owner) or '{"count":1}')
+  if spec.lease and info.lease and spec.lease ~= info.lease then
+    -- the owner's slot under another lease: a later acquisition (this one was force-released
+    -- and the owner took a slot again), not this release's; its index entry stays too
+    table.insert(report.not_held, leases)
+    return
+  end
   info.count = (info.count or 1) - 1
   if info.count > 0 then
     redis.call('HSET', holders, holder.owner, cjson.encode(info))
@@ -88,6 +97,12 @@ local function extend_semaphore(keys, item)
   local expiry = redis.call('ZSCORE', leases, item.owner)
   if not expiry then return 'released' end
   if tonumber(expiry) <= now.ms then return 'expired' end
+  if item.lease then
+    -- the owner's slot under another lease was taken after this one was force-released
+    local info = redis.call('HGET', holders, item.owner)
+    local lease = info and cjson.decode(info).lease
+    if lease and lease ~= item.lease then return 'token' end
+  end
   local renewed = math.max(tonumber(expiry), now.ms + item.ttl_ms)
   redis.call('ZADD', leases, 'XX', renewed, item.owner)
   if renewed ~= tonumber(expiry) then
