@@ -108,3 +108,33 @@ def test_a_waiting_direct_call_keeps_its_place_across_attempts() -> None:
     assert spans["second"][0] >= spans["first"][1]  # in line order, never together
     # exactly two places were ever taken: every retry of the second reused its own
     assert_ordered_lock("ordered-call:turns", next=3, last_completed=2, in_flight=None)
+
+
+@pytest.mark.usefixtures("redis_topology")
+def test_a_direct_call_whose_keys_span_cluster_slots_takes_its_place_before_admission(
+    operations: list[str], redis_topology: str
+) -> None:
+    """On a cluster, keys in different hash slots cannot share a script call: the claims are
+    admitted one by one, so no single admission can take the place in line for all of them —
+    it is taken first, as an execution's is. A call refused by its lock still leaves the line
+    it joined, and the next call passes it."""
+
+    @with_ordered_lock(lambda a: "ordered-call:line-a", poison_pill_timeout=30)
+    @with_lock(lambda a: "ordered-call:account-b", wait=0)
+    class Settle(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            return Success("settled")
+
+    with held_elsewhere("ordered-call:account-b"):
+        refused = Settle.call()
+    assert isinstance(refused.error, LockAcquisitionError)
+    assert_ordered_lock("ordered-call:line-a", next=2, last_completed=1, in_flight=None)
+    operations.clear()
+    started = time.monotonic()
+    assert Settle.call().value == "settled"
+    assert time.monotonic() - started < 5
+    if redis_topology == "cluster":
+        assert operations[0] == "ordered_position" and operations.count("admit") == 2
+    else:
+        assert operations == ["admit", "release"]
+    assert_ordered_lock("ordered-call:line-a", next=3, last_completed=2, in_flight=None)
