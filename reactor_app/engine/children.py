@@ -13,7 +13,8 @@
   child into this run's result (a succeeded ``async_step`` joins the rollback log).
 * Before a rollback, ``settle_children`` waits for running async children so that their
   successes are undone too — and for a parallel map's running elements, undoing those that
-  completed (``settle_map_elements``).
+  completed (``settle_map_elements``); a sequential map stopped part-way has the elements it
+  completed undone (``settle_map_progress``).
 * ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
   ``engine.mapping``).
 """
@@ -303,7 +304,7 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
             pending.pop(name)
             continue
         settle_child(run, name, entry, child)
-    return failures + settle_map_elements(run)
+    return failures + settle_map_elements(run) + settle_map_progress(run)
 
 
 def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
@@ -382,6 +383,23 @@ def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
             rows[element["execution"]] = row
         done = completed_elements(elements, rows)
         failures.extend(undo_record(run, CompletedStep(step=name, kind="map", elements=done)))
+    return failures
+
+
+def settle_map_progress(run: ExecutionRun) -> list[dict[str, Any]]:
+    """Before a rollback that is not the map's own failure while a sequential map is part-way
+    (parked in an element on a worker, then cancelled, refused at the reactor gate on a later
+    pass, or ended by an unexpected error): undo the elements that completed, newest first.
+    They are not in the rollback log yet (the map enters it when it completes), and they are
+    newer than everything in it; the element the map stopped in was ended by
+    ``settle_composed`` when it is a composed reactor, and had not run when it is a step."""
+    failures: list[dict[str, Any]] = []
+    progress = run.state.children.map_progress or {}
+    for name in list(progress):
+        elements = progress.pop(name)["elements"]
+        if elements:
+            partial = CompletedStep(step=name, kind="map", elements=elements)
+            failures.extend(undo_record(run, partial))
     return failures
 
 

@@ -15,8 +15,10 @@ from reactor_app import (
     Step,
     Success,
     compose,
+    element,
     from_input,
     interrupt,
+    map_step,
     step,
     with_lock,
     with_ordered_lock,
@@ -129,6 +131,39 @@ class ApprovalReactor(Reactor):
     charge = step(Charge, key=from_input("key"))
     approval = interrupt()
     after = step(After, key=from_input("key"))
+
+
+def item_key(args: dict[str, Any]) -> str:
+    return f"cancel-item:{args['key']}:{args['item']}"
+
+
+@with_lock(item_key, ttl=30)
+class MapItem(Step):
+    """One element of a sequential map, locked on the element (a test holds one to park it)."""
+
+    inputs = ("key", "item")
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        record("map-item", execution=context.execution_id, item=args["item"])
+        return Success(args["item"])
+
+    def undo(self, result: Any, args: dict[str, Any], context: Any) -> Any:
+        record(
+            "undo:map-item",
+            execution=context.execution_id,
+            item=args["item"],
+            holder=lock_owner(item_key(args)),
+            at=time.time_ns(),
+        )
+
+
+class SequentialMapReactor(Reactor):
+    """Charges, then one ``MapItem`` per item of ``items``, one after another."""
+
+    inputs = ("key", "items")
+
+    charge = step(Charge, key=from_input("key"))
+    items = map_step(MapItem, over=from_input("items"), key=from_input("key"), item=element())
 
 
 def work_key(args: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ from tests.worker.cancel_reactors import (
     InLineReactor,
     LockedWorkReactor,
     ParentReactor,
+    SequentialMapReactor,
 )
 from tests.worker.helpers import wait_until
 from tests.worker.reactors import records
@@ -214,6 +215,30 @@ def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -
     assert status(parked) == ExecutionStatus.CANCELLED
     assert ran("gated", parked) == [] and ran("after", parked) == []
     assert len(ran("undo:charge", parked)) == 1
+
+
+def test_a_sequential_map_parked_part_way_has_its_completed_elements_undone(
+    worker: Any,
+) -> None:
+    """A map parked in element 1: the cancel undoes element 0 — not yet in the rollback log,
+    since the map has not completed — before the step ahead of the map, newest first, each
+    under its own lock."""
+    key = uuid.uuid4().hex[:8]
+    held = hold_lock(f"cancel-item:{key}:b")
+    try:
+        parked = SequentialMapReactor.run_async(key=key, items=["a", "b", "c"])
+        wait_until(lambda: status(parked) == ExecutionStatus.PARKED, 30, message="it never parked")
+        assert [r["item"] for r in ran("map-item", parked)] == ["a"]
+        row = Execution.objects.get(pk=parked.pk).cancel("wrong batch")
+    finally:
+        Coordinator().release(held, "success")
+    assert row.status == ExecutionStatus.CANCELLED and row.rollback_failures == []
+    undone = ran("undo:map-item", parked)
+    assert [r["item"] for r in undone] == ["a"]
+    assert undone[0]["holder"] == str(parked.pk)  # under the element's own lock
+    charged = ran("undo:charge", parked)
+    assert len(charged) == 1 and charged[0]["at"] > undone[0]["at"]  # newest first
+    assert [r["item"] for r in ran("map-item", parked)] == ["a"]  # nothing ran after
 
 
 def test_a_pending_execution_never_runs_and_leaves_its_ordered_place(worker: Any) -> None:
