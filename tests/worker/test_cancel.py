@@ -7,6 +7,8 @@
 * parked (keeping its reactor-level lock across the park): ended at once by the canceller, the
   completed steps undone under their locks, the kept lock released, its waiter woken; it never
   runs again, even when the key it waited on frees;
+* parked part-way through a sequential map: the elements that completed are undone, newest
+  first, before the steps ahead of the map;
 * pending: never delivered into a run, its ordered-lock position abandoned (the next position
   goes at once, not after the poison-pill timeout);
 * interrupted: ended, rolled back, and no longer resumable;
