@@ -392,7 +392,7 @@ def settle_map_progress(run: ExecutionRun) -> list[dict[str, Any]]:
     pass, or ended by an unexpected error): undo the elements that completed, newest first.
     They are not in the rollback log yet (the map enters it when it completes), and they are
     newer than everything in it; the element the map stopped in was ended by
-    ``settle_composed`` when it is a composed reactor, and had not run when it is a step."""
+    ``settle_composed`` when it is a composed reactor, and had not completed when it is a step."""
     failures: list[dict[str, Any]] = []
     progress = run.state.children.map_progress or {}
     for name in list(progress):
