@@ -27,7 +27,7 @@ Returns {status, json}:
 -- @include _lock.lua
 
 local primitive, owner = ARGV[1], ARGV[2]
-local hand_on = ARGV[4] ~= '0' 
+local hand_on = ARGV[4] ~= '0'
 local user_key = (ARGV[3] or '') ~= '' and ARGV[3] or nil
 local released, woken = {}, {}
 
