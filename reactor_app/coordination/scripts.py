@@ -9,9 +9,12 @@ A connection failure of a script call becomes ``CoordinationUnavailable``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import threading
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -188,6 +191,8 @@ class Scripts:
         self._direct_pool: Any = None
         if isinstance(client, redis_py.Redis) and getattr(client, "connection", None) is None:
             self._direct_pool = client.connection_pool
+        #: each thread's connection from that pool, kept between calls (``_connection``)
+        self._pinned = threading.local()
 
     @property
     def names(self) -> list[str]:
@@ -211,19 +216,19 @@ class Scripts:
         """Run ``operation`` and return its raw answer (the fast-path scripts answer flat
         lists, not ``{status, json}``); the caller maps connection failures.
 
-        On a one-server client the command goes straight to a pooled connection: redis-py's
-        generic command path (retry wrapper, event dispatch, metrics hooks, option filtering)
-        costs about as much Python time as the round trip itself, and every admission and
-        release is a script call (docs/benchmarks.md, "Hot path"). What that
-        path does that matters here is kept: a connection whose reply was not read whole is
-        dropped, never handed to the next caller, and a script the server no longer has
-        (restarted, flushed) is loaded again through ``Script``.
+        On a one-server client the command goes straight to the calling thread's own pooled
+        connection (``_connection``): redis-py's generic command path (retry wrapper, event
+        dispatch, metrics hooks, option filtering) costs about as much Python time as the round
+        trip itself, and every admission and release is a script call (docs/benchmarks.md,
+        "Hot path"). What that path does that matters here is kept: a connection whose reply
+        was not read whole is disconnected before its next command (which reconnects), and a
+        script the server no longer has (restarted, flushed) is loaded again through
+        ``Script``.
         """
         script = self._scripts[operation]
-        pool = self._direct_pool
-        if pool is None:
+        if self._direct_pool is None:
             return script(keys=keys, args=args)
-        connection = pool.get_connection()
+        connection = self._connection()
         try:
             connection.send_packed_command([_pack_evalsha(script.sha, keys, args)])
             return connection.read_response()
@@ -234,9 +239,32 @@ class Scripts:
         except BaseException:
             connection.disconnect()
             raise
-        finally:
-            pool.release(connection)
         return script(keys=keys, args=args)
+
+    def _connection(self) -> Any:
+        """This thread's connection for ``call``, taken from the pool once and kept.
+
+        Taking a connection from redis-py's pool and giving it back costs two lock rounds, a
+        non-blocking read to check it holds no stray reply, and metrics hooks: ~14 µs per
+        script call on the benchmark host, ~10% of a locked ``Step.call``
+        (docs/benchmarks.md, "A connection per thread"). The pool still owns it: a
+        ``disconnect()`` of the pool (tests, a failover) disconnects it too, and its next
+        command reconnects. What the checkout's read was for — finding a connection the server
+        closed (a restart, an idle timeout) before sending on it — is done here when the
+        connection has been unused for ``IDLE_CHECK_AFTER``. It goes back to the pool when the
+        thread ends (``_Pinned``), and a forked child never uses its parent's (its pid is
+        checked — against the pid kept at fork, not ``os.getpid()``, a system call on every
+        call; the child's registry is new anyway, ``_forget_scripts_after_fork``).
+        """
+        pinned = getattr(self._pinned, "entry", None)
+        if pinned is None or pinned.pid != _pid:
+            pinned = _Pinned(self._direct_pool)
+            self._pinned.entry = pinned
+        now = time.monotonic()
+        if now - pinned.used > IDLE_CHECK_AFTER:
+            pinned.check()
+        pinned.used = now
+        return pinned.connection
 
     def queue(
         self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -244,6 +272,57 @@ class Scripts:
         """Queue ``operation`` on a pipeline of this client; decode its answer with
         ``decode_reply``."""
         self._scripts[operation](keys=keys, args=args, client=pipeline)
+
+
+class _Pinned:
+    """One thread's connection, taken from ``pool``; given back when the thread ends (its
+    ``threading.local`` entry, the only reference, is dropped then).
+
+    Given back *later*: ``__del__`` may run wherever the collector runs, even in a thread
+    holding the pool's lock (a plain lock: taking it there would deadlock), so it only queues
+    the connection, and the next thread to pin one hands the queue back to its pools first.
+    """
+
+    __slots__ = ("connection", "pid", "pool", "used")
+
+    def __init__(self, pool: Any) -> None:
+        while _ended:
+            try:
+                ended_pool, connection = _ended.pop()
+            except IndexError:  # another thread took the last one
+                break
+            with contextlib.suppress(Exception):  # a pool closed meanwhile: nothing to do
+                ended_pool.release(connection)
+        self.pool = pool
+        self.pid = _pid
+        self.connection = pool.get_connection()  # checked by the pool
+        self.used = time.monotonic()
+
+    def check(self) -> None:
+        """Disconnect the connection if the server closed it or it holds unread data (a
+        restart, an idle timeout), so the call reconnects instead of failing — what the pool
+        checks at every checkout. A server that cannot be reached fails the call itself."""
+        connection = self.connection
+        try:
+            if connection.can_read():
+                connection.disconnect()
+        except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError, OSError):
+            connection.disconnect()
+
+    def __del__(self) -> None:
+        if self.pid == _pid:  # a fork's copy holds the parent's socket: left alone
+            _ended.append((self.pool, self.connection))
+
+
+#: seconds a thread's connection may stay unused before its next call checks it first
+#: (``_Pinned.check``): calls closer together than this are not worth a system call each; a
+#: restart or an idle timeout in between is what the check is for, and takes longer
+IDLE_CHECK_AFTER = 0.1
+
+#: (pool, connection) of threads that ended, for the next ``_Pinned`` to give back
+_ended: list[tuple[Any, Any]] = []
+#: this process's pid, renewed in a forked child (``_forget_scripts_after_fork``)
+_pid = os.getpid()
 
 
 def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
@@ -313,8 +392,12 @@ def holder_json(holder: claim_types.Holder) -> str:
 
 
 def _forget_scripts_after_fork() -> None:
-    """A forked child registers its scripts on its own clients (see ``coordination.redis``)."""
+    """A forked child registers its scripts on its own clients (see ``coordination.redis``)
+    and never touches a connection its parent pinned (``Scripts._connection``)."""
+    global _pid
+    _pid = os.getpid()
     _scripts_by_client.clear()
+    _ended.clear()
 
 
 if hasattr(os, "register_at_fork"):
