@@ -264,7 +264,14 @@ class Scripts:
         if now - pinned.used > IDLE_CHECK_AFTER:
             pinned.check()
         pinned.used = now
-        return pinned.connection
+        connection = pinned.connection
+        if connection._sock is None:
+            # disconnected (a failed call, a pool's disconnect): reconnect through connect(),
+            # as the pool's checkout does — a command sent on a disconnected connection
+            # reconnects to the address it had, while a Sentinel-managed connection's
+            # connect() asks the sentinels for the master again (after a failover, a new one)
+            connection.connect()
+        return connection
 
     def queue(
         self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -293,9 +300,9 @@ class _Pinned:
                 break
             with contextlib.suppress(Exception):  # a pool closed meanwhile: nothing to do
                 ended_pool.release(connection)
+        self.connection = pool.get_connection()  # checked by the pool; may raise
         self.pool = pool
         self.pid = _pid
-        self.connection = pool.get_connection()  # checked by the pool
         self.used = time.monotonic()
 
     def check(self) -> None:
@@ -310,7 +317,8 @@ class _Pinned:
             connection.disconnect()
 
     def __del__(self) -> None:
-        if self.pid == _pid:  # a fork's copy holds the parent's socket: left alone
+        if getattr(self, "pid", None) == _pid:  # (none: __init__ failed; a fork's copy
+            # holds the parent's socket: left alone)
             _ended.append((self.pool, self.connection))
 
 
