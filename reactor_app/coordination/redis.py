@@ -198,8 +198,20 @@ def get_client(url: str | None = None) -> Any:
 
 
 def is_cluster(client: Any) -> bool:
-    """True for a redis-py cluster client, whose multi-key scripts need one hash slot."""
-    return isinstance(client, redis_py.RedisCluster)
+    """True for a redis-py cluster client, whose multi-key scripts need one hash slot.
+
+    Answered once per client class: ``RedisCluster``'s metaclass is ``typing.Protocol``'s, so
+    a plain ``isinstance`` walks its protocol machinery — ~2% of a locked ``Step.call``,
+    which asks twice."""
+    kind = type(client)
+    answer = _cluster_classes.get(kind)
+    if answer is None:
+        answer = _cluster_classes[kind] = isinstance(client, redis_py.RedisCluster)
+    return answer
+
+
+#: client class -> whether it is a cluster client (``is_cluster``)
+_cluster_classes: dict[type, bool] = {}
 
 
 def server_time(client: Any, near_key: str | None = None) -> tuple[int, int]:
