@@ -45,6 +45,7 @@ from reactor_app.coordination.renewal import Renewal
 from reactor_app.coordination.scripts import (
     STATUSES,
     Status,
+    decode_reply,
     primitive_sections,
     script_sources,
     scripts_for,
@@ -198,6 +199,16 @@ def test_lua_status_codes_match_the_python_enum() -> None:
     lua = lua_status_codes()
     assert lua, "no status constants found in _common.lua"
     assert lua == {status.name: status.value for status in Status}
+
+
+def test_a_reply_reads_every_empty_table_as_a_list_and_the_rest_as_is() -> None:
+    """cjson encodes an empty Lua table as ``{}``; the payload's fields are read as lists."""
+    nested = decode_reply([1, b'{"blocker":{},"holds":[{"woken":{}}],"key":"a{}b"}'])
+    assert nested.status is Status.LOCKED
+    assert nested.data == {"blocker": [], "holds": [{"woken": []}], "key": "a{}b"}
+    plain = decode_reply([0, '{"holds":[{"fresh":true,"token":"17"}],"time":"1.5"}'])
+    assert plain.data == {"holds": [{"fresh": True, "token": "17"}], "time": "1.5"}
+    assert decode_reply([0, b""]).data == decode_reply([0, None]).data == {}
 
 
 def test_lua_scripts_reply_only_known_status_codes() -> None:
