@@ -246,7 +246,7 @@ class Scripts:
 
         Taking a connection from redis-py's pool and giving it back costs two lock rounds, a
         non-blocking read to check it holds no stray reply, and metrics hooks: ~14 µs per
-        script call on the benchmark host, ~10% of a locked ``Step.call``
+        script call on the benchmark host, 5 to 8% of a locked ``Step.call``
         (docs/benchmarks.md, "A connection per thread"). The pool still owns it: a
         ``disconnect()`` of the pool (tests, a failover) disconnects it too, and its next
         command reconnects. What the checkout's read was for — finding a connection the server
