@@ -293,20 +293,9 @@ def _in_transaction() -> bool:
 def get_writer() -> TrackingWriter:
     """The process's writer (a forked child gets a fresh, empty one)."""
     global _writer
-    if _writer._pid != _pid:  # not os.getpid(): a system call, twice per locked Step.call
+    if _writer._pid != os.getpid():
         _writer = TrackingWriter()
     return _writer
-
-
-def _renew_pid_after_fork() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-#: this process's pid, renewed in a forked child
-_pid = os.getpid()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_pid_after_fork)
 
 
 def flush() -> int:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -191,7 +192,12 @@ class Scripts:
         self._direct_pool: Any = None
         if isinstance(client, redis_py.Redis) and getattr(client, "connection", None) is None:
             self._direct_pool = client.connection_pool
-        #: each thread's connection from that pool, kept between calls (``_connection``)
+        #: whether threads keep a connection of that pool between calls (``_connection``), up
+        #: to half of its ``max_connections``; else (or past that) one is taken per call
+        self._keeps = self._direct_pool is not None and can_keep_connections(self._direct_pool)
+        self._allowance = _Allowance(
+            getattr(self._direct_pool, "max_connections", 0) // 2 if self._keeps else 0
+        )
         self._pinned = threading.local()
 
     @property
@@ -216,19 +222,22 @@ class Scripts:
         """Run ``operation`` and return its raw answer (the fast-path scripts answer flat
         lists, not ``{status, json}``); the caller maps connection failures.
 
-        On a one-server client the command goes straight to the calling thread's own pooled
-        connection (``_connection``): redis-py's generic command path (retry wrapper, event
-        dispatch, metrics hooks, option filtering) costs about as much Python time as the round
-        trip itself, and every admission and release is a script call (docs/benchmarks.md,
-        "Hot path"). What that path does that matters here is kept: a connection whose reply
-        was not read whole is disconnected before its next command (which reconnects), and a
-        script the server no longer has (restarted, flushed) is loaded again through
-        ``Script``.
+        On a one-server client the command goes straight to a pooled connection — the calling
+        thread's own (``_connection``), or one taken for the call: redis-py's generic command
+        path (retry wrapper, event dispatch, metrics hooks, option filtering) costs about as
+        much Python time as the round trip itself, and every admission and release is a script
+        call (docs/benchmarks.md, "Hot path"). What that path does that matters here is kept:
+        a connection whose reply was not read whole is disconnected (its next command
+        reconnects), and a script the server no longer has (restarted, flushed) is loaded
+        again through ``Script``.
         """
         script = self._scripts[operation]
-        if self._direct_pool is None:
+        pool = self._direct_pool
+        if pool is None:
             return script(keys=keys, args=args)
-        connection = self._connection()
+        kept = self._connection() if self._keeps else None
+        per_call = kept is None
+        connection: Any = pool.get_connection() if per_call else kept
         try:
             connection.send_packed_command([_pack_evalsha(script.sha, keys, args)])
             return connection.read_response()
@@ -239,38 +248,62 @@ class Scripts:
         except BaseException:
             connection.disconnect()
             raise
+        finally:
+            if per_call:
+                pool.release(connection)
         return script(keys=keys, args=args)
 
     def _connection(self) -> Any:
-        """This thread's connection for ``call``, taken from the pool once and kept.
+        """This thread's connection for ``call``, taken from the pool once and kept — or None
+        when threads already keep half of the pool's ``max_connections`` (the rest stays for
+        per-call use and the client's other commands; ``_Allowance``).
 
         Taking a connection from redis-py's pool and giving it back costs two lock rounds, a
         non-blocking read to check it holds no stray reply, and metrics hooks: ~14 µs per
         script call on the benchmark host, 5 to 8% of a locked ``Step.call``
-        (docs/benchmarks.md, "A connection per thread"). The pool still owns it: a
-        ``disconnect()`` of the pool (tests, a failover) disconnects it too, and its next
-        command reconnects. What the checkout's read was for — finding a connection the server
-        closed (a restart, an idle timeout) before sending on it — is done here when the
-        connection has been unused for ``IDLE_CHECK_AFTER``. It goes back to the pool when the
-        thread ends (``_Pinned``), and a forked child never uses its parent's (its pid is
-        checked — against the pid kept at fork, not ``os.getpid()``, a system call on every
-        call; the child's registry is new anyway, ``_forget_scripts_after_fork``).
+        (docs/benchmarks.md, "A connection per thread"). What the checkout does for a
+        connection is done here instead:
+
+        * a connection the pool no longer owns is dropped — under Sentinel, one connected to a
+          master that is not the current one any more (another thread's reconnect found the
+          new one);
+        * a connection unused for ``IDLE_CHECK_AFTER`` gets the same non-blocking read: one the
+          server closed meanwhile (a restart, an idle timeout), or one holding a stray reply,
+          is dropped, so the call reconnects instead of failing;
+        * a dropped connection reconnects through ``connect()``, which for a Sentinel-managed
+          connection asks the sentinels for the master (a command sent on a disconnected
+          redis-py connection would redial the address it had);
+        * anything raised meanwhile — an interrupt in the middle of the handshake included —
+          leaves it disconnected, never half-connected with a reply nobody read.
+
+        The pool still owns it: a ``disconnect()`` of the pool disconnects it too. It goes back
+        to the pool after the thread has ended, when another thread next asks for one
+        (``_Pinned``). A forked child never uses its parent's: the pid is checked.
         """
         pinned = getattr(self._pinned, "entry", None)
-        if pinned is None or pinned.pid != _pid:
-            pinned = _Pinned(self._direct_pool)
+        if pinned is None or pinned.pid != os.getpid():
+            _give_back_ended()
+            if not self._allowance.take():
+                return None
+            try:
+                pinned = _Pinned(self._direct_pool, self._allowance)
+            except BaseException:
+                self._allowance.give_back()
+                raise
             self._pinned.entry = pinned
-        now = time.monotonic()
-        if now - pinned.used > IDLE_CHECK_AFTER:
-            pinned.check()
-        pinned.used = now
         connection = pinned.connection
-        if connection._sock is None:
-            # disconnected (a failed call, a pool's disconnect): reconnect through connect(),
-            # as the pool's checkout does — a command sent on a disconnected connection
-            # reconnects to the address it had, while a Sentinel-managed connection's
-            # connect() asks the sentinels for the master again (after a failover, a new one)
-            connection.connect()
+        try:
+            if connection._sock is not None and (
+                not self._direct_pool.owns_connection(connection)
+                or (time.monotonic() - pinned.used > IDLE_CHECK_AFTER and _stale(connection))
+            ):
+                connection.disconnect()
+            if connection._sock is None:
+                connection.connect()
+        except BaseException:
+            connection.disconnect()
+            raise
+        pinned.used = time.monotonic()
         return connection
 
     def queue(
@@ -282,55 +315,108 @@ class Scripts:
 
 
 class _Pinned:
-    """One thread's connection, taken from ``pool``; given back when the thread ends (its
-    ``threading.local`` entry, the only reference, is dropped then).
+    """One thread's connection, taken from ``pool`` on one unit of ``allowance``; given back
+    (with the unit) after the thread ends — its ``threading.local`` entry, the only reference,
+    is dropped then.
 
     Given back *later*: ``__del__`` may run wherever the collector runs, even in a thread
     holding the pool's lock (a plain lock: taking it there would deadlock), so it only queues
-    the connection, and the next thread to pin one hands the queue back to its pools first.
+    the connection, and the next thread to ask for one gives the queue back first
+    (``_give_back_ended``).
     """
 
-    __slots__ = ("connection", "pid", "pool", "used")
+    __slots__ = ("allowance", "connection", "pid", "pool", "used")
 
-    def __init__(self, pool: Any) -> None:
-        while _ended:
-            try:
-                ended_pool, connection = _ended.pop()
-            except IndexError:  # another thread took the last one
-                break
-            with contextlib.suppress(Exception):  # a pool closed meanwhile: nothing to do
-                ended_pool.release(connection)
+    def __init__(self, pool: Any, allowance: _Allowance) -> None:
         self.connection = pool.get_connection()  # checked by the pool; may raise
         self.pool = pool
-        self.pid = _pid
+        self.allowance = allowance
+        self.pid = os.getpid()
         self.used = time.monotonic()
 
-    def check(self) -> None:
-        """Disconnect the connection if the server closed it or it holds unread data (a
-        restart, an idle timeout), so the call reconnects instead of failing — what the pool
-        checks at every checkout. A server that cannot be reached fails the call itself."""
-        connection = self.connection
-        try:
-            if connection.can_read():
-                connection.disconnect()
-        except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError, OSError):
-            connection.disconnect()
-
     def __del__(self) -> None:
-        if getattr(self, "pid", None) == _pid:  # (none: __init__ failed; a fork's copy
-            # holds the parent's socket: left alone)
-            _ended.append((self.pool, self.connection))
+        # (no pid: __init__ failed; another pid: a fork's copy, whose socket is the parent's)
+        if getattr(self, "pid", None) == os.getpid():
+            _ended.append((self.pool, self.connection, self.allowance))
+
+
+class _Allowance:
+    """How many more connections of one pool threads may keep."""
+
+    __slots__ = ("left", "lock")
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self.lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.left <= 0:
+                return False
+            self.left -= 1
+            return True
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.left += 1
+
+
+def _give_back_ended() -> None:
+    """Give the connections of ended threads back to their pools (``_Pinned.__del__``)."""
+    while _ended:
+        try:
+            pool, connection, allowance = _ended.pop()
+        except IndexError:  # another thread took the last one
+            return
+        with contextlib.suppress(Exception):  # a pool closed meanwhile: nothing to do
+            pool.release(connection)
+        allowance.give_back()
+
+
+def _stale(connection: Any) -> bool:
+    """Whether ``connection`` holds data before a request was sent: a stray reply, or the
+    end of a connection the server closed (which may also raise)."""
+    try:
+        return bool(connection.can_read())
+    except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError, OSError):
+        return True
+
+
+def can_keep_connections(pool: Any) -> bool:
+    """Whether threads may keep connections of ``pool`` between script calls.
+
+    Only on RESP2 connections without client-side caching: there the server sends nothing
+    unasked, so data waiting on an idle connection means it is stale (``_stale``); RESP3
+    connections get push messages (maintenance notifications, cache invalidations), and the
+    pool hands out other connections with caching. Not when greenlets share OS threads (gevent
+    or eventlet patching sockets but not threads): their calls would interleave on one
+    connection. How many: ``_Allowance``, half of the pool's ``max_connections``.
+    """
+    protocol = getattr(pool, "connection_kwargs", {}).get("protocol") or 2
+    if str(protocol) != "2" or getattr(pool, "cache", None) is not None:
+        return False
+    if getattr(pool, "max_connections", 0) < 2:
+        return False
+    return not _greenlets_share_threads()
+
+
+def _greenlets_share_threads() -> bool:
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("socket"):
+        return not gevent_monkey.is_module_patched("threading")
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    if eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("socket"):
+        return not eventlet_patcher.is_monkey_patched("thread")
+    return False
 
 
 #: seconds a thread's connection may stay unused before its next call checks it first
-#: (``_Pinned.check``): calls closer together than this are not worth a system call each; a
-#: restart or an idle timeout in between is what the check is for, and takes longer
+#: (``_stale``): calls closer together than this are not worth a system call each; a restart
+#: or an idle timeout in between is what the check is for, and takes longer
 IDLE_CHECK_AFTER = 0.1
 
-#: (pool, connection) of threads that ended, for the next ``_Pinned`` to give back
-_ended: list[tuple[Any, Any]] = []
-#: this process's pid, renewed in a forked child (``_forget_scripts_after_fork``)
-_pid = os.getpid()
+#: (pool, connection, allowance) of threads that ended, to give back (``_give_back_ended``)
+_ended: list[tuple[Any, Any, _Allowance]] = []
 
 
 def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
@@ -407,9 +493,7 @@ def holder_json(holder: claim_types.Holder) -> str:
 
 def _forget_scripts_after_fork() -> None:
     """A forked child registers its scripts on its own clients (see ``coordination.redis``)
-    and never touches a connection its parent pinned (``Scripts._connection``)."""
-    global _pid
-    _pid = os.getpid()
+    and gives back none of the connections its parent's ended threads kept."""
     _scripts_by_client.clear()
     _ended.clear()
 

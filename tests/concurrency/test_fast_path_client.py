@@ -6,15 +6,20 @@ bytes are redis-py's; each thread keeps one connection, and a thread that ended 
 connection back to the pool; a server that lost its scripts (``SCRIPT FLUSH``, as after a
 restart) gets them again and the call still answers; a connection the server closed while it
 was idle is found and replaced before the next call sends on it, and one closed under a
-stream of calls fails at most one call (as an outage) and is never used again; a stopped
-server is an outage, not a hang.
+stream of calls fails at most one call (as an outage) and is never used again; one the pool no
+longer owns (under Sentinel: connected to a master that moved) is replaced; an interrupt in the
+middle of a reconnect leaves no reply behind for the next call to read; a stopped server is an
+outage, not a hang. A bounded pool (or one whose connections are not plain) is used a call at
+a time, as before: kept connections would take its allowance.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +30,12 @@ from redis.connection import PythonRespSerializer
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-from reactor_app.coordination.scripts import IDLE_CHECK_AFTER, _pack_evalsha, scripts_for
+from reactor_app.coordination.scripts import (
+    IDLE_CHECK_AFTER,
+    _pack_evalsha,
+    can_keep_connections,
+    scripts_for,
+)
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.servers import StandaloneServer
 
@@ -160,3 +170,94 @@ def test_a_stopped_server_is_an_outage_not_a_hang(client: Any, server: Standalon
     with pytest.raises(CoordinationUnavailable):
         coordinator.admit([LockClaim("fast:key", ttl=30)], Holder(owner="later"))
     assert checked_out(client) == 1
+
+
+def test_a_connection_the_pool_no_longer_owns_is_replaced(client: Any, monkeypatch: Any) -> None:
+    coordinator = Coordinator(client, prefix="fast-test")
+    admit_and_release(coordinator, "warm")
+    connection = scripts_for(client)._connection()
+    before = connection._sock
+    # what a Sentinel pool answers for a connection to the master it knew before a failover
+    monkeypatch.setattr(client.connection_pool, "owns_connection", lambda _: False)
+    assert admit_and_release(coordinator, "moved") > 0
+    assert connection._sock is not None and connection._sock is not before
+    assert checked_out(client) == 1
+
+
+def test_an_interrupt_in_the_middle_of_a_reconnect_leaves_no_reply_behind(client: Any) -> None:
+    coordinator = Coordinator(client, prefix="fast-test")
+    first = admit_and_release(coordinator, "warm")
+    connection = scripts_for(client)._connection()
+    connection.disconnect()
+
+    def interrupted_handshake(conn: Any) -> None:
+        conn.on_connect()
+        conn.send_command("PING")  # a request of the handshake, its reply not read yet
+        raise KeyboardInterrupt
+
+    connection.redis_connect_func = interrupted_handshake
+    with pytest.raises(KeyboardInterrupt):
+        coordinator.admit([LockClaim("fast:key", ttl=30)], Holder(owner="interrupted"))
+    connection.redis_connect_func = None
+    # at once, not after the idle check: the next call reads its own reply, not the PONG
+    assert admit_and_release(coordinator, "next") > first
+    assert checked_out(client) == 1
+
+
+def test_threads_keep_at_most_half_of_the_pool(server: StandaloneServer) -> None:
+    bounded = redis.Redis.from_url(server.url, max_connections=4, socket_timeout=5)
+    coordinator = Coordinator(bounded, prefix="fast-test")
+    for script in scripts_for(bounded)._scripts.values():
+        bounded.script_load(script.script)  # no first-call reload taking a connection more
+    calls_done = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def caller(n: int) -> None:
+        try:
+            for round_ in range(3):
+                admit_and_release(coordinator, f"b{n}.{round_}", key=f"fast:bounded:{n}")
+        except BaseException as exc:  # surfaced below, not lost in the thread
+            errors.append(exc)
+        calls_done.wait(timeout=10)  # alive (keeping what they keep) until all are done
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    calls_done.wait(timeout=10)
+    assert not errors, errors
+    # two of the three keep one (half of max_connections = 4); the third took one per call
+    assert checked_out(bounded) == 2
+    for thread in threads:
+        thread.join(timeout=10)
+    gc.collect()
+    # they ended: this thread's first call gives theirs back and keeps one of its own
+    assert admit_and_release(coordinator, "after") > 0
+    assert checked_out(bounded) == 1
+    bounded.close()
+
+
+def test_resp3_or_cached_connections_are_taken_a_call_at_a_time(
+    server: StandaloneServer,
+) -> None:
+    resp3 = redis.Redis.from_url(server.url, protocol=3, socket_timeout=5)
+    try:
+        # a RESP3 connection may hold push messages nobody asked for: never kept
+        assert not can_keep_connections(resp3.connection_pool)
+        assert admit_and_release(Coordinator(resp3, prefix="fast-test"), "resp3") > 0
+        assert checked_out(resp3) == 0  # given back after the call, as before
+    finally:
+        resp3.close()
+    default = redis.ConnectionPool.from_url(server.url)
+    assert can_keep_connections(default)
+    default.cache = object()  # client-side caching: the pool hands out other connections
+    assert not can_keep_connections(default)
+
+
+def test_greenlets_sharing_a_thread_take_a_connection_per_call(monkeypatch: Any) -> None:
+    patched = {"socket"}  # gevent patching sockets but not threads: one thread, many greenlets
+    monkey = types.SimpleNamespace(is_module_patched=lambda name: name in patched)
+    monkeypatch.setitem(sys.modules, "gevent.monkey", monkey)
+    pool = redis.ConnectionPool()
+    assert not can_keep_connections(pool)
+    patched.add("threading")  # a greenlet-local threading.local: one connection per greenlet
+    assert can_keep_connections(pool)
