@@ -292,10 +292,11 @@ class Scripts:
                 raise
             self._pinned.entry = pinned
         connection = pinned.connection
+        now = time.monotonic()
         try:
             if connection._sock is not None and (
                 not self._direct_pool.owns_connection(connection)
-                or (time.monotonic() - pinned.used > IDLE_CHECK_AFTER and _stale(connection))
+                or (now - pinned.used > IDLE_CHECK_AFTER and _stale(connection))
             ):
                 connection.disconnect()
             if connection._sock is None:
@@ -303,7 +304,7 @@ class Scripts:
         except BaseException:
             connection.disconnect()
             raise
-        pinned.used = time.monotonic()
+        pinned.used = now
         return connection
 
     def queue(
@@ -394,8 +395,6 @@ def can_keep_connections(pool: Any) -> bool:
     """
     protocol = getattr(pool, "connection_kwargs", {}).get("protocol") or 2
     if str(protocol) != "2" or getattr(pool, "cache", None) is not None:
-        return False
-    if getattr(pool, "max_connections", 0) < 2:
         return False
     return not _greenlets_share_threads()
 
