@@ -23,6 +23,7 @@ from reactor_app import signals
 from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.serialization import to_json
+from reactor_app.signals import EventSignal
 from reactor_app.status import EngineEvent, StepRunKind, StepRunStatus
 from reactor_app.tracking_store import PendingStepRun
 from reactor_app.write_behind import get_writer
@@ -51,21 +52,38 @@ _STEP_EVENTS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def _send(signal: Any, sender: type, payload: dict[str, Any]) -> None:
+def _send(signal: EventSignal, sender: type, payload: dict[str, Any]) -> None:
     """Deliver a signal to every receiver; a receiver that raises is logged, not propagated.
 
     Events are observations: a broken receiver must not break the protected work, leave a
-    hold taken without its release, or leave an execution half-finished.
+    hold taken without its release, or leave an execution half-finished. What Django's
+    ``send_robust`` does, without its per-send walk of the receivers (``EventSignal``); a
+    signal with a coroutine receiver goes through ``send_robust`` itself, which runs those.
     """
-    for receiver, response in signal.send_robust(sender=sender, **payload):
-        if isinstance(response, Exception):
-            logger.error(
-                "receiver %r of %s raised %r",
-                receiver,
-                payload.get("kind"),
-                response,
-                exc_info=(type(response), response, response.__traceback__),
-            )
+    if not signal.receivers:
+        return
+    receivers = signal.live_receivers(sender)
+    if receivers is None:
+        failures = [
+            (receiver, response)
+            for receiver, response in signal.send_robust(sender=sender, **payload)
+            if isinstance(response, Exception)
+        ]
+    else:
+        failures = []
+        for receiver in receivers:
+            try:
+                receiver(signal=signal, sender=sender, **payload)
+            except Exception as error:
+                failures.append((receiver, error))
+    for receiver, failure in failures:
+        logger.error(
+            "receiver %r of %s raised %r",
+            receiver,
+            payload.get("kind"),
+            failure,
+            exc_info=(type(failure), failure, failure.__traceback__),
+        )
 
 
 def _copied(value: Any) -> Any:
@@ -184,21 +202,22 @@ def record_coordination(
     level, and a failure to write one raises.
     """
     at = at or timezone.now()
-    payload = {
-        "kind": kind,
-        "primitive": primitive,
-        "key": key,
-        "owner": owner,
-        "step": step,
-        "reactor": reactor,
-        "execution_id": str(execution_id) if execution_id else None,
-        "token": token,
-        "detail": detail,
-    }
-    dedicated = signals.signal_for(kind)
-    if dedicated.receivers:  # most event kinds have none: not even a send's cost then
-        _send(dedicated, CoordinationEvent, payload)
-    _send(signals.coordination_event, CoordinationEvent, payload)
+    dedicated = signals.COORDINATION_SIGNALS[kind]
+    catch_all = signals.coordination_event
+    if dedicated.receivers or catch_all.receivers:
+        payload = {
+            "kind": kind,
+            "primitive": primitive,
+            "key": key,
+            "owner": owner,
+            "step": step,
+            "reactor": reactor,
+            "execution_id": str(execution_id) if execution_id else None,
+            "token": token,
+            "detail": detail,
+        }
+        _send(dedicated, CoordinationEvent, payload)  # most kinds have no receiver: a no-op
+        _send(catch_all, CoordinationEvent, payload)
     if not durable and not full_tracking():
         return  # an operator action's audit row is written whatever the tracking level
     fields = {

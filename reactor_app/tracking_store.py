@@ -9,6 +9,7 @@ its own, so one bad row (its execution deleted meanwhile...) does not cost the o
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any
 
 from django.db import connections, transaction
@@ -236,16 +237,46 @@ def _copy(
     """
     missing = [_MISSING.get(name) for name in columns]
     json_at = [i for i, name in enumerate(columns) if name in json_columns]
-    encode = _JSON.encode
+    whole = operator.itemgetter(*columns)  # one C call for a row that has every column
     with cursor.copy(sql) as copy:
         for row in rows:
-            values = [
-                row.get(name, default) for name, default in zip(columns, missing, strict=True)
-            ]
+            try:
+                values = list(whole(row))
+            except KeyError:  # a step run still running has no finished_at yet
+                values = [
+                    row.get(name, default) for name, default in zip(columns, missing, strict=True)
+                ]
             for i in json_at:
                 if values[i] is not None:
-                    values[i] = encode(values[i])
+                    values[i] = _json_text(values[i])
             copy.write_row(values)
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text. The same few small details recur in nearly every event row
+    (``{"reentrant": false}``, ``{"outcome": "success"}``): their text is kept, keyed by their
+    items, when every value is text, a bool or None (so ``True`` and ``1``, equal as keys,
+    never share an entry)."""
+    if type(value) is not dict or len(value) > _SMALL_DETAIL:
+        return _JSON.encode(value)
+    key = tuple(value.items())
+    for _, item in key:
+        if type(item) not in _KEYABLE:  # checked before the lookup: 1 == True as a key
+            return _JSON.encode(value)
+    text = _small_json.get(key)
+    if text is None:
+        text = _JSON.encode(value)
+        if len(_small_json) >= _SMALL_JSON_KEPT:
+            _small_json.clear()
+        _small_json[key] = text
+    return text
+
+
+#: details of at most this many items are worth keeping the text of (``_json_text``)
+_SMALL_DETAIL = 3
+_SMALL_JSON_KEPT = 512
+_KEYABLE = frozenset({str, bool, type(None)})
+_small_json: dict[tuple[Any, ...], str] = {}
 
 
 #: one encoder for every JSON value a flush writes (``json.dumps(cls=...)`` builds one per call)

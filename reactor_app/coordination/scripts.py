@@ -336,9 +336,14 @@ class _Pinned:
         self.used = time.monotonic()
 
     def __del__(self) -> None:
-        # (no pid: __init__ failed; another pid: a fork's copy, whose socket is the parent's)
-        if getattr(self, "pid", None) == os.getpid():
-            _ended.append((self.pool, self.connection, self.allowance))
+        try:
+            # (no pid: __init__ failed; another pid: a fork's copy, whose socket is the parent's)
+            if getattr(self, "pid", None) == os.getpid():
+                _ended.append((self.pool, self.connection, self.allowance))
+        except (AttributeError, TypeError):
+            # the interpreter is shutting down and has cleared this module's globals (the
+            # main thread's entry goes last): no pool needs its connection back any more
+            pass
 
 
 class _Allowance:

@@ -412,6 +412,45 @@ def test_events_written_in_bulk_keep_every_character_and_value() -> None:
     assert second.token is None and second.owner == "" and second.detail == {}
 
 
+def test_small_details_that_compare_equal_keep_their_own_json() -> None:
+    """The writer keeps the JSON text of the small details that recur in nearly every row;
+    details equal as Python keys but not as JSON (``1`` and ``True``, ``1`` and ``1.0``) or
+    holding a container keep their own text, as does one whose values change afterwards."""
+    from reactor_app.tracking import flush, record_coordination
+
+    details: list[dict[str, Any]] = [
+        {"reentrant": True},
+        {"reentrant": 1},
+        {"reentrant": 1.0},
+        {"reentrant": "1"},
+        {"reentrant": None},
+        {"reentrant": [True]},
+        {"outcome": "success"},
+        {"outcome": "success", "reentrant": False},
+    ]
+    for round_ in range(2):  # the second round meets the kept texts
+        for index, detail in enumerate(details):
+            record_coordination(
+                "acquired", primitive="lock", key=f"small:{round_}:{index}", owner="o", **detail
+            )
+        flush()
+    for round_ in range(2):
+        stored = [
+            CoordinationEvent.objects.get(key=f"small:{round_}:{index}").detail
+            for index in range(len(details))
+        ]
+        assert stored == details
+        assert [type(d["reentrant"]) for d in stored if "reentrant" in d] == [
+            bool,
+            int,
+            float,
+            str,
+            type(None),
+            list,
+            bool,
+        ]
+
+
 # -- flushes and the caller's transaction ------------------------------------------------------
 
 

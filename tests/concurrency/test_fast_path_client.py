@@ -28,6 +28,7 @@ import redis
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
+from reactor_app.coordination import scripts
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
 from reactor_app.coordination.scripts import (
@@ -261,3 +262,22 @@ def test_greenlets_sharing_a_thread_take_a_connection_per_call(monkeypatch: Any)
     assert not can_keep_connections(pool)
     patched.add("threading")  # a greenlet-local threading.local: one connection per greenlet
     assert can_keep_connections(pool)
+
+
+def test_a_kept_connection_collected_during_the_interpreters_teardown_raises_nothing(
+    server: StandaloneServer, monkeypatch: Any
+) -> None:
+    """The main thread's kept connection may be collected at exit after the interpreter set
+    the module's globals to None (seen at the end of a benchmark run: "Exception ignored in
+    _Pinned.__del__"): nothing needs its connection back then, and nothing may be printed."""
+    pool = redis.ConnectionPool.from_url(server.url)
+    pinned = scripts._Pinned(pool, scripts._Allowance(1))
+    monkeypatch.setattr(scripts, "_ended", None)  # what the teardown leaves
+    pinned.__del__()  # raised AttributeError: 'NoneType' object has no attribute 'append'
+    monkeypatch.undo()
+    before = len(scripts._ended)
+    pinned.__del__()  # a thread that ended while the interpreter runs: queued to give back
+    assert len(scripts._ended) == before + 1
+    scripts._give_back_ended()
+    assert not scripts._ended
+    pool.disconnect()
