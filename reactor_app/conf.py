@@ -51,6 +51,12 @@ def _read(holder: Any, name: str, default: Any) -> Any:
 #: a setting the project leaves unset (its default applies), in the cache
 _UNSET: Any = object()
 
+#: the instance dict of ``django.conf.settings``, where it keeps the settings object it wraps
+#: (``_wrapped``; ``override_settings`` swaps it there). Read directly: ``LazyObject`` answers
+#: every attribute through a Python-level ``__getattribute__``, and the hot path asks for the
+#: settings object a dozen times per ``Step.call``.
+_lazy_state: dict[str, Any] = object.__getattribute__(django_settings, "__dict__")
+
 
 class ReactorSettings:
     """The ``REACTOR_*`` settings with their defaults and validation."""
@@ -70,7 +76,7 @@ class ReactorSettings:
     def version(self) -> int:
         """A number that changes whenever the settings may have (a new settings object, a
         ``setting_changed``): what is derived from several settings can be kept until then."""
-        self._follow(django_settings._wrapped)  # type: ignore[misc]
+        self._follow(_lazy_state["_wrapped"])
         return self._version
 
     def _follow(self, wrapped: Any) -> None:
@@ -84,7 +90,7 @@ class ReactorSettings:
         # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
         # __getattr__ costs a Python frame and, for a setting left at its default, an exception
         # per read. Cached per settings object: override_settings installs a new one.
-        wrapped = django_settings._wrapped  # type: ignore[misc]
+        wrapped = _lazy_state["_wrapped"]
         if wrapped is empty:
             return getattr(django_settings, f"REACTOR_{name}", default)
         self._follow(wrapped)

@@ -218,8 +218,25 @@ def record_coordination(
         }
         _send(dedicated, CoordinationEvent, payload)  # most kinds have no receiver: a no-op
         _send(catch_all, CoordinationEvent, payload)
-    if not durable and not full_tracking():
-        return  # an operator action's audit row is written whatever the tracking level
+    if not durable:
+        if full_tracking():
+            # the row's values in EVENT_COLUMNS order; ``detail`` made JSON by the writer
+            get_writer().add_event(
+                (
+                    execution_id or None,
+                    step or "",
+                    reactor or "",
+                    primitive,
+                    key,
+                    kind,
+                    owner or "",
+                    token,
+                    at,
+                    detail,
+                )
+            )
+        return
+    # an operator action's audit row is written whatever the tracking level, before returning
     fields = {
         "execution_id": execution_id or None,
         "step": step or "",
@@ -230,12 +247,7 @@ def record_coordination(
         "owner": owner or "",
         "token": token,
         "at": at,
-        # made JSON by the writer, off the caller's path
-        "detail": detail,
     }
-    if not durable:
-        get_writer().add_event(fields)
-        return
     try:
         CoordinationEvent.objects.create(**{**fields, "detail": to_json(detail)})
     except Exception:

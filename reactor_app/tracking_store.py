@@ -36,15 +36,33 @@ class PendingStepRun:
         self.buffered = False  # ever handed to the buffer: its writes stay there, in order
 
 
+#: a buffered coordination event: its column values in this order (``EventRow``), ``detail``
+#: not yet made JSON — a tuple, not a dict: the caller builds one per event
+EVENT_COLUMNS = (
+    "execution_id",
+    "step",
+    "reactor",
+    "primitive",
+    "key",
+    "kind",
+    "owner",
+    "token",
+    "at",
+    "detail",
+)
+EventRow = tuple[Any, ...]
+
+
 def write_rows(
-    raw_events: list[dict[str, Any]],
+    raw_events: list[EventRow],
     snapshot: list[tuple[PendingStepRun, int | None, dict[str, Any]]],
     progress: dict[Any, dict[str, Any]],
 ) -> int:
-    """Write one flush's rows; the number written. ``raw_events``: field dicts of coordination
-    events; ``snapshot``: each step run with the pk an earlier flush gave it (None: not inserted
-    yet) and a copy of its fields; ``progress``: execution pk -> fields. A step run inserted
-    here gets its ``pk``, so that its closing write becomes an UPDATE."""
+    """Write one flush's rows; the number written. ``raw_events``: coordination events, each
+    its values in ``EVENT_COLUMNS`` order; ``snapshot``: each step run with the pk an earlier
+    flush gave it (None: not inserted yet) and a copy of its fields; ``progress``: execution
+    pk -> fields. A step run inserted here gets its ``pk``, so that its closing write becomes
+    an UPDATE."""
     new_steps = [(pending, fields) for pending, pk, fields in snapshot if pk is None]
     updates = [
         StepRun(pk=pk, **{name: _jsonable(fields)[name] for name in STEP_CLOSING_FIELDS})
@@ -56,7 +74,8 @@ def write_rows(
             if raw_events:
                 _insert(CoordinationEvent, raw_events, returning=False)
             if new_steps:
-                pks = _insert(StepRun, [fields for _, fields in new_steps], returning=True)
+                step_rows = [_step_values(fields) for _, fields in new_steps]
+                pks = _insert(StepRun, step_rows, returning=True)
             if updates:
                 StepRun.objects.bulk_update(updates, STEP_CLOSING_FIELDS)
             for pk, fields in progress.items():
@@ -64,7 +83,10 @@ def write_rows(
     except Exception:
         # One bad row (its execution deleted meanwhile...) must not cost the others.
         logger.warning("bulk write of tracking rows failed; writing them one by one")
-        events = [CoordinationEvent(**_jsonable(fields)) for fields in raw_events]
+        events = [
+            CoordinationEvent(**_jsonable(dict(zip(EVENT_COLUMNS, row, strict=True))))
+            for row in raw_events
+        ]
         inserts = [(pending, StepRun(**_jsonable(fields))) for pending, fields in new_steps]
         return _write_one_by_one(events, inserts, updates, progress)
     if new_steps:
@@ -109,18 +131,7 @@ def _write_one_by_one(
 
 #: the columns written per table, and what a row that lacks one gets
 _COLUMNS: dict[type[Any], tuple[str, ...]] = {
-    CoordinationEvent: (
-        "execution_id",
-        "step",
-        "reactor",
-        "primitive",
-        "key",
-        "kind",
-        "owner",
-        "token",
-        "at",
-        "detail",
-    ),
+    CoordinationEvent: EVENT_COLUMNS,
     StepRun: (
         "execution_id",
         "step",
@@ -134,15 +145,27 @@ _COLUMNS: dict[type[Any], tuple[str, ...]] = {
     ),
 }
 _MISSING: dict[str, Any] = {"finished_at": None, "error": None, "detail": {}}
+#: a step run's values when it has every column (one C call: ``_step_values``)
+_STEP_VALUES = operator.itemgetter(*_COLUMNS[StepRun])
 
 #: rows per INSERT statement (10 columns each: well under every backend's parameter limit)
 INSERT_BATCH = 90
 
 
-def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) -> list[Any]:
-    """Multi-row INSERTs of ``rows`` (field dicts, JSON fields not yet JSON) on the default
-    connection; the new pks when ``returning``. On PostgreSQL the rows go through ``COPY``
-    instead (``_copy``), with pks taken from the table's sequence first when they are needed.
+def _step_values(fields: dict[str, Any]) -> tuple[Any, ...]:
+    """A step run's fields as its row's values in ``_COLUMNS`` order (a step run still running
+    has no ``finished_at`` yet: ``_MISSING``)."""
+    try:
+        return _STEP_VALUES(fields)  # type: ignore[no-any-return]
+    except KeyError:
+        return tuple(fields.get(name, _MISSING.get(name)) for name in _COLUMNS[StepRun])
+
+
+def _insert(model: type[Any], rows: list[EventRow], *, returning: bool) -> list[Any]:
+    """Multi-row INSERTs of ``rows`` (each its values in ``_COLUMNS`` order, JSON fields not
+    yet JSON) on the default connection; the new pks when ``returning``. On PostgreSQL the
+    rows go through ``COPY`` instead (``_copy``), with pks taken from the table's sequence
+    first when they are needed.
 
     Not ``bulk_create``: its per-field preparation made writing a step run cost the writer
     (and, at the end of a run, the caller) more than running the step. Values are adapted here
@@ -153,7 +176,6 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
     ops = connection.ops
     quote = ops.quote_name
     meta = model._meta
-    # A row may lack fields set only later (a step run still running has no finished_at).
     columns = list(_COLUMNS[model])
     fields = [meta.get_field(name.removesuffix("_id")) for name in columns]
     adapters: list[Any] = []
@@ -179,13 +201,11 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
         raw: Any = getattr(cursor, "cursor", None)
         if connection.vendor == "postgresql" and hasattr(raw, "copy"):
             table = quote(meta.db_table)
-            json_columns = {
-                name
-                for name, field in zip(columns, fields, strict=True)
-                if field.get_internal_type() == "JSONField"
-            }
+            json_at = [
+                i for i, field in enumerate(fields) if field.get_internal_type() == "JSONField"
+            ]
             if not returning:
-                _copy(raw, f"COPY {table} ({names}) FROM STDIN", columns, rows, json_columns)
+                _copy(raw, f"COPY {table} ({names}) FROM STDIN", rows, json_at)
                 return pks
             # the pks first, from the table's own sequence, then the rows with them
             raw.execute(
@@ -193,21 +213,19 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
                 [table, meta.pk.column, len(rows)],
             )
             pks = [row[0] for row in raw.fetchall()]
-            numbered = [{**row, "pk": pk} for row, pk in zip(rows, pks, strict=True)]
+            numbered = [(pk, *row) for row, pk in zip(rows, pks, strict=True)]
             _copy(
                 raw,
                 f"COPY {table} ({quote(meta.pk.column)}, {names}) FROM STDIN",
-                ["pk", *columns],
                 numbered,
-                json_columns,
+                [i + 1 for i in json_at],
             )
             return pks
         for start in range(0, len(rows), INSERT_BATCH):
             batch = rows[start : start + INSERT_BATCH]
             params: list[Any] = []
             for row in batch:
-                for name, adapt in zip(columns, adapters, strict=True):
-                    value = row.get(name, _MISSING.get(name))
+                for value, adapt in zip(row, adapters, strict=True):
                     params.append(adapt(value) if adapt is not None else value)
             sql = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES " + ", ".join(
                 [one_row] * len(batch)
@@ -220,32 +238,19 @@ def _insert(model: type[Any], rows: list[dict[str, Any]], *, returning: bool) ->
     return pks
 
 
-def _copy(
-    cursor: Any,
-    sql: str,
-    columns: list[str],
-    rows: list[dict[str, Any]],
-    json_columns: set[str],
-) -> None:
-    """``rows`` through PostgreSQL's ``COPY … FROM STDIN`` (psycopg 3).
+def _copy(cursor: Any, sql: str, rows: list[EventRow], json_at: list[int]) -> None:
+    """``rows`` (values in column order) through PostgreSQL's ``COPY … FROM STDIN``
+    (psycopg 3); the values at ``json_at`` travel as their JSON text, which the server parses
+    as it would a literal.
 
     COPY costs the writer thread and the server a fraction of a multi-row INSERT: no statement
     text with a placeholder per value for psycopg to build and parse, no planning per batch.
     That time is taken from the callers' threads (the GIL) and cores, so it shows up in every
-    ``Step.call`` (docs/benchmarks.md, "Hot path"). ``json_columns`` travel as their JSON text,
-    which the server parses as it would a literal.
+    ``Step.call`` (docs/benchmarks.md, "Hot path").
     """
-    missing = [_MISSING.get(name) for name in columns]
-    json_at = [i for i, name in enumerate(columns) if name in json_columns]
-    whole = operator.itemgetter(*columns)  # one C call for a row that has every column
     with cursor.copy(sql) as copy:
         for row in rows:
-            try:
-                values = list(whole(row))
-            except KeyError:  # a step run still running has no finished_at yet
-                values = [
-                    row.get(name, default) for name, default in zip(columns, missing, strict=True)
-                ]
+            values = list(row)
             for i in json_at:
                 if values[i] is not None:
                     values[i] = _json_text(values[i])

@@ -41,6 +41,7 @@ This module is the buffer and its thread: when rows are written. What a flush wr
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
@@ -51,10 +52,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from celery import signals as celery_signals
-from django.db import close_old_connections, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
 from reactor_app.conf import reactor_settings
-from reactor_app.tracking_store import PendingStepRun, write_rows
+from reactor_app.tracking_store import EventRow, PendingStepRun, write_rows
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ class TrackingWriter:
         #: one flush of the buffer at a time, committed before it is let go: a step run is
         #: inserted before its update is written, and its row is visible to the next flush
         self._flushing = threading.Lock()
-        #: field dicts of ``CoordinationEvent`` rows, ``detail`` not yet made JSON
-        self._events: list[dict[str, Any]] = []
+        #: ``CoordinationEvent`` rows (``tracking_store.EventRow``), ``detail`` not yet JSON
+        self._events: list[EventRow] = []
         self._steps: list[PendingStepRun] = []
         #: execution pk -> progress fields (``current_step``) of an in-process run, latest wins
         self._progress: dict[Any, dict[str, Any]] = {}
@@ -85,21 +86,26 @@ class TrackingWriter:
         #: callers waiting for the writer thread to let go of its database connection
         self._release: list[threading.Event] = []
         self._pid = os.getpid()
+        #: the size bound and the settings version it was read for (``_limit``)
+        self._limit_value = 0
+        self._limit_for = -1
         #: rows written so far (by any thread); tests and the benchmark read it
         self.written = 0
 
     # -- the caller's side ------------------------------------------------------------------
 
-    def add_event(self, fields: dict[str, Any]) -> None:
-        """Buffer one ``CoordinationEvent`` row (its fields; ``detail`` made JSON when written)
-        — or, inside a transaction, write it in that transaction (module docstring)."""
+    def add_event(self, row: EventRow) -> None:
+        """Buffer one ``CoordinationEvent`` row (its values in ``EVENT_COLUMNS`` order,
+        ``detail`` made JSON when written) — or, inside a transaction, write it in that
+        transaction (module docstring)."""
         if _in_transaction():
-            self._count(write_rows([fields], [], {}))
+            self._count(write_rows([row], [], {}))
             return
         with self._lock:
-            self._events.append(fields)
+            self._events.append(row)
             self._arrived()
-        self._ensure_thread()
+        if self._thread is None:
+            self._start()
 
     def update_step(self, pending: PendingStepRun, **fields: Any) -> None:
         """Apply ``fields`` to ``pending`` and queue it for the next flush — or write it in
@@ -144,10 +150,17 @@ class TrackingWriter:
         if self._oldest is None:
             self._oldest = time.monotonic()
             self._wake.notify()
-        elif (size := self._size()) >= MIN_SIZE_CHECK and (
-            size >= reactor_settings.TRACKING_BUFFER_SIZE
-        ):
+        elif (size := self._size()) >= MIN_SIZE_CHECK and size >= self._limit():
             self._wake.notify()
+
+    def _limit(self) -> int:
+        """``REACTOR_TRACKING_BUFFER_SIZE``, read again only when the settings may have changed
+        (``reactor_settings.version``): past ``MIN_SIZE_CHECK`` rows every row asks."""
+        version = reactor_settings.version()
+        if self._limit_for != version:
+            self._limit_value = reactor_settings.TRACKING_BUFFER_SIZE
+            self._limit_for = version
+        return self._limit_value
 
     def _size(self) -> int:
         return len(self._events) + len(self._steps) + len(self._progress)
@@ -286,7 +299,18 @@ _writer = TrackingWriter()
 
 
 def _in_transaction() -> bool:
-    """Whether the calling thread is inside ``transaction.atomic`` (its default connection)."""
+    """Whether the calling thread is inside ``transaction.atomic`` (its default connection).
+
+    Asked for every tracking row. In synchronous code Django keeps a thread's connections in a
+    plain thread-local store (asgiref's ``Local(thread_critical=True)``); read it directly, as
+    ``connections[alias]`` would, without asgiref's check for a running event loop on each
+    access — ``asyncio.get_running_loop()`` raising and catching ``RuntimeError``. A thread
+    that has not used its connection yet is in no transaction. Anywhere else (an event loop
+    running in this thread, another asgiref), Django answers."""
+    storage = getattr(getattr(connections, "_connections", None), "_storage", None)
+    if type(storage) is threading.local and asyncio._get_running_loop() is None:
+        connection = getattr(storage, DEFAULT_DB_ALIAS, None)
+        return connection is not None and bool(connection.in_atomic_block)
     return bool(transaction.get_connection().in_atomic_block)
 
 

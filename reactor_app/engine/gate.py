@@ -464,8 +464,10 @@ class Gate:
                 self.scope.held_keys.push(
                     claim.primitive, claim.key, self.scope.step, getattr(claim, "limit", None)
                 )
-            limit = {"limit": claim.limit} if isinstance(claim, SemaphoreClaim) else {}
-            if any(hold is h for h in adopted):
+            limit: dict[str, Any] = (
+                {"limit": claim.limit} if isinstance(claim, SemaphoreClaim) else {}
+            )
+            if adopted and any(hold is h for h in adopted):
                 # held since before the park: no second acquisition is recorded
                 self._event(
                     CoordinationEventKind.RESUMED, claim, token=hold.token, adopted=True, **limit
@@ -647,19 +649,27 @@ class Gate:
     def token_for(self, key: str | None = None) -> int | None:
         return self.admitted.token_for(key) if self.admitted else None
 
-    def _event(self, kind: str, claim: Claim | None, **detail: Any) -> None:
-        key = detail.pop("key", None) or (claim.key if claim else "")
-        primitive = claim.primitive if claim else detail.pop("primitive", None) or "lock"
-        detail.pop("primitive", None)
-        token = detail.pop("token", None)
+    def _event(
+        self,
+        kind: str,
+        claim: Claim | None,
+        *,
+        key: str | None = None,
+        primitive: str | None = None,
+        token: int | None = None,
+        **detail: Any,
+    ) -> None:
+        """Record one coordination event of this gate: about ``claim`` (its key and primitive),
+        or — for a renewal's deferred event, which names only a key — about ``key``."""
+        scope = self.scope
         record_coordination(
             kind,
-            primitive=primitive,
-            key=key,
-            owner=self.scope.owner,
-            step=self.scope.step,
-            reactor=self.scope.reactor,
-            execution_id=self.scope.execution_id,
+            primitive=claim.primitive if claim else primitive or "lock",
+            key=key or (claim.key if claim else ""),
+            owner=scope.owner,
+            step=scope.step,
+            reactor=scope.reactor,
+            execution_id=scope.execution_id,
             token=token,
             **detail,
         )
