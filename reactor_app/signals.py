@@ -55,8 +55,9 @@ class EventSignal(Signal):
     def live_receivers(self, sender: Any) -> list[Any] | None:
         """The receivers a send from ``sender`` reaches now, in connection order — or None when
         one of them is a coroutine function (Django's ``send_robust`` runs those)."""
-        # a class (the engine's senders) is keyed by its id, as ``_make_id`` would key it
-        key = id(sender) if type(sender) is type or sender is None else _make_id(sender)
+        # a class (the engine's senders are model classes) is keyed by its id, as ``_make_id``
+        # keys anything that is not a bound method
+        key = id(sender) if isinstance(sender, type) or sender is None else _make_id(sender)
         entries = self._by_sender.get(key, _UNKNOWN)
         if entries is _UNKNOWN:
             entries = self._entries_for(sender)

@@ -12,6 +12,7 @@ they are its methods (``Coordinator.extend``, ...).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -113,12 +114,18 @@ def keep_alive(
     """Start the renewal thread for ``admitted`` (None when nothing needs renewing):
     auto-extended locks, semaphore leases and ordered-lock heartbeats. ``on_extended``
     receives ``(key, granted lease ms)`` per renewed lease."""
-    # deferred: renewal imports admission, which imports this module
-    from reactor_app.coordination.renewal import start_renewal
-
-    return start_renewal(
+    return _renewal().start_renewal(
         admitted, coordinator=coordinator, on_lost=on_lost, on_extended=on_extended
     )
+
+
+def _renewal() -> Any:
+    """``coordination.renewal``, imported on first use: it imports admission, which imports
+    this module. (An import statement in ``keep_alive`` would run on every admission.)"""
+    module = sys.modules.get("reactor_app.coordination.renewal")
+    if module is None:
+        from reactor_app.coordination import renewal as module
+    return module
 
 
 def _renewable(holds: Sequence[Hold]) -> list[Hold]:

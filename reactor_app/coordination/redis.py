@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 
 import redis as redis_py
 from django_redis.pool import ConnectionFactory
@@ -297,16 +297,31 @@ def is_unavailable(exc: BaseException) -> bool:
     )
 
 
-@contextmanager
-def unavailable_on_connection_error(
-    *, key: str | None = None, primitive: str | None = None
-) -> Iterator[None]:
-    """Translate connection failures into ``CoordinationUnavailable`` (with the cause)."""
-    try:
-        yield
-    except Exception as exc:
-        if not is_unavailable(exc):
-            raise
+class unavailable_on_connection_error:
+    """Translate connection failures into ``CoordinationUnavailable`` (with the cause):
+    ``with unavailable_on_connection_error(key=..., primitive=...): ...``.
+
+    A class rather than a ``contextlib.contextmanager`` generator: every admission and release
+    enters one, and a generator-based manager costs a generator, its frame and two calls into
+    it per use (docs/benchmarks.md, "Hot path")."""
+
+    __slots__ = ("key", "primitive")
+
+    def __init__(self, *, key: str | None = None, primitive: str | None = None) -> None:
+        self.key = key
+        self.primitive = primitive
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Literal[False]:
+        if exc is None or not isinstance(exc, Exception) or not is_unavailable(exc):
+            return False  # nothing raised, or not an outage: it propagates as it is
         _forget_embedded()  # the next call checks (and if need be starts) the server again
         hint = ""
         if isinstance(exc, _WRONG_TOPOLOGY_ERRORS):
@@ -320,8 +335,8 @@ def unavailable_on_connection_error(
         raise CoordinationUnavailable(
             f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
             f"the protected work did not run{hint}",
-            key=key,
-            primitive=primitive,
+            key=self.key,
+            primitive=self.primitive,
             # callers that re-word the error quote the cause: keep the hint with it
             cause=f"{type(exc).__name__}: {exc}{hint}" if hint else exc,
         ) from exc

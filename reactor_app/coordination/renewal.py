@@ -67,18 +67,24 @@ COALESCE_FRACTION = 0.2
 COMPACT_AFTER = 256
 
 
+#: claims renewed for as long as the work runs, besides locks with ``auto_extend`` (a tuple
+#: built once: an ``A | B`` union in ``isinstance`` is built anew on every call)
+_RENEWED = (SemaphoreClaim, OrderedLockClaim, PeriodClaim)
+_WITH_TTL = (LockClaim, SemaphoreClaim, PeriodClaim)
+
+
 def _renewable(hold: Hold) -> bool:
     claim = hold.claim
     if isinstance(claim, LockClaim):
         return claim.auto_extend
-    return isinstance(claim, SemaphoreClaim | OrderedLockClaim | PeriodClaim)
+    return isinstance(claim, _RENEWED)
 
 
 def _lease_seconds(hold: Hold) -> float:
     claim = hold.claim
     if isinstance(claim, OrderedLockClaim):
         return claim.poison_pill_timeout
-    assert isinstance(claim, LockClaim | SemaphoreClaim | PeriodClaim)
+    assert isinstance(claim, _WITH_TTL)
     return claim.ttl
 
 
@@ -100,10 +106,15 @@ class Renewal:
         self.on_lost = on_lost
         self.on_extended = on_extended
         self.holds = [hold for hold in admitted.holds if _renewable(hold)]
-        self.leases = [h for h in self.holds if not isinstance(h.claim, OrderedLockClaim)]
-        self.positions = [h for h in self.holds if isinstance(h.claim, OrderedLockClaim)]
+        #: ordered-lock positions (heartbeats) and the rest (leases renewed by ``extend``)
+        self.positions: list[Hold] = []
+        self.leases: list[Hold] = []
+        for hold in self.holds:
+            (self.positions if isinstance(hold.claim, OrderedLockClaim) else self.leases).append(
+                hold
+            )
         #: the shortest lease (seconds): past it without a renewal the hold is surely gone
-        self.shortest_lease = min((_lease_seconds(h) for h in self.holds), default=0.0)
+        self.shortest_lease = min(map(_lease_seconds, self.holds), default=0.0)
         self.interval = interval if interval is not None else self.shortest_lease / 3
         self.lost: LeaseLost | None = None
         self.renewals = 0
@@ -243,15 +254,19 @@ class RenewalScheduler:
                 self._wake.notify()
 
     def remove(self, renewal: Renewal, timeout: float = 5.0) -> None:
-        on_own_thread = threading.current_thread() is self._thread
-        deadline = time.monotonic() + timeout
         with self._lock:
             self._forget(renewal)
-            # The round in flight may be renewing it right now: let that part finish, so
-            # nothing runs on its behalf after stop() (a part not begun yet skips stopped
-            # renewals). Only its own part: another client's pipeline, stuck on a slow Redis,
-            # must not hold up every gate's exit in the process.
-            while not on_own_thread and id(renewal) in self._renewing:
+            if id(renewal) not in self._renewing:
+                return
+            # The round in flight is renewing it right now: let that part finish, so nothing
+            # runs on its behalf after stop() (a part not begun yet skips stopped renewals).
+            # Only its own part: another client's pipeline, stuck on a slow Redis, must not
+            # hold up every gate's exit in the process. (Not on the thread itself: a callback
+            # of that part stopping its own renewal would wait for itself.)
+            if threading.current_thread() is self._thread:
+                return
+            deadline = time.monotonic() + timeout
+            while id(renewal) in self._renewing:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

@@ -87,7 +87,7 @@ def _child(metric: Any, *values: str) -> Any:
 
 
 def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
-    if kind == EngineEvent.STEP_STARTED:
+    if kind == _STEP_STARTED:
         _steps.push((execution.pk, payload.get("step"), payload.get("attempt")), now())
         return
     outcome = STEP_ENDS.get(kind)
@@ -106,13 +106,12 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
 def on_coordination_event(
     sender: Any, kind: str, primitive: str, key: str, owner: str, detail: dict[str, Any], **_: Any
 ) -> None:
-    hold = (owner, primitive, key)
-    if kind == Kind.ACQUIRED:
-        _holds.push(hold, now())
+    if kind == _ACQUIRED:
+        _holds.push((owner, primitive, key), now())
         if not detail.get("reentrant"):
             _child(ADMISSIONS, primitive).inc()
-    elif kind in (Kind.RELEASED, Kind.FORCED_RELEASE, Kind.RELEASE_FAILED):
-        started = _holds.pop(hold)
+    elif kind in _HOLD_ENDS:
+        started = _holds.pop((owner, primitive, key))
         if started is not None:
             _child(HOLD_DURATION, primitive).observe(now() - started)
         if kind == Kind.FORCED_RELEASE:
@@ -128,6 +127,13 @@ def on_coordination_event(
             _child(WAKE_LATENCY, primitive).observe(waited)
     elif kind == Kind.LEASE_LOST:
         _child(LEASES_LOST, primitive).inc()
+
+
+#: the kinds of nearly every event, as plain text (an enum member looked up on its class, or a
+#: tuple of them built, costs more than the comparison: two events per ``Step.call``)
+_ACQUIRED: str = Kind.ACQUIRED.value
+_HOLD_ENDS = frozenset({Kind.RELEASED.value, Kind.FORCED_RELEASE.value, Kind.RELEASE_FAILED.value})
+_STEP_STARTED: str = EngineEvent.STEP_STARTED.value
 
 
 def connect() -> None:

@@ -22,6 +22,8 @@ from reactor_app.status import EngineEvent
 TRACER_NAME = "reactor_app"
 
 _EXECUTION_STARTS = {EngineEvent.EXECUTION_STARTED, EngineEvent.EXECUTION_RESUMED}
+#: plain text: looking the member up on its enum, per event, costs more than the comparison
+_STEP_STARTED: str = EngineEvent.STEP_STARTED.value
 
 _executions = Pending()
 _steps = Pending()
@@ -75,7 +77,7 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
             span.end()
         return
     step_key = (execution.pk, payload.get("step"), payload.get("attempt"))
-    if kind == EngineEvent.STEP_STARTED:
+    if kind == _STEP_STARTED:
         tracer = _tracer()
         if tracer is None:
             return
