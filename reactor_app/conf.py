@@ -54,7 +54,9 @@ _UNSET: Any = object()
 #: the instance dict of ``django.conf.settings``, where it keeps the settings object it wraps
 #: (``_wrapped``; ``override_settings`` swaps it there). Read directly: ``LazyObject`` answers
 #: every attribute through a Python-level ``__getattribute__``, and the hot path asks for the
-#: settings object a dozen times per ``Step.call``.
+#: settings object a dozen times per ``Step.call``. With ``.get``: while a swap is under way
+#: the dict is empty for a moment (Django clears it first), and the wrapper's own answer then
+#: is its class default, None — so is this one (a setting read then gets its default).
 _lazy_state: dict[str, Any] = object.__getattribute__(django_settings, "__dict__")
 
 
@@ -76,7 +78,7 @@ class ReactorSettings:
     def version(self) -> int:
         """A number that changes whenever the settings may have (a new settings object, a
         ``setting_changed``): what is derived from several settings can be kept until then."""
-        self._follow(_lazy_state["_wrapped"])
+        self._follow(_lazy_state.get("_wrapped"))
         return self._version
 
     def _follow(self, wrapped: Any) -> None:
@@ -90,7 +92,7 @@ class ReactorSettings:
         # Straight to the settings object behind django.conf.settings: the lazy wrapper's own
         # __getattr__ costs a Python frame and, for a setting left at its default, an exception
         # per read. Cached per settings object: override_settings installs a new one.
-        wrapped = _lazy_state["_wrapped"]
+        wrapped = _lazy_state.get("_wrapped")
         if wrapped is empty:
             return getattr(django_settings, f"REACTOR_{name}", default)
         self._follow(wrapped)

@@ -30,7 +30,8 @@ class EventSignal(Signal):
     out once after each ``connect`` / ``disconnect`` instead of on every send (Django's own
     path takes the signal's lock, walks every entry and dereferences each on each send:
     docs/benchmarks.md, "Hot path"). The cache keeps the weak references Django keeps, so it
-    never keeps a receiver alive; one that died is skipped. It is keyed by the sender's id —
+    never keeps a receiver alive; one that died is skipped (and dropped, as Django drops it,
+    on the next send). It is keyed by the sender's id —
     the key Django itself matches senders by — so ``None`` is a sender like any other, and
     ``send`` / ``send_robust`` / ``has_listeners`` are Django's, unchanged.
     """
@@ -54,7 +55,14 @@ class EventSignal(Signal):
 
     def live_receivers(self, sender: Any) -> list[Any] | None:
         """The receivers a send from ``sender`` reaches now, in connection order — or None when
-        one of them is a coroutine function (Django's ``send_robust`` runs those)."""
+        one of them is a coroutine function (Django 5 runs those in ``send_robust``; Django 4.2
+        has no async receivers and calls every receiver alike, as this list is called)."""
+        if self._dead_receivers:  # type: ignore[attr-defined]
+            # a weak receiver died: drop its entry, as Django's own send would, so a signal
+            # whose receivers are all gone costs its events nothing again
+            with self.lock:
+                self._clear_dead_receivers()  # type: ignore[attr-defined]
+                self._by_sender = {}
         # a class (the engine's senders are model classes) is keyed by its id, as ``_make_id``
         # keys anything that is not a bound method
         key = id(sender) if isinstance(sender, type) or sender is None else _make_id(sender)

@@ -35,6 +35,8 @@ def flush(*, finishing: Any = None) -> int:
 
 
 logger = logging.getLogger(__name__)
+#: where Django's ``send_robust`` logs a failing receiver (``_send`` logs there too)
+_dispatch_logger = logging.getLogger("django.dispatch")
 
 # How each step-level engine event maps onto a StepRun row: (kind, status on finish)
 _STEP_EVENTS: dict[str, tuple[str, str | None]] = {
@@ -57,8 +59,9 @@ def _send(signal: EventSignal, sender: type, payload: dict[str, Any]) -> None:
 
     Events are observations: a broken receiver must not break the protected work, leave a
     hold taken without its release, or leave an execution half-finished. What Django's
-    ``send_robust`` does, without its per-send walk of the receivers (``EventSignal``); a
-    signal with a coroutine receiver goes through ``send_robust`` itself, which runs those.
+    ``send_robust`` does — its log record for a failing receiver included — without its
+    per-send walk of the receivers (``EventSignal``); a signal with a coroutine receiver
+    (Django 5) goes through ``send_robust`` itself, which runs those.
     """
     if not signal.receivers:
         return
@@ -77,6 +80,14 @@ def _send(signal: EventSignal, sender: type, payload: dict[str, Any]) -> None:
             except Exception as error:
                 failures.append((receiver, error))
     for receiver, failure in failures:
+        if receivers is not None:
+            # what Django's send_robust logs for a failing receiver, as it did before
+            _dispatch_logger.error(
+                "Error calling %s in Signal.send_robust() (%s)",
+                getattr(receiver, "__qualname__", repr(receiver)),
+                failure,
+                exc_info=failure,
+            )
         logger.error(
             "receiver %r of %s raised %r",
             receiver,

@@ -50,7 +50,9 @@ EVENT_COLUMNS = (
     "at",
     "detail",
 )
-EventRow = tuple[Any, ...]
+#: a row's values in its table's column order (``_COLUMNS``)
+Row = tuple[Any, ...]
+EventRow = Row
 
 
 def write_rows(
@@ -161,7 +163,7 @@ def _step_values(fields: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(fields.get(name, _MISSING.get(name)) for name in _COLUMNS[StepRun])
 
 
-def _insert(model: type[Any], rows: list[EventRow], *, returning: bool) -> list[Any]:
+def _insert(model: type[Any], rows: list[Row], *, returning: bool) -> list[Any]:
     """Multi-row INSERTs of ``rows`` (each its values in ``_COLUMNS`` order, JSON fields not
     yet JSON) on the default connection; the new pks when ``returning``. On PostgreSQL the
     rows go through ``COPY`` instead (``_copy``), with pks taken from the table's sequence
@@ -238,7 +240,7 @@ def _insert(model: type[Any], rows: list[EventRow], *, returning: bool) -> list[
     return pks
 
 
-def _copy(cursor: Any, sql: str, rows: list[EventRow], json_at: list[int]) -> None:
+def _copy(cursor: Any, sql: str, rows: list[Row], json_at: list[int]) -> None:
     """``rows`` (values in column order) through PostgreSQL's ``COPY … FROM STDIN``
     (psycopg 3); the values at ``json_at`` travel as their JSON text, which the server parses
     as it would a literal.
@@ -260,13 +262,19 @@ def _copy(cursor: Any, sql: str, rows: list[EventRow], json_at: list[int]) -> No
 def _json_text(value: Any) -> str:
     """``value`` as JSON text. The same few small details recur in nearly every event row
     (``{"reentrant": false}``, ``{"outcome": "success"}``): their text is kept, keyed by their
-    items, when every value is text, a bool or None (so ``True`` and ``1``, equal as keys,
-    never share an entry)."""
+    items, when every key is text and every value short text, a bool or None (so ``True`` and
+    ``1``, equal as dict keys, never share an entry)."""
     if type(value) is not dict or len(value) > _SMALL_DETAIL:
         return _JSON.encode(value)
     key = tuple(value.items())
-    for _, item in key:
-        if type(item) not in _KEYABLE:  # checked before the lookup: 1 == True as a key
+    for name, item in key:
+        # checked before the lookup: 1 == 1.0 == True as keys, but not as JSON; long text
+        # (an error message) would only churn the kept entries
+        if (
+            type(name) is not str
+            or type(item) not in _KEYABLE
+            or (type(item) is str and len(item) > _SMALL_TEXT)
+        ):
             return _JSON.encode(value)
     text = _small_json.get(key)
     if text is None:
@@ -280,6 +288,7 @@ def _json_text(value: Any) -> str:
 #: details of at most this many items are worth keeping the text of (``_json_text``)
 _SMALL_DETAIL = 3
 _SMALL_JSON_KEPT = 512
+_SMALL_TEXT = 64
 _KEYABLE = frozenset({str, bool, type(None)})
 _small_json: dict[tuple[Any, ...], str] = {}
 

@@ -307,11 +307,22 @@ def _in_transaction() -> bool:
     access — ``asyncio.get_running_loop()`` raising and catching ``RuntimeError``. A thread
     that has not used its connection yet is in no transaction. Anywhere else (an event loop
     running in this thread, another asgiref), Django answers."""
-    storage = getattr(getattr(connections, "_connections", None), "_storage", None)
-    if type(storage) is threading.local and asyncio._get_running_loop() is None:
-        connection = getattr(storage, DEFAULT_DB_ALIAS, None)
+    if _THREAD_CONNECTIONS is not None and asyncio._get_running_loop() is None:
+        connection = getattr(_THREAD_CONNECTIONS, DEFAULT_DB_ALIAS, None)
         return connection is not None and bool(connection.in_atomic_block)
     return bool(transaction.get_connection().in_atomic_block)
+
+
+def _thread_connections() -> threading.local | None:
+    """The thread-local store behind ``django.db.connections`` in synchronous code (asgiref
+    3.8 and later keep one ``threading.local`` there for the handler's lifetime), or None
+    (another asgiref: ``_in_transaction`` asks Django). Looked up once: on an older asgiref the
+    lookup itself goes through its ``Local`` machinery."""
+    storage = getattr(getattr(connections, "_connections", None), "_storage", None)
+    return storage if type(storage) is threading.local else None
+
+
+_THREAD_CONNECTIONS = _thread_connections()
 
 
 def get_writer() -> TrackingWriter:

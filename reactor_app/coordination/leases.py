@@ -12,7 +12,6 @@ they are its methods (``Coordinator.extend``, ...).
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -114,18 +113,21 @@ def keep_alive(
     """Start the renewal thread for ``admitted`` (None when nothing needs renewing):
     auto-extended locks, semaphore leases and ordered-lock heartbeats. ``on_extended``
     receives ``(key, granted lease ms)`` per renewed lease."""
-    return _renewal().start_renewal(
+    global _start_renewal
+    if _start_renewal is None:
+        # imported on first use: renewal imports admission, which imports this module (an
+        # import statement run on every admission costs the import machinery each time; a
+        # look in sys.modules could meet the module half-imported by another thread)
+        from reactor_app.coordination.renewal import start_renewal
+
+        _start_renewal = start_renewal
+    return _start_renewal(  # type: ignore[no-any-return]
         admitted, coordinator=coordinator, on_lost=on_lost, on_extended=on_extended
     )
 
 
-def _renewal() -> Any:
-    """``coordination.renewal``, imported on first use: it imports admission, which imports
-    this module. (An import statement in ``keep_alive`` would run on every admission.)"""
-    module = sys.modules.get("reactor_app.coordination.renewal")
-    if module is None:
-        from reactor_app.coordination import renewal as module
-    return module
+#: ``renewal.start_renewal``, once ``keep_alive`` has imported it
+_start_renewal: Any = None
 
 
 def _renewable(holds: Sequence[Hold]) -> list[Hold]:

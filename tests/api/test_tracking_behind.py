@@ -415,7 +415,8 @@ def test_events_written_in_bulk_keep_every_character_and_value() -> None:
 def test_small_details_that_compare_equal_keep_their_own_json() -> None:
     """The writer keeps the JSON text of the small details that recur in nearly every row;
     details equal as Python keys but not as JSON (``1`` and ``True``, ``1`` and ``1.0``) or
-    holding a container keep their own text, as does one whose values change afterwards."""
+    holding a container keep their own text, written back as they were (on PostgreSQL through
+    ``COPY``, where that text is used)."""
     from reactor_app.tracking import flush, record_coordination
 
     details: list[dict[str, Any]] = [

@@ -3,8 +3,8 @@
 The receivers a send reaches are worked out once per connect/disconnect instead of on every
 send; these pin that the result is still what Django's ``send_robust`` would reach: receivers
 connected or disconnected after a send was cached, per-sender receivers, weak receivers that
-died (never kept alive by the cache), coroutine receivers (Django runs those), and a raising
-receiver that costs the others nothing.
+died (never kept alive by the cache, and dropped), coroutine receivers (Django 5 runs those),
+and a raising receiver that costs the others nothing and is logged as Django logged it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import gc
 import logging
 from typing import Any
 
+import django
 import pytest
 
 from reactor_app import signals
@@ -77,8 +78,10 @@ def test_a_weak_receiver_that_died_is_skipped_and_not_kept_alive(
     _send(signal, CoordinationEvent, {"kind": "released"})
     assert heard == ["acquired"]
     assert signal.live_receivers(CoordinationEvent) == []
+    assert signal.receivers == []  # its entry dropped, as Django's own send drops it
 
 
+@pytest.mark.skipif(django.VERSION < (5, 0), reason="async receivers came with Django 5.0")
 def test_a_coroutine_receiver_is_run_by_djangos_own_send(signal: signals.EventSignal) -> None:
     heard: list[str] = []
 
@@ -104,9 +107,36 @@ def test_a_raising_receiver_is_logged_and_the_others_still_hear(
 
     signal.connect(broken, weak=False)
     signal.connect(working, weak=False)
-    with caplog.at_level(logging.ERROR, logger="reactor_app.tracking"):
+    with caplog.at_level(logging.ERROR):
         _send(signal, CoordinationEvent, {"kind": "acquired"})
     assert heard == ["acquired"]
     [record] = [r for r in caplog.records if r.name == "reactor_app.tracking"]
     assert "receiver bug" in record.getMessage()
     assert record.exc_info is not None and record.exc_info[1] is not None
+    # and what Django's send_robust logs for it, as before the engine delivered its signals
+    [django_record] = [r for r in caplog.records if r.name == "django.dispatch"]
+    assert "broken" in django_record.getMessage()
+    assert "receiver bug" in django_record.getMessage()
+
+
+def test_the_json_text_of_small_details_is_kept_per_exact_keys_and_values() -> None:
+    """The writer's kept JSON text of small details (``tracking_store._json_text``): details
+    that compare equal as Python dicts but not as JSON never share an entry."""
+    import json
+
+    from reactor_app.tracking_store import _json_text
+
+    cases: list[Any] = [
+        {"reentrant": True},
+        {"reentrant": 1},
+        {"reentrant": 1.0},
+        {True: "x"},
+        {1: "x"},
+        {"outcome": "success"},
+        {"outcome": "x" * 500},
+        {"nested": [True]},
+        [1, 2],
+    ]
+    for _ in range(2):  # the second round meets whatever was kept
+        for value in cases:
+            assert _json_text(value) == json.dumps(value)
