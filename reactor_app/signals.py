@@ -68,7 +68,7 @@ class EventSignal(Signal):
         key = id(sender) if isinstance(sender, type) or sender is None else _make_id(sender)
         entries = self._by_sender.get(key, _UNKNOWN)
         if entries is _UNKNOWN:
-            entries = self._entries_for(sender)
+            entries = self._entries_for(key)
         if entries is None:
             return None
         live = []
@@ -80,8 +80,8 @@ class EventSignal(Signal):
             live.append(receiver)
         return live
 
-    def _entries_for(self, sender: Any) -> tuple[Any, ...] | None:
-        key = _make_id(sender)  # what Django matches senders by
+    def _entries_for(self, key: Any) -> tuple[Any, ...] | None:
+        """The entries of the receivers of the sender Django keys ``key`` (cached)."""
         with self.lock:
             found: list[tuple[Any, bool]] = []
             for entry in self.receivers:

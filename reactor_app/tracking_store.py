@@ -36,8 +36,8 @@ class PendingStepRun:
         self.buffered = False  # ever handed to the buffer: its writes stay there, in order
 
 
-#: a buffered coordination event: its column values in this order (``EventRow``), ``detail``
-#: not yet made JSON — a tuple, not a dict: the caller builds one per event
+#: a buffered coordination event: its column values in this order (a ``Row``), ``detail`` not
+#: yet made JSON — a tuple, not a dict: the caller builds one per event
 EVENT_COLUMNS = (
     "execution_id",
     "step",
@@ -52,11 +52,10 @@ EVENT_COLUMNS = (
 )
 #: a row's values in its table's column order (``_COLUMNS``)
 Row = tuple[Any, ...]
-EventRow = Row
 
 
 def write_rows(
-    raw_events: list[EventRow],
+    raw_events: list[Row],
     snapshot: list[tuple[PendingStepRun, int | None, dict[str, Any]]],
     progress: dict[Any, dict[str, Any]],
 ) -> int:

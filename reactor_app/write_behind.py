@@ -55,7 +55,7 @@ from celery import signals as celery_signals
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
 from reactor_app.conf import reactor_settings
-from reactor_app.tracking_store import EventRow, PendingStepRun, write_rows
+from reactor_app.tracking_store import PendingStepRun, Row, write_rows
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class TrackingWriter:
         #: one flush of the buffer at a time, committed before it is let go: a step run is
         #: inserted before its update is written, and its row is visible to the next flush
         self._flushing = threading.Lock()
-        #: ``CoordinationEvent`` rows (``tracking_store.EventRow``), ``detail`` not yet JSON
-        self._events: list[EventRow] = []
+        #: ``CoordinationEvent`` rows (``tracking_store.Row``), ``detail`` not yet JSON
+        self._events: list[Row] = []
         self._steps: list[PendingStepRun] = []
         #: execution pk -> progress fields (``current_step``) of an in-process run, latest wins
         self._progress: dict[Any, dict[str, Any]] = {}
@@ -86,15 +86,12 @@ class TrackingWriter:
         #: callers waiting for the writer thread to let go of its database connection
         self._release: list[threading.Event] = []
         self._pid = os.getpid()
-        #: the size bound and the settings version it was read for (``_limit``)
-        self._limit_value = 0
-        self._limit_for = -1
         #: rows written so far (by any thread); tests and the benchmark read it
         self.written = 0
 
     # -- the caller's side ------------------------------------------------------------------
 
-    def add_event(self, row: EventRow) -> None:
+    def add_event(self, row: Row) -> None:
         """Buffer one ``CoordinationEvent`` row (its values in ``EVENT_COLUMNS`` order,
         ``detail`` made JSON when written) — or, inside a transaction, write it in that
         transaction (module docstring)."""
@@ -104,8 +101,7 @@ class TrackingWriter:
         with self._lock:
             self._events.append(row)
             self._arrived()
-        if self._thread is None:
-            self._start()
+        self._ensure_thread()
 
     def update_step(self, pending: PendingStepRun, **fields: Any) -> None:
         """Apply ``fields`` to ``pending`` and queue it for the next flush — or write it in
@@ -150,17 +146,10 @@ class TrackingWriter:
         if self._oldest is None:
             self._oldest = time.monotonic()
             self._wake.notify()
-        elif (size := self._size()) >= MIN_SIZE_CHECK and size >= self._limit():
+        elif (size := self._size()) >= MIN_SIZE_CHECK and (
+            size >= reactor_settings.TRACKING_BUFFER_SIZE
+        ):
             self._wake.notify()
-
-    def _limit(self) -> int:
-        """``REACTOR_TRACKING_BUFFER_SIZE``, read again only when the settings may have changed
-        (``reactor_settings.version``): past ``MIN_SIZE_CHECK`` rows every row asks."""
-        version = reactor_settings.version()
-        if self._limit_for != version:
-            self._limit_value = reactor_settings.TRACKING_BUFFER_SIZE
-            self._limit_for = version
-        return self._limit_value
 
     def _size(self) -> int:
         return len(self._events) + len(self._steps) + len(self._progress)
