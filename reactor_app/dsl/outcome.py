@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reactor_app.exceptions import FailureReason
+
 
 @dataclass(frozen=True)
 class Success:
@@ -27,10 +29,11 @@ class Failure:
     ok = False
 
     def exception(self) -> BaseException:
-        """The error as an exception (wrapping a plain message or value)."""
+        """The error as an exception: itself, or a plain message or value wrapped in a
+        ``FailureReason`` (which reports name by its message alone, never by a type)."""
         if isinstance(self.error, BaseException):
             return self.error
-        return RuntimeError(str(self.error))
+        return FailureReason(self.error)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,19 @@ class Halt:
 
 
 Outcome = Success | Failure | Skipped | Halt
+
+
+def describe(cause: BaseException) -> str:
+    """A failure's cause as its report reads it: ``Type: message`` for a raised exception,
+    the message alone for a ``Failure`` given a plain reason (nothing was raised)."""
+    if isinstance(cause, FailureReason):
+        return str(cause)
+    return f"{type(cause).__name__}: {cause}"
+
+
+def reported_cause(cause: BaseException) -> Any:
+    """What a step error stores as its ``cause``: the exception, or a plain reason as is."""
+    return cause.error if isinstance(cause, FailureReason) else cause
 
 
 def as_outcome(returned: Any) -> Outcome:

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.dsl.arguments import PathError, Scope
-from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
+from reactor_app.dsl.outcome import (
+    Failure,
+    Halt,
+    Outcome,
+    Skipped,
+    Success,
+    as_outcome,
+    describe,
+    reported_cause,
+)
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.cancel_flag import cancelled_error, flag_keys, note_clear, request_from
 from reactor_app.engine.clock import current_clock
@@ -32,6 +41,7 @@ from reactor_app.exceptions import (
     ReactorError,
     RetriesExhausted,
     StepFailed,
+    location,
 )
 from reactor_app.serialization import encode
 from reactor_app.status import EngineEvent, StepRunKind
@@ -123,17 +133,19 @@ def failure_error(
     if isinstance(cause, ReactorError) and not isinstance(cause, StepFailed):
         cause.fill_location(reactor=reactor, step=step)
         return cause
-    text = f"{type(cause).__name__}: {cause}"
-    where = f"step {step!r} of {reactor}" if reactor else f"step {step!r}"
+    text = describe(cause)
+    text = f": {text}" if text else ""
+    where = location(reactor, step)
+    reported = reported_cause(cause)
     if attempts > 1:
         return RetriesExhausted(
-            f"{where} failed after {attempts} attempts: {text}",
+            f"{where} failed after {attempts} attempts{text}",
             reactor=reactor,
             step=step,
-            cause=cause,
+            cause=reported,
             attempts=attempts,
         )
-    return StepFailed(f"{where} failed: {text}", reactor=reactor, step=step, cause=cause)
+    return StepFailed(f"{where} failed{text}", reactor=reactor, step=step, cause=reported)
 
 
 class UnitRunner:
