@@ -12,7 +12,9 @@ complete without compensation), **compensated** (a failed receipt refunds the ch
 holding the account key; a concurrent payment waits for the refund), a step-level **period**
 skip and a **rate-limited** step. It prints a timeline per key and a PASS/FAIL verdict, with
 its evidence, per claim; writes the timelines to ``demo-output/step_lock_timeline.html``; and
-exits non-zero if any claim failed. ``--json`` prints the whole report as JSON instead.
+exits non-zero if any claim failed. ``--json`` prints the whole report as JSON instead. It ends
+with what to open next (the timeline file, the admin), and says that the embedded server is left
+running — the admin and the next runs use it — and how to stop it.
 
 The command belongs to the demo project: it needs ``demo_project.shop`` in ``INSTALLED_APPS``.
 """
