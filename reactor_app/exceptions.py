@@ -151,6 +151,19 @@ class FailureReason(Exception):
         super().__init__("" if error is None else str(error))
         self.error = error
 
+    @staticmethod
+    def describe(cause: BaseException) -> str:
+        """A failure's cause as its report reads it: ``Type: message`` for a raised exception,
+        the message alone for a plain reason (nothing was raised)."""
+        if isinstance(cause, FailureReason):
+            return str(cause)
+        return f"{type(cause).__name__}: {cause}"
+
+    @staticmethod
+    def reported(cause: BaseException) -> Any:
+        """What a step error stores as its ``cause``: the exception, or a plain reason as is."""
+        return cause.error if isinstance(cause, FailureReason) else cause
+
 
 class RetriesExhausted(StepFailed):
     """A step failed on every attempt."""

@@ -54,19 +54,6 @@ class Halt:
 Outcome = Success | Failure | Skipped | Halt
 
 
-def describe(cause: BaseException) -> str:
-    """A failure's cause as its report reads it: ``Type: message`` for a raised exception,
-    the message alone for a ``Failure`` given a plain reason (nothing was raised)."""
-    if isinstance(cause, FailureReason):
-        return str(cause)
-    return f"{type(cause).__name__}: {cause}"
-
-
-def reported_cause(cause: BaseException) -> Any:
-    """What a step error stores as its ``cause``: the exception, or a plain reason as is."""
-    return cause.error if isinstance(cause, FailureReason) else cause
-
-
 def as_outcome(returned: Any) -> Outcome:
     """Normalise what a step body returned."""
     if isinstance(returned, (Success, Failure, Skipped, Halt)):

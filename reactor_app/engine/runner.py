@@ -12,16 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.dsl.arguments import PathError, Scope
-from reactor_app.dsl.outcome import (
-    Failure,
-    Halt,
-    Outcome,
-    Skipped,
-    Success,
-    as_outcome,
-    describe,
-    reported_cause,
-)
+from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.cancel_flag import cancelled_error, flag_keys, note_clear, request_from
 from reactor_app.engine.clock import current_clock
@@ -37,6 +28,7 @@ from reactor_app.exceptions import (
     CoordinationError,
     CoordinationUnavailable,
     ExecutionCancelled,
+    FailureReason,
     InputValidationError,
     ReactorError,
     RetriesExhausted,
@@ -133,10 +125,10 @@ def failure_error(
     if isinstance(cause, ReactorError) and not isinstance(cause, StepFailed):
         cause.fill_location(reactor=reactor, step=step)
         return cause
-    text = describe(cause)
+    text = FailureReason.describe(cause)
     text = f": {text}" if text else ""
     where = location(reactor, step)
-    reported = reported_cause(cause)
+    reported = FailureReason.reported(cause)
     if attempts > 1:
         return RetriesExhausted(
             f"{where} failed after {attempts} attempts{text}",
