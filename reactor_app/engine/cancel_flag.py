@@ -98,9 +98,18 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
     except ConfigurationError:
         # no coordination Redis configured: nothing can have been cancelled through it
         _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
-    except Exception:
+    except Exception as exc:
         _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
-        logger.warning("could not read the cancel flag of %s", ids, exc_info=True)
+        # one line, no traceback: an outage is the expected cause, and the poll goes on for
+        # every run and step of this process (the rest keeps it to one line per POLL_REST)
+        logger.warning(
+            "could not read the cancel flag of %s (%s: %s); read as not cancelled, next read "
+            "in %gs",
+            ", ".join(ids),
+            type(exc).__name__,
+            exc,
+            POLL_REST,
+        )
     return None
 
 

@@ -32,7 +32,7 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
-from reactor_app.engine.result import Result
+from reactor_app.engine.result import Result, note_sent, note_unsent
 from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
     IdempotencyKeyReused,
@@ -40,7 +40,7 @@ from reactor_app.exceptions import (
     ReactorError,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import encode, to_json
+from reactor_app.serialization import encode, encoded_form, to_json
 from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ def enqueue(
         options["countdown"] = countdown
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
     current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
+    note_sent(execution_id)
 
 
 def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> None:
@@ -83,7 +84,8 @@ def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> N
 def _enqueue_or_leave_to_sweeper(execution_id: Any, countdown: float | None) -> None:
     try:
         enqueue(execution_id, countdown=countdown)
-    except Exception:
+    except Exception as exc:
+        note_unsent(execution_id, exc)  # what a wait() on it is told
         logger.warning(
             "could not send execution %s to the broker; it stays pending and the sweeper "
             "(reactor_app.sweep) will enqueue it",
@@ -97,7 +99,8 @@ def enqueue_quietly(execution_id: Any, **options: Any) -> bool:
     safety net for a message that could not be sent."""
     try:
         enqueue(execution_id, **options)
-    except Exception:
+    except Exception as exc:
+        note_unsent(execution_id, exc)
         logger.exception("could not enqueue %s; the sweeper will", execution_id)
         return False
     return True
@@ -190,7 +193,11 @@ def _same_call(
     existing = Execution.objects.with_idempotency_key(idempotency_key)
     if existing is None:
         return None
-    if existing.reactor != reactor.path() or existing.inputs != stored_inputs:
+    # compared as stored JSON, not as Python values: True == 1 == 1.0 in Python, yet
+    # amount=True and amount=1 are different calls (a worker reads back what was stored)
+    if existing.reactor != reactor.path() or encoded_form(existing.inputs) != encoded_form(
+        stored_inputs
+    ):
         raise IdempotencyKeyReused(
             f"the idempotency key {idempotency_key!r} was used for execution {existing.id} "
             f"({existing.reactor} with other inputs or another reactor); use a new key for a "

@@ -48,7 +48,7 @@ def finish_pass(run: ExecutionRun, end: RunEnd) -> None:
         emit_engine(EngineEvent.EXECUTION_SUCCEEDED, run.execution, value=end.value)
     elif end.status == PassEnd.HALTED:
         run.state.ending.halted, run.state.ending.halt_reason = True, end.reason
-        run.persist(status=ExecutionStatus.HALTED, finished_at=now)
+        run.persist(status=ExecutionStatus.HALTED, finished_at=now, **_where(run))
         emit_engine(EngineEvent.EXECUTION_HALTED, run.execution, reason=end.reason)
     elif end.status == PassEnd.FAILED:
         run.persist(
@@ -56,6 +56,7 @@ def finish_pass(run: ExecutionRun, end: RunEnd) -> None:
             error=end.error.as_dict() if end.error else None,
             rollback_failures=to_json(end.rollback_failures),
             finished_at=now,
+            **_where(run),
         )
         emit_engine(EngineEvent.EXECUTION_FAILED, run.execution, error=end.error)
     elif end.status == PassEnd.CANCELLED:
@@ -64,6 +65,7 @@ def finish_pass(run: ExecutionRun, end: RunEnd) -> None:
             error=end.error.as_dict() if end.error else None,
             rollback_failures=to_json(end.rollback_failures),
             finished_at=now,
+            **_where(run),
         )
         emit_engine(EngineEvent.EXECUTION_CANCELLED, run.execution, error=end.error)
     elif end.status == PassEnd.PARKED:
@@ -86,6 +88,18 @@ def finish_pass(run: ExecutionRun, end: RunEnd) -> None:
         # the worker that picks it up emits execution_resumed
         run.state.origin.worker = True
         run.persist(status=ExecutionStatus.PENDING)
+
+
+def _where(run: ExecutionRun) -> dict[str, str]:
+    """The step the run stopped at, written with its end.
+
+    An in-process run writes its progress behind (``ExecutionRun.checkpoint``) and its final
+    write drops what is still buffered, so without this the row would keep the step it was at
+    when the progress was last flushed — often its first — while a worker run, which persists
+    each step, shows the failing one. The run's own ``current_step`` is where it stopped.
+    """
+    step = run.execution.current_step
+    return {"current_step": step} if step else {}
 
 
 def result_of(run: ExecutionRun, end: RunEnd) -> Result:

@@ -68,7 +68,12 @@ from reactor_app.dsl.declarations import (
     RateLimitDeclaration,
 )
 from reactor_app.engine.enqueueing import wake
-from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
+from reactor_app.exceptions import (
+    CoordinationError,
+    CoordinationUnavailable,
+    LeaseLost,
+    location,
+)
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
 
@@ -445,9 +450,9 @@ class Gate:
             )
 
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
-        where = f"step {self.scope.step!r} of " if self.scope.step else "reactor "
+        where = location(self.scope.reactor, self.scope.step)
         return CoordinationUnavailable(
-            f"coordination store unreachable for {where}{self.scope.reactor or '?'}: "
+            f"coordination store unreachable for {where}: "
             f"{exc.cause or exc.message}; the protected work did not run",
             reactor=self.scope.reactor,
             step=self.scope.step,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +92,43 @@ def _no_consumer_hint() -> str:
     )
 
 
+#: executions whose task this process could not send to the broker (``engine.enqueueing``):
+#: id -> what the broker said, the most recent ``_UNSENT_KEPT`` only. Read by ``wait_for``: a
+#: run that stays pending because its send failed is explained by that, not by a missing worker.
+_unsent: OrderedDict[str, str] = OrderedDict()
+_UNSENT_KEPT = 1024
+_unsent_guard = threading.Lock()
+
+
+def note_unsent(execution_id: object, error: BaseException) -> None:
+    """Remember that sending ``execution_id``'s task failed here (its row stays pending)."""
+    with _unsent_guard:
+        _unsent[str(execution_id)] = f"{type(error).__name__}: {error}"
+        _unsent.move_to_end(str(execution_id))
+        while len(_unsent) > _UNSENT_KEPT:
+            _unsent.popitem(last=False)
+
+
+def note_sent(execution_id: object) -> None:
+    """A send of ``execution_id``'s task succeeded: an earlier failure no longer explains it."""
+    if _unsent:  # nearly always empty: no lock taken on the way of every send
+        with _unsent_guard:
+            _unsent.pop(str(execution_id), None)
+
+
+def _unsent_hint(execution_id: object) -> str | None:
+    error = _unsent.get(str(execution_id))
+    if error is None:
+        return None
+    return (
+        f": sending it to the broker failed ({error}), so no worker has it yet. The row is "
+        "committed and will run: the sweeper (reactor_app.sweep, run by the workers every "
+        f"REACTOR_SWEEP_INTERVAL = {reactor_settings.SWEEP_INTERVAL:g}s, or by Celery beat) "
+        "sends it again once it has been pending for REACTOR_SWEEP_AFTER = "
+        f"{reactor_settings.SWEEP_AFTER:g}s. Check CELERY_BROKER_URL and that the broker is up"
+    )
+
+
 def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Result:
     """Reload ``execution`` until it is terminal or interrupted, then return its ``Result``."""
     deadline = time.monotonic() + timeout
@@ -107,6 +146,6 @@ def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Resu
         if time.monotonic() >= deadline:
             message = f"execution {execution.id} is still {execution.status} after {timeout}s"
             if execution.status == ExecutionStatus.PENDING:
-                message += _no_consumer_hint()
+                message += _unsent_hint(execution.id) or _no_consumer_hint()
             raise TimeoutError(message)
         time.sleep(poll_interval)

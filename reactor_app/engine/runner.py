@@ -28,10 +28,12 @@ from reactor_app.exceptions import (
     CoordinationError,
     CoordinationUnavailable,
     ExecutionCancelled,
+    FailureReason,
     InputValidationError,
     ReactorError,
     RetriesExhausted,
     StepFailed,
+    location,
 )
 from reactor_app.serialization import encode
 from reactor_app.status import EngineEvent, StepRunKind
@@ -123,17 +125,19 @@ def failure_error(
     if isinstance(cause, ReactorError) and not isinstance(cause, StepFailed):
         cause.fill_location(reactor=reactor, step=step)
         return cause
-    text = f"{type(cause).__name__}: {cause}"
-    where = f"step {step!r} of {reactor}" if reactor else f"step {step!r}"
+    text = FailureReason.describe(cause)
+    text = f": {text}" if text else ""
+    where = location(reactor, step)
+    reported = FailureReason.reported(cause)
     if attempts > 1:
         return RetriesExhausted(
-            f"{where} failed after {attempts} attempts: {text}",
+            f"{where} failed after {attempts} attempts{text}",
             reactor=reactor,
             step=step,
-            cause=cause,
+            cause=reported,
             attempts=attempts,
         )
-    return StepFailed(f"{where} failed: {text}", reactor=reactor, step=step, cause=cause)
+    return StepFailed(f"{where} failed{text}", reactor=reactor, step=step, cause=reported)
 
 
 class UnitRunner:

@@ -77,6 +77,8 @@ EXECUTION_ENDS: dict[str, str] = {
     EngineEvent.EXECUTION_HALTED: "halted",
     EngineEvent.EXECUTION_PARKED: "parked",
     EngineEvent.EXECUTION_INTERRUPTED: "interrupted",
+    # an operator's cancel ends the delivery too (its span must end, its run be counted)
+    EngineEvent.EXECUTION_CANCELLED: "cancelled",
 }
 #: the engine events that end a step attempt, likewise
 STEP_ENDS: dict[str, str] = {

@@ -3,9 +3,10 @@
 Imported only when ``opentelemetry-api`` is installed (``reactor_app.metrics.install``). The
 API alone records nothing: spans reach a backend once the project configures an SDK tracer
 provider. A span covers one delivery of an execution (started or resumed, to succeeded, failed,
-halted, parked or interrupted), so a parked execution shows one span per delivery; step spans
-are its children. Spans are not made current (no context is attached), so the protected work's
-own context is left alone.
+halted, parked, interrupted or cancelled), so a parked execution shows one span per delivery;
+step spans are its children. A cancelled run's span ends with its status unset (a cancel is an
+operator's decision, not an error of the run) and says who cancelled it and why. Spans are not
+made current (no context is attached), so the protected work's own context is left alone.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def _error(span: Any, error: Any) -> None:
         span.set_attribute("reactor.error.type", str(error["type"]))
 
 
+def _cancelled(span: Any, error: Any) -> None:
+    fields = error.fields() if hasattr(error, "fields") else {}
+    for name in ("reason", "by"):
+        if fields.get(name):
+            span.set_attribute(f"reactor.cancel.{name}", str(fields[name]))
+
+
 def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
     if kind in _EXECUTION_STARTS:
         tracer = _tracer()
@@ -74,6 +82,10 @@ def on_engine_event(sender: Any, kind: str, execution: Any, **payload: Any) -> N
             span.set_attribute("reactor.status", status)
             if status == "failed":
                 _error(span, payload.get("error"))
+            elif status == "cancelled":
+                # an operator's decision, not an error of the run: the span's status stays
+                # unset, the reason and who asked are attributes
+                _cancelled(span, payload.get("error"))
             span.end()
         return
     step_key = (execution.pk, payload.get("step"), payload.get("attempt"))

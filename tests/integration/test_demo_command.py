@@ -90,6 +90,11 @@ def test_every_claim_of_the_demo_passes(
     assert any(r["event"] == "released" and "rollback" in r["text"] for r in rows)
 
     assert "every claim passed" in done.stderr  # progress and summary go to stderr
+    # it ends with what to open next: the timeline file and the admin
+    closing = done.stderr.rstrip().splitlines()[-4:]
+    assert closing[0] == "next:", done.stderr
+    assert html.resolve().as_uri() in closing[1]
+    assert closing[-1].endswith("http://127.0.0.1:8000/admin/reactor_app/coordination/")
     page = html.read_text()
     assert "every claim passed" in page and page.count("<svg") >= 5
     assert (tmp_path / "worker-1.log").exists()  # worker logs sit next to the page

@@ -12,7 +12,9 @@ complete without compensation), **compensated** (a failed receipt refunds the ch
 holding the account key; a concurrent payment waits for the refund), a step-level **period**
 skip and a **rate-limited** step. It prints a timeline per key and a PASS/FAIL verdict, with
 its evidence, per claim; writes the timelines to ``demo-output/step_lock_timeline.html``; and
-exits non-zero if any claim failed. ``--json`` prints the whole report as JSON instead.
+exits non-zero if any claim failed. ``--json`` prints the whole report as JSON instead. It ends
+with what to open next (the timeline file, the admin), and says that the embedded server is left
+running — the admin and the next runs use it — and how to stop it.
 
 The command belongs to the demo project: it needs ``demo_project.shop`` in ``INSTALLED_APPS``.
 """
@@ -140,8 +142,12 @@ class Command(BaseCommand):
             f"timeline written to {output}"
         )
         if failed:
+            for line in closing_lines(output, embedded=redis_where == EMBEDDED_WHERE):
+                say(line)
             raise CommandError(f"{len(failed)} claim(s) FAILED — {summary}", returncode=1)
         say(self.style.SUCCESS(f"every claim passed: {summary}"))
+        for line in closing_lines(output, embedded=redis_where == EMBEDDED_WHERE):
+            say(line)
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -160,7 +166,7 @@ class Command(BaseCommand):
             get_client(url).ping()
         except Exception as exc:
             raise CommandError(f"the coordination Redis at {url} does not answer: {exc}") from exc
-        where = "embedded redis-server" if not reactor_settings.REDIS_URL else "REDIS_URL"
+        where = redis_source()
         say(
             f"- coordination Redis: {where} ({_redacted(url)}), key prefix "
             f"{reactor_settings.KEY_PREFIX!r}"
@@ -243,6 +249,40 @@ class Command(BaseCommand):
             shared_here.disable()
             stop_on_sigterm()
             say(f"- stopped the {count} Celery worker processes")
+
+
+#: how the report names the embedded server (``redis_source``)
+EMBEDDED_WHERE = "embedded redis-server"
+#: the demo's admin page for the coordination holds and timelines (``demo_project.urls``)
+ADMIN_URL = "http://127.0.0.1:8000/admin/reactor_app/coordination/"
+
+
+def redis_source() -> str:
+    """Where the coordination Redis comes from, as the demo reports it: the embedded server
+    (``REACTOR_REDIS_URL = "embedded"``, the demo's default) or the setting naming a server."""
+    if reactor_settings.REDIS is not None:
+        return "REACTOR_REDIS"
+    if reactor_settings.USES_EMBEDDED_REDIS:
+        return EMBEDDED_WHERE
+    return "REACTOR_REDIS_URL"
+
+
+def closing_lines(output: Path, *, embedded: bool) -> list[str]:
+    """What the demo ends with: what it left running, and what to open next."""
+    lines = []
+    if embedded:
+        lines.append(
+            "- the embedded redis-server is still running (the admin, the workers and your "
+            "next runs use it); stop it with: python manage.py reactor_redis stop "
+            "(or make redis-stop)"
+        )
+    lines += [
+        "next:",
+        f"  open the timeline: {output.resolve().as_uri()}",
+        "  open the admin: python manage.py reactor_demo_user  (a superuser admin / admin),",
+        f"    python manage.py runserver, then {ADMIN_URL}",
+    ]
+    return lines
 
 
 def _celery_app() -> str:

@@ -1,0 +1,111 @@
+"""``run_async`` hands a worker the values the caller passed, and tells them apart (issue 30).
+
+* A tuple input reaches the worker's step as a tuple (it arrived as a list).
+* An idempotency key compares inputs by their stored form: ``amount=True`` is not the same
+  call as ``amount=1`` (Python's ``True == 1`` matched them), nor ``1`` as ``1.0``.
+* ``wait()`` on an execution whose task could not be sent says so, and that the sweeper will
+  send it — not that no worker consumes the queue.
+
+Deliveries run in this process (``deliver`` is the task's body); what they enqueue goes to a
+queue nobody reads, removed afterwards. The broker refusing a send is a patched
+``apply_async`` raising the error kombu raises when the broker is down (as in
+``test_run_async_contract``): a real broker outage would take Celery's connection retries.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app.engine.dispatch import deliver, sweep
+from reactor_app.exceptions import IdempotencyKeyReused
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
+from reactor_app.testing.workers import delete_broker_queue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEEN: list[Any] = []
+
+
+class Keep(Step):
+    inputs = ("amount",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        SEEN.append(args["amount"])
+        return Success(args["amount"])
+
+
+class Pay(Reactor):
+    inputs = ("amount",)
+    keep = step(Keep, amount=from_input("amount"))
+
+
+@pytest.fixture
+def nobody_queue(settings: Any) -> Iterator[str]:
+    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
+    settings.REACTOR_CELERY_QUEUE = queue
+    SEEN.clear()
+    yield queue
+    delete_broker_queue(queue)
+
+
+def test_a_tuple_input_reaches_the_worker_as_a_tuple(nobody_queue: str) -> None:
+    execution = Pay.run_async(amount=(10, "EUR"))
+    assert deliver(str(execution.id))["status"] == ExecutionStatus.SUCCEEDED
+    assert SEEN == [(10, "EUR")] and type(SEEN[0]) is tuple
+    # and the result read back from the row is the tuple the step returned
+    assert Execution.objects.get(pk=execution.pk).to_result().value == {"keep": (10, "EUR")}
+
+
+@pytest.mark.parametrize(("first", "then"), [(True, 1), (1, True), (1, 1.0), (0.0, False)])
+def test_an_idempotency_key_tells_apart_values_python_calls_equal(
+    nobody_queue: str, first: Any, then: Any
+) -> None:
+    assert first == then  # the same to Python, different calls to a worker
+    key = f"order-{uuid.uuid4().hex[:6]}"
+    execution = Pay.run_async(amount=first, idempotency_key=key)
+    with pytest.raises(IdempotencyKeyReused) as raised:
+        Pay.run_async(amount=then, idempotency_key=key)
+    assert raised.value.execution_id == str(execution.pk)
+    # the very same call still returns the first execution
+    assert Pay.run_async(amount=first, idempotency_key=key).pk == execution.pk
+    assert Execution.objects.count() == 1
+
+
+def test_wait_after_a_failed_send_says_so_and_names_the_sweeper(
+    nobody_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reactor_app.tasks import run_execution
+
+    def broker_down(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("Error 111 connecting to the broker. Connection refused.")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(run_execution, "apply_async", broker_down)
+        unsent = Pay.run_async(amount=5)
+    with pytest.raises(TimeoutError) as waited:
+        unsent.wait(timeout=0.2)
+    message = str(waited.value)
+    assert "sending it to the broker failed" in message
+    assert "OperationalError: Error 111" in message
+    assert "the sweeper" in message and "REACTOR_SWEEP_AFTER" in message
+    assert "no worker has taken it" not in message
+
+    # a send that worked is explained by the queue nobody consumes, as before
+    sent = Pay.run_async(amount=6)
+    with pytest.raises(TimeoutError, match="no worker has taken it") as waited:
+        sent.wait(timeout=0.2)
+    assert "broker failed" not in str(waited.value)
+
+    # once the sweeper has sent the first one, its failed send no longer explains anything
+    assert str(unsent.id) in sweep(now=timezone.now() + timedelta(hours=1))
+    with pytest.raises(TimeoutError, match="no worker has taken it"):
+        unsent.wait(timeout=0.2)
