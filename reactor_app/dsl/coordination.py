@@ -114,16 +114,31 @@ def _attach(declaration: Declaration, target: T) -> T:
     if isinstance(target, StepSpec):
         target.add_declaration(declaration)
         return target
+    function = _task_function(target)
+    if function is not None:
+        # a django.tasks ``Task`` (the decorator stacked above ``@task``): recorded on its
+        # function, which the task backend's reactor reads (reactor_app.tasks_backend)
+        _attach(declaration, function)
+        return target
     if callable(target) and not isinstance(target, type):
         current = getattr(target, DECLARATIONS_ATTR, DeclarationSet())
         target.__dict__[DECLARATIONS_ATTR] = current.with_(declaration)
         return target
     raise DefinitionError(
-        f"{declaration.primitive} decorators apply to Reactor subclasses, Step subclasses and "
-        f"inline @step methods, not to {target!r}",
+        f"{declaration.primitive} decorators apply to Reactor subclasses, Step subclasses, "
+        f"inline @step methods and django.tasks @task functions, not to {target!r}",
         owner=repr(target),
         option=declaration.primitive,
     )
+
+
+def _task_function(target: object) -> Callable[..., Any] | None:
+    """The function of a ``django.tasks`` task (Django 6, or the django-tasks backport), found
+    by its shape so that the DSL needs neither installed."""
+    function = getattr(target, "func", None)
+    if callable(function) and callable(getattr(target, "enqueue", None)):
+        return function  # type: ignore[no-any-return]
+    return None
 
 
 def with_lock(
