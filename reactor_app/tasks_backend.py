@@ -142,9 +142,10 @@ class ReactorTaskBackend(BaseTaskBackend):
             arguments.pop(next(iter(arguments)))
         try:
             # the task API's rule: arguments are JSON values (a tuple arrives as a list)
-            arguments = normalize_json(arguments)
+            normalized = normalize_json(arguments)
         except (TypeError, ValueError) as exc:
             raise InvalidTaskError(f"cannot enqueue {task.module_path}: {exc}") from exc
+        arguments = normalized if isinstance(normalized, dict) else arguments
         options = {
             "priority": task.priority,
             "queue_name": task.queue_name,
