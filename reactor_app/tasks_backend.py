@@ -95,6 +95,7 @@ _STATUSES = {
     ExecutionStatus.FAILED: TaskResultStatus.FAILED,
     ExecutionStatus.HALTED: TaskResultStatus.FAILED,
     ExecutionStatus.CANCELLED: TaskResultStatus.FAILED,
+    ExecutionStatus.SUPERSEDED: TaskResultStatus.FAILED,
 }
 
 

@@ -20,6 +20,7 @@ from reactor_app.coordination.rate_limit import parse_period
 from reactor_app.dsl.declarations import (
     DECLARATIONS_ATTR,
     CostFunction,
+    DebounceDeclaration,
     Declaration,
     DeclarationSet,
     KeyFunction,
@@ -317,6 +318,35 @@ def with_period(
         wait=None if wait is None else _positive_number(owner, "wait", wait, allow_zero=True),
     )
     return lambda target: _attach(declaration, target)
+
+
+def with_debounce(
+    key: KeyFunction, seconds: float, *, max_wait: float | None = None
+) -> Callable[[T], T]:
+    """Starts of the decorated reactor (``run_async``) with one key within ``seconds`` of each
+    other become one execution, with the last start's inputs, started once ``seconds`` pass
+    without another start — or ``max_wait`` after the burst's first start, whichever is first.
+    The replaced starts end ``superseded``, pointing at the one that runs (docs/coordination.md,
+    "Debounce")."""
+    owner = "with_debounce"
+    declaration = DebounceDeclaration(
+        key_fn=_key_function(owner, key),
+        seconds=_positive_number(owner, "seconds", seconds),
+        max_wait=None if max_wait is None else _positive_number(owner, "max_wait", max_wait),
+    )
+
+    def attach(target: T) -> T:
+        if not (isinstance(target, type) and issubclass(target, Reactor)):
+            raise DefinitionError(
+                f"with_debounce applies to Reactor subclasses (it decides when a run starts), "
+                f"not to {target!r}; debounce the reactor that runs this step instead",
+                owner=repr(target),
+                option="with_debounce",
+            )
+        target.debounce_config = declaration
+        return target
+
+    return attach
 
 
 def with_ordered_lock(

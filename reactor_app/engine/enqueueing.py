@@ -16,7 +16,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
@@ -31,6 +31,7 @@ from reactor_app.coordination.claims import (
     Hold,
     Holder,
 )
+from reactor_app.engine import debounce as debounced
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result
@@ -145,6 +146,7 @@ def run_async(
     idempotency_key: str | None = None,
     run_after: datetime | None = None,
     priority: int | None = None,
+    debounce: tuple[str, float] | None = None,
 ) -> Execution:
     """``Reactor.run_async``: persist a pending execution, enqueue it after commit, return it.
 
@@ -161,7 +163,8 @@ def run_async(
 
     ``run_after`` defers the run (the ``django.tasks`` backend's ``run_after``): the message
     carries the countdown, and the row's heartbeat is the due time, so the sweeper cannot
-    re-send it early. ``priority`` is the message's (``enqueue``).
+    re-send it early. ``priority`` is the message's (``enqueue``). ``debounce`` (or the
+    reactor's ``with_debounce``) makes the start one of a burst (``engine.debounce``).
     """
     error = input_errors(reactor, inputs)
     if error is not None:
@@ -181,11 +184,17 @@ def run_async(
         existing = _same_call(reactor, stored_inputs, idempotency_key)
         if existing is not None:
             return existing
+    burst = debounced.burst_of(reactor, inputs, debounce)
+    execution_id = uuid.uuid4()
+    placed = debounced.place(burst, str(execution_id)) if burst is not None else None
     now = timezone.now()
     due = max(now, run_after) if run_after is not None else now
+    if placed is not None:
+        due = max(due, now + timedelta(seconds=placed.due_in))
     try:
         with transaction.atomic():
             execution = Execution.objects.start(
+                id=execution_id,
                 reactor=reactor.path(),
                 inputs=stored_inputs,
                 status=ExecutionStatus.PENDING,
@@ -200,6 +209,8 @@ def run_async(
                 countdown=(due - now).total_seconds() or None,
                 priority=priority,
             )
+            if burst is not None and placed is not None:
+                debounced.settle_on_commit(burst, placed.earlier, str(execution_id))
     except IntegrityError:
         # A concurrent call with the same key won the insert (the unique constraint decides).
         existing = _same_call(reactor, stored_inputs, idempotency_key)
