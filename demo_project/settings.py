@@ -119,6 +119,9 @@ else:
 REACTOR_KEY_PREFIX = os.environ.get("REACTOR_KEY_PREFIX", "reactor")
 REACTOR_RATE_LIMITS = {"stripe": {"limit": 5, "period": "second"}}
 REACTOR_CELERY_QUEUE = "reactor"
+# Django's task API (django.tasks on Django 6, the django-tasks backport before): @task
+# functions run on the Celery workers as tracked executions (docs/tasks.md)
+TASKS = {"default": {"BACKEND": "reactor_app.tasks_backend.ReactorTaskBackend"}}
 
 CACHES = {
     "default": {

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from reactor_app.dsl.arguments import element, from_input, from_result, value
 from reactor_app.dsl.coordination import (
+    with_debounce,
     with_lock,
     with_ordered_lock,
     with_period,
@@ -47,6 +48,7 @@ __all__ = [
     "map_step",
     "step",
     "value",
+    "with_debounce",
     "with_lock",
     "with_ordered_lock",
     "with_period",

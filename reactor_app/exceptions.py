@@ -190,6 +190,17 @@ class UndoFailed(ReactorError):
     cause: Any
 
 
+class TaskFunctionFailed(ReactorError):
+    """A ``django.tasks`` task function raised (``reactor_app.tasks_backend``): the exception's
+    class path and traceback, which the task API's ``TaskResult.errors`` reports."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "exception_class", "traceback")
+    reactor: str | None
+    step: str | None
+    exception_class: str | None
+    traceback: str | None
+
+
 class ExecutionNotResumable(ReactorError):
     """The execution is not waiting at that interrupt."""
 

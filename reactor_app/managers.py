@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
@@ -95,6 +95,23 @@ class ExecutionQuerySet(models.QuerySet):
 
 
 class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type: ignore[misc]
+    def supersede(self, starts: Any, by: Any, now: datetime) -> int:
+        """Mark the ``starts`` of a debounce burst that have not run superseded by ``by``, and
+        point the starts they had superseded at ``by`` too, so every superseded row names the
+        one that runs. A compare-and-set on ``pending``: a start a worker already took runs.
+        Returns how many were marked."""
+        with transaction.atomic():
+            won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING).update(
+                status=ExecutionStatus.SUPERSEDED,
+                superseded_by=by,
+                finished_at=now,
+                heartbeat_at=now,
+            )
+            if won:
+                replaced = self.filter(pk__in=starts, superseded_by=by).values("pk")
+                self.filter(superseded_by__in=replaced).update(superseded_by=by)
+        return won
+
     def start(self, *, reactor: str, inputs: dict[str, Any], **fields: Any) -> Execution:
         """Create the row of a new execution (a root unless ``parent`` is given)."""
         execution: Execution = self.model(reactor=reactor, inputs=inputs, **fields)

@@ -75,6 +75,15 @@ class Execution(models.Model):
         help_text="the failed execution this one retries (Execution.retry)",
     )
 
+    superseded_by = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="supersedes",
+        help_text="a superseded start of a debounce burst: the execution that ran instead",
+    )
+
     objects = ExecutionManager()
 
     class Meta:

@@ -14,6 +14,7 @@ class ExecutionStatus(models.TextChoices):
     FAILED = "failed", "failed"
     HALTED = "halted", "halted"
     CANCELLED = "cancelled", "cancelled"  # stopped by an operator, completed steps rolled back
+    SUPERSEDED = "superseded", "superseded"  # a later start of its debounce burst runs instead
 
 
 TERMINAL_STATUSES = frozenset(
@@ -22,6 +23,7 @@ TERMINAL_STATUSES = frozenset(
         ExecutionStatus.FAILED,
         ExecutionStatus.HALTED,
         ExecutionStatus.CANCELLED,
+        ExecutionStatus.SUPERSEDED,
     }
 )
 

@@ -25,9 +25,11 @@ STATUS_COLOURS = {
     ExecutionStatus.FAILED: "#c0392b",
     ExecutionStatus.HALTED: "#566573",
     ExecutionStatus.CANCELLED: "#7b7d7d",
+    ExecutionStatus.SUPERSEDED: "#a6acaf",
 }
 STATUS_HINTS = {
     ExecutionStatus.PARKED: "waiting on contention; will resume (not a failure)",
+    ExecutionStatus.SUPERSEDED: "replaced by a later start of its debounce burst; never ran",
 }
 
 

@@ -194,6 +194,10 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         parts: list[SafeString] = []
         if obj.retry_of_id:
             parts.append(format_html("retry of {}", execution_link(obj.retry_of_id, short=True)))
+        if obj.superseded_by_id:
+            parts.append(
+                format_html("superseded by {}", execution_link(obj.superseded_by_id, short=True))
+            )
         for retried in obj.retries.all():
             parts.append(format_html("retried as {}", execution_link(retried.pk, short=True)))
         if retry_admin.retryable(obj):

@@ -69,6 +69,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "finished_at",
+            "superseded_by",
         )
 
     def get_parked(self, obj: Execution) -> bool:

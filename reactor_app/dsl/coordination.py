@@ -20,6 +20,7 @@ from reactor_app.coordination.rate_limit import parse_period
 from reactor_app.dsl.declarations import (
     DECLARATIONS_ATTR,
     CostFunction,
+    DebounceDeclaration,
     Declaration,
     DeclarationSet,
     KeyFunction,
@@ -114,16 +115,31 @@ def _attach(declaration: Declaration, target: T) -> T:
     if isinstance(target, StepSpec):
         target.add_declaration(declaration)
         return target
+    function = _task_function(target)
+    if function is not None:
+        # a django.tasks ``Task`` (the decorator stacked above ``@task``): recorded on its
+        # function, which the task backend's reactor reads (reactor_app.tasks_backend)
+        _attach(declaration, function)
+        return target
     if callable(target) and not isinstance(target, type):
         current = getattr(target, DECLARATIONS_ATTR, DeclarationSet())
         target.__dict__[DECLARATIONS_ATTR] = current.with_(declaration)
         return target
     raise DefinitionError(
-        f"{declaration.primitive} decorators apply to Reactor subclasses, Step subclasses and "
-        f"inline @step methods, not to {target!r}",
+        f"{declaration.primitive} decorators apply to Reactor subclasses, Step subclasses, "
+        f"inline @step methods and django.tasks @task functions, not to {target!r}",
         owner=repr(target),
         option=declaration.primitive,
     )
+
+
+def _task_function(target: object) -> Callable[..., Any] | None:
+    """The function of a ``django.tasks`` task (Django 6, or the django-tasks backport), found
+    by its shape so that the DSL needs neither installed."""
+    function = getattr(target, "func", None)
+    if callable(function) and callable(getattr(target, "enqueue", None)):
+        return function  # type: ignore[no-any-return]
+    return None
 
 
 def with_lock(
@@ -302,6 +318,35 @@ def with_period(
         wait=None if wait is None else _positive_number(owner, "wait", wait, allow_zero=True),
     )
     return lambda target: _attach(declaration, target)
+
+
+def with_debounce(
+    key: KeyFunction, seconds: float, *, max_wait: float | None = None
+) -> Callable[[T], T]:
+    """Starts of the decorated reactor (``run_async``) with one key within ``seconds`` of each
+    other become one execution, with the last start's inputs, started once ``seconds`` pass
+    without another start — or ``max_wait`` after the burst's first start, whichever is first.
+    The replaced starts end ``superseded``, pointing at the one that runs (docs/coordination.md,
+    "Debounce")."""
+    owner = "with_debounce"
+    declaration = DebounceDeclaration(
+        key_fn=_key_function(owner, key),
+        seconds=_positive_number(owner, "seconds", seconds),
+        max_wait=None if max_wait is None else _positive_number(owner, "max_wait", max_wait),
+    )
+
+    def attach(target: T) -> T:
+        if not (isinstance(target, type) and issubclass(target, Reactor)):
+            raise DefinitionError(
+                f"with_debounce applies to Reactor subclasses (it decides when a run starts), "
+                f"not to {target!r}; debounce the reactor that runs this step instead",
+                owner=repr(target),
+                option="with_debounce",
+            )
+        target.debounce_config = declaration
+        return target
+
+    return attach
 
 
 def with_ordered_lock(

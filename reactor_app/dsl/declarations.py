@@ -251,6 +251,17 @@ class PeriodDeclaration(Declaration):
 
 
 @dataclass(frozen=True)
+class DebounceDeclaration(Declaration):
+    """``with_debounce``: starts of the reactor with one key within ``seconds`` of each other
+    become one run, of the last start's inputs, once they settle (``engine.debounce``). Not a
+    coordination primitive: it decides when a run starts, never what it may hold."""
+
+    primitive: ClassVar[str] = "debounce"
+    seconds: float = 1.0
+    max_wait: float | None = None
+
+
+@dataclass(frozen=True)
 class OrderedLockDeclaration(Declaration):
     primitive: ClassVar[str] = "ordered_lock"
     ttl: float = 86400.0
@@ -317,6 +328,8 @@ class Coordinated:
     rate_limit_config: ClassVar[RateLimitDeclaration | None] = None
     period_config: ClassVar[PeriodDeclaration | None] = None
     ordered_lock_config: ClassVar[OrderedLockDeclaration | None] = None
+    #: reactors only (``with_debounce``)
+    debounce_config: ClassVar[DebounceDeclaration | None] = None
 
     @classmethod
     def declarations(cls) -> DeclarationSet:

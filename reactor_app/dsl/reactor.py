@@ -88,7 +88,13 @@ class Reactor(Coordinated):
         return run_reactor(cls, inputs)
 
     @classmethod
-    def run_async(cls, *, idempotency_key: str | None = None, **inputs: Any) -> Execution:
+    def run_async(
+        cls,
+        *,
+        idempotency_key: str | None = None,
+        debounce: tuple[str, float] | None = None,
+        **inputs: Any,
+    ) -> Execution:
         """Run the reactor on a Celery worker; returns the (pending) ``Execution`` row.
 
         An outbox: the row is committed before the task is sent, and broker trouble never
@@ -98,12 +104,17 @@ class Reactor(Coordinated):
         not read back as the same values, raise at the call (``InputValidationError``,
         ``InputNotSerializable``). ``execution.wait(timeout)`` blocks until it is finished and
         returns its ``Result``.
+
+        ``debounce=(key, seconds)`` (or the reactor's ``with_debounce``) makes this start one of
+        a burst: the run starts once ``seconds`` pass with no other start of ``key``, with the
+        last start's inputs; the earlier starts end ``superseded`` (``wait()`` on one waits
+        for the run that replaced it).
         """
         # deferred: the DSL hands over to the engine, which imports the models; they cannot
         # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.enqueueing import run_async
 
-        return run_async(cls, inputs, idempotency_key=idempotency_key)
+        return run_async(cls, inputs, idempotency_key=idempotency_key, debounce=debounce)
 
     @classmethod
     def resume(cls, execution_id: Any, *, step: str | None = None, payload: Any = None) -> Result:

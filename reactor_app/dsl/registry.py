@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from reactor_app.exceptions import ReactorNotRegistered
@@ -11,6 +12,9 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
 
 _reactors: dict[str, type[Reactor]] = {}
+#: reactors built on first use, by path (``reactor_app.tasks_backend`` files one per task
+#: function: its class can only be built once the function's module finished importing)
+_factories: dict[str, Callable[[], type[Reactor]]] = {}
 #: the base ``Reactor`` class itself (never registered: only its subclasses are reactors)
 _base: type[Reactor] | None = None
 
@@ -21,6 +25,13 @@ def path_of(reactor: type[Reactor]) -> str:
 
 def register(reactor: type[Reactor]) -> None:
     _reactors[path_of(reactor)] = reactor
+
+
+def register_factory(path: str, factory: Callable[[], type[Reactor]]) -> None:
+    """File ``factory`` to build the reactor at ``path`` when it is first looked up (a factory
+    filed again for the same path replaces the earlier one until the reactor is built)."""
+    if path not in _reactors:
+        _factories[path] = factory
 
 
 def register_base(base: type[Reactor]) -> None:
@@ -48,6 +59,8 @@ def lookup(path: str) -> type[Reactor]:
     """
     if path in _reactors:
         return _reactors[path]
+    if path in _factories:
+        return _built(path)
     module_name, _, qualname = path.rpartition(".")
     import_error: BaseException | None = None
     while module_name:
@@ -60,12 +73,20 @@ def lookup(path: str) -> type[Reactor]:
             qualname = f"{head}.{qualname}"
     if path in _reactors:
         return _reactors[path]
+    if path in _factories:
+        return _built(path)
     raise ReactorNotRegistered(
         _not_registered_message(path, import_error),
         setting=None,
         reactor=path,
         cause=f"{type(import_error).__name__}: {import_error}" if import_error else None,
     )
+
+
+def _built(path: str) -> type[Reactor]:
+    reactor = _factories.pop(path)()
+    _reactors.setdefault(path, reactor)
+    return _reactors[path]
 
 
 def _not_registered_message(path: str, import_error: BaseException | None) -> str:

@@ -16,6 +16,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
@@ -30,6 +31,7 @@ from reactor_app.coordination.claims import (
     Hold,
     Holder,
 )
+from reactor_app.engine import debounce as debounced
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.result import Result, note_sent, note_unsent
@@ -55,35 +57,46 @@ RUN_EXECUTION = "reactor_app.run_execution"
 
 
 def enqueue(
-    execution_id: Any, *, countdown: float | None = None, requeue_token: str | None = None
+    execution_id: Any,
+    *,
+    countdown: float | None = None,
+    requeue_token: str | None = None,
+    priority: int | None = None,
 ) -> None:
     """Send the execution's task (identities only: the execution id, and for a park's own
     requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
-    queue when that is not set."""
+    queue when that is not set. ``priority`` is the message's (Celery's 0 to 9 scale), for brokers
+    that order by it."""
     options: dict[str, Any] = {}
     queue = reactor_settings.CELERY_QUEUE
     if queue:
         options["queue"] = queue
     if countdown is not None and countdown > 0:
         options["countdown"] = countdown
+    if priority is not None:
+        options["priority"] = priority
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
     current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
     note_sent(execution_id)
 
 
-def enqueue_on_commit(execution_id: Any, *, countdown: float | None = None) -> None:
+def enqueue_on_commit(
+    execution_id: Any, *, countdown: float | None = None, priority: int | None = None
+) -> None:
     """Enqueue once the current transaction commits, so a worker always finds the row.
 
     The row is the outbox: once it is committed the work will run, so a broker that cannot
     take the message is logged, not raised — raising would invite the caller to retry a call
     that already succeeded (and run twice). The sweeper (``sweep``) enqueues the row later.
     """
-    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown))
+    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown, priority))
 
 
-def _enqueue_or_leave_to_sweeper(execution_id: Any, countdown: float | None) -> None:
+def _enqueue_or_leave_to_sweeper(
+    execution_id: Any, countdown: float | None, priority: int | None = None
+) -> None:
     try:
-        enqueue(execution_id, countdown=countdown)
+        enqueue(execution_id, countdown=countdown, priority=priority)
     except Exception as exc:
         note_unsent(execution_id, exc)  # what a wait() on it is told
         logger.warning(
@@ -130,7 +143,13 @@ def _worker_context() -> dict[str, Any]:
 
 
 def run_async(
-    reactor: type[Reactor], inputs: dict[str, Any], *, idempotency_key: str | None = None
+    reactor: type[Reactor],
+    inputs: dict[str, Any],
+    *,
+    idempotency_key: str | None = None,
+    run_after: datetime | None = None,
+    priority: int | None = None,
+    debounce: tuple[str, float] | None = None,
 ) -> Execution:
     """``Reactor.run_async``: persist a pending execution, enqueue it after commit, return it.
 
@@ -144,6 +163,11 @@ def run_async(
     cannot hand to a worker as the same value (``reactor_app.serialization``), and
     ``IdempotencyKeyReused`` when ``idempotency_key`` names an earlier call of another reactor
     or with other inputs. The same key with the same call returns the existing execution.
+
+    ``run_after`` defers the run (the ``django.tasks`` backend's ``run_after``): the message
+    carries the countdown, and the row's heartbeat is the due time, so the sweeper cannot
+    re-send it early. ``priority`` is the message's (``enqueue``). ``debounce`` (or the
+    reactor's ``with_debounce``) makes the start one of a burst (``engine.debounce``).
     """
     error = input_errors(reactor, inputs)
     if error is not None:
@@ -163,18 +187,33 @@ def run_async(
         existing = _same_call(reactor, stored_inputs, idempotency_key)
         if existing is not None:
             return existing
+    burst = debounced.burst_of(reactor, inputs, debounce)
+    execution_id = uuid.uuid4()
+    placed = debounced.place(burst, str(execution_id)) if burst is not None else None
     now = timezone.now()
+    due = max(now, run_after) if run_after is not None else now
+    if placed is not None:
+        due = max(due, now + timedelta(seconds=placed.due_in))
     try:
         with transaction.atomic():
             execution = Execution.objects.start(
+                id=execution_id,
                 reactor=reactor.path(),
                 inputs=stored_inputs,
                 status=ExecutionStatus.PENDING,
-                heartbeat_at=now,
+                heartbeat_at=due,
                 context=_worker_context(),
                 idempotency_key=idempotency_key,
             )
-            enqueue_new_on_commit(reactor, inputs, execution)
+            enqueue_new_on_commit(
+                reactor,
+                inputs,
+                execution,
+                countdown=(due - now).total_seconds() or None,
+                priority=priority,
+            )
+            if burst is not None and placed is not None:
+                debounced.settle_on_commit(burst, placed.earlier, str(execution_id))
     except IntegrityError:
         # A concurrent call with the same key won the insert (the unique constraint decides).
         existing = _same_call(reactor, stored_inputs, idempotency_key)
@@ -211,7 +250,12 @@ def _same_call(
 
 
 def enqueue_new_on_commit(
-    reactor: type[Reactor], inputs: dict[str, Any], execution: Execution
+    reactor: type[Reactor],
+    inputs: dict[str, Any],
+    execution: Execution,
+    *,
+    countdown: float | None = None,
+    priority: int | None = None,
 ) -> None:
     """A new execution's task, sent once the current transaction commits — for a reactor with
     an ordered lock, after taking its position in the line (``_take_position_then_enqueue``).
@@ -221,9 +265,13 @@ def enqueue_new_on_commit(
     are at the call."""
     line = _ordered_line(reactor, inputs)
     if line is None:
-        enqueue_on_commit(execution.id)
+        enqueue_on_commit(execution.id, countdown=countdown, priority=priority)
         return
-    transaction.on_commit(functools.partial(_take_position_then_enqueue, reactor, line, execution))
+    transaction.on_commit(
+        functools.partial(
+            _take_position_then_enqueue, reactor, line, execution, countdown, priority
+        )
+    )
 
 
 def _ordered_line(reactor: type[Reactor], inputs: dict[str, Any]) -> str | None:
@@ -240,7 +288,13 @@ def _ordered_line(reactor: type[Reactor], inputs: dict[str, Any]) -> str | None:
     return key
 
 
-def _take_position_then_enqueue(reactor: type[Reactor], line: str, execution: Execution) -> None:
+def _take_position_then_enqueue(
+    reactor: type[Reactor],
+    line: str,
+    execution: Execution,
+    countdown: float | None = None,
+    priority: int | None = None,
+) -> None:
     """Once the new execution's row is committed: its ordered-lock position, then its task.
 
     A reactor-level ordered lock orders runs by enqueue (docs/design.md §1.4): with several
@@ -254,7 +308,7 @@ def _take_position_then_enqueue(reactor: type[Reactor], line: str, execution: Ex
     # and if the sweeper got to a stale row first (a caller's transaction older than
     # REACTOR_SWEEP_AFTER), that run is already on its way and takes its position itself.
     try:
-        fresh = timezone.now()
+        fresh = max(timezone.now(), execution.heartbeat_at or timezone.now())
         won = Execution.objects.filter(pk=execution.pk, heartbeat_at=execution.heartbeat_at)
         if not won.update(heartbeat_at=fresh):
             return
@@ -263,7 +317,7 @@ def _take_position_then_enqueue(reactor: type[Reactor], line: str, execution: Ex
         logger.exception("could not take execution %s to enqueue it", execution.id)
         return  # the sweeper enqueues it
     _take_position_at_enqueue(reactor, line, execution)
-    _enqueue_or_leave_to_sweeper(execution.id, None)
+    _enqueue_or_leave_to_sweeper(execution.id, countdown, priority)
 
 
 def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Execution) -> None:

@@ -137,10 +137,15 @@ def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Resu
         ExecutionStatus.FAILED,
         ExecutionStatus.HALTED,
         ExecutionStatus.CANCELLED,
+        ExecutionStatus.SUPERSEDED,
         ExecutionStatus.INTERRUPTED,
     }
     while True:
         execution.refresh_from_db()
+        if execution.status == ExecutionStatus.SUPERSEDED and execution.superseded_by_id:
+            # a debounced start replaced by a later one: its caller waits for the run instead
+            execution = type(execution)._default_manager.get(pk=execution.superseded_by_id)
+            continue
         if execution.status in settled:
             return execution.to_result()
         if time.monotonic() >= deadline:

@@ -32,6 +32,7 @@ GUIDES = [
     "coordination.md",
     "operations.md",
     "testing.md",
+    "tasks.md",
 ]
 BLOCK = re.compile(
     r"(?:<!-- not run: (?P<why>[^>]+?) -->\n)?^```python\n(?P<code>.*?)^```", re.S | re.M

@@ -52,3 +52,15 @@ def queue_length(queue: str) -> int:
                 return 0
             raise
         return int(declared.message_count)
+
+
+def finished(result: Any, timeout: float = 60) -> Any:
+    """A ``django.tasks`` result refreshed until it is finished (the task API's own
+    ``refresh``)."""
+
+    def done() -> bool:
+        result.refresh()
+        return bool(result.is_finished)
+
+    wait_until(done, timeout, message=f"task {result.id} did not finish: {result.status}")
+    return result

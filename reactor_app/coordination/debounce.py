@@ -1,0 +1,62 @@
+"""Debounce: a burst of starts with one key becomes one run, after the burst settles.
+
+``start`` runs ``lua/debounce.lua`` for one start (an execution created pending): Redis keeps
+each key's burst — its latest start, when the burst began, when the latest is due — and answers
+which earlier start this one supersedes and how long this one waits. The engine
+(``engine.debounce``) marks the superseded row and sends the new one with that countdown. The
+burst lives on the Redis clock, like every other coordination time, so web processes with
+skewed clocks agree on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from reactor_app.coordination.keys import key
+from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.coordination.scripts import scripts_for
+
+PRIMITIVE = "debounce"
+
+
+@dataclass(frozen=True)
+class DebouncedStart:
+    """One start's place in its burst."""
+
+    #: the burst's starts before this one, which this one replaces
+    earlier: list[str]
+    #: seconds until this start is due to run
+    due_in: float
+
+
+def start(
+    user_key: str,
+    execution_id: str,
+    *,
+    quiet: float,
+    max_wait: float | None = None,
+    client: Any = None,
+) -> DebouncedStart:
+    """Record ``execution_id`` as the latest start of ``user_key``'s burst."""
+    name = key(PRIMITIVE, user_key)
+    reply = scripts_for(client or get_client()).run(
+        "debounce",
+        [name, key(PRIMITIVE, user_key, "starts")],
+        [execution_id, int(quiet * 1000), "" if max_wait is None else int(max_wait * 1000)],
+        key=user_key,
+        primitive=PRIMITIVE,
+    )
+    return DebouncedStart(
+        earlier=[str(start) for start in reply.data["earlier"] or []],
+        due_in=float(reply.data["due_in"]) / 1000,
+    )
+
+
+def latest(user_key: str, *, client: Any = None) -> str | None:
+    """The latest start of ``user_key``'s burst, while Redis keeps it."""
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        value = (client or get_client()).hget(key(PRIMITIVE, user_key), "latest")
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

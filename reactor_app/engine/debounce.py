@@ -1,0 +1,117 @@
+"""Debounced starts: a burst of ``run_async`` calls with one key becomes one run.
+
+``with_debounce(key, seconds)`` on a reactor, or ``run_async(..., debounce=(key, seconds))``
+for one call, makes a start part of a burst (docs/coordination.md, "Debounce"). A start is an
+ordinary pending execution sent with a countdown; what debounce adds happens at the call:
+
+1. Before anything is stored, Redis places the start in its burst (``coordination.debounce``,
+   on the Redis clock): it answers which earlier start this one replaces and when this one is
+   due — a quiet period after it, capped at the burst's first start plus ``max_wait``. An
+   unreachable Redis raises ``CoordinationUnavailable`` at the call: nothing is stored.
+2. The row is created with its heartbeat at the due time (so the sweeper, which re-sends
+   pending rows whose message was lost, cannot send it early) and its message carries the
+   countdown.
+3. Once the row is committed, the replaced start is marked ``superseded`` by this one (a
+   compare-and-set on ``pending``: a start a worker already took simply runs), and this one
+   by a later start that replaced it meanwhile (``settle``: concurrent starts commit in any
+   order). A superseded start's message still arrives at its due time and finds nothing to do.
+
+A caller whose transaction rolls back leaves its start in Redis as the burst's latest: the start
+it replaced is not marked (that happens on commit), so it still runs when due.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from reactor_app.coordination import debounce
+from reactor_app.exceptions import InputValidationError
+from reactor_app.models import Execution
+
+if TYPE_CHECKING:
+    from reactor_app.dsl.reactor import Reactor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Burst:
+    """The burst a start belongs to: its key, quiet period and cap (seconds)."""
+
+    key: str
+    seconds: float
+    max_wait: float | None = None
+
+
+def burst_of(
+    reactor: type[Reactor], inputs: dict[str, Any], option: tuple[str, float] | None
+) -> Burst | None:
+    """The burst of this start: ``run_async``'s ``debounce=(key, seconds)``, else the
+    reactor's ``with_debounce`` applied to the inputs, else None."""
+    if option is not None:
+        return _from_option(reactor, option)
+    declaration = reactor.debounce_config
+    if declaration is None:
+        return None
+    key = declaration.compute_key(inputs, reactor=reactor.path(), step=None)
+    return Burst(key, declaration.seconds, declaration.max_wait)
+
+
+def _from_option(reactor: type[Reactor], option: Any) -> Burst:
+    key, seconds = option if isinstance(option, tuple) and len(option) == 2 else (None, 0)
+    if isinstance(key, str) and key.strip() and _positive(seconds):
+        return Burst(key, float(seconds))
+    raise InputValidationError(
+        f"debounce must be (key, seconds) with a non-empty key and seconds > 0, got {option!r}",
+        reactor=reactor.path(),
+        step=None,
+        field_errors={"debounce": "expected (key, seconds)"},
+    )
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def place(burst: Burst, execution_id: str) -> debounce.DebouncedStart:
+    """Step 1: this start's place in its burst (see the module docstring)."""
+    return debounce.start(burst.key, execution_id, quiet=burst.seconds, max_wait=burst.max_wait)
+
+
+def settle_on_commit(burst: Burst, earlier: list[str], execution_id: str) -> None:
+    """Step 3: once this start is committed, settle who runs (``settle``)."""
+    transaction.on_commit(lambda: settle(burst, earlier, execution_id))
+
+
+def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
+    """Mark the burst's earlier starts superseded by this one — and this one superseded by the
+    burst's latest start if a later one came meanwhile.
+
+    Starts of one burst commit in any order, so an earlier start's row may not be there yet
+    when this one commits; that is why each start also looks, once committed, for a later start
+    that replaced it. For any two starts of a burst, whichever commits second marks the other.
+    A later start that is not committed yet cannot be named (the foreign key refuses a row that
+    is not there); it marks this one itself when it commits. Never raises (an on-commit hook):
+    what fails is logged, and a start left unmarked simply runs.
+    """
+    now = timezone.now()
+    try:
+        if earlier:
+            Execution.objects.supersede(earlier, execution_id, now)
+        newest = debounce.latest(burst.key)
+    except Exception:
+        logger.exception("could not settle debounced start %s", execution_id)
+        return
+    if newest is None or newest == execution_id:
+        return
+    try:
+        Execution.objects.supersede([execution_id], newest, now)
+    except IntegrityError:
+        pass  # the later start is not committed yet: its own settle marks this one
+    except Exception:
+        logger.exception("could not mark %s superseded by %s", execution_id, newest)
