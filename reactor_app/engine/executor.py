@@ -381,6 +381,8 @@ class ExecutionRun:
                 return RunEnd(PassEnd.PARKED, park=outcome.park)
             if outcome.status == UnitStatus.INTERRUPTED:
                 return RunEnd(PassEnd.INTERRUPTED, reason=outcome.reason)
+            if self.policy.persists_each_step:
+                self.root.store.confirm_claim()  # a delivery that lost its claim undoes nothing
             failures = list(outcome.rollback_failures)
             failures.extend(settle_children(self))
             failures.extend(roll_back(self))

@@ -252,6 +252,18 @@ class ProgressStore:
                 ops.append(("set", (*path, "index"), entry["index"]))
         return ops
 
+    def confirm_claim(self) -> None:
+        """Raise ``ClaimLost`` if another delivery claimed the row since this pass did (one
+        ``SELECT``): asked before a failure is rolled back, since undoing work is a write too
+        — one the delivery now running the execution may build on."""
+        if not Execution.objects.filter(
+            pk=self.execution.pk, claim_generation=self.generation
+        ).exists():
+            raise ClaimLost(
+                f"execution {self.execution.pk} was claimed by another delivery: this "
+                "delivery stops without rolling back"
+            )
+
     # -- batches of map elements --------------------------------------------------------
 
     def batch_due(self) -> bool:
