@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, Literal
 
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import F
 from django.db.models.expressions import Expression
 from django.utils import timezone
@@ -85,10 +85,10 @@ class ContextPatch(Expression):
     def get_source_expressions(self) -> list[Any]:
         return [self.source]
 
-    def set_source_expressions(self, exprs: list[Any]) -> None:
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
         (self.source,) = exprs
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         column, column_params = compiler.compile(self.source)
         sql, params = column, list(column_params)
         postgres = connection.vendor == "postgresql"
@@ -121,7 +121,7 @@ class ContextPatch(Expression):
             else:
                 sql = f"json_remove({sql}, %s)"
                 params.append(sqlite_path(path))
-        return sql, params
+        return sql, tuple(params)
 
 
 def nesting(ops: list[Op]) -> int:
@@ -283,7 +283,8 @@ class ProgressStore:
     def write(self, state: ExecutionState, fields: dict[str, Any], *, durable: bool) -> None:
         """One conditional UPDATE of the row: ``fields``, the heartbeat, and the context
         patched to ``state``. Raises ``ClaimLost`` when the row's claim generation moved on
-        (another delivery claimed it) or the row is gone: nothing was written."""
+        (another delivery claimed it), ``DatabaseError`` when the row is gone: nothing was
+        written."""
         ops, skeleton = self.changes(state)
         execution = self.execution
         using = execution._state.db or "default"
@@ -307,6 +308,12 @@ class ProgressStore:
         with _progress_transaction(using, durable=durable):
             updated = rows.update(**values)
         if not updated:
+            if not Execution.objects.using(using).filter(pk=execution.pk).exists():
+                # deleted while it ran (as ``Model.save`` reported it before)
+                raise DatabaseError(
+                    f"the write of execution {execution.pk} did not affect any rows: the row "
+                    "is gone"
+                )
             raise ClaimLost(
                 f"execution {execution.pk} was claimed by another delivery (claim generation "
                 f"{self.generation} is no longer the row's): this delivery writes nothing more"
