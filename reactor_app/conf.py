@@ -234,6 +234,31 @@ class ReactorSettings:
         return value
 
     @property
+    def MAP_CHECKPOINT_EVERY(self) -> int:
+        """A sequential ``map_step`` on a worker checkpoints its elements in batches: at most
+        this many completed elements wait unwritten (a redelivery after a crash re-runs at most
+        them; docs/operations.md, "Checkpoints"). 1 writes every element."""
+        value = self._get("MAP_CHECKPOINT_EVERY", 50)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigurationError(
+                "REACTOR_MAP_CHECKPOINT_EVERY must be a positive integer",
+                setting="MAP_CHECKPOINT_EVERY",
+            )
+        return value
+
+    @property
+    def MAP_CHECKPOINT_SECONDS(self) -> float:
+        """...and a batch is written once its oldest unwritten element is this many seconds
+        old, so slow elements are checkpointed one by one as before."""
+        value = self._get("MAP_CHECKPOINT_SECONDS", 1.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigurationError(
+                "REACTOR_MAP_CHECKPOINT_SECONDS must be a number of seconds >= 0",
+                setting="MAP_CHECKPOINT_SECONDS",
+            )
+        return float(value)
+
+    @property
     def API_PERMISSION_CLASSES(self) -> list[str]:
         return list(
             self._get("API_PERMISSION_CLASSES", ["reactor_app.api.permissions.IsStaffUser"])

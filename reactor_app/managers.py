@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.utils import timezone
 
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
@@ -119,6 +119,34 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
             execution.root_id = execution.id
         execution.save(force_insert=True)
         return execution
+
+    def claim(self, pk: Any, statuses: tuple[str, ...]) -> Any:
+        """A worker delivery's claim on the row: one ``UPDATE ... RETURNING`` that increments
+        ``claim_generation``, touches the heartbeat and returns the row — None if it is gone
+        or not in ``statuses``. Every later write of the delivery is conditional on the
+        generation it returned (``engine.progress``): if another delivery claims the row
+        meanwhile (a claim lost with a restarted Redis), this one writes nothing more."""
+        model = self.model
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(f.column) for f in model._meta.concrete_fields)
+        generation = quote("claim_generation")
+        placeholders = ", ".join(["%s"] * len(statuses))
+        heartbeat = model._meta.get_field("heartbeat_at")
+        sql = (
+            f"UPDATE {quote(model._meta.db_table)} SET {generation} = {generation} + 1, "
+            f"{quote('heartbeat_at')} = %s "
+            f"WHERE {quote(model._meta.pk.column)} = %s AND {quote('status')} IN ({placeholders}) "
+            f"RETURNING {columns}"
+        )
+        params = [
+            heartbeat.get_db_prep_value(timezone.now(), connection),
+            model._meta.pk.get_db_prep_value(pk, connection),
+            *(str(status) for status in statuses),
+        ]
+        # all rows fetched at once: SQLite ends an UPDATE ... RETURNING only then
+        rows = list(self.raw(sql, params).using(self.db))
+        return rows[0] if rows else None
 
 
 class StepRunQuerySet(models.QuerySet):

@@ -74,6 +74,12 @@ class Execution(models.Model):
         related_name="retries",
         help_text="the failed execution this one retries (Execution.retry)",
     )
+    claim_generation = models.PositiveBigIntegerField(
+        default=0,
+        editable=False,
+        help_text="incremented by each worker delivery's claim; the delivery's later writes "
+        "are conditional on it (a delivery that lost its claim writes nothing)",
+    )
 
     superseded_by = models.ForeignKey(
         "self",

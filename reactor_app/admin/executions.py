@@ -34,8 +34,30 @@ from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus
 
+#: rows of each inline (step runs, coordination events) and entries of each list or map in the
+#: JSON fields an execution's page renders: a 10,000-element map's page stays a page
+PAGE_ROWS = 100
 
-class StepRunInline(ReadOnlyMixin, admin.TabularInline):
+
+class FirstRowsInline(admin.TabularInline):
+    """An inline that renders the execution's first ``PAGE_ROWS`` rows, not all of them
+    (``history`` on the page says how many there are)."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        rows = super().get_queryset(request)
+        match = request.resolver_match
+        object_id = match.kwargs.get("object_id") if match else None
+        if object_id is None:
+            return rows
+        try:
+            first = rows.filter(execution_id=object_id).order_by(*(self.ordering or ("id",)))
+            ids = list(first.values_list("pk", flat=True)[:PAGE_ROWS])
+        except ValidationError:  # not an execution id: the page itself answers it
+            return rows.none()
+        return rows.filter(pk__in=ids)
+
+
+class StepRunInline(ReadOnlyMixin, FirstRowsInline):
     model = StepRun
     extra = 0
     fields = ("step", "kind", "attempt", "status", "started_at", "finished_at", "error")
@@ -43,7 +65,7 @@ class StepRunInline(ReadOnlyMixin, admin.TabularInline):
     ordering = ("started_at", "id")
 
 
-class CoordinationEventInline(ReadOnlyMixin, admin.TabularInline):
+class CoordinationEventInline(ReadOnlyMixin, FirstRowsInline):
     model = CoordinationEvent
     extra = 0
     fields = ("at", "kind", "primitive", "key_timeline", "owning_step", "owner", "token", "detail")
@@ -94,6 +116,7 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "started_at",
         "finished_at",
         "heartbeat_at",
+        "history",
         "context_json",
     )
     readonly_fields = fields
@@ -163,11 +186,17 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="inputs")
     def inputs_json(self, obj: Execution) -> SafeString:
-        return pretty_json(readable(obj.inputs))
+        return pretty_json(trimmed(readable(obj.inputs)))
 
     @admin.display(description="result")
     def result_json(self, obj: Execution) -> SafeString:
-        return pretty_json(readable(obj.result))
+        return pretty_json(trimmed(readable(obj.result)))
+
+    @admin.display(description="history")
+    def history(self, obj: Execution) -> str:
+        steps, events = obj.step_runs.count(), obj.coordination_events.count()
+        shown = f" (the first {PAGE_ROWS} of each below)" if max(steps, events) > PAGE_ROWS else ""
+        return f"{steps} step runs, {events} coordination events{shown}"
 
     @admin.display(description="error")
     def error_json(self, obj: Execution) -> SafeString:
@@ -179,7 +208,7 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="engine state")
     def context_json(self, obj: Execution) -> SafeString:
-        return pretty_json(readable(obj.context))
+        return pretty_json(trimmed(readable(obj.context)))
 
     # -- retry from a step (reactor_app.engine.retry) --------------------------------------
 
@@ -238,3 +267,20 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
             by_key = queryset.filter(pk__in=Execution.objects.search_key(term).values("pk"))
             results = results | by_key
         return results, may_have_duplicates
+
+
+def trimmed(value: Any, limit: int = PAGE_ROWS) -> Any:
+    """``value`` with every list and map cut to its first ``limit`` entries, a last entry
+    saying how many more there are: the results of a 10,000-element map are not rendered."""
+    if isinstance(value, list):
+        kept = [trimmed(item, limit) for item in value[:limit]]
+        if len(value) > limit:
+            kept.append(f"… {len(value) - limit} more")
+        return kept
+    if isinstance(value, dict):
+        items = list(value.items())
+        kept_map = {key: trimmed(item, limit) for key, item in items[:limit]}
+        if len(items) > limit:
+            kept_map["…"] = f"{len(items) - limit} more"
+        return kept_map
+    return value

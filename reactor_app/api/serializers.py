@@ -131,10 +131,19 @@ class StoredValueField(serializers.JSONField):
         return readable(value)
 
 
+#: step runs an execution's detail carries inline; all of them are paged at
+#: ``executions/<id>/step-runs/`` (a 10,000-element map has 10,000 of them)
+DETAIL_STEP_RUNS = 100
+
+
 class ExecutionDetailSerializer(ExecutionSerializer):
     inputs = StoredValueField(read_only=True)
     result = StoredValueField(read_only=True)
-    step_runs = StepRunSerializer(many=True, read_only=True)
+    step_runs = serializers.SerializerMethodField(
+        help_text=f"the first {DETAIL_STEP_RUNS} step runs, oldest first; all of them, paged, "
+        "at executions/<id>/step-runs/"
+    )
+    step_runs_count = serializers.SerializerMethodField(help_text="how many step runs it has")
     contention = serializers.SerializerMethodField(
         help_text="why the execution is parked (empty unless parked)"
     )
@@ -146,8 +155,17 @@ class ExecutionDetailSerializer(ExecutionSerializer):
             "result",
             "rollback_failures",
             "step_runs",
+            "step_runs_count",
             "contention",
         )
+
+    @extend_schema_field(StepRunSerializer(many=True))
+    def get_step_runs(self, obj: Execution) -> list[dict[str, Any]]:
+        rows = obj.step_runs.order_by("started_at", "id")[:DETAIL_STEP_RUNS]
+        return list(StepRunSerializer(rows, many=True).data)
+
+    def get_step_runs_count(self, obj: Execution) -> int:
+        return int(obj.step_runs.count())
 
     @extend_schema_field(ContentionSerializer(many=True))
     def get_contention(self, obj: Execution) -> list[dict[str, Any]]:

@@ -83,7 +83,7 @@ class Reactor(Coordinated):
         """
         # deferred: the DSL hands over to the engine, which imports the models; they cannot
         # load while Django reads INSTALLED_APPS, which imports this package
-        from reactor_app.engine.executor import run_reactor
+        from reactor_app.engine.in_process import run_reactor
 
         return run_reactor(cls, inputs)
 

@@ -6,7 +6,12 @@ follows up once the claim is let go:
 1. Load the row; drop the delivery if the execution is finished, or if it is a countdown
    requeue left over from an earlier park (its ``requeue_token`` names another park).
 2. Take the claim. A delivery that finds it taken exits; if the execution is not finished it
-   looks again when the claim would lapse (its holder may have been killed).
+   looks again when the claim would lapse (its holder may have been killed). Holding it, the
+   claim statement (``ExecutionManager.claim``: one ``UPDATE ... RETURNING``) reads the row
+   back and increments its claim generation; every later write of this delivery is
+   conditional on that generation, so if the Redis claim is lost (a restarted Redis) and a
+   duplicate delivery claims the row, this one writes nothing more (``ClaimLost``) and a
+   terminal status it or the duplicate wrote stays final.
 3. Run one pass. With ``acks_late`` and ``reject_on_worker_lost`` a killed worker's task is
    redelivered, and the engine continues from the execution's last checkpoint. A delivery
    that finds the execution still ``running`` once it holds the claim is taking over from a
@@ -91,8 +96,14 @@ def deliver(
     run: ExecutionRun | None = None
     try:
         claim.start_renewal()
-        execution.refresh_from_db()
-        if execution.status not in RUNNABLE or _stale_requeue(execution, requeue_token):
+        # The claim statement: the row as it is now, with a new claim generation that every
+        # later write of this delivery is conditional on (a terminal status is final)
+        claimed_row = Execution.objects.claim(execution_id, RUNNABLE)
+        if claimed_row is None:
+            execution.refresh_from_db()  # ended meanwhile: report what it ended as
+            return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+        execution = claimed_row
+        if _stale_requeue(execution, requeue_token):
             return {**summary, "outcome": "nothing_to_do", "status": execution.status}
         try:
             lookup(execution.reactor)
@@ -134,7 +145,18 @@ def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dic
     execution.error = missing.as_dict()
     execution.finished_at = now
     execution.heartbeat_at = now
-    execution.save(update_fields=["status", "error", "finished_at", "heartbeat_at", "updated_at"])
+    # conditional on this delivery's claim, like every status write of a delivery
+    written = Execution.objects.filter(
+        pk=execution.pk, claim_generation=execution.claim_generation
+    ).update(
+        status=execution.status,
+        error=execution.error,
+        finished_at=now,
+        heartbeat_at=now,
+        updated_at=now,
+    )
+    if not written:
+        return {"outcome": "claim_lost", "status": execution.status}
     if (
         execution.parent_id
         and Execution.objects.filter(pk=execution.parent_id, status=ExecutionStatus.PARKED).exists()

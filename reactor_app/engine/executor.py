@@ -67,9 +67,11 @@ and ``async_step``/``async_reactor`` children, and reading their results, in
 ``engine.interrupts`` (resuming one is ``engine.dispatch``'s); cancel in ``engine.cancel``
 (the flag polled at each boundary: ``engine.cancel_flag``; ending the run:
 ``engine.cancelled``); writing the end of a pass and its ``Result`` in ``engine.finishing``.
-This module keeps the loop itself, with the run's identities and persistence, and the
-in-process entry points (``run_reactor``, ``run_inline``); its pseudocode above is a good part
-of its length.
+What a checkpoint writes (the difference since the last write, conditional on the delivery's
+claim generation) is ``engine.progress``'s; creating the row of a ``Reactor.run`` is
+``engine.in_process``'s. This module keeps the loop itself, with the run's identities, when it
+writes, and ``run_inline`` (one pass in the caller's process); its pseudocode above is a good
+part of its length.
 """
 
 from __future__ import annotations
@@ -84,16 +86,16 @@ from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.cancel_flag import cancel_request, cancelled_error, note_clear
+from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.children import await_children, settle_children
 from reactor_app.engine.context import HeldKeys
-from reactor_app.engine.enqueueing import enqueue_on_commit, hand_off_new
+from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.finishing import finish_pass, result_of
 from reactor_app.engine.gate import Gate
-from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
+from reactor_app.engine.progress import ProgressStore
 from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
@@ -103,7 +105,7 @@ from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
 from reactor_app.engine.worker import ClaimLost, kept_hold_cover
 from reactor_app.exceptions import ExecutionCancelled, ReactorError, StepFailed
 from reactor_app.models import Execution
-from reactor_app.serialization import decode, encode
+from reactor_app.serialization import decode
 from reactor_app.status import EngineEvent, ExecutionStatus
 from reactor_app.tracking import emit_engine
 from reactor_app.tracking import flush as flush_tracking
@@ -137,6 +139,8 @@ class ExecutionRun:
         self.policy = policy
         self.held_keys: HeldKeys = parent.held_keys if parent else self._new_held_keys()
         self.state = ExecutionState.from_json(execution.context)
+        #: what of ``state`` is on the row (``engine.progress``)
+        self.store = ProgressStore(execution, self.state)
         self.instance = reactor()
         self.gates: list[Gate] = list(parent.gates) if parent else []
         self.children: dict[str, ExecutionRun] = {}
@@ -193,13 +197,15 @@ class ExecutionRun:
     # -- persistence ----------------------------------------------------------------------
 
     def persist(self, **fields: Any) -> None:
+        """Write the state and ``fields`` now, waiting for the commit: a pass's start and end,
+        and the writes others rely on at once (a child created, a park). One conditional
+        statement (``engine.progress``): what changed since the last write, never the whole
+        context; ``ClaimLost`` if another delivery claimed the row meanwhile."""
+        self._write(fields, durable=True)
+
+    def _write(self, fields: dict[str, Any], *, durable: bool) -> None:
         if self.on_persist is not None:
             self.on_persist()
-        self.execution.context = self.state.to_json()
-        self.execution.heartbeat_at = timezone.now()
-        for name, value in fields.items():
-            setattr(self.execution, name, value)
-        update_fields = ["context", "heartbeat_at", "updated_at", *fields.keys()]
         if self.history_first:
             # The end of a pass: its buffered step runs and events, then the row's new status
             # — whoever sees the status finds the history written. The buffer commits on its
@@ -207,20 +213,29 @@ class ExecutionRun:
             # write must not roll back with it.
             self.history_first = False
             flush_tracking(finishing=self.execution.pk)
-        self.execution.save(update_fields=update_fields)
+        self.store.write(self.state, fields, durable=durable)
 
     def checkpoint(self, **fields: Any) -> None:
-        """After a completed step. A worker delivery persists it (one statement: a redelivery
-        resumes from here); an in-process run writes its progress behind (``write_behind``), so
-        a caller waits for O(1) statements per run, not per step (docs/operations.md) — nothing
-        resumes an in-process run from its row, and ``finish`` writes the state it ends in."""
+        """After a completed step. A worker delivery writes it (one statement that carries what
+        the step added, not waiting for the WAL flush: a redelivery resumes from here); an
+        in-process run writes its progress behind (``write_behind``), so a caller waits for
+        O(1) statements per run, not per step (docs/operations.md) — nothing resumes an
+        in-process run from its row, and ``finish`` writes the state it ends in."""
         if self.policy.persists_each_step:
-            self.persist(**fields)
+            self._write(fields, durable=False)
             return
         for name, value in fields.items():
             setattr(self.execution, name, value)
         # the admin still shows where a live run is, one freshness bound late
         get_writer().update_execution(self.execution.pk, **fields)
+
+    def element_done(self) -> None:
+        """After a sequential map's element: a worker delivery checkpoints the elements in
+        batches (``ProgressStore.batch_due``); a redelivery re-runs at most the unwritten
+        batch (docs/operations.md, "Checkpoints"). In process nothing is written until the
+        pass ends."""
+        if self.policy.persists_each_step and self.store.batch_due():
+            self._write({}, durable=False)
 
     def spawn_child(
         self, reactor: type[Reactor], execution: Execution, inputs: dict[str, Any]
@@ -366,6 +381,8 @@ class ExecutionRun:
                 return RunEnd(PassEnd.PARKED, park=outcome.park)
             if outcome.status == UnitStatus.INTERRUPTED:
                 return RunEnd(PassEnd.INTERRUPTED, reason=outcome.reason)
+            if self.policy.persists_each_step:
+                self.root.store.confirm_claim()  # a delivery that lost its claim undoes nothing
             failures = list(outcome.rollback_failures)
             failures.extend(settle_children(self))
             failures.extend(roll_back(self))
@@ -423,38 +440,6 @@ class ExecutionRun:
 
     def result(self, end: RunEnd) -> Result:
         return result_of(self, end)
-
-
-def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
-    """``Reactor.run``: create the execution row and run it to the end in this process (or, for
-    ``background = True``, hand the whole run to a worker)."""
-    if reactor.background is True:
-        return hand_off_new(reactor, inputs)
-    error = input_errors(reactor, inputs)
-    now = timezone.now()
-    if error is not None:
-        failed = Execution.objects.start(
-            reactor=reactor.path(),
-            inputs=encode(inputs, strict=False, where="inputs"),
-            status=ExecutionStatus.FAILED,
-            error=error.as_dict(),
-            finished_at=now,
-        )
-        return Result(status=ExecutionStatus.FAILED, error=error, execution_id=str(failed.id))
-    # inserted running: this process starts it at once (one statement, not insert + update)
-    order = reactor.plan.order
-    execution = Execution.objects.start(
-        reactor=reactor.path(),
-        inputs=encode(inputs, strict=False, where="inputs"),
-        status=ExecutionStatus.RUNNING,
-        started_at=now,
-        heartbeat_at=now,
-        current_step=order[0] if order else "",
-    )
-    run = ExecutionRun(reactor, execution, inputs)
-    run.inserted_running = True
-    note_clear(execution.pk)
-    return run_inline(run)
 
 
 def run_inline(run: ExecutionRun) -> Result:

@@ -3,8 +3,10 @@
 Each element is its own unit, labelled ``<step>[<index>]`` and coordinated on its own
 arguments (``element()`` reads the element). Progress is kept per element in
 ``state.children.map_progress``, so a park or a redelivery continues at the element it stopped
-at. A failed element rolls back the elements that completed, newest first, and fails the step;
-the whole map then sits in the rollback log as one entry whose elements are undone in reverse.
+at; a worker writes it in batches (``ExecutionRun.element_done``), so a redelivery after a
+crash re-runs at most the elements of the unwritten batch. A failed element rolls back the
+elements that completed, newest first, and fails the step; the whole map then sits in the
+rollback log as one entry whose elements are undone in reverse.
 
 ``parallel=True`` on a worker delivery (``run_parallel``)::
 
@@ -127,7 +129,7 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
         if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
             progress["values"].append(outcome.value)
             progress["index"] += 1
-            run.persist()
+            run.element_done()  # written in batches on a worker (engine.progress)
             continue
         if outcome.status == UnitStatus.FAILED:
             # Roll back the iterations that completed, newest first, then fail the step.

@@ -1,0 +1,122 @@
+"""The statements a worker delivery and an in-process run send (issue 32, item 2).
+
+A delivery runs in this process (``deliver``, the body of the worker task) so that its
+statements can be captured: one read of the row, one claim statement (``UPDATE ... RETURNING``,
+no second ``SELECT``), the start, one checkpoint per step, the history in bulk and one finish.
+A sequential map on a worker checkpoints its elements in batches; in process it writes none of
+them before its end. These are behaviour tests of how many statements are sent, not timings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from reactor_app import Reactor, Step, Success, element, from_input, map_step, step
+from reactor_app.engine.dispatch import deliver
+from reactor_app.status import ExecutionStatus
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+TABLE = '"reactor_app_execution"'
+TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT")
+
+
+class Body(Step):
+    inputs = ("n",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success({"n": args["n"], "payload": "x" * 200})
+
+
+class ThreeSteps(Reactor):
+    inputs = ("n",)
+
+    one = step(Body, n=from_input("n"))
+    two = step(Body, n=from_input("n"))
+    three = step(Body, n=from_input("n"))
+
+
+class SixSteps(ThreeSteps):
+    four = step(Body, n=from_input("n"))
+    five = step(Body, n=from_input("n"))
+    six = step(Body, n=from_input("n"))
+
+
+class MapOver(Reactor):
+    inputs = ("items",)
+
+    each = map_step(Body, over=from_input("items"), n=element("n"))
+
+
+def statements(captured: CaptureQueriesContext) -> list[str]:
+    return [
+        q["sql"]
+        for q in captured.captured_queries
+        if not q["sql"].upper().startswith(TRANSACTION_CONTROL)
+    ]
+
+
+def on_execution(sqls: list[str], verb: str) -> list[str]:
+    return [sql for sql in sqls if sql.startswith(verb) and TABLE in sql.split(" WHERE ")[0]]
+
+
+def deliver_captured(reactor: type[Reactor], **inputs: Any) -> list[str]:
+    execution = reactor.run_async(**inputs)
+    with CaptureQueriesContext(connection) as captured:
+        outcome = deliver(str(execution.id))
+    assert outcome["status"] == ExecutionStatus.SUCCEEDED, outcome
+    return statements(captured)
+
+
+def async_commits(sqls: list[str]) -> int:
+    return sum(1 for sql in sqls if "synchronous_commit" in sql)
+
+
+def test_a_delivery_reads_the_row_once_claims_once_and_writes_once_per_step() -> None:
+    sqls = deliver_captured(ThreeSteps, n=1)
+    selects = on_execution(sqls, "SELECT")
+    updates = on_execution(sqls, "UPDATE")
+    assert len(selects) == 1, selects  # the look before the claim; the claim returns the row
+    assert sum("RETURNING" in sql and "claim_generation" in sql for sql in updates) == 1
+    # the claim, the start, one checkpoint per step, the finish
+    assert len(updates) == 1 + 1 + 3 + 1, updates
+    # every write after the claim is conditional on the claim generation
+    assert all('"claim_generation" = ' in sql.split(" WHERE ")[1] for sql in updates[1:])
+    # the history of the pass: at most one bulk insert per table
+    inserts = [sql for sql in sqls if sql.startswith("INSERT")]
+    assert len(inserts) <= 2, inserts
+    # progress checkpoints skip the WAL-flush wait on PostgreSQL; the start and end do not
+    expected_async = 3 if connection.vendor == "postgresql" else 0
+    assert async_commits(sqls) == expected_async
+    assert len(sqls) == len(selects) + len(updates) + len(inserts) + expected_async, sqls
+
+
+def test_each_more_step_costs_one_statement() -> None:
+    three = deliver_captured(ThreeSteps, n=1)
+    six = deliver_captured(SixSteps, n=1)
+    progress = 2 if connection.vendor == "postgresql" else 1  # SET LOCAL + UPDATE
+    assert len(six) - len(three) == 3 * progress, (three, six)
+
+
+@pytest.mark.parametrize("count", [10, 250])
+def test_a_worker_map_writes_its_elements_in_batches(settings: Any, count: int) -> None:
+    settings.REACTOR_MAP_CHECKPOINT_EVERY = 50
+    settings.REACTOR_MAP_CHECKPOINT_SECONDS = 60
+    sqls = deliver_captured(MapOver, items=[{"n": i} for i in range(count)])
+    updates = on_execution(sqls, "UPDATE")
+    # the claim, the start, one write per full batch of 50, the step's checkpoint, the finish
+    assert len(updates) == 1 + 1 + count // 50 + 1 + 1, len(updates)
+
+
+@pytest.mark.parametrize("count", [10, 250])
+def test_an_in_process_map_writes_no_element_before_its_end(count: int) -> None:
+    with CaptureQueriesContext(connection) as captured:
+        result = MapOver.run(items=[{"n": i} for i in range(count)])
+    assert result.status == ExecutionStatus.SUCCEEDED
+    assert len(result.value["each"]) == count
+    updates = on_execution(statements(captured), "UPDATE")
+    assert len(updates) == 1, updates  # its end; the start was the row's INSERT
