@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("reactor_app", "0006_coordinationevent_release_failed"),
+        ("reactor_app", "0007_execution_claim_generation"),
     ]
 
     operations = [
