@@ -70,8 +70,14 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
     execution = Execution.objects.get(pk=execution_id)
     _refuse_ended(execution)
     # The flag first: any pass that starts or reaches a boundary from now on stops.
-    request_cancel(execution.id, text, by)
-    request = {"reason": text, "by": by}
+    earlier = request_cancel(execution.id, text, by)
+    # a second cancel keeps the first one's reason (it wins the error) and is an event of its own
+    request = earlier or {"reason": text, "by": by}
+    repeat = (
+        {"first_reason": earlier.get("reason") or "", "first_by": earlier.get("by")}
+        if earlier is not None
+        else {}
+    )
     record_coordination(
         CoordinationEventKind.CANCELLED,
         primitive="execution",
@@ -83,6 +89,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
         reason=text,
         status=execution.status,
         durable=True,  # an operator's action: audited before it returns, never written behind
+        **repeat,
     )
     claim = ExecutionClaim(execution.id, f"cancel:{uuid.uuid4().hex[:8]}")
     if not claim.acquire(wait=0.0):

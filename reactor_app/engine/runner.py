@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
 from reactor_app.dsl.step import Step, StepSpec
-from reactor_app.engine.cancel_flag import cancelled_error, flag_keys, note_clear, request_from
+from reactor_app.engine.cancel_flag import flag_keys, note_clear, request_from
 from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
@@ -55,6 +55,10 @@ class StepOutcome:
     #: a worker unit that must come back later without it being contention (a failure
     #: retry's backoff, a coordination outage): seconds until its requeue
     retry_in: float | None = None
+    #: the cancel request observed right after a body that completed (returned ``Success``,
+    #: ``Skipped`` or ``Halt``): the step is recorded as completed and the run stops at this
+    #: boundary, undoing it with the other completed steps
+    cancel: dict[str, Any] | None = None
 
 
 def evaluate_where(spec: StepSpec, inputs: dict[str, Any], results: dict[str, Any]) -> bool:
@@ -236,18 +240,33 @@ class UnitRunner:
                 flags = _cancel_flags(gate, context)
                 try:
                     outcome: Outcome = as_outcome(instance.run(self.args, context))
+                except Exception as exc:
+                    # a cancelled execution stops here: no further attempt
+                    outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                cancel: dict[str, Any] | None = None
+                try:
                     if flags:
                         context.check_leases()  # the release below reads the cancel request
                     else:
                         context.checkpoint()
-                except Exception as exc:
-                    # a cancelled execution stops here: no further attempt
-                    outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                except ExecutionCancelled as stop:
+                    # Observed after the body: a body that returned completed (its effect
+                    # exists and is undone with the others); one that failed is not retried.
+                    cancel = _request_of(stop)
+                    if isinstance(outcome, Failure):
+                        outcome = Failure(outcome.exception(), retryable=False)
+                except Exception as exc:  # a lease lost while the body ran
+                    if not isinstance(outcome, Failure):
+                        outcome = Failure(exc)
                 if self.host.stores_results:
                     outcome = storable(outcome, self.label)
-                if flags and isinstance(outcome, (Success, Skipped, Halt)):
-                    outcome = self._release_unless_cancelled(gate, outcome, flags, context)
+                if flags and cancel is None and isinstance(outcome, (Success, Skipped, Halt)):
+                    cancel = self._release_unless_cancelled(gate, outcome, flags, context)
                 if isinstance(outcome, (Success, Skipped, Halt)):
+                    if cancel is not None:
+                        # Undone by the rollback that follows, newest first with the other
+                        # completed steps: released like a failure (no period mark).
+                        return self._finish_ok(outcome, recorder, cancel=cancel)
                     # Only a success marks a period bucket; a skip or halt is still terminal.
                     release_as = "success" if isinstance(outcome, Success) else "halt"
                     return self._finish_ok(outcome, recorder)
@@ -276,43 +295,50 @@ class UnitRunner:
 
     def _release_unless_cancelled(
         self, gate: Gate | None, outcome: Outcome, flags: list[str], context: StepContext
-    ) -> Outcome:
-        """The check after a body, folded into the release: release the step's holds unless
-        its execution was cancelled meanwhile — then keep them and fail the step, which is
-        compensated under them like any failure (docs/operations.md, "Cancelling an
-        execution")."""
+    ) -> dict[str, Any] | None:
+        """The check after a completed body, folded into the release: release the step's holds
+        unless its execution was cancelled meanwhile — then return the cancel request. The
+        step still completed (its body's effect exists): the executor records it and stops at
+        this boundary, and the rollback undoes it with the other completed steps, newest first
+        (docs/reactors-and-steps.md, "The promise under cancel and retry"). Its holds are
+        released by ``execute`` as after a failure; the undo re-takes its lock and semaphore."""
         assert gate is not None
         raised = gate.exit_unless("success" if isinstance(outcome, Success) else "halt", flags)
-        ids = (context.root_execution_id, context.execution_id)
         if raised is None:
-            note_clear(*ids)
-            return outcome
-        reactor = context.reactor.path() if context.reactor else None
-        error = cancelled_error(
-            request_from(raised), context.execution_id, reactor=reactor, step=context.step_name
-        )
-        return Failure(error, retryable=False)
+            note_clear(context.root_execution_id, context.execution_id)
+            return None
+        return request_from(raised)
 
     def _keep_attempts(self, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""
         self.host.keep_spent_attempts(self.label, spent)
 
-    def _finish_ok(self, outcome: Outcome, recorder: StepRecorder | None) -> StepOutcome:
+    def _finish_ok(
+        self,
+        outcome: Outcome,
+        recorder: StepRecorder | None,
+        *,
+        cancel: dict[str, Any] | None = None,
+    ) -> StepOutcome:
         if isinstance(outcome, Success):
             if recorder:
                 recorder.finished(EngineEvent.STEP_SUCCEEDED)
             record = CompletedStep(
                 step=self.label, kind="step", args=self.args, result=outcome.value
             )
-            return StepOutcome(UnitStatus.COMPLETED, value=outcome.value, record=record)
+            return StepOutcome(
+                UnitStatus.COMPLETED, value=outcome.value, record=record, cancel=cancel
+            )
         if isinstance(outcome, Skipped):
             if recorder:
                 recorder.finished(EngineEvent.STEP_SKIPPED, reason=outcome.reason)
-            return StepOutcome(UnitStatus.SKIPPED, value=outcome.value, reason=outcome.reason)
+            return StepOutcome(
+                UnitStatus.SKIPPED, value=outcome.value, reason=outcome.reason, cancel=cancel
+            )
         assert isinstance(outcome, Halt)
         if recorder:
             recorder.finished(EngineEvent.STEP_SUCCEEDED, halt=outcome.reason)
-        return StepOutcome(UnitStatus.HALTED, reason=outcome.reason)
+        return StepOutcome(UnitStatus.HALTED, reason=outcome.reason, cancel=cancel)
 
     def _record_skip(self, attempt: int, reason: str, **detail: Any) -> None:
         recorder = self._recorder(StepRunKind.RUN, attempt)
@@ -342,6 +368,13 @@ class UnitRunner:
             parent_context=context,
             declared=self.declared,
         )
+
+
+def _request_of(stop: ExecutionCancelled) -> dict[str, Any]:
+    """The cancel request an ``ExecutionCancelled`` was raised for, as ``cancel_request``
+    answers it."""
+    fields = stop.fields()
+    return {"reason": fields.get("reason") or "", "by": fields.get("by")}
 
 
 def _cancel_flags(gate: Gate | None, context: StepContext) -> list[str]:
