@@ -73,7 +73,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
     earlier = request_cancel(execution.id, text, by)
     # a second cancel keeps the first one's reason (it wins the error) and is an event of its own
     request = earlier or {"reason": text, "by": by}
-    repeat = (
+    repeat: dict[str, str | None] = (
         {"first_reason": earlier.get("reason") or "", "first_by": earlier.get("by")}
         if earlier is not None
         else {}
@@ -89,7 +89,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
         reason=text,
         status=execution.status,
         durable=True,  # an operator's action: audited before it returns, never written behind
-        **repeat,
+        **repeat,  # type: ignore[arg-type]  # free-form detail keys, not token/at
     )
     claim = ExecutionClaim(execution.id, f"cancel:{uuid.uuid4().hex[:8]}")
     if not claim.acquire(wait=0.0):

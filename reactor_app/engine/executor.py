@@ -357,16 +357,10 @@ class ExecutionRun:
                 self.state.next_index += 1
                 # current_step is where the execution is (or resumes): the next step to run.
                 self.checkpoint(current_step=self._resume_point() or name)
-                if outcome.cancel is not None:
-                    # cancelled while the body ran, which completed: stop at this boundary
-                    # and undo it with the other completed steps, newest first
-                    return end_cancelled(self, outcome.cancel, gate_held=True)
                 if self._hands_off_after(name):
                     return RunEnd(PassEnd.HANDED_OFF)
                 continue
             if outcome.status == UnitStatus.HALTED:
-                if outcome.cancel is not None:
-                    return end_cancelled(self, outcome.cancel, gate_held=True)
                 return RunEnd(PassEnd.HALTED, reason=outcome.reason)
             if outcome.status == UnitStatus.PARKED:
                 return RunEnd(PassEnd.PARKED, park=outcome.park)

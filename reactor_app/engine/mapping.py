@@ -42,7 +42,6 @@ from django.db import transaction
 
 from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
-from reactor_app.engine.cancel_flag import cancelled_error
 from reactor_app.engine.children import (
     child_error,
     completed_elements,
@@ -125,16 +124,6 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
                     "child_execution": record.child_execution if record else None,
                 }
             )
-        if outcome.cancel is not None:
-            # the element completed, then the cancel was seen: the map stops here and its
-            # completed elements (this one included) are undone, newest first
-            stopped = cancelled_error(
-                outcome.cancel, run.execution_id, reactor=run.reactor_path, step=label
-            )
-            if outcome.status == UnitStatus.SKIPPED:
-                progress["values"].append(outcome.value)
-                progress["index"] += 1
-            outcome = StepOutcome(UnitStatus.FAILED, error=stopped)
         if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
             progress["values"].append(outcome.value)
             progress["index"] += 1

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from reactor_app.dsl.arguments import PathError, Scope
 from reactor_app.dsl.outcome import Failure, Halt, Outcome, Skipped, Success, as_outcome
 from reactor_app.dsl.step import Step, StepSpec
-from reactor_app.engine.cancel_flag import flag_keys, note_clear, request_from
+from reactor_app.engine.cancel_flag import cancelled_error, flag_keys, note_clear, request_from
 from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
@@ -55,10 +55,6 @@ class StepOutcome:
     #: a worker unit that must come back later without it being contention (a failure
     #: retry's backoff, a coordination outage): seconds until its requeue
     retry_in: float | None = None
-    #: the cancel request observed right after a body that completed (returned ``Success``,
-    #: ``Skipped`` or ``Halt``): the step is recorded as completed and the run stops at this
-    #: boundary, undoing it with the other completed steps
-    cancel: dict[str, Any] | None = None
 
 
 def evaluate_where(spec: StepSpec, inputs: dict[str, Any], results: dict[str, Any]) -> bool:
@@ -264,9 +260,9 @@ class UnitRunner:
                     cancel = self._release_unless_cancelled(gate, outcome, flags, context)
                 if isinstance(outcome, (Success, Skipped, Halt)):
                     if cancel is not None:
-                        # Undone by the rollback that follows, newest first with the other
-                        # completed steps: released like a failure (no period mark).
-                        return self._finish_ok(outcome, recorder, cancel=cancel)
+                        # completed, then cancelled: undone here, still under its holds
+                        # (released below like a failure's: no period mark)
+                        return self._undo_cancelled(instance, outcome, cancel, recorder, context)
                     # Only a success marks a period bucket; a skip or halt is still terminal.
                     release_as = "success" if isinstance(outcome, Success) else "halt"
                     return self._finish_ok(outcome, recorder)
@@ -297,11 +293,8 @@ class UnitRunner:
         self, gate: Gate | None, outcome: Outcome, flags: list[str], context: StepContext
     ) -> dict[str, Any] | None:
         """The check after a completed body, folded into the release: release the step's holds
-        unless its execution was cancelled meanwhile — then return the cancel request. The
-        step still completed (its body's effect exists): the executor records it and stops at
-        this boundary, and the rollback undoes it with the other completed steps, newest first
-        (docs/reactors-and-steps.md, "The promise under cancel and retry"). Its holds are
-        released by ``execute`` as after a failure; the undo re-takes its lock and semaphore."""
+        unless its execution was cancelled meanwhile — then keep them and return the cancel
+        request: the step is undone under them (``_undo_cancelled``)."""
         assert gate is not None
         raised = gate.exit_unless("success" if isinstance(outcome, Success) else "halt", flags)
         if raised is None:
@@ -313,32 +306,57 @@ class UnitRunner:
         """Remember the failed attempts of a unit that leaves before its next attempt."""
         self.host.keep_spent_attempts(self.label, spent)
 
-    def _finish_ok(
-        self,
-        outcome: Outcome,
-        recorder: StepRecorder | None,
-        *,
-        cancel: dict[str, Any] | None = None,
-    ) -> StepOutcome:
+    def _finish_ok(self, outcome: Outcome, recorder: StepRecorder | None) -> StepOutcome:
         if isinstance(outcome, Success):
             if recorder:
                 recorder.finished(EngineEvent.STEP_SUCCEEDED)
             record = CompletedStep(
                 step=self.label, kind="step", args=self.args, result=outcome.value
             )
-            return StepOutcome(
-                UnitStatus.COMPLETED, value=outcome.value, record=record, cancel=cancel
-            )
+            return StepOutcome(UnitStatus.COMPLETED, value=outcome.value, record=record)
         if isinstance(outcome, Skipped):
             if recorder:
                 recorder.finished(EngineEvent.STEP_SKIPPED, reason=outcome.reason)
-            return StepOutcome(
-                UnitStatus.SKIPPED, value=outcome.value, reason=outcome.reason, cancel=cancel
-            )
+            return StepOutcome(UnitStatus.SKIPPED, value=outcome.value, reason=outcome.reason)
         assert isinstance(outcome, Halt)
         if recorder:
             recorder.finished(EngineEvent.STEP_SUCCEEDED, halt=outcome.reason)
-        return StepOutcome(UnitStatus.HALTED, reason=outcome.reason, cancel=cancel)
+        return StepOutcome(UnitStatus.HALTED, reason=outcome.reason)
+
+    def _undo_cancelled(
+        self,
+        instance: Step,
+        outcome: Outcome,
+        cancel: dict[str, Any],
+        recorder: StepRecorder | None,
+        context: StepContext,
+    ) -> StepOutcome:
+        """A body that completed (``Success``, ``Skipped``, ``Halt``) before its execution's
+        cancel was seen: its effect exists, so a ``Success`` is **undone** — not compensated,
+        which is for a body that did not complete — at once, while the step's holds are still
+        held (``exit_unless`` kept them), as the newest completed step of the run. The step
+        then fails with ``ExecutionCancelled``, and the executor undoes the earlier completed
+        steps, newest first, and ends the run ``cancelled`` (docs/reactors-and-steps.md, "The
+        promise under cancel and retry"). A skip or a halt left no effect to undo."""
+        self._finish_ok(outcome, recorder)
+        failures: list[dict[str, Any]] = []
+        if isinstance(outcome, Success) and self.step_class.has_undo():
+            result = outcome.value
+            failures = run_rollback_hook(
+                self.run,
+                self.step_class,
+                self.label,
+                self.args,
+                kind=StepRunKind.UNDO,
+                call=lambda ctx: instance.undo(result, self.args, ctx),
+                owner=self.owner,
+                held_keys=self.held_keys,
+                parent_context=context,
+                declared=self.declared,
+            )
+        reactor = context.reactor.path() if context.reactor else None
+        error = cancelled_error(cancel, context.execution_id, reactor=reactor, step=self.label)
+        return StepOutcome(UnitStatus.FAILED, error=error, rollback_failures=failures)
 
     def _record_skip(self, attempt: int, reason: str, **detail: Any) -> None:
         recorder = self._recorder(StepRunKind.RUN, attempt)
