@@ -191,9 +191,7 @@ class LongCancelledMidBody(Step):
 
     def undo(self, result: Any, args: dict[str, Any], context: Any) -> Any:
         time.sleep(1.5)
-        marks["held_after_long_undo"] = bool(
-            get_client().exists(hold_key("cancel-fold:long"))
-        )
+        marks["held_after_long_undo"] = bool(get_client().exists(hold_key("cancel-fold:long")))
         try:
             context.checkpoint()
         except Exception as exc:

@@ -199,15 +199,15 @@ class BackgroundPayOrder(PayOrder):
 
 
 class Ship(Step):
-    """One element of a parallel map: writes its start, then (for the first element only)
-    waits for the test's go, so the others queue behind it on a worker of concurrency 1."""
+    """One element of a parallel map: writes its start, then (elements 0 and 1 only)
+    waits for the test's go, so the others queue behind them on a worker of concurrency 2."""
 
     inputs = ("order", "item")
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
         order = args["order"]
         write(order, f"enter:ship:{args['item']}")
-        if args["item"] == 0:
+        if args["item"] < 2:
             wait_for_go(order)
         write(order, f"do:ship:{args['item']}")
         return Success(args["item"])

@@ -249,11 +249,65 @@ def test_a_retry_on_a_worker_restarts_at_the_first_undone_step(worker: Any) -> N
     set_failing(order, False)
     retried = first.retry()
     wait_until(
-        lambda: Execution.objects.get(pk=retried.pk).status in (
-            ExecutionStatus.SUCCEEDED,
-            ExecutionStatus.FAILED,
+        lambda: (
+            Execution.objects.get(pk=retried.pk).status
+            in (
+                ExecutionStatus.SUCCEEDED,
+                ExecutionStatus.FAILED,
+            )
         ),
         30,
     )
     retried.refresh_from_db()
     assert_ran_again_from_reserve(order, first, retried)
+
+
+# ---- a parked parallel map -----------------------------------------------------------------
+
+
+def test_cancelling_a_parked_parallel_map_returns_at_once_and_unstarted_elements_never_start(
+    worker: Any,
+) -> None:
+    """Six elements on a worker of concurrency 2: elements 0 and 1 wait inside their bodies
+    (both slots busy), 2-5 have not started. The cancel returns with the parent still
+    ``parked`` (no rollback in the caller); 0 and 1 complete, see the cancel after their
+    bodies and are undone once each; 2-5 are cancelled without starting; the parent ends
+    ``cancelled`` on a worker."""
+    from tests.worker.promise_reactors import ShipAll
+
+    order = f"o-{uuid.uuid4().hex[:10]}"
+    parent = ShipAll.run_async(order=order, items=list(range(6)))
+
+    def entered() -> list[str]:
+        return sorted(line for line in ledger(order) if line.startswith("enter:"))
+
+    wait_until(lambda: len(entered()) == 2, 30, message="two elements never started")
+    wait_until(
+        lambda: Execution.objects.get(pk=parent.pk).status == ExecutionStatus.PARKED,
+        30,
+        message="the parent never parked",
+    )
+    answer = Execution.objects.get(pk=parent.pk).cancel("order withdrawn", by="ops")
+    assert answer.status == ExecutionStatus.PARKED  # handed to a worker, not rolled back here
+    assert not [line for line in ledger(order) if line.startswith("undo:")]
+    go(order)
+    wait_until(
+        lambda: Execution.objects.get(pk=parent.pk).status == ExecutionStatus.CANCELLED,
+        60,
+        message="the parent did not end cancelled",
+    )
+    lines = ledger(order)
+    started = sorted(int(line.rsplit(":", 1)[1]) for line in lines if line.startswith("enter:"))
+    assert len(started) == 2
+    # each element that started did its effect and had it undone exactly once; no other did
+    for item in range(6):
+        expected = 1 if item in started else 0
+        assert lines.count(f"do:ship:{item}") == expected, lines
+        assert lines.count(f"undo:ship:{item}") == expected, lines
+        assert (
+            lines.index(f"undo:ship:{item}") > lines.index(f"do:ship:{item}") if expected else True
+        )
+    elements = Execution.objects.filter(parent_id=parent.pk)
+    assert elements.count() == 6
+    assert set(elements.values_list("status", flat=True)) == {ExecutionStatus.CANCELLED}
+    assert Execution.objects.get(pk=parent.pk).rollback_failures == []
