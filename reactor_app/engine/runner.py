@@ -259,7 +259,7 @@ class UnitRunner:
                 if flags and cancel is None and isinstance(outcome, (Success, Skipped, Halt)):
                     cancel = self._release_unless_cancelled(gate, outcome, flags, context)
                 if isinstance(outcome, (Success, Skipped, Halt)):
-                    if cancel is not None:
+                    if cancel is not None and not self._undone_by_parent():
                         # completed, then cancelled: undone here, still under its holds
                         # (released below like a failure's: no period mark)
                         return self._undo_cancelled(instance, outcome, cancel, recorder, context)
@@ -322,6 +322,17 @@ class UnitRunner:
         if recorder:
             recorder.finished(EngineEvent.STEP_SUCCEEDED, halt=outcome.reason)
         return StepOutcome(UnitStatus.HALTED, reason=outcome.reason)
+
+    def _undone_by_parent(self) -> bool:
+        """An ``async_step`` child delivery (also a parallel map's element): its success
+        is undone by its parent's rollback, which waits for it and undoes its children newest
+        first (``engine.children``) — so a body that completed before the tree's cancel was
+        seen ends the child ``succeeded``, and is undone there, once."""
+        run = self.run
+        if run is None or run.parent is not None:
+            return False
+        marker = run.state.origin.dispatch
+        return marker is not None and marker["kind"] == "async_step"
 
     def _undo_cancelled(
         self,

@@ -270,9 +270,9 @@ def test_cancelling_a_parked_parallel_map_returns_at_once_and_unstarted_elements
 ) -> None:
     """Six elements on a worker of concurrency 2: elements 0 and 1 wait inside their bodies
     (both slots busy), 2-5 have not started. The cancel returns with the parent still
-    ``parked`` (no rollback in the caller); 0 and 1 complete, see the cancel after their
-    bodies and are undone once each; 2-5 are cancelled without starting; the parent ends
-    ``cancelled`` on a worker."""
+    ``parked`` (no rollback in the caller); 0 and 1 complete (``succeeded``) and the parent,
+    on a worker, undoes each once, newest first; 2-5 are cancelled without starting; the
+    parent ends ``cancelled``."""
     from tests.worker.promise_reactors import ShipAll
 
     order = f"o-{uuid.uuid4().hex[:10]}"
@@ -307,7 +307,14 @@ def test_cancelling_a_parked_parallel_map_returns_at_once_and_unstarted_elements
         assert (
             lines.index(f"undo:ship:{item}") > lines.index(f"do:ship:{item}") if expected else True
         )
-    elements = Execution.objects.filter(parent_id=parent.pk)
-    assert elements.count() == 6
-    assert set(elements.values_list("status", flat=True)) == {ExecutionStatus.CANCELLED}
+    rows = {int(row.inputs["item"]): row for row in Execution.objects.filter(parent_id=parent.pk)}
+    assert sorted(rows) == list(range(6))
+    for item, row in rows.items():
+        assert row.status == (
+            ExecutionStatus.SUCCEEDED if item in started else ExecutionStatus.CANCELLED
+        ), (item, row.status)
+        assert row.started_at is not None or item not in started
+    finished = sorted(started, key=lambda item: rows[item].finished_at, reverse=True)
+    undone = [int(line.rsplit(":", 1)[1]) for line in lines if line.startswith("undo:ship:")]
+    assert undone == finished  # newest first
     assert Execution.objects.get(pk=parent.pk).rollback_failures == []
