@@ -2,8 +2,9 @@
 
 A failed ``RetryableReactor`` run (``reserve`` → ``charge`` fails → rolled back) is retried:
 the new execution is linked to the failed one, ``reserve`` (no undo: its effect stands) is not
-run again and its recorded result is what ``charge`` and ``notify`` receive, and coordination is admitted afresh (the
-reactor lock and the step lock acquired by the new execution, with newer fencing tokens).
+run again and its recorded result is what ``charge`` and ``notify`` receive, and coordination
+is admitted afresh (the reactor lock and the step lock acquired by the new execution, with
+newer fencing tokens).
 (A result whose undo ran is never reused: tests/worker/test_promise.py.) One test runs the
 retry on a real worker process (a ``background`` reactor); the others run it
 in this process (a synchronous reactor), or deliver it here as a worker would.
