@@ -17,6 +17,7 @@ from reactor_app import (
     Reactor,
     Step,
     Success,
+    async_step,
     element,
     from_input,
     from_result,
@@ -223,3 +224,15 @@ class ShipAll(Reactor):
     ship = map_step(
         Ship, over=from_input("items"), parallel=True, order=from_input("order"), item=element()
     )
+
+
+class ShipEach(Reactor):
+    """Three ``async_step`` children: 0 and 1 wait for the test's go (both worker slots busy),
+    2 queues behind them; the parent parks awaiting them."""
+
+    background = True
+    inputs = ("order",)
+
+    first = async_step(Ship, order=from_input("order"), item=value(0))
+    second = async_step(Ship, order=from_input("order"), item=value(1))
+    third = async_step(Ship, order=from_input("order"), item=value(2))

@@ -13,7 +13,10 @@ Redis list, ``promise_reactors.ledger``), and the tests assert its exact sequenc
 * a retry after a rollback never reuses a result whose undo ran: by default it restarts at the
   first undone step; a later ``from_step`` is refused naming the undone steps; a step without
   an undo is reused;
-* two cancels keep both reasons (the first wins the error, the second is an event).
+* two cancels keep both reasons (the first wins the error, the second is an event);
+* cancelling a parked parent (a parallel map, ``async_step`` children) returns at once with the
+  parent still ``parked`` — a worker rolls it back — and children that had not started never
+  start, while those that completed are undone once by the parent, newest first.
 """
 
 from __future__ import annotations
@@ -318,3 +321,37 @@ def test_cancelling_a_parked_parallel_map_returns_at_once_and_unstarted_elements
     undone = [int(line.rsplit(":", 1)[1]) for line in lines if line.startswith("undo:ship:")]
     assert undone == finished  # newest first
     assert Execution.objects.get(pk=parent.pk).rollback_failures == []
+
+
+def test_cancelling_a_parent_awaiting_async_steps_never_starts_the_queued_one(
+    worker: Any,
+) -> None:
+    """``async_step`` children: the two running complete and are undone by the parent,
+    newest first; the one still queued when the cancel came never starts."""
+    from tests.worker.promise_reactors import ShipEach
+
+    order = f"o-{uuid.uuid4().hex[:10]}"
+    parent = ShipEach.run_async(order=order)
+    wait_until(
+        lambda: len([line for line in ledger(order) if line.startswith("enter:")]) == 2,
+        30,
+        message="two children never started",
+    )
+    wait_until(
+        lambda: Execution.objects.get(pk=parent.pk).status == ExecutionStatus.PARKED,
+        30,
+        message="the parent never parked",
+    )
+    assert Execution.objects.get(pk=parent.pk).cancel("not needed").status == "parked"
+    go(order)
+    wait_until(
+        lambda: Execution.objects.get(pk=parent.pk).status == ExecutionStatus.CANCELLED,
+        60,
+        message="the parent did not end cancelled",
+    )
+    lines = ledger(order)
+    assert "enter:ship:2" not in lines and "do:ship:2" not in lines, lines
+    assert [line for line in lines if line.startswith("undo:")] == ["undo:ship:1", "undo:ship:0"]
+    rows = {int(row.inputs["item"]): row for row in Execution.objects.filter(parent_id=parent.pk)}
+    assert rows[2].status == ExecutionStatus.CANCELLED and rows[2].started_at is None
+    assert {rows[0].status, rows[1].status} == {ExecutionStatus.SUCCEEDED}
