@@ -246,8 +246,8 @@ class UnitRunner:
                     else:
                         context.checkpoint()
                 except ExecutionCancelled as stop:
-                    # Observed after the body: a body that returned completed (its effect
-                    # exists and is undone with the others); one that failed is not retried.
+                    # Seen after the body: one that returned Success completed (its effect
+                    # exists: it is undone below); one that failed is not attempted again.
                     cancel = _request_of(stop)
                     if isinstance(outcome, Failure):
                         outcome = Failure(outcome.exception(), retryable=False)
