@@ -3,7 +3,8 @@
 Both need staff with the ``reactor_app.cancel_execution`` permission, both go through a
 confirmation page that lists what will be cancelled and asks for a reason, and both call
 ``Execution.cancel`` (``engine.cancel``), which records a ``cancelled`` ``CoordinationEvent``
-naming the operator — the same audit trail as a force-release.
+naming the operator — the same audit trail as a force-release — and returns at once: the
+rollback runs on a worker (or in the process running the execution), never in the request.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def _cancel_all(request: HttpRequest, executions: list[Execution], reason: str) 
     if stopping:
         messages.info(
             request,
-            f"{len(stopping)} running execution(s) will stop at their next step boundary: "
+            f"{len(stopping)} execution(s) asked to stop: a worker delivery (or the process "
+            "running it, at its next step boundary) rolls each back and ends it cancelled: "
             + ", ".join(stopping),
         )
     for message in refused:

@@ -241,11 +241,11 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return format_html_join(" · ", "{}", ((part,) for part in parts))
 
     @admin.action(
-        description="Retry the selected failed executions from their failed step",
+        description="Retry the selected failed executions (confirm what is reused first)",
         permissions=["retry"],
     )
-    def retry_failed(self, request: HttpRequest, queryset: QuerySet) -> None:
-        retry_admin.retry_selected(self, request, queryset)
+    def retry_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return retry_admin.retry_selected(self, request, queryset)
 
     def get_urls(self) -> list[URLPattern]:
         retry = path(

@@ -137,10 +137,16 @@ class ExecutionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(
         summary="Cancel an execution",
         description=(
-            "A pending, parked or interrupted execution ends `cancelled` at once (its completed "
-            "steps rolled back, its holds released); a running one stops at its next step "
-            "boundary or checkpoint — the answer is then 202 with the execution still "
-            "`running`. Needs the `reactor_app.cancel_execution` permission."
+            "Records the request and returns at once; the rollback never runs in this request. "
+            "An execution that runs on workers (pending, parked, interrupted) is ended by a "
+            "worker delivery, a running one at its next step boundary or checkpoint: the "
+            "answer is then 202 with the execution's current status. A body that completed "
+            "before the cancel was seen is undone (not compensated) with the other completed "
+            "steps, newest first; a parallel map's elements that have not started never "
+            "start. An interrupted execution of a reactor that runs in the caller has no "
+            "worker to end it: it ends `cancelled` in this request (200). A second cancel "
+            "keeps the first one's reason and is recorded as an event of its own. Needs the "
+            "`reactor_app.cancel_execution` permission."
         ),
         request=CancelSerializer,
         responses={

@@ -10,13 +10,22 @@ first boundary after that much time has passed since the request, at the latest.
 requested by the very process running the execution is seen at its next boundary, and the start
 of a pass and the decision whether a failure was a cancel always read the flag. Then:
 
-* **Not running** (pending, parked, interrupted): the canceller ends it itself, at once. It takes
-  the execution claim a delivery would take (so no delivery starts it meanwhile), flips the row
-  out of its resumable status under a row lock (so ``resume()`` of an interrupt cannot race it),
-  rolls back its completed steps newest first under their locks — while the reactor-level holds
-  it kept across its park are still held, as a failure would — then releases those kept holds
-  and whatever its held-key registry lists, abandons its ordered positions (the line moves on)
-  and wakes the waiters of everything it freed. It never runs another step.
+* **Not running on a worker** (pending, parked, interrupted, with ``state.origin.worker``): the
+  canceller records the request and returns at once — the rollback is a worker's job, never the
+  web request's. It sends a delivery (an interrupted execution becomes ``pending`` first, under
+  a row lock, so ``resume()`` is refused from now on); that pass reads the flag at its start
+  and never runs another step: it rolls back the completed steps newest first under their
+  locks — waiting, on the worker, for a parallel map's running elements, whose own deliveries
+  stop at their next boundary — while the reactor-level holds it kept across its park are
+  still held, then releases those kept holds and whatever its held-key registry lists,
+  abandons its ordered positions and wakes the waiters of everything it freed. A child
+  (a parallel map's element, an ``async_step``) whose tree was cancelled before it started
+  never starts its body (``engine.steps.execute_async_step``). The sweeper re-sends a lost
+  delivery.
+* **Not running, in-process** (an interrupted execution of a reactor that runs in the caller):
+  no worker may exist to hand it to, so the canceller ends it itself: it takes the execution
+  claim a delivery would take, flips the row out of its resumable status under a row lock (so
+  ``resume()`` cannot race it), rolls back and lets go as above.
 * **Running**: the process running it sees the flag at its next step boundary (or a
   ``checkpoint()`` inside a step raises ``ExecutionCancelled``), rolls back its completed steps
   under their locks like a failure, releases its holds (outcome ``halt``: an ordered line is not
@@ -52,7 +61,7 @@ from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotCancellable, ReactorError
 from reactor_app.models import Execution
-from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind, ExecutionStatus
 from reactor_app.tracking import record_coordination
 
 logger = logging.getLogger(__name__)
@@ -70,8 +79,15 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
     execution = Execution.objects.get(pk=execution_id)
     _refuse_ended(execution)
     # The flag first: any pass that starts or reaches a boundary from now on stops.
-    request_cancel(execution.id, text, by)
-    request = {"reason": text, "by": by}
+    earlier = request_cancel(execution.id, text, by)
+    _flag_children(execution, text, by)
+    # a second cancel keeps the first one's reason (it wins the error) and is an event of its own
+    request = earlier or {"reason": text, "by": by}
+    repeat: dict[str, str | None] = (
+        {"first_reason": earlier.get("reason") or "", "first_by": earlier.get("by")}
+        if earlier is not None
+        else {}
+    )
     record_coordination(
         CoordinationEventKind.CANCELLED,
         primitive="execution",
@@ -83,7 +99,10 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
         reason=text,
         status=execution.status,
         durable=True,  # an operator's action: audited before it returns, never written behind
+        **repeat,  # type: ignore[arg-type]  # free-form detail keys, not token/at
     )
+    if execution.status in IDLE and ExecutionState.peek(execution.context).origin.worker:
+        return _hand_to_worker(execution)
     claim = ExecutionClaim(execution.id, f"cancel:{uuid.uuid4().hex[:8]}")
     if not claim.acquire(wait=0.0):
         # A delivery is inside it: it sees the flag at its next boundary — unless it is just
@@ -110,6 +129,41 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
         return _end_idle(row, request)
     finally:
         claim.release()
+
+
+def _flag_children(execution: Execution, reason: str, by: str | None) -> None:
+    """Raise the flag of every live child delivery of the tree too (a parallel map's elements,
+    ``async_step`` children): each runs as an execution of its own, whose passes and
+    checkpoints read their own flag. One that has not started never starts its body; one that
+    runs stops at its next checkpoint (or after its body, which is then undone)."""
+    children = (
+        Execution.objects.filter(root_id=execution.id)
+        .exclude(pk=execution.id)
+        .exclude(status__in=TERMINAL_STATUSES)
+        .values_list("pk", flat=True)
+    )
+    for child_id in children:
+        request_cancel(child_id, reason, by)
+
+
+def _hand_to_worker(execution: Execution) -> Execution:
+    """An idle execution that runs on workers: its rollback is a worker's job, never the
+    canceller's (a web request must not wait for undos, nor for a parallel map's running
+    elements). A delivery is sent at once; its pass reads the flag at its start and ends the
+    run ``cancelled`` (``engine.cancelled.end_cancelled``), and the sweeper re-sends one if
+    the message is lost. An interrupted execution (which no delivery runs) becomes
+    ``pending`` first, under a row lock, so its ``resume()`` is refused from now on."""
+    if execution.status == ExecutionStatus.INTERRUPTED:
+        with transaction.atomic():
+            row = Execution.objects.select_for_update().get(pk=execution.pk)
+            _refuse_ended(row)
+            if row.status == ExecutionStatus.INTERRUPTED:
+                row.status = ExecutionStatus.PENDING
+                row.heartbeat_at = timezone.now()
+                row.save(update_fields=["status", "heartbeat_at", "updated_at"])
+            execution = row
+    enqueue_quietly(execution.id)
+    return execution
 
 
 def _refuse_ended(execution: Execution) -> None:

@@ -56,16 +56,27 @@ _requested_here: set[str] = set()
 _guard = threading.Lock()
 
 
-def request_cancel(execution_id: Any, reason: str, by: str | None) -> None:
-    """Raise the flag every process running ``execution_id`` polls."""
+def request_cancel(execution_id: Any, reason: str, by: str | None) -> dict[str, Any] | None:
+    """Raise the flag every process running ``execution_id`` polls.
+
+    The first request wins: a flag already raised is kept as it is (its reason becomes the
+    execution's error), and that earlier request is returned so the canceller can record the
+    second one as an event of its own; None when this request raised the flag."""
     name = _key(execution_id)
     request = {"reason": reason, "by": by, "at": timezone.now().isoformat()}
+    earlier: dict[str, Any] | None = None
     with unavailable_on_connection_error(key=name, primitive="cancel"):
-        get_client().set(name, json.dumps(request), ex=REQUEST_TTL)
+        client = get_client()
+        if not client.set(name, json.dumps(request), ex=REQUEST_TTL, nx=True):
+            raw = client.get(name)
+            earlier = request_from(raw) if raw else None
+            if earlier is None:  # expired in between: this request is the first now
+                client.set(name, json.dumps(request), ex=REQUEST_TTL)
     with _guard:
         if len(_requested_here) >= _CHECKED_KEPT:
             _requested_here.clear()  # only a shortcut: the poll still finds older requests
         _requested_here.add(str(execution_id))
+    return earlier
 
 
 def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | None:

@@ -342,6 +342,11 @@ class ExecutionRun:
         at step boundaries, which read the flag at most every ``REACTOR_CANCEL_POLL``."""
         return cancel_request(self.root.execution_id, self.execution_id, fresh=fresh)
 
+    def cancel_requested(self) -> dict[str, Any] | None:
+        """The cancel request of this execution or of its root, read now (the start of a
+        child's pass: ``engine.steps.execute_async_step``)."""
+        return self._cancel_request()
+
     def stopped_by_cancel(self, error: ReactorError | None) -> bool:
         """A failure that is this execution's cancel (a checkpoint raised it, or a composed
         child stopped for it) — not an async child cancelled on its own, which fails us."""

@@ -4,13 +4,17 @@
 same reactor with the same inputs, linked to the failed one by ``retry_of``, whose checkpoint
 starts at ``from_step``:
 
-* **Earlier steps are not re-run.** Their recorded results (the failed execution's persisted
-  ``state.results``) are copied into the new execution, and arguments that read them resolve
-  as they did. The failed run's rollback already *undid* those steps' side effects (a failed
-  run rolls back its completed steps, newest first); the retry reuses their **results**, it
-  does not redo their effects. When the effects matter (a reservation that was released, a
-  charge that was refunded), retry from the first step whose effect must exist again — e.g.
-  ``retry(from_step="reserve")`` — or start a new run.
+* **A result whose undo ran is never reused.** The failed run's rollback undid its completed
+  steps that define an undo (a failed run rolls back its completed steps, newest first): their
+  effects no longer exist, so their results describe nothing (a refunded charge, a released
+  reservation). By default the retry starts at the **first step the rollback undid** when
+  that is earlier than the failed step; a ``from_step`` later than it is refused with
+  ``ExecutionNotRetryable`` naming the undone steps (``undone``).
+* **Earlier steps whose effects still stand are not re-run.** A step without an undo (or
+  whose undo never ran: it could not take its coordination, or the step was itself reused
+  from an earlier run) keeps its effect; its recorded result (the failed execution's
+  ``state.results``) is copied into the new execution, and arguments that read it resolve as
+  they did.
 * **Nothing reused is rolled back again.** The reused steps are not in the new execution's
   rollback log (they were undone once already); if the retry fails too, only the steps it
   ran itself are compensated and undone.
@@ -27,18 +31,24 @@ starts at ``from_step``:
 
 Validation (``ExecutionNotRetryable``): only a ``failed`` root execution (a composed or async
 child is retried through its root); only once (a second retry of the same execution names
-the first; retry that one instead); ``from_step`` must be a step of the reactor's plan, and
-every step before it must have a recorded result (a step after the failure point, or after an
-async child that never finished, has none).
+the first; retry that one instead); ``from_step`` must be a step of the reactor's plan, no
+later than the first step the failed run's rollback undid, and every step before it must have
+a recorded result (a step after the failure point, or after an async child that never
+finished, has none).
+
+``retry_plan`` answers what a retry would reuse and re-run without retrying (the admin's
+confirmation pages show it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app.dsl.kinds import AsyncReactorSpec, ComposeSpec, InterruptSpec, MapSpec
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.enqueueing import enqueue_new_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
@@ -50,6 +60,36 @@ from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
+    from reactor_app.dsl.step import StepSpec
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What retrying ``failed`` from ``from_step`` does: the steps before it are ``reused``
+    (their recorded results; their effects still stand), the rest (``rerun``) run again.
+    ``undone``: the steps of the failed run whose undo ran — never reused."""
+
+    from_step: str
+    reused: list[str]
+    rerun: list[str]
+    undone: list[str]
+
+
+def retry_plan(failed: Execution, from_step: str | None = None) -> RetryPlan:
+    """What ``retry(failed, from_step=...)`` would reuse and re-run; raises
+    ``ExecutionNotRetryable`` as the retry would (without the row lock: the retry checks
+    again)."""
+    reactor = lookup(failed.reactor)
+    order = list(reactor.plan.order)
+    _check(failed)
+    state = ExecutionState.from_json(failed.context)
+    start = _start_index(failed, state, order, from_step, reactor)
+    return RetryPlan(
+        from_step=order[start],
+        reused=order[:start],
+        rerun=order[start:],
+        undone=undone_steps(failed, state, reactor),
+    )
 
 
 def retry(
@@ -64,7 +104,7 @@ def retry(
         failed = Execution.objects.select_for_update().get(pk=failed.pk)
         _check(failed)
         state = ExecutionState.from_json(failed.context)
-        start = _start_index(failed, state, order, from_step)
+        start = _start_index(failed, state, order, from_step, reactor)
         worker = _on_worker(reactor, order, start) if on_worker is None else on_worker
         fresh = ExecutionState(
             results={name: state.results[name] for name in order[:start]},
@@ -134,10 +174,59 @@ def _check(failed: Execution) -> None:
         )
 
 
+def undone_steps(failed: Execution, state: ExecutionState, reactor: type[Reactor]) -> list[str]:
+    """The steps of ``failed`` whose undo its rollback ran, in plan order.
+
+    A failed run undoes every step it completed whose undo exists (``engine.rollback``). So:
+    the steps with a recorded result that this run ran itself (not reused from the run it
+    retried) and whose rollback has an undo — a step, an ``async_step`` or a map of a step
+    defining ``undo``; a composed reactor (or a map of one) with such a step anywhere inside.
+    An undo that never ran because it could not take its coordination
+    (``rollback_failures`` reason ``coordination_unavailable``) leaves the effect standing."""
+    origin = state.origin.retry
+    reused = set(origin["reused"]) if origin else set()
+    not_run = {
+        str(entry.get("step", "")).split("[", 1)[0]
+        for entry in failed.rollback_failures or []
+        if isinstance(entry, dict)
+        and entry.get("kind") == "undo"
+        and entry.get("reason") == "coordination_unavailable"
+    }
+    return [
+        name
+        for name in reactor.plan.order
+        if name in state.results
+        and name not in reused
+        and name not in not_run
+        and _undoes(reactor.plan.specs[name])
+    ]
+
+
+def _undoes(spec: StepSpec, seen: frozenset[type[Reactor]] = frozenset()) -> bool:
+    """Whether rolling back a completed ``spec`` runs an undo."""
+    if isinstance(spec, InterruptSpec):
+        return False
+    if isinstance(spec, ComposeSpec) or (isinstance(spec, MapSpec) and spec.is_reactor):
+        child = spec.target
+        if child in seen:
+            return False
+        return any(_undoes(inner, seen | {child}) for inner in child.plan.specs.values())
+    if isinstance(spec, AsyncReactorSpec):
+        return False  # a tree of its own, never in this run's rollback
+    step_class = spec.step_class()
+    return step_class is not None and step_class.has_undo()
+
+
 def _start_index(
-    failed: Execution, state: ExecutionState, order: list[str], from_step: str | None
+    failed: Execution,
+    state: ExecutionState,
+    order: list[str],
+    from_step: str | None,
+    reactor: type[Reactor],
 ) -> int:
     fields: dict[str, Any] = {"execution_id": str(failed.pk), "status": failed.status}
+    undone = undone_steps(failed, state, reactor)
+    first_undone = order.index(undone[0]) if undone else len(order)
     if from_step is None:
         # the checkpoint of the failed run is the step it was running when it failed; a run
         # that failed after its last step (waiting for async children) restarts at the step
@@ -153,8 +242,21 @@ def _start_index(
                     **fields,
                 )
             start = order.index(named)
+        # never past a step whose effect the rollback undid: it runs again
+        start = min(start, first_undone)
     elif from_step in order:
         start = order.index(from_step)
+        if start > first_undone:
+            names = [name for name in undone if order.index(name) < start]
+            raise ExecutionNotRetryable(
+                f"cannot retry execution {failed.pk} from {from_step!r}: the failed run's "
+                f"rollback undid {', '.join(repr(n) for n in names)} before it, so their "
+                f"results describe effects that no longer exist; retry from {undone[0]!r} "
+                "or earlier",
+                step=from_step,
+                undone=names,
+                **fields,
+            )
     else:
         raise ExecutionNotRetryable(
             f"{failed.reactor} has no step {from_step!r}; its steps are: {', '.join(order)}",

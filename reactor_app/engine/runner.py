@@ -240,18 +240,33 @@ class UnitRunner:
                 flags = _cancel_flags(gate, context)
                 try:
                     outcome: Outcome = as_outcome(instance.run(self.args, context))
+                except Exception as exc:
+                    # a cancelled execution stops here: no further attempt
+                    outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                cancel: dict[str, Any] | None = None
+                try:
                     if flags:
                         context.check_leases()  # the release below reads the cancel request
                     else:
                         context.checkpoint()
-                except Exception as exc:
-                    # a cancelled execution stops here: no further attempt
-                    outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                except ExecutionCancelled as stop:
+                    # Seen after the body: one that returned Success completed (its effect
+                    # exists: it is undone below); one that failed is not attempted again.
+                    cancel = _request_of(stop)
+                    if isinstance(outcome, Failure):
+                        outcome = Failure(outcome.exception(), retryable=False)
+                except Exception as exc:  # a lease lost while the body ran
+                    if not isinstance(outcome, Failure):
+                        outcome = Failure(exc)
                 if self.host.stores_results:
                     outcome = storable(outcome, self.label)
-                if flags and isinstance(outcome, (Success, Skipped, Halt)):
-                    outcome = self._release_unless_cancelled(gate, outcome, flags, context)
+                if flags and cancel is None and isinstance(outcome, (Success, Skipped, Halt)):
+                    cancel = self._release_unless_cancelled(gate, outcome, flags, context)
                 if isinstance(outcome, (Success, Skipped, Halt)):
+                    if cancel is not None and not self._undone_by_parent():
+                        # completed, then cancelled: undone here, still under its holds
+                        # (released below like a failure's: no period mark)
+                        return self._undo_cancelled(instance, outcome, cancel, recorder, context)
                     # Only a success marks a period bucket; a skip or halt is still terminal.
                     release_as = "success" if isinstance(outcome, Success) else "halt"
                     return self._finish_ok(outcome, recorder)
@@ -280,22 +295,16 @@ class UnitRunner:
 
     def _release_unless_cancelled(
         self, gate: Gate | None, outcome: Outcome, flags: list[str], context: StepContext
-    ) -> Outcome:
-        """The check after a body, folded into the release: release the step's holds unless
-        its execution was cancelled meanwhile — then keep them and fail the step, which is
-        compensated under them like any failure (docs/operations.md, "Cancelling an
-        execution")."""
+    ) -> dict[str, Any] | None:
+        """The check after a completed body, folded into the release: release the step's holds
+        unless its execution was cancelled meanwhile — then keep them and return the cancel
+        request: the step is undone under them (``_undo_cancelled``)."""
         assert gate is not None
         raised = gate.exit_unless("success" if isinstance(outcome, Success) else "halt", flags)
-        ids = (context.root_execution_id, context.execution_id)
         if raised is None:
-            note_clear(*ids)
-            return outcome
-        reactor = context.reactor.path() if context.reactor else None
-        error = cancelled_error(
-            request_from(raised), context.execution_id, reactor=reactor, step=context.step_name
-        )
-        return Failure(error, retryable=False)
+            note_clear(context.root_execution_id, context.execution_id)
+            return None
+        return request_from(raised)
 
     def _keep_attempts(self, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""
@@ -317,6 +326,52 @@ class UnitRunner:
         if recorder:
             recorder.finished(EngineEvent.STEP_SUCCEEDED, halt=outcome.reason)
         return StepOutcome(UnitStatus.HALTED, reason=outcome.reason)
+
+    def _undone_by_parent(self) -> bool:
+        """An ``async_step`` child delivery (also a parallel map's element): its success
+        is undone by its parent's rollback, which waits for it and undoes its children newest
+        first (``engine.children``) — so a body that completed before the tree's cancel was
+        seen ends the child ``succeeded``, and is undone there, once."""
+        run = self.run
+        if run is None or run.parent is not None:
+            return False
+        marker = run.state.origin.dispatch
+        return marker is not None and marker["kind"] == "async_step"
+
+    def _undo_cancelled(
+        self,
+        instance: Step,
+        outcome: Outcome,
+        cancel: dict[str, Any],
+        recorder: StepRecorder | None,
+        context: StepContext,
+    ) -> StepOutcome:
+        """A body that completed (``Success``, ``Skipped``, ``Halt``) before its execution's
+        cancel was seen: its effect exists, so a ``Success`` is **undone** — not compensated,
+        which is for a body that did not complete — at once, while the step's holds are still
+        held (``exit_unless`` kept them), as the newest completed step of the run. The step
+        then fails with ``ExecutionCancelled``, and the executor undoes the earlier completed
+        steps, newest first, and ends the run ``cancelled`` (docs/reactors-and-steps.md, "The
+        promise under cancel and retry"). A skip or a halt left no effect to undo."""
+        self._finish_ok(outcome, recorder)
+        failures: list[dict[str, Any]] = []
+        if isinstance(outcome, Success) and self.step_class.has_undo():
+            result = outcome.value
+            failures = run_rollback_hook(
+                self.run,
+                self.step_class,
+                self.label,
+                self.args,
+                kind=StepRunKind.UNDO,
+                call=lambda ctx: instance.undo(result, self.args, ctx),
+                owner=self.owner,
+                held_keys=self.held_keys,
+                parent_context=context,
+                declared=self.declared,
+            )
+        reactor = context.reactor.path() if context.reactor else None
+        error = cancelled_error(cancel, context.execution_id, reactor=reactor, step=self.label)
+        return StepOutcome(UnitStatus.FAILED, error=error, rollback_failures=failures)
 
     def _record_skip(self, attempt: int, reason: str, **detail: Any) -> None:
         recorder = self._recorder(StepRunKind.RUN, attempt)
@@ -346,6 +401,13 @@ class UnitRunner:
             parent_context=context,
             declared=self.declared,
         )
+
+
+def _request_of(stop: ExecutionCancelled) -> dict[str, Any]:
+    """The cancel request an ``ExecutionCancelled`` was raised for, as ``cancel_request``
+    answers it."""
+    fields = stop.fields()
+    return {"reason": fields.get("reason") or "", "by": fields.get("by")}
 
 
 def _cancel_flags(gate: Gate | None, context: StepContext) -> list[str]:

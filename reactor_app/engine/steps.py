@@ -21,6 +21,7 @@ from reactor_app.dsl.kinds import (
     MapSpec,
 )
 from reactor_app.dsl.step import StepSpec
+from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.children import dispatch_child, run_child
 from reactor_app.engine.gate import ParkRequested
 from reactor_app.engine.hand_off_guard import guard_dispatcher_keys
@@ -149,6 +150,11 @@ def execute_async_step(run: ExecutionRun) -> RunEnd:
     spec = run.reactor.steps[name]
     step_class = spec.step_class()
     assert step_class is not None
+    cancel = run.cancel_requested()
+    if cancel is not None:
+        # its tree was cancelled before this child started (or between two of its passes):
+        # it never starts its body; what it kept across a park is let go
+        return end_cancelled(run, cancel, gate_held=False)
     resuming = run.execution.started_at is not None
     run.persist(
         status=ExecutionStatus.RUNNING,

@@ -97,14 +97,53 @@ def test_the_list_action_retries_the_failed_and_reports_the_rest(
     succeeded = Execution.objects.get(pk=RetryableReactor.run(key=14).execution_id)
     changelist = reverse("admin:reactor_app_execution_changelist")
     assert "retry_failed" in operator_client.get(changelist).content.decode()
-    response = operator_client.post(
-        changelist,
-        {"action": "retry_failed", "_selected_action": [str(failed.pk), str(succeeded.pk)]},
-        follow=True,
-    )
+    selected = {"action": "retry_failed", "_selected_action": [str(failed.pk), str(succeeded.pk)]}
+    # first a confirmation page listing what is reused and what runs again; nothing retried
+    confirm = operator_client.post(changelist, selected)
+    page_text = confirm.content.decode()
+    assert confirm.status_code == 200 and 'id="confirm-retry"' in page_text
+    assert '<td class="retry-reused">reserve</td>' in page_text
+    assert "from <strong>charge</strong>: charge, notify" in page_text
+    assert "cannot be retried" in page_text and "only a failed execution" in page_text
+    assert not Execution.objects.filter(retry_of=failed).exists()
+    response = operator_client.post(changelist, {**selected, "confirm": "yes"}, follow=True)
     text = response.content.decode()
     retried = Execution.objects.get(retry_of=failed)
-    assert f"retrying as {retried.pk}" in text
+    assert f"retrying from step &#x27;charge&#x27; as {retried.pk}" in text
     assert "only a failed execution can be retried" in text
     assert not Execution.objects.filter(retry_of=succeeded).exists()
     assert retried.context["retry"]["from_step"] == "charge"
+
+
+def test_both_pages_list_the_steps_the_rollback_undid_as_running_again(
+    operator_client: Client,
+) -> None:
+    """``PayOrder``: quote (no undo) → reserve → charge (both undone by the rollback) → email
+    fails. The execution page preselects ``reserve`` and marks the undone steps; the list
+    action's confirmation page says the retry reuses only ``quote``."""
+    from tests.worker.promise_reactors import PayOrder
+    from tests.worker.promise_reactors import set_failing as set_email_failing
+
+    order = f"admin-{uuid.uuid4().hex[:8]}"
+    set_email_failing(order, True)
+    failed = Execution.objects.get(pk=PayOrder.run(order=order).execution_id)
+    set_email_failing(order, False)
+    confirm = operator_client.get(retry_url(failed)).content.decode()
+    assert "<td>quote</td><td>result recorded (reusable)</td>" in confirm
+    assert "<td>reserve</td><td>undone by the rollback (runs again)</td>" in confirm
+    assert "<td>charge</td><td>undone by the rollback (runs again)</td>" in confirm
+    assert '<option value="reserve" selected>' in confirm
+    # a step after an undone one is refused, nothing retried
+    refused = operator_client.post(retry_url(failed), {"from_step": "email"}, follow=True)
+    assert "rollback undid" in refused.content.decode()
+    assert not Execution.objects.filter(retry_of=failed).exists()
+
+    changelist = reverse("admin:reactor_app_execution_changelist")
+    selected = {"action": "retry_failed", "_selected_action": [str(failed.pk)]}
+    listing = operator_client.post(changelist, selected).content.decode()
+    assert '<td class="retry-reused">quote</td>' in listing
+    assert "from <strong>reserve</strong>: reserve, charge, email" in listing
+    assert "(undone by the rollback: reserve, charge)" in listing
+    operator_client.post(changelist, {**selected, "confirm": "yes"})
+    retried = Execution.objects.get(retry_of=failed)
+    assert retried.context["retry"]["from_step"] == "reserve"

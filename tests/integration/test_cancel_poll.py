@@ -133,16 +133,19 @@ def test_a_failed_read_rests_the_poll_only_while_the_settings_stay() -> None:
 @with_lock(lambda args: "cancel-fold:acct", ttl=30, wait=5)
 class CancelledMidBody(Step):
     """Raises its execution's cancel flag during its body, as another process would, and
-    records what its compensation sees."""
+    records what its undo (and a compensate, which must not run: the body completed) sees."""
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
         request = {"reason": "mid-body", "by": "test", "at": "now"}
         get_client().set(cancel_flag._key(context.execution_id), json.dumps(request), ex=60)
         return Success("done")
 
+    def undo(self, result: Any, args: dict[str, Any], context: Any) -> Any:
+        marks.setdefault("undone", []).append(result)
+        marks["held_while_undoing"] = bool(get_client().exists(hold_key("cancel-fold:acct")))
+
     def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> Any:
         marks["compensated"] = type(error).__name__
-        marks["held_while_compensating"] = bool(get_client().exists(hold_key("cancel-fold:acct")))
 
 
 class After(Step):
@@ -156,29 +159,29 @@ class FoldedCancel(Reactor):
     notify = step(After)
 
 
-def test_a_cancel_during_a_held_body_is_read_by_its_release_and_compensated_under_the_hold() -> (
-    None
-):
+def test_a_cancel_during_a_held_body_is_read_by_its_release_and_undone_under_the_hold() -> None:
     """The check after a locked body rides on the release (one round trip, no read of its
     own): even a poll interval longer than the whole run cannot let a cancel raised during
-    the body through — the step fails, is compensated while the lock is still held, and the
-    run ends cancelled before its next step. (With the read left to the poll, this run
-    succeeded: its flag was last read at creation, well within the minute.)"""
+    the body through — the body completed, so the step is undone (once, not compensated)
+    while the lock is still held, and the run ends cancelled before its next step. (With the
+    read left to the poll, this run succeeded: its flag was last read at creation, well
+    within the minute.)"""
     marks.clear()
     with override_settings(REACTOR_CANCEL_POLL=60):
         result = FoldedCancel.run()
     assert not result.ok
     execution = Execution.objects.get(pk=result.execution_id)
     assert execution.status == ExecutionStatus.CANCELLED
-    assert marks.get("compensated") == "ExecutionCancelled"
-    assert marks.get("held_while_compensating") is True
+    assert marks.get("undone") == ["done"]
+    assert "compensated" not in marks
+    assert marks.get("held_while_undoing") is True
     assert "after_ran" not in marks
-    assert not get_client().exists(hold_key("cancel-fold:acct"))  # released after compensating
+    assert not get_client().exists(hold_key("cancel-fold:acct"))  # released after undoing
 
 
 @with_lock(lambda args: "cancel-fold:long", ttl=1, wait=5)
 class LongCancelledMidBody(Step):
-    """A body and a compensation each longer than the lock's 1 s lease: only renewal keeps it."""
+    """A body and an undo each longer than the lock's 1 s lease: only renewal keeps it."""
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
         request = {"reason": "mid-body", "by": "test", "at": "now"}
@@ -186,11 +189,9 @@ class LongCancelledMidBody(Step):
         time.sleep(1.5)
         return Success("done")
 
-    def compensate(self, error: BaseException, args: dict[str, Any], context: Any) -> Any:
+    def undo(self, result: Any, args: dict[str, Any], context: Any) -> Any:
         time.sleep(1.5)
-        marks["held_after_long_compensation"] = bool(
-            get_client().exists(hold_key("cancel-fold:long"))
-        )
+        marks["held_after_long_undo"] = bool(get_client().exists(hold_key("cancel-fold:long")))
         try:
             context.checkpoint()
         except Exception as exc:
@@ -204,12 +205,12 @@ class LongFoldedCancel(Reactor):
 def test_a_release_held_back_by_a_cancel_keeps_renewing_the_holds() -> None:
     """The renewal stops before the release is tried and starts again when a cancel holds
     the release back, counting from the last renewal — not from the admission, whose lease
-    ran out long ago (that would report the lock lost and let it lapse mid-compensation)."""
+    ran out long ago (that would report the lock lost and let it lapse mid-undo)."""
     marks.clear()
     with override_settings(REACTOR_CANCEL_POLL=60):
         result = LongFoldedCancel.run()
     execution = Execution.objects.get(pk=result.execution_id)
     assert execution.status == ExecutionStatus.CANCELLED
-    assert marks.get("held_after_long_compensation") is True
+    assert marks.get("held_after_long_undo") is True
     assert "checkpoint" not in marks or marks["checkpoint"] == "ExecutionCancelled"
     assert not get_client().exists(hold_key("cancel-fold:long"))

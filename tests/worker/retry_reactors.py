@@ -1,6 +1,7 @@
 """Reactors of the retry-from-step tests (issue 17, item 2), importable by worker processes.
 
-``RetryableReactor``: ``reserve`` (returns a fresh id each time it runs) → ``charge`` (a step
+``RetryableReactor``: ``reserve`` (returns a fresh id each time it runs; no undo, so a retry
+may reuse it) → ``charge`` (a step
 lock on ``charge:<key>``; fails while the Redis switch ``fail:<key>`` is set) → ``notify``
 (reads both results), under a reactor-level lock ``order:<key>``. Every body records its run
 (and the arguments it got) in Redis, so a test sees which steps ran in which execution.
@@ -29,6 +30,9 @@ def set_failing(key: Any, on: bool) -> None:
 
 
 class ReserveStep(Step):
+    """No undo (a hold that expires on its own): its effect stands after a rollback, so a
+    retry may reuse its result (one whose undo ran, it never reuses)."""
+
     inputs = ("key",)
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
@@ -41,9 +45,6 @@ class ReserveStep(Step):
             value=reservation,
         )
         return Success(reservation)
-
-    def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
-        record("undone", step="reserve", execution=context.execution_id, value=result)
 
 
 @with_lock(lambda args: f"charge:{args['key']}", ttl=30)

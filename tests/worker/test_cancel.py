@@ -4,9 +4,10 @@
   back the completed step under its lock, releases the reactor-level lock and wakes the
   execution parked on it; a running step holding a lock of its own is compensated while the
   lock is still held (checked in Redis), then the lock's parked waiter is woken;
-* parked (keeping its reactor-level lock across the park): ended at once by the canceller, the
-  completed steps undone under their locks, the kept lock released, its waiter woken; it never
-  runs again, even when the key it waited on frees;
+* parked (keeping its reactor-level lock across the park): the cancel returns at once and a
+  worker delivery ends it (never the canceller: issue 30), the completed steps undone under
+  their locks, the kept lock released, its waiter woken; it never runs again, even when the
+  key it waited on frees;
 * parked part-way through a sequential map: the elements that completed are undone, newest
   first, before the steps ahead of the map;
 * pending: never delivered into a run, its ordered-lock position abandoned (the next position
@@ -181,7 +182,17 @@ def child_entered(root: Any) -> bool:
     return child is not None and bool(ran("enter:work", child))
 
 
-def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -> None:
+def cancelled_soon(execution: Any) -> Execution:
+    """The row once a worker delivery has ended it ``cancelled``."""
+    wait_until(
+        lambda: status(execution) == ExecutionStatus.CANCELLED,
+        20,
+        message="no worker delivery ended the cancelled execution",
+    )
+    return Execution.objects.get(pk=execution.pk)
+
+
+def test_a_parked_execution_is_ended_by_a_worker_and_never_runs_again(worker: Any) -> None:
     key = uuid.uuid4().hex[:8]
     side = hold_lock(f"cancel-side:{key}")
     try:
@@ -192,9 +203,10 @@ def test_a_parked_execution_is_ended_at_once_and_never_runs_again(worker: Any) -
         waiter = CancellableReactor.run_async(key=key, seconds=0)
         wait_until(lambda: parked_on(waiter, ""), 30, message="the waiter never parked")
 
-        row = Execution.objects.get(pk=parked.pk).cancel("duplicate order")
-        # ended by the canceller itself, not by a later delivery
-        assert row.status == ExecutionStatus.CANCELLED
+        answer = Execution.objects.get(pk=parked.pk).cancel("duplicate order")
+        # recorded and handed to a worker: the canceller runs no undo itself
+        assert answer.status == ExecutionStatus.PARKED
+        row = cancelled_soon(parked)
         assert row.error["type"] == "ExecutionCancelled" and row.rollback_failures == []
         assert len(ran("undo:charge", parked)) == 1
         # under its lock, taken in Redis by the cancelled execution for the undo
@@ -231,10 +243,11 @@ def test_a_sequential_map_parked_part_way_has_its_completed_elements_undone(
         parked = SequentialMapReactor.run_async(key=key, items=["a", "b", "c"])
         wait_until(lambda: status(parked) == ExecutionStatus.PARKED, 30, message="it never parked")
         assert [r["item"] for r in ran("map-item", parked)] == ["a"]
-        row = Execution.objects.get(pk=parked.pk).cancel("wrong batch")
+        Execution.objects.get(pk=parked.pk).cancel("wrong batch")
+        row = cancelled_soon(parked)
     finally:
         Coordinator().release(held, "success")
-    assert row.status == ExecutionStatus.CANCELLED and row.rollback_failures == []
+    assert row.rollback_failures == []
     undone = ran("undo:map-item", parked)
     assert [r["item"] for r in undone] == ["a"]
     assert undone[0]["holder"] == str(parked.pk)  # under the element's own lock
@@ -250,7 +263,8 @@ def test_a_pending_execution_never_runs_and_leaves_its_ordered_place(worker: Any
         first = InLineReactor.run_async(key=key)
         assert status(first) == ExecutionStatus.PENDING
         row = Execution.objects.get(pk=first.pk).cancel("not needed")
-        assert row.status == ExecutionStatus.CANCELLED
+        assert row.status == ExecutionStatus.PENDING  # a worker delivery ends it
+    cancelled_soon(first)
     second = InLineReactor.run_async(key=key)
     # the line moved past the cancelled position: no 60 s poison-pill wait
     began = time.monotonic()
@@ -327,10 +341,10 @@ def test_the_api_cancels_a_parked_execution_and_answers_each_error(
         assert post_json(canceller, API.format(uuid.uuid4()), {"reason": "x"}).status_code == 404
 
         answer = post_json(canceller, url, {"reason": "fraud suspected"})
-        assert answer.status_code == 200, answer.content
-        assert answer.json()["status"] == ExecutionStatus.CANCELLED
-        row = Execution.objects.get(pk=parked.pk)
-        assert row.status == ExecutionStatus.CANCELLED
+        # accepted: recorded and handed to a worker, the rollback not run in the request
+        assert answer.status_code == 202, answer.content
+        assert answer.json()["status"] == ExecutionStatus.PARKED
+        row = cancelled_soon(parked)
         assert row.error["reason"] == "fraud suspected" and row.error["by"] == "canceller"
         assert len(ran("undo:charge", parked)) == 1
         (event,) = audit_events(parked)

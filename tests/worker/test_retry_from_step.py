@@ -1,10 +1,12 @@
 """Retry from a step (issue 17, item 2): ``Execution.retry(from_step=None)``.
 
 A failed ``RetryableReactor`` run (``reserve`` → ``charge`` fails → rolled back) is retried:
-the new execution is linked to the failed one, ``reserve`` is not run again and its recorded
-result is what ``charge`` and ``notify`` receive, and coordination is admitted afresh (the
-reactor lock and the step lock acquired by the new execution, with newer fencing tokens).
-One test runs the retry on a real worker process (a ``background`` reactor); the others run it
+the new execution is linked to the failed one, ``reserve`` (no undo: its effect stands) is not
+run again and its recorded result is what ``charge`` and ``notify`` receive, and coordination
+is admitted afresh (the reactor lock and the step lock acquired by the new execution, with
+newer fencing tokens).
+(A result whose undo ran is never reused: tests/worker/test_promise.py.) One test runs the
+retry on a real worker process (a ``background`` reactor); the others run it
 in this process (a synchronous reactor), or deliver it here as a worker would.
 """
 
@@ -53,14 +55,14 @@ def acquired(execution: Any, key: str) -> list[int | None]:
 
 
 def failed_run(reactor: Any, key: int) -> Execution:
-    """A run whose ``charge`` fails: ``reserve`` ran and was undone."""
+    """A run whose ``charge`` fails: ``reserve`` ran (it has no undo: its effect stands)."""
     set_failing(key, True)
     result = reactor.run(key=key)
     assert result.status == ExecutionStatus.FAILED
     failed = Execution.objects.get(pk=result.execution_id)
     assert failed.error["step"] == "charge"
     assert [r["step"] for r in ran(failed)] == ["reserve", "charge"]
-    assert undone(failed) == ["reserve"]
+    assert undone(failed) == []
     set_failing(key, False)
     return failed
 
@@ -106,7 +108,7 @@ def test_a_retry_that_fails_again_rolls_back_only_what_it_ran() -> None:
     retried = failed.retry()
     assert retried.status == ExecutionStatus.FAILED
     assert [r["step"] for r in ran(retried)] == ["charge"]
-    # reserve was undone by the first run; the retry never ran it, so never undoes it
+    # the retry never ran reserve (reused), so never undoes it; charge failed (no undo)
     assert undone(retried) == []
     # and the failed retry can be retried in turn (the original cannot: it was retried)
     set_failing(2, False)
