@@ -17,7 +17,7 @@ a worker run from ``run_async`` to the row seen terminal) and the bytes written 
 
 **The peer is the smallest size of the same workload and mode, measured in the same run**:
 each row prints its time per unit and WAL per unit as a ratio to it (the target: the
-10,000-element map's time per element ≤ 1.5× the 10-element map's, bytes per element
+10,000-element map's time per element ≤ 1.5x the 10-element map's, bytes per element
 constant).
 
 Sizes whose cost grows with the square of N can take a very long time; each case gets
@@ -284,7 +284,6 @@ def kept(execution_id: str) -> tuple[int, int]:
 
 def main(options: argparse.Namespace) -> None:
     from django.core.management import call_command
-    from django.db import connection
 
     from reactor_app.conf import reactor_settings
     from reactor_app.coordination.redis import get_client
@@ -292,21 +291,17 @@ def main(options: argparse.Namespace) -> None:
 
     call_command("migrate", verbosity=0)
     sizes: dict[str, list[int]] = options.size_table
-    worker = None
-    if "worker" in options.mode_list:
-        worker = start_worker(options.processes)
+    worker = start_worker(options.processes) if "worker" in options.mode_list else None
     print(
         f"growth: db {_support.backend()}, redis {get_client().info('server')['redis_version']}, "
         f"worker {options.processes} processes, budget {options.max_seconds:g} s per case, "
         f"sizes {sizes}"
     )
-    header = (
+    print(
         "| workload | mode | N | run | total s | ms/unit | vs smallest | "
         f"{_support.wal_label()}/unit | vs smallest | {_support.tables_label()}/unit | "
         "context at end | step runs |"
     )
-    print(header)
-    postgres = _support.backend() == "postgresql"
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     reactors = [GrowthMap.path()] + [
         globals()[steps_reactor_name(s)].path() for s in sizes["steps"]
@@ -314,51 +309,7 @@ def main(options: argparse.Namespace) -> None:
     try:
         for kind in ("map", "steps"):
             for mode in options.mode_list:
-                peer: dict[str, float] | None = None
-                stopped_at: int | None = None
-                for size in sizes[kind]:
-                    for repetition in range(1, options.repeat + 1):
-                        label = f"| {kind} | {mode} | {size:,} | {repetition} |"
-                        if stopped_at is not None:
-                            print(f"{label} skipped: {stopped_at:,} did not finish in "
-                                  f"{options.max_seconds:g} s |")  # fmt: skip
-                            continue
-                        connection.close()
-                        if mode == "in-process":
-                            figures = run_in_process(kind, size, options.max_seconds)
-                        else:
-                            figures = run_on_worker(kind, size, options.max_seconds, worker)
-                        if not figures["finished"]:
-                            print(f"{label} did not finish in {options.max_seconds:g} s |")
-                            stopped_at = size
-                            if worker is not None and mode == "worker":
-                                worker = restart_worker(worker, figures.get("id"), options)
-                            Execution.objects.filter(reactor__in=reactors).delete()
-                            continue
-                        settle(figures["id"])
-                        wrote = _support.written(figures["before"], _support.snapshot())
-                        context_bytes, step_runs = kept(figures["id"])
-                        # SQLite: what the processes passed to write calls (its -wal file rewinds)
-                        logged = wrote.wal if postgres else figures["process_writes"]
-                        per_unit = {"seconds": figures["seconds"] / size, "wal": logged / size}
-                        if peer is None:
-                            peer = per_unit
-                        print(
-                            f"{label} {figures['seconds']:.2f} | "
-                            f"{1000 * per_unit['seconds']:.2f} | "
-                            f"{ratio(per_unit['seconds'], peer['seconds'])} | "
-                            f"{_support.human(per_unit['wal'])} | "
-                            f"{ratio(per_unit['wal'], peer['wal'])} | "
-                            f"{_support.human(wrote.tables / size)} | "
-                            f"{_support.human(context_bytes)} | {step_runs:,} |"
-                            + (
-                                ""
-                                if figures["status"] == "succeeded"
-                                else f" status {figures['status']}"
-                            )  # fmt: skip
-                        )
-                        sys.stdout.flush()
-                        Execution.objects.filter(pk=figures["id"]).delete()
+                worker = run_series(kind, mode, sizes[kind], options, worker, reactors)
     finally:
         if worker is not None:
             worker.stop()
@@ -371,6 +322,70 @@ def main(options: argparse.Namespace) -> None:
         "target: the largest map's ms/unit <= 1.5x the 10-element map's (in-process and on a "
         "worker); bytes per unit constant"
     )
+
+
+def run_series(
+    kind: str,
+    mode: str,
+    sizes: list[int],
+    options: argparse.Namespace,
+    worker: Any,
+    reactors: list[str],
+) -> Any:
+    """Every size of one workload in one mode, smallest first (the peer of the others); past
+    the budget, the larger sizes are skipped. Returns the worker (restarted after a stop)."""
+    from django.db import connection
+
+    from reactor_app.models import Execution
+
+    peer: dict[str, float] | None = None
+    stopped_at: int | None = None
+    for size in sizes:
+        for repetition in range(1, options.repeat + 1):
+            label = f"| {kind} | {mode} | {size:,} | {repetition} |"
+            if stopped_at is not None:
+                print(
+                    f"{label} skipped: {stopped_at:,} did not finish in {options.max_seconds:g} s |"
+                )
+                continue
+            connection.close()
+            if mode == "in-process":
+                figures = run_in_process(kind, size, options.max_seconds)
+            else:
+                figures = run_on_worker(kind, size, options.max_seconds, worker)
+            if not figures["finished"]:
+                print(f"{label} did not finish in {options.max_seconds:g} s |", flush=True)
+                stopped_at = size
+                if mode == "worker":
+                    worker = restart_worker(worker, figures.get("id"), options)
+                Execution.objects.filter(reactor__in=reactors).delete()
+                continue
+            per_unit, row = report(figures, size, peer)
+            peer = peer or per_unit
+            print(f"{label} {row}", flush=True)
+            Execution.objects.filter(pk=figures["id"]).delete()
+    return worker
+
+
+def report(
+    figures: dict[str, Any], size: int, peer: dict[str, float] | None
+) -> tuple[dict[str, float], str]:
+    """A finished case's per-unit figures and the rest of its table row."""
+    settle(figures["id"])
+    wrote = _support.written(figures["before"], _support.snapshot())
+    context_bytes, step_runs = kept(figures["id"])
+    # SQLite: what the processes passed to write calls (its -wal file rewinds at checkpoints)
+    logged = wrote.wal if _support.backend() == "postgresql" else figures["process_writes"]
+    per_unit = {"seconds": figures["seconds"] / size, "wal": logged / size}
+    peer = peer or per_unit
+    status = "" if figures["status"] == "succeeded" else f" status {figures['status']}"
+    row = (
+        f"{figures['seconds']:.2f} | {1000 * per_unit['seconds']:.2f} | "
+        f"{ratio(per_unit['seconds'], peer['seconds'])} | {_support.human(per_unit['wal'])} | "
+        f"{ratio(per_unit['wal'], peer['wal'])} | {_support.human(wrote.tables / size)} | "
+        f"{_support.human(context_bytes)} | {step_runs:,} |{status}"
+    )
+    return per_unit, row
 
 
 def ratio(value: float, peer: float) -> str:
@@ -398,7 +413,7 @@ def restart_worker(worker: Any, execution_id: str | None, options: argparse.Name
         if row is not None and not row.is_terminal:
             try:
                 row.cancel("growth benchmark: past its budget")
-            except Exception as error:  # noqa: BLE001 - report and carry on: the row goes next
+            except Exception as error:  # report and carry on: the row is deleted next
                 print(f"(cancelling {execution_id} failed: {error})")
     worker.stop(timeout=2)
     app.control.purge()

@@ -6,8 +6,8 @@ same broker and the same database, in the same run:
 * **reactor_app** — ``ThroughputReactor.run_async(...)``: ``first`` → ``second`` → ``third``,
   each step one of the three bodies below, each reading the previous one's result;
 * **Celery chain** — ``first.s() | second.s() | third.s()``: the same three bodies as three
-  tasks (the peer the issue's target is set against: ≥ 2× its executions/s);
-* **one Celery task** — one task calling the three bodies in a row (target: ≥ 0.6× its
+  tasks (the peer the issue's target is set against: ≥ 2x its executions/s);
+* **one Celery task** — one task calling the three bodies in a row (target: ≥ 0.6x its
   executions/s).
 
 The bodies are trivial (a ~200-byte dict in, a ~200-byte dict out); the third one records the
