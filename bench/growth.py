@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -216,20 +217,30 @@ def run_in_process(kind: str, size: int, budget: float) -> dict[str, Any]:
         command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert process.stdin is not None and process.stdout is not None
-    try:
-        if process.stdout.readline().strip() != "ready":
-            raise SystemExit(f"the in-process {kind} {size} child failed to start")
-        before = _support.snapshot()
-        process.stdin.write("go\n")
-        process.stdin.flush()
-        out, _ = process.communicate(timeout=budget)
-    except subprocess.TimeoutExpired:
+    if process.stdout.readline().strip() != "ready":
+        process.kill()
+        raise SystemExit(f"the in-process {kind} {size} child failed to start")
+    before = _support.snapshot()
+    process.stdin.write("go\n")
+    process.stdin.flush()
+    # the figures line, within the budget (the child's exit afterwards is not part of the case)
+    readable, _, _ = select.select([process.stdout], [], [], budget)
+    if not readable:
+        after = _support.snapshot()
         process.kill()
         process.wait()
-        return {"finished": False}
-    if process.returncode != 0 or not out.strip():
-        raise SystemExit(f"the in-process {kind} {size} child failed (exit {process.returncode})")
-    return {"finished": True, "before": before, **json.loads(out.strip().splitlines()[-1])}
+        from reactor_app.models import Execution
+
+        reactor, _ = reactor_and_inputs(kind, size)
+        row = Execution.objects.filter(reactor=reactor.path()).order_by("-created_at").first()
+        return {"finished": False, "before": before, "after": after,
+                "id": str(row.pk) if row else None}  # fmt: skip
+    line = process.stdout.readline()
+    process.stdin.close()
+    code = process.wait()
+    if code != 0 or not line.strip():
+        raise SystemExit(f"the in-process {kind} {size} child failed (exit {code})")
+    return {"finished": True, "before": before, **json.loads(line)}
 
 
 def run_on_worker(kind: str, size: int, budget: float, worker: Any) -> dict[str, Any]:
@@ -247,7 +258,8 @@ def run_on_worker(kind: str, size: int, budget: float, worker: Any) -> dict[str,
         if status in terminal:
             break
         if time.perf_counter() - started > budget:
-            return {"finished": False, "id": str(execution.pk)}
+            return {"finished": False, "id": str(execution.pk), "before": before,
+                    "after": _support.snapshot()}  # fmt: skip
         time.sleep(0.02)
     seconds = time.perf_counter() - started
     settle(str(execution.pk))
@@ -358,7 +370,7 @@ def run_series(
             else:
                 figures = run_on_worker(kind, size, options.max_seconds, worker)
             if not figures["finished"]:
-                print(f"{label} did not finish in {options.max_seconds:g} s |", flush=True)
+                print(f"{label} {unfinished(figures, options.max_seconds, peer)}", flush=True)
                 stopped_at = size
                 if mode == "worker":
                     worker = restart_worker(worker, figures.get("id"), options)
@@ -369,6 +381,28 @@ def run_series(
             print(f"{label} {row}", flush=True)
             Execution.objects.filter(pk=figures["id"]).delete()
     return worker
+
+
+def unfinished(figures: dict[str, Any], budget: float, peer: dict[str, float] | None) -> str:
+    """A case stopped at its budget: how far it got, and its figures per unit done so far (the
+    units counted from its step-run rows, which a stopped process may not all have written)."""
+    from reactor_app.models import StepRun
+
+    done = StepRun.objects.filter(execution_id=figures["id"]).count() if figures["id"] else 0
+    message = f"did not finish in {budget:g} s"
+    if not done:
+        return f"{message} |"
+    wrote = _support.written(figures["before"], figures["after"])
+    per_unit = {"seconds": budget / done, "wal": wrote.wal / done}
+    peer = peer or per_unit
+    logged = "" if _support.backend() != "postgresql" else (
+        f", {_support.human(per_unit['wal'])} WAL/unit "
+        f"({ratio(per_unit['wal'], peer['wal'])})"
+    )  # fmt: skip
+    return (
+        f"{message}: {done:,} units done, {1000 * per_unit['seconds']:.2f} ms/unit "
+        f"({ratio(per_unit['seconds'], peer['seconds'])}){logged} so far |"
+    )
 
 
 def report(
