@@ -247,10 +247,19 @@ def main() -> None:
         print(f"ratios per run: vs chain {', '.join(ratios_chain)}; vs one task "
               f"{', '.join(ratios_task)}")  # fmt: skip
         print("targets: >= 2x the chain, >= 0.6x one task")
-        failed = Execution.objects.filter(reactor=path).exclude(status="succeeded").count()
-        if failed:
-            print(f"{failed} reactor_app execution(s) did not succeed; worker log: "
-                  f"{worker.log_path}")  # fmt: skip
+        # the third body ends before its execution's final write: let the last rows finish
+        settled = ("succeeded", "failed", "halted", "cancelled")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not Execution.objects.filter(reactor=path).exclude(status__in=settled).exists():
+                break
+            time.sleep(0.1)
+        failed = Execution.objects.filter(reactor=path).exclude(status="succeeded")
+        if failed.exists():
+            worker.keep_log = True
+            statuses = sorted(failed.values_list("status", flat=True))
+            print(f"{len(statuses)} reactor_app execution(s) did not succeed ({statuses}); "
+                  f"worker log: {worker.log_path}")  # fmt: skip
     finally:
         worker.stop()
         Execution.objects.filter(reactor=path).delete()
