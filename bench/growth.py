@@ -7,13 +7,15 @@ Celery worker (``run_async``, a prefork worker of ``--processes`` processes):
 * **map** — one ``map_step`` over N elements (10, 1,000, 10,000).
 
 Every step body and every element returns a ~200-byte dict (random hex inside, so that
-PostgreSQL's compression of large values does not hide what is written). Per case the script prints
-the time per unit (the whole run divided by N: an in-process run timed around ``Reactor.run``;
-a worker run from ``run_async`` to the row seen terminal) and the bytes written per unit:
+PostgreSQL's compression of large values does not hide what is written). Per case the script
+prints the time per unit (the whole run divided by N: an in-process run timed around
+``Reactor.run`` after a warm-up run in the same process; a worker run from ``run_async`` to the
+row seen terminal) and the bytes written per unit:
 
 * PostgreSQL: WAL bytes (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()`` — server-wide, so a
   shared server's other traffic lands in it too) and the growth of the project's tables on
-  disk; SQLite: the growth of the database file and of its ``-wal`` file;
+  disk; SQLite: the bytes the processes running the case passed to write calls (its ``-wal``
+  file rewinds at each checkpoint) and the growth of the database file;
 * the size of what the execution keeps: its ``context`` as JSON, and its step-run rows.
 
 **The peer is the smallest size of the same workload and mode, measured in the same run**:
@@ -23,7 +25,8 @@ constant).
 
 Sizes whose cost grows with the square of N can take a very long time; each case gets
 ``--max-seconds`` (a run that has not finished by then is stopped and reported as "did not
-finish in N s", and the larger sizes of that workload and mode are skipped):
+finish in N s" with the units it had done and its figures per unit so far, and the larger
+sizes of that workload and mode are skipped):
 
     python bench/growth.py [--quick] [--sizes steps=10,100,1000] [--sizes map=10,1000,10000]
                            [--modes in-process,worker] [--max-seconds 120] [--processes 2]
