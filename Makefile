@@ -111,7 +111,8 @@ test-django42: $(DJANGO42_STAMP)
 
 # Each benchmark prints its figures with the peers measured in the same run (docs/benchmarks.md).
 BENCHMARKS ?= bench/lock_latency.py bench/step_vs_reactor_lock.py bench/celery_contention.py \
-	bench/holds_listing.py bench/cluster_admission.py bench/hot_path.py
+	bench/holds_listing.py bench/cluster_admission.py bench/hot_path.py bench/growth.py \
+	bench/worker_throughput.py
 
 bench: install migrate
 	@for file in $(BENCHMARKS); do \

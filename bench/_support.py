@@ -1,0 +1,134 @@
+"""What the growth and worker-throughput benchmarks share: a real worker and the bytes written.
+
+* ``BenchWorker`` — ``reactor_app.testing.workers.WorkerProcess`` (the one way the project
+  starts a real Celery worker) that also imports a benchmark module (``-I``), so the plain
+  Celery tasks a benchmark defines as its peers are registered in the worker too.
+* ``Written`` — what the configured database has written between two snapshots:
+
+  - PostgreSQL: WAL bytes (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()``; the WAL is the
+    server's, so other databases' traffic on a shared server lands in it too) and the growth
+    of the on-disk size of the project's tables (heap, TOAST and indexes of ``reactor_app_*``
+    and ``django_celery_results_*``, this database only).
+  - SQLite: the growth of the database file, and the bytes the processes that ran the work
+    passed to write calls (``process_writes``): SQLite rewinds its ``-wal`` file after each
+    checkpoint, so that file's size says little about what went through it.
+
+Imported by the benchmarks after ``django.setup()``. Not a test: the benchmarks print figures.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import connection
+
+from reactor_app.testing.workers import WorkerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class BenchWorker(WorkerProcess):
+    """A ``-A demo_project`` worker that also imports ``include`` (a module of ``bench``)."""
+
+    def __init__(self, include: str, *, queue: str, concurrency: int) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        super().__init__(
+            "demo_project",
+            queues=(queue,),
+            concurrency=concurrency,
+            env=env,
+            cwd=ROOT,
+        )
+        self.include = include
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-I", self.include]
+
+
+def backend() -> str:
+    return str(connection.vendor)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    wal: int  # PostgreSQL: the WAL position in bytes; SQLite: the -wal file's size
+    tables: int  # PostgreSQL: the project's tables on disk; SQLite: the database file's size
+
+
+_TABLES_SQL = """
+    SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relkind = 'r' AND n.nspname = current_schema()
+      AND (c.relname LIKE 'reactor_app%%' OR c.relname LIKE 'django_celery_results%%')
+"""
+
+
+def snapshot() -> Snapshot:
+    if backend() == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")
+            wal = int(cursor.fetchone()[0])
+            cursor.execute(_TABLES_SQL)
+            tables = int(cursor.fetchone()[0])
+        return Snapshot(wal=wal, tables=tables)
+    path = Path(str(connection.settings_dict["NAME"]))
+    wal_path = path.with_name(path.name + "-wal")
+    return Snapshot(
+        wal=wal_path.stat().st_size if wal_path.exists() else 0,
+        tables=path.stat().st_size if path.exists() else 0,
+    )
+
+
+def written(before: Snapshot, after: Snapshot) -> Snapshot:
+    """Bytes written between two snapshots (the table/file growth may be negative: vacuum)."""
+    return Snapshot(wal=after.wal - before.wal, tables=after.tables - before.tables)
+
+
+def wal_label() -> str:
+    return "WAL (server-wide)" if backend() == "postgresql" else "bytes to write()"
+
+
+def process_group(leader: int | None) -> list[int]:
+    """The processes of ``leader``'s process group (a worker's parent and its children)."""
+    if leader is None:
+        return []
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == leader:  # the field after state and ppid: pgrp
+                members.append(int(entry.name))
+    return members
+
+
+def process_writes(pids: list[int]) -> int:
+    """Bytes the processes have passed to write calls so far (``wchar`` of /proc/<pid>/io):
+    with SQLite that is the database and its WAL, plus the processes' small log and pipe
+    writes. Linux only; 0 where /proc is not readable."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                if line.startswith("wchar:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def tables_label() -> str:
+    return "table growth" if backend() == "postgresql" else "db file growth"
+
+
+def human(count: float) -> str:
+    """Bytes as B / kB / MB (powers of 1000, as the docs' tables)."""
+    for unit, size in (("MB", 1e6), ("kB", 1e3)):
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
