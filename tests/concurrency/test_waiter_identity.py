@@ -1,0 +1,148 @@
+"""One waiter, one entry in a key's line, whichever form it asks in.
+
+A worker execution is in a lock's waiter line in two forms: ``<id>`` once it parked, and
+``wait:<id>`` while a delivery of it waits in-process (``REACTOR_WORKER_WAIT``). They are the
+same waiter: a release's grant to either form is its grant, its admission removes both, and a
+line never holds both. Before, a parked ``<id>`` stayed in the line after its delivery was
+admitted as ``wait:<id>`` (a later release then granted the free key to an execution that had
+already run, for ``HANDOFF_GRANT_MS``), and a woken parked execution asking as ``wait:<id>``
+was refused by its own grant and waited out its in-process wait.
+
+Real Redis (the suite's), the Coordinator's own calls; each case runs through the single-lock
+fast path (``lock_admit.lua``) and through the general script (``admit.lua``, a lock with a
+semaphore).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from reactor_app.coordination import state
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import (
+    WAITING_PREFIX,
+    Admitted,
+    Claim,
+    Holder,
+    LockClaim,
+    Refused,
+    SemaphoreClaim,
+)
+
+
+def _lock_only(key: str, ttl: float) -> list[Claim]:
+    return [LockClaim(key, ttl=ttl)]
+
+
+def _lock_and_semaphore(key: str, ttl: float) -> list[Claim]:
+    return [LockClaim(key, ttl=ttl), SemaphoreClaim(f"{key}:pool", limit=5, ttl=ttl)]
+
+
+@pytest.fixture(params=[_lock_only, _lock_and_semaphore], ids=["lock_admit", "admit"])
+def claims_for(request: pytest.FixtureRequest) -> Callable[[str, float], list[Claim]]:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def coordinator(redis_prefix: str) -> Coordinator:
+    return Coordinator(prefix=redis_prefix)
+
+
+def _line(coordinator: Coordinator, key: str) -> list[str]:
+    return coordinator.waiters(LockClaim(key))
+
+
+def _wait_lapsed(coordinator: Coordinator, key: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while state.lock_state(key, prefix=coordinator.prefix).held:
+        assert time.monotonic() < deadline, "the short lease never lapsed"
+        time.sleep(0.02)
+
+
+def test_a_parked_waiter_admitted_as_its_waiting_form_is_not_granted_the_key_later(
+    coordinator: Coordinator, claims_for: Callable[[str, float], list[Claim]]
+) -> None:
+    """The stale waiter: parked as ``exec-b``; its holder's lease lapses (no release, so no
+    grant); its next delivery is admitted as ``wait:exec-b``. Its release must not hand the
+    key to ``exec-b`` — nobody would come for it — but leave it free for the next caller."""
+    key = "acct:stale"
+    first = coordinator.admit(claims_for(key, 0.2), Holder(owner="a"))
+    assert isinstance(first, Admitted)
+    parked = coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id="exec-b")
+    assert isinstance(parked, Refused) and _line(coordinator, key) == ["exec-b"]
+    _wait_lapsed(coordinator, key)
+
+    delivery = coordinator.admit(
+        claims_for(key, 30), Holder(owner="b"), waiter_id=f"{WAITING_PREFIX}exec-b"
+    )
+    assert isinstance(delivery, Admitted)
+    assert _line(coordinator, key) == []  # both forms left the line
+    released = coordinator.release(delivery, "success")
+    assert list(released) == []  # nobody woken, nothing granted
+    after = coordinator.admit(claims_for(key, 30), Holder(owner="c"))
+    assert isinstance(after, Admitted), after
+
+
+def test_a_woken_parked_waiter_is_admitted_by_its_grant_on_its_first_ask(
+    coordinator: Coordinator, claims_for: Callable[[str, float], list[Claim]]
+) -> None:
+    """The 1 s wake: the release grants the key to the parked ``exec-b`` and wakes it; its
+    delivery asks as ``wait:exec-b`` (a worker delivery always asks that way first) and is
+    admitted by that grant then — not refused by its own grant to wait in-process."""
+    key = "acct:wake"
+    first = coordinator.admit(claims_for(key, 30), Holder(owner="a"))
+    assert isinstance(first, Admitted)
+    parked = coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id="exec-b")
+    assert isinstance(parked, Refused)
+    released = coordinator.release(first, "success")
+    assert list(released) == ["exec-b"]
+
+    # someone else asking meanwhile is refused: the key is granted to exec-b
+    other = coordinator.admit(claims_for(key, 30), Holder(owner="c"))
+    assert isinstance(other, Refused) and (other.blocker or {}).get("granted_to") == "exec-b"
+    woken = coordinator.admit(
+        claims_for(key, 30), Holder(owner="b"), waiter_id=f"{WAITING_PREFIX}exec-b"
+    )
+    assert isinstance(woken, Admitted), woken
+    assert _line(coordinator, key) == []
+    coordinator.release(woken, "success")
+
+
+def test_a_waiting_form_granted_the_key_is_admitted_when_it_asks_as_parked(
+    coordinator: Coordinator, claims_for: Callable[[str, float], list[Claim]]
+) -> None:
+    """The other way round: the grant names ``wait:exec-b`` (it was waiting in-process) and
+    the delivery, its budget just spent, asks as the parked ``exec-b``: its grant too."""
+    key = "acct:late"
+    first = coordinator.admit(claims_for(key, 30), Holder(owner="a"))
+    assert isinstance(first, Admitted)
+    waiting = f"{WAITING_PREFIX}exec-b"
+    assert isinstance(
+        coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id=waiting), Refused
+    )
+    assert list(coordinator.release(first, "success")) == [waiting]
+    taken = coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id="exec-b")
+    assert isinstance(taken, Admitted), taken
+    coordinator.release(taken, "success")
+
+
+def test_a_waiter_asking_in_its_other_form_keeps_one_entry_and_its_place(
+    coordinator: Coordinator, claims_for: Callable[[str, float], list[Claim]]
+) -> None:
+    key = "acct:one"
+    first = coordinator.admit(claims_for(key, 30), Holder(owner="a"))
+    assert isinstance(first, Admitted)
+    waiting = f"{WAITING_PREFIX}exec-b"
+    coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id=waiting)
+    coordinator.admit(claims_for(key, 30), Holder(owner="c"), waiter_id="exec-c")
+    assert _line(coordinator, key) == [waiting, "exec-c"]
+    # exec-b's delivery parks: the same waiter, now in its parked form, still first
+    coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id="exec-b")
+    assert _line(coordinator, key) == ["exec-b", "exec-c"]
+    # and waits in-process again (a redelivery): still one entry, still first
+    coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id=waiting)
+    assert _line(coordinator, key) == [waiting, "exec-c"]
+    assert list(coordinator.release(first, "success")) == [waiting]
