@@ -10,20 +10,24 @@ was refused by its own grant and waited out its in-process wait.
 
 Real Redis (the suite's), the Coordinator's own calls; each case runs through the single-lock
 fast path (``lock_admit.lua``) and through the general script (``admit.lua``, a lock with a
-semaphore).
+semaphore). Last, a release through a step's gate passes over a waiter whose execution has
+finished (``engine.finished_waiters``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from reactor_app import Step, Success, with_lock
 from reactor_app.coordination import state
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     WAITING_PREFIX,
+    AdmissionResult,
     Admitted,
     Claim,
     Holder,
@@ -31,6 +35,8 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
 
 
 def _lock_only(key: str, ttl: float) -> list[Claim]:
@@ -146,3 +152,43 @@ def test_a_waiter_asking_in_its_other_form_keeps_one_entry_and_its_place(
     coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id=waiting)
     assert _line(coordinator, key) == [waiting, "exec-c"]
     assert list(coordinator.release(first, "success")) == [waiting]
+
+
+# -- a finished execution in the line --------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_passes_the_key_over_a_waiter_whose_execution_has_finished(
+    coordinator: Coordinator,
+) -> None:
+    """A parked entry outlived its execution (it finished by another way: cancelled, failed,
+    run by a redelivery). The release that frees the key would grant it to that entry for
+    ``HANDOFF_GRANT_MS`` (3 s) with nobody to come; the releasing gate passes it over instead,
+    and the grant is the next waiter's at once."""
+    finished = Execution.objects.start(
+        reactor="tests.Finished", inputs={}, status=ExecutionStatus.SUCCEEDED
+    )
+    next_waiter = f"{WAITING_PREFIX}next"
+    key = "acct:finished"
+    registered: list[AdmissionResult] = []
+
+    @with_lock(lambda args: key, ttl=30)
+    class Holding(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            # while this step holds the key, two waiters line up behind it
+            for waiter in (str(finished.id), next_waiter):
+                registered.append(
+                    coordinator.admit([LockClaim(key)], Holder(owner=waiter), waiter_id=waiter)
+                )
+            return Success("done")
+
+    assert Holding.call().ok
+    assert all(isinstance(answer, Refused) for answer in registered)
+    # the finished execution's entry is gone; the key is granted to the next waiter
+    assert _line(coordinator, key) == []
+    other = coordinator.admit([LockClaim(key)], Holder(owner="someone"))
+    assert isinstance(other, Refused)
+    assert (other.blocker or {}).get("granted_to") == next_waiter
+    taken = coordinator.admit([LockClaim(key)], Holder(owner="next"), waiter_id=next_waiter)
+    assert isinstance(taken, Admitted)
+    coordinator.release(taken, "success")
