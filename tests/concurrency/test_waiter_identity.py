@@ -35,6 +35,8 @@ from reactor_app.coordination.claims import (
     Refused,
     SemaphoreClaim,
 )
+from reactor_app.dsl.declarations import LockDeclaration
+from reactor_app.engine.gate import Gate, GateScope
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 
@@ -192,3 +194,64 @@ def test_a_release_passes_the_key_over_a_waiter_whose_execution_has_finished(
     taken = coordinator.admit([LockClaim(key)], Holder(owner="next"), waiter_id=next_waiter)
     assert isinstance(taken, Admitted)
     coordinator.release(taken, "success")
+
+
+# -- the worker's wake, at the gate ----------------------------------------------------------
+
+
+class _Recording(Coordinator):
+    """The real Coordinator, recording which of its waits a gate used."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(prefix=prefix)
+        self.asked: list[str | None] = []
+        self.waited: list[str | None] = []
+
+    def admit(self, claims: Any, holder: Holder, *, waiter_id: str | None = None) -> Any:
+        self.asked.append(waiter_id)
+        return super().admit(claims, holder, waiter_id=waiter_id)
+
+    def admit_waiting(self, claims: Any, holder: Holder, wait: float, **options: Any) -> Any:
+        self.waited.append(options.get("waiter_id"))
+        return super().admit_waiting(claims, holder, wait, **options)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_woken_parked_delivery_is_admitted_by_its_grant_without_waiting(
+    redis_prefix: str,
+) -> None:
+    """A worker delivery of a parked execution that a release woke (granted the key as
+    ``<id>``) asks as ``wait:<id>`` first, like every worker delivery, and is admitted by that
+    first ask: no in-process wait (``REACTOR_WORKER_WAIT``, here 30 s so that a wait could not
+    go unnoticed), no second ask."""
+    key = "acct:gate-wake"
+    execution_id = str(
+        Execution.objects.start(reactor="tests.Woken", inputs={}, status=ExecutionStatus.RUNNING).id
+    )
+    coordinator = _Recording(redis_prefix)
+    first = coordinator.admit([LockClaim(key)], Holder(owner="a"))
+    assert isinstance(first, Admitted)
+    parked = coordinator.admit([LockClaim(key)], Holder(owner="b"), waiter_id=execution_id)
+    assert isinstance(parked, Refused)
+    assert list(coordinator.release(first, "success")) == [execution_id]
+
+    gate = Gate(
+        [LockDeclaration(key_fn=lambda args: key, ttl=30)],
+        {},
+        GateScope(
+            reactor="tests.Woken",
+            step="charge",
+            owner=f"{execution_id}:charge",
+            execution_id=execution_id,
+            held_keys=None,
+            waiter_id=execution_id,
+            worker_wait=30.0,
+        ),
+        coordinator=coordinator,
+    )
+    coordinator.asked.clear()
+    assert gate.enter(wait=None, park=True) is None  # admitted: no park, no skip
+    assert coordinator.asked == [f"{WAITING_PREFIX}{execution_id}"]
+    assert coordinator.waited == []
+    assert gate.admitted is not None
+    coordinator.release(gate.admitted, "success")
