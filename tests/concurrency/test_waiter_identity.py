@@ -16,6 +16,7 @@ finished (``engine.finished_waiters``).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -255,3 +256,39 @@ def test_a_woken_parked_delivery_is_admitted_by_its_grant_without_waiting(
     assert coordinator.waited == []
     assert gate.admitted is not None
     coordinator.release(gate.admitted, "success")
+
+
+def test_a_waiter_waiting_in_process_wakes_on_a_grant_to_its_parked_form(
+    coordinator: Coordinator,
+) -> None:
+    """A delivery waiting in-process as ``wait:exec-b`` while the line holds ``exec-b`` (a
+    duplicate delivery of the execution asked in its parked form meanwhile) is woken by the
+    release's grant to ``exec-b``, and admitted by it."""
+    key = "acct:wake-form"
+    first = coordinator.admit([LockClaim(key, ttl=30)], Holder(owner="a"))
+    assert isinstance(first, Admitted)
+    waiting = f"{WAITING_PREFIX}exec-b"
+    refused = coordinator.admit([LockClaim(key)], Holder(owner="b"), waiter_id=waiting)
+    assert isinstance(refused, Refused)
+    answers: list[AdmissionResult] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(
+            coordinator.admit_waiting(
+                [LockClaim(key)], Holder(owner="b"), 20.0, waiter_id=waiting, refused=refused
+            )
+        )
+    )
+    waiter.start()
+    time.sleep(0.3)  # let it subscribe; then the duplicate delivery parks as exec-b
+    assert isinstance(
+        coordinator.admit([LockClaim(key)], Holder(owner="b"), waiter_id="exec-b"), Refused
+    )
+    assert _line(coordinator, key) == ["exec-b"]
+    started = time.monotonic()
+    assert list(coordinator.release(first, "success")) == ["exec-b"]
+    waiter.join(15)
+    assert not waiter.is_alive() and isinstance(answers[0], Admitted), answers
+    # woken by the grant's message: a waiter the message does not name sleeps on until the
+    # grant would lapse (HANDOFF_GRANT_MS, 3 s) and only then asks again
+    assert time.monotonic() - started < 2.5
+    coordinator.release(answers[0], "success")
