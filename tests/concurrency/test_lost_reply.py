@@ -212,3 +212,29 @@ def test_a_reply_lost_on_every_try_is_an_outage_with_the_work_done_once(
     assert proxy.lost >= 2
     held = state.lock_state("acct:down", client=direct, prefix=redis_prefix)
     assert held.owner == "unlucky" and held.count == 1
+
+
+@pytest.mark.parametrize("with_semaphore", [False, True], ids=["lock_release", "release"])
+def test_a_release_held_back_by_a_flag_is_answered_so_again_after_a_lost_reply(
+    coordinator: Coordinator,
+    proxy: FaultProxy,
+    direct: Any,
+    redis_prefix: str,
+    with_semaphore: bool,
+) -> None:
+    """The flag keys ride at the end of the release's keys, before the stored-reply key: the
+    script still finds them, and the retry gets the same "flagged" answer."""
+    claims: list[Any] = [LockClaim("acct:flag", ttl=30)]
+    if with_semaphore:
+        claims.append(SemaphoreClaim("pool:flag", limit=1, ttl=30))
+    admitted = coordinator.admit(claims, Holder(owner="flagged"))
+    assert isinstance(admitted, Admitted)
+    flag = f"{redis_prefix}:test:cancel-flag"
+    direct.set(flag, "cancel requested")
+    _lose_next(proxy)
+    held_back = coordinator.release(admitted, "success", unless=[flag])
+    _was_lost(proxy)
+    assert held_back.flagged == "cancel requested" and held_back.freed == []
+    assert state.lock_state("acct:flag", client=direct, prefix=redis_prefix).held
+    direct.delete(flag)
+    assert ("lock", "acct:flag") in coordinator.release(admitted, "success").freed

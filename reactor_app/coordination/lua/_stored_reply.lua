@@ -8,19 +8,21 @@
 --              touches (a script may only touch keys of one slot)
 -- ARGV[#ARGV]  how long the reply is kept, ms
 --
--- Both are taken off KEYS and ARGV before the operation runs, so it sees the arguments it was
+-- The operation gets KEYS and ARGV without them (copies, passed as its parameters of those
+-- names: the server's own tables are left as they are), so it sees the arguments it was
 -- written for. A reply already stored under the key is the answer of an earlier call with the
 -- same request id — one whose reply the client never read (connection lost, timeout): it is
 -- answered again and the operation does not run a second time. Otherwise the operation runs
 -- and its answer is stored (MessagePack keeps every integer digit and an error reply's shape).
 local stored_reply_key = KEYS[#KEYS]
 local stored_reply_ttl_ms = tonumber(ARGV[#ARGV])
-KEYS[#KEYS] = nil
-ARGV[#ARGV] = nil
 local stored_reply = redis.call('GET', stored_reply_key)
 if stored_reply then return cmsgpack.unpack(stored_reply) end
-local answer = (function()
+local operation_keys, operation_argv = {}, {}
+for i = 1, #KEYS - 1 do operation_keys[i] = KEYS[i] end
+for i = 1, #ARGV - 1 do operation_argv[i] = ARGV[i] end
+local answer = (function(KEYS, ARGV)
 -- @stored_reply_body
-end)()
+end)(operation_keys, operation_argv)
 redis.call('SET', stored_reply_key, cmsgpack.pack(answer), 'PX', stored_reply_ttl_ms)
 return answer
