@@ -146,6 +146,7 @@ def test_a_waiter_asking_in_its_other_form_keeps_one_entry_and_its_place(
     assert isinstance(first, Admitted)
     waiting = f"{WAITING_PREFIX}exec-b"
     coordinator.admit(claims_for(key, 30), Holder(owner="b"), waiter_id=waiting)
+    time.sleep(0.005)  # a later millisecond: waiters of one millisecond are ordered by id
     coordinator.admit(claims_for(key, 30), Holder(owner="c"), waiter_id="exec-c")
     assert _line(coordinator, key) == [waiting, "exec-c"]
     # exec-b's delivery parks: the same waiter, now in its parked form, still first
