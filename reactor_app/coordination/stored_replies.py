@@ -10,11 +10,12 @@ and the script stores its reply under it for ``STORED_REPLY_TTL_MS`` (``lua/_sto
 wraps the operation): a call retried with the same id after an unknown outcome is answered the
 stored reply, and the operation runs at most once. The caller ends up knowing what it holds.
 
-The bound (docs/coordination.md, "A lost reply"): retries stop ``RETRY_WINDOW`` seconds after
-the first send, well inside the stored reply's lifetime, so a retry never runs the operation a
-second time because its first reply expired; past the window (or after ``RETRIES`` retries)
-the caller gets ``CoordinationUnavailable`` as before, and what the lost call took lapses with
-its lease. A failure to *connect* is not retried here: nothing was sent, the outcome is known.
+The bound (docs/coordination.md, "Guarantees": a lost reply is asked again, not redone):
+retries stop ``RETRY_WINDOW`` seconds after the first send, well inside the stored reply's
+lifetime, so a retry never runs the operation a second time because its first reply expired;
+past the window (or after ``RETRIES`` retries) the caller gets ``CoordinationUnavailable`` as
+before, and what the lost call took lapses with its lease. A failure to *connect* is not
+retried here: nothing was sent, the outcome is known.
 
 The stored-reply key carries the hash tag of the call's first key (every key of one call shares
 one cluster slot), so the call stays legal on a Redis Cluster.
