@@ -67,8 +67,8 @@ from reactor_app.dsl.declarations import (
     OrderedLockDeclaration,
     RateLimitDeclaration,
 )
+from reactor_app.engine import finished_waiters
 from reactor_app.engine.enqueueing import wake
-from reactor_app.engine.finished_waiters import past_finished
 from reactor_app.exceptions import CoordinationError, CoordinationUnavailable, LeaseLost
 from reactor_app.status import CoordinationEventKind
 from reactor_app.tracking import record_coordination
@@ -641,7 +641,7 @@ class Gate:
             self.scope.held_keys.settle([(h.claim.primitive, h.claim.key) for h in admitted.holds])
         if outcome in TERMINAL_OUTCOMES:
             self.forget_position()
-        woken = past_finished(self.coordinator, admitted, woken)
+        woken = finished_waiters.past_finished(self.coordinator, admitted, woken)
         # Parked executions waited for exactly this release: re-enqueue them now.
         _wake(woken)
         return woken
