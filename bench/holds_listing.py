@@ -51,6 +51,7 @@ from reactor_app.coordination import holds_index, lock, state  # noqa: E402
 from reactor_app.coordination.claims import LockClaim  # noqa: E402
 from reactor_app.coordination.redis import get_client, is_cluster  # noqa: E402
 from reactor_app.coordination.scripts import script_sources  # noqa: E402
+from reactor_app.coordination.stored_replies import with_request  # noqa: E402
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys  # noqa: E402
 from reactor_app.testing.servers import RedisClusterServers  # noqa: E402
 
@@ -81,7 +82,9 @@ def fill(client: Any, prefix: str, start: int, stop: int, batch: int = 2000) -> 
             if name not in pipes:
                 target = client.get_redis_connection(node) if node is not None else client
                 pipes[name] = target.pipeline(transaction=False)
-            pipes[name].evalsha(admit, len(keys), *keys, json.dumps(holder), json.dumps(spec), "")
+            # the admission script is retry-safe: it takes a stored-reply key and its lifetime
+            call_keys, args = with_request(keys, [json.dumps(holder), json.dumps(spec), ""])
+            pipes[name].evalsha(admit, len(call_keys), *call_keys, *args)
         for pipe in pipes.values():
             pipe.execute()
 
@@ -94,7 +97,8 @@ def add_targets(client: Any, prefix: str, size: int) -> None:
         keys = [*lock.admit_keys(LockClaim(key), prefix), *index]
         spec = [{"p": "lock", "n": len(keys), "ttl_ms": TTL_MS, "ik": key}]
         owner = json.dumps({"owner": f"t-{size}-{n}"})
-        client.evalsha(admit, len(keys), *keys, owner, json.dumps(spec), "")
+        call_keys, args = with_request(keys, [owner, json.dumps(spec), ""])
+        client.evalsha(admit, len(call_keys), *call_keys, *args)
 
 
 def median_ms(call: Any, repeat: int) -> tuple[float, Any]:

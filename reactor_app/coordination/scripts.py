@@ -1,10 +1,12 @@
-"""The Lua scripts: loading, calling, and the one table of their status codes.
+"""The Lua scripts: loading and calling them.
 
 ``Scripts`` registers every ``lua/<operation>.lua`` file of the package (read through
 ``importlib.resources``, so it works from a wheel or a zip) on one client. Every script answers
-``{status_code, json_payload}``; ``STATUSES`` is the one table that says what each code means.
-A connection failure of a script call becomes ``CoordinationUnavailable``
-(``coordination.redis.unavailable_on_connection_error``).
+``{status_code, json_payload}``; ``STATUSES`` (``coordination.statuses``, re-exported here for
+the modules that read replies) is the one table that says what each code means. A connection
+failure of a script call becomes ``CoordinationUnavailable``
+(``coordination.redis.unavailable_on_connection_error``); an admission, release or renewal
+whose reply was lost is asked again with its request id (``coordination.stored_replies``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import IntEnum
 from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
@@ -28,78 +28,34 @@ import redis as redis_py
 
 from reactor_app.coordination import claims as claim_types
 from reactor_app.coordination.redis import unavailable_on_connection_error
-from reactor_app.exceptions import (
-    CoordinationError,
-    LeaseLost,
-    LockAcquisitionError,
-    OrderedLockWaitError,
-    PeriodInFlightError,
-    RateLimitExceeded,
-    SemaphoreAcquisitionError,
+from reactor_app.coordination.statuses import (
+    STATUSES,
+    ScriptReply,
+    Status,
+    StatusMeaning,
+    decode_reply,
+)
+from reactor_app.coordination.stored_replies import (
+    RETRY_SAFE,
+    UNKNOWN_OUTCOME,
+    NotSent,
+    retrying,
+    with_request,
+    wrap_source,
 )
 
-# --------------------------------------------------------------------------------------------
-# Status codes: the one table
-# --------------------------------------------------------------------------------------------
-
-
-class Status(IntEnum):
-    """Status codes answered by the Lua scripts (first element of every reply).
-
-    ``lua/_common.lua`` declares the same names and values for the scripts; a unit test
-    (``test_lua_status_codes_match_the_python_enum``) fails when the two differ.
-    """
-
-    OK = 0
-    LOCKED = 1
-    SEMAPHORE_FULL = 2
-    RATE_LIMITED = 3
-    PERIOD_MARKED = 4
-    ORDERED_WAIT = 5
-    ORDERED_STALE = 6
-    CHAIN_FAILED = 7
-    LOST = 8
-    NOT_FOUND = 9
-    PERIOD_IN_FLIGHT = 10
-
-
-@dataclass(frozen=True)
-class StatusMeaning:
-    """What a status code means to Python: the result type built and the error it maps to."""
-
-    name: str
-    result: type | None
-    error: type[CoordinationError] | None
-
-
-STATUSES: dict[Status, StatusMeaning] = {
-    Status.OK: StatusMeaning("ok", claim_types.Admitted, None),
-    Status.LOCKED: StatusMeaning("locked", claim_types.Refused, LockAcquisitionError),
-    Status.SEMAPHORE_FULL: StatusMeaning(
-        "semaphore_full", claim_types.Refused, SemaphoreAcquisitionError
-    ),
-    Status.RATE_LIMITED: StatusMeaning("rate_limited", claim_types.Refused, RateLimitExceeded),
-    Status.PERIOD_MARKED: StatusMeaning("period_marked", claim_types.PeriodHit, None),
-    Status.ORDERED_WAIT: StatusMeaning("ordered_wait", claim_types.Refused, OrderedLockWaitError),
-    # a position from before a reset, or one already passed over: the caller must re-assign
-    Status.ORDERED_STALE: StatusMeaning("ordered_stale", claim_types.Refused, OrderedLockWaitError),
-    Status.CHAIN_FAILED: StatusMeaning("chain_failed", claim_types.ChainFailed, None),
-    Status.LOST: StatusMeaning("lost", None, LeaseLost),
-    Status.NOT_FOUND: StatusMeaning("not_found", None, None),
-    # another owner's reservation of the period bucket is live: contention, not a skip
-    Status.PERIOD_IN_FLIGHT: StatusMeaning(
-        "period_in_flight", claim_types.Refused, PeriodInFlightError
-    ),
-}
-
-
-@dataclass(frozen=True)
-class ScriptReply:
-    """A decoded script answer: its status and its JSON payload."""
-
-    status: Status
-    data: dict[str, Any]
-
+__all__ = [
+    "STATUSES",
+    "ScriptReply",
+    "Scripts",
+    "Status",
+    "StatusMeaning",
+    "decode_reply",
+    "holder_json",
+    "primitive_sections",
+    "script_sources",
+    "scripts_for",
+]
 
 # --------------------------------------------------------------------------------------------
 # Scripts
@@ -109,6 +65,8 @@ LUA_PACKAGE = "reactor_app.coordination"
 LUA_FOLDER = "lua"
 #: one Lua file per primitive, in sections spliced into the general scripts
 PRIMITIVES_FOLDER = "primitives"
+#: the fragment a retry-safe operation is wrapped in
+STORED_REPLY_WRAPPER = "_stored_reply.lua"
 _INCLUDE = re.compile(r"^-- @include (\S+\.lua)\s*$", re.MULTILINE)
 _PRIMITIVES = re.compile(r"^-- @primitives (\w+)\s*$", re.MULTILINE)
 _SECTION = re.compile(r"^-- @section (\w+)\s*$", re.MULTILINE)
@@ -173,9 +131,14 @@ def script_sources() -> dict[str, str]:
             parts[section] for _, parts in sorted(sections.items()) if section in parts
         )
 
-    return {
+    spliced = {
         name: _PRIMITIVES.sub(splice_primitives, _INCLUDE.sub(splice, text))
         for name, text in sorted(operations.items())
+    }
+    # a retry-safe operation runs inside the stored-reply wrapper (coordination.stored_replies)
+    return {
+        name: wrap_source(fragments[STORED_REPLY_WRAPPER], text) if name in RETRY_SAFE else text
+        for name, text in spliced.items()
     }
 
 
@@ -222,6 +185,24 @@ class Scripts:
         """Run ``operation`` and return its raw answer (the fast-path scripts answer flat
         lists, not ``{status, json}``); the caller maps connection failures.
 
+        A ``stored_replies.RETRY_SAFE`` operation carries a request id and is sent again, same
+        id, after an unknown outcome (a connection lost or timed out after the request left):
+        the script answers a retry with the reply it stored, so it runs at most once and the
+        caller learns what it took (``coordination.stored_replies``).
+        """
+        script = self._scripts[operation]
+        if operation in RETRY_SAFE:
+            keys, args = with_request(keys, args)
+            return retrying(lambda: self._send(script, keys, args))
+        try:
+            return self._send(script, keys, args)
+        except NotSent as not_sent:
+            raise not_sent.cause from None
+
+    def _send(self, script: Any, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        """One send of a script call; ``NotSent`` when no connection could be had (nothing
+        was sent).
+
         On a one-server client the command goes straight to a pooled connection — the calling
         thread's own (``_connection``), or one taken for the call: redis-py's generic command
         path (retry wrapper, event dispatch, metrics hooks, option filtering) costs about as
@@ -231,13 +212,15 @@ class Scripts:
         reconnects), and a script the server no longer has (restarted, flushed) is loaded
         again through ``Script``.
         """
-        script = self._scripts[operation]
         pool = self._direct_pool
         if pool is None:
             return script(keys=keys, args=args)
-        kept = self._connection() if self._keeps else None
-        per_call = kept is None
-        connection: Any = pool.get_connection() if per_call else kept
+        try:
+            kept = self._connection() if self._keeps else None
+            per_call = kept is None
+            connection: Any = pool.get_connection() if per_call else kept
+        except UNKNOWN_OUTCOME as exc:
+            raise NotSent(exc) from exc
         try:
             connection.send_packed_command([_pack_evalsha(script.sha, keys, args)])
             return connection.read_response()
@@ -312,6 +295,8 @@ class Scripts:
     ) -> None:
         """Queue ``operation`` on a pipeline of this client; decode its answer with
         ``decode_reply``."""
+        if operation in RETRY_SAFE:
+            keys, args = with_request(keys, args)
         self._scripts[operation](keys=keys, args=args, client=pipeline)
 
 
@@ -447,28 +432,6 @@ def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | floa
         count,
     )
     return head + b"".join([b"$%d\r\n%s\r\n" % (len(part), part) for part in parts])
-
-
-def decode_reply(raw: Any) -> ScriptReply:
-    """A script's raw ``{status, json}`` answer as a ``ScriptReply``."""
-    status, payload = raw
-    if not payload:
-        return ScriptReply(Status(int(status)), {})
-    data = json.loads(payload)
-    # without "{}" in its text a payload has no empty table to turn into a list: the walk
-    # over every value (a five-claim admission's reply has dozens) is skipped
-    if (b"{}" if isinstance(payload, bytes) else "{}") in payload:
-        data = _lists(data)
-    return ScriptReply(Status(int(status)), data)
-
-
-def _lists(value: Any) -> Any:
-    """cjson encodes an empty Lua table as ``{}``; every payload field we read as a list."""
-    if isinstance(value, dict):
-        return {k: ([] if v == {} else _lists(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_lists(v) for v in value]
-    return value
 
 
 _scripts_by_client: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()

@@ -191,12 +191,14 @@ def _sleep_until_woken(pubsub: Any | None, seconds: float, waiter_id: str | None
     at the very moment the key is idle. It shortens the sleep to when that grant would
     lapse unused (``grant_ms``), so a waiter asks again if the named one is gone. A
     message naming nobody (a semaphore slot, an ordered-lock cursor, a lock nobody was
-    registered for, a forced release) wakes every waiter.
+    registered for, a forced release) wakes every waiter. A message naming the waiter in its
+    other form (``waiter_forms``) names it: the grant is its grant.
     """
     if pubsub is None:
         time.sleep(seconds)
         return
     end = time.monotonic() + seconds
+    forms = waiter_forms(waiter_id)
     with unavailable_on_connection_error():
         while True:
             left = end - time.monotonic()
@@ -206,9 +208,20 @@ def _sleep_until_woken(pubsub: Any | None, seconds: float, waiter_id: str | None
             if message is None or message["type"] != "message":
                 continue
             granted_to, grant_ms = _grant(message.get("data"))
-            if granted_to is None or granted_to == waiter_id:
+            if granted_to is None or granted_to in forms:
                 return
             end = min(end, time.monotonic() + grant_ms / 1000 + MIN_PAUSE)
+
+
+def waiter_forms(waiter_id: str | None) -> frozenset[str]:
+    """The two forms of one waiter: ``<id>`` (a parked execution) and ``wait:<id>`` (one of
+    its deliveries waiting in-process). The scripts treat them as one entry in a line
+    (``other_form`` in ``lua/_common.lua``): a grant to either is the waiter's."""
+    if not waiter_id:
+        return frozenset()
+    if waiter_id.startswith(WAITING_PREFIX):
+        return frozenset({waiter_id, waiter_id[len(WAITING_PREFIX) :]})
+    return frozenset({waiter_id, f"{WAITING_PREFIX}{waiter_id}"})
 
 
 def _grant(data: Any) -> tuple[str | None, float]:

@@ -67,6 +67,7 @@ from reactor_app.dsl.declarations import (
     OrderedLockDeclaration,
     RateLimitDeclaration,
 )
+from reactor_app.engine import finished_waiters
 from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import (
     CoordinationError,
@@ -645,6 +646,7 @@ class Gate:
             self.scope.held_keys.settle([(h.claim.primitive, h.claim.key) for h in admitted.holds])
         if outcome in TERMINAL_OUTCOMES:
             self.forget_position()
+        woken = finished_waiters.past_finished(self.coordinator, admitted, woken)
         # Parked executions waited for exactly this release: re-enqueue them now.
         _wake(woken)
         return woken

@@ -4,9 +4,11 @@ Two worker processes (one ``celery worker -c 2``) run 40 executions whose ``guar
 takes one lock; every second for 15 s a random worker child is SIGKILLed, wherever it is — in
 a body, between admission and body, while parking, or idle. Afterwards, with no manual sweep:
 every execution ended ``succeeded``, no two completed critical sections overlap, the fencing
-tokens of the completed ones increase in time order, and nothing is left ``running``,
+tokens of the completed ones increase in time order, nothing is left ``running``,
 ``parked`` or ``pending`` within the recovery bound docs/operations.md states for the settings
-below (claim TTL + sweep interval + sweep-after, plus the backoff).
+below (claim TTL + sweep interval + sweep-after, plus the backoff), and the key's waiter line is
+empty: no finished execution is left in it, in either of its forms (``<id>``, ``wait:<id>``).
+The release → next acquisition gaps are printed (``-s``) for the record.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from typing import Any
 
 import pytest
 
-from reactor_app.models import Execution
-from reactor_app.status import ExecutionStatus
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import LockClaim
+from reactor_app.models import CoordinationEvent, Execution
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.testing import assert_not_locked
+from reactor_app.write_behind import flush
 from tests.worker.helpers import overlapping, wait_until
 from tests.worker.reactors import records
 from tests.worker.trust_reactors import ChaosReactor
@@ -51,6 +56,25 @@ def worker_children(pid: int) -> list[int]:
         text = (task / "children").read_text().split()
         found.extend(int(child) for child in text)
     return found
+
+
+def hand_off_gaps(key: str) -> list[float]:
+    """Seconds from each release of ``key`` to the next acquisition, from the recorded events
+    (a killed holder records no release: its lease lapsing is not a hand-off)."""
+    flush()
+    events = list(
+        CoordinationEvent.objects.filter(
+            key=key,
+            kind__in=[CoordinationEventKind.RELEASED, CoordinationEventKind.ACQUIRED],
+        )
+        .order_by("at")
+        .values_list("kind", "at")
+    )
+    gaps = []
+    for (kind, at), (next_kind, next_at) in itertools.pairwise(events):
+        if kind == CoordinationEventKind.RELEASED and next_kind == CoordinationEventKind.ACQUIRED:
+            gaps.append((next_at - at).total_seconds())
+    return gaps
 
 
 def test_killing_worker_children_every_second_strands_nothing_and_never_overlaps(
@@ -91,3 +115,7 @@ def test_killing_worker_children_every_second_strands_nothing_and_never_overlaps
     tokens = [r["token"] for r in sorted(done, key=lambda r: r["start"])]
     assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
     assert_not_locked("chaos:one")
+    # nobody is left in the key's line (no finished execution, in either of its forms)
+    assert Coordinator().waiters(LockClaim("chaos:one")) == []
+    gaps = hand_off_gaps("chaos:one")
+    print(f"\nhand-off gaps, ms: {sorted(round(g * 1000, 1) for g in gaps)}")

@@ -64,6 +64,40 @@ local HANDOFF_GRANT_MS = 3000
 local WAITING_PREFIX = 'wait:'
 local WAITING_GRANT_MS = 500
 
+-- One waiter, one entry: an execution parked as "<id>" whose next delivery waits in-process
+-- asks as "wait:<id>" — the same waiter in its other form. A line never holds both: a waiter
+-- registering in one form takes over the other form's place (the earlier score), admission
+-- removes both, and a grant to either form is the waiter's (lock_check). Otherwise a parked
+-- entry outlives the delivery admitted in the other form, and a later release grants the key
+-- to an execution that already ran (docs/coordination.md, "One entry per waiter").
+local function other_form(waiter)
+  if string.sub(waiter, 1, #WAITING_PREFIX) == WAITING_PREFIX then
+    return string.sub(waiter, #WAITING_PREFIX + 1)
+  end
+  return WAITING_PREFIX .. waiter
+end
+
+-- Register `waiter` in `waiters` at `score` unless it (in either form) is there already, where
+-- it keeps its place, now under the form that asked last. Entries are kept a day.
+local function waiter_register(waiters, waiter, score)
+  local other = other_form(waiter)
+  local earlier = redis.call('ZSCORE', waiters, other)
+  if earlier and tonumber(earlier) >= 0 then
+    local own = redis.call('ZSCORE', waiters, waiter)
+    if own and tonumber(own) < tonumber(earlier) then earlier = own end
+    redis.call('ZREM', waiters, other)
+    redis.call('ZADD', waiters, earlier, waiter)
+  else
+    redis.call('ZADD', waiters, 'NX', score, waiter)
+  end
+  redis.call('PEXPIRE', waiters, 86400000)
+end
+
+-- `waiter` (both forms) leaves `waiters`: it was admitted.
+local function waiter_remove(waiters, waiter)
+  redis.call('ZREM', waiters, waiter, other_form(waiter))
+end
+
 -- The live-holds index (operator listings, docs/operations.md): a lock or semaphore hold is one
 -- member "<user key>\0<primitive>\0<owner>" of a zset by acquisition ms, of a zset by key
 -- (score 0, so ZRANGEBYLEX finds a key prefix) and of a zset by lease expiry ms (ordering by

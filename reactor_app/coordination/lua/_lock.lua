@@ -24,7 +24,9 @@ local function lock_check(hold, waiters, owner, waiter, now_ms)
     local grant = redis.call('ZRANGEBYSCORE', waiters, '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, 1)
     if grant[1] then
       local until_ms = -tonumber(grant[2])
-      if until_ms > now_ms and grant[1] ~= GRANT_PREFIX .. waiter then
+      -- (either form of the waiter: a parked execution's delivery asks as "wait:<id>")
+      if until_ms > now_ms and grant[1] ~= GRANT_PREFIX .. waiter
+          and (waiter == '' or grant[1] ~= GRANT_PREFIX .. other_form(waiter)) then
         return nil, {retry_after_ms = until_ms - now_ms,
                      blocker = {granted_to = string.sub(grant[1], #GRANT_PREFIX + 1),
                                 ttl_ms = until_ms - now_ms}}

@@ -45,7 +45,9 @@ ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count}
                          stored? (true: the windows hash key follows the window keys),
                          cost? (units charged to every window, default 1; never above a
                          window's limit — the caller refuses that before admission)
-ARGV[3]  waiter id, or "" — on admission it is removed from the waiters of every claim; on a
+ARGV[3]  waiter id, or "" — on admission it is removed (in both its forms: "<id>" parked,
+         "wait:<id>" waiting in-process; see other_form in _common.lua) from the waiters of
+         every claim; on a
          refusal by a lock, semaphore, ordered lock or period in flight it is added to that
          claim's waiters, in the same atomic step, so a release can never slip between refusal
          and registration (a waiter already registered keeps its place: waiters are served
@@ -138,9 +140,8 @@ for i, claim in ipairs(claims) do
       refused.woken = woken
     end
     if waiter ~= '' and refused.waiters_key then
-      -- NX: a waiter refused again keeps its place in the order (FIFO)
-      redis.call('ZADD', refused.waiters_key, 'NX', refused.waiter_score, waiter)
-      redis.call('PEXPIRE', refused.waiters_key, 86400000)
+      -- a waiter refused again keeps its place in the order (FIFO), in either form
+      waiter_register(refused.waiters_key, waiter, refused.waiter_score)
     end
     local status = refused.status
     refused.status, refused.waiters_key, refused.waiter_score = nil, nil, nil
@@ -159,7 +160,7 @@ for i, claim in ipairs(claims) do
   holds[i] = TAKE[claim.p](claim, plans[i])
   local waiters_index = WAITERS_INDEX[claim.p]
   if waiter ~= '' and waiters_index then
-    redis.call('ZREM', claim.keys[waiters_index], waiter)
+    waiter_remove(claim.keys[waiters_index], waiter)
   end
 end
 return reply(OK, {time = now.text, holds = holds, assigned = assigned})

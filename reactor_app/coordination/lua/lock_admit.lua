@@ -14,8 +14,8 @@ Returns a flat list:
   {0, time "s.us", fresh 1|0, token text}                      admitted
   {1, time "s.us", retry_after_ms (-1: none), blocker owner, step, execution, reactor,
    since ms (-1), ttl ms (-1), granted_to}                       LOCKED ("" for an absent text)
-On a refusal with a waiter id, the waiter is registered (ZADD NX: a waiter keeps its place);
-on admission it is removed from the waiters.
+On a refusal with a waiter id, the waiter is registered (a waiter keeps its place, in either
+of its forms: waiter_register in _common.lua); on admission it is removed, in both forms.
 ]]
 
 -- @include _common.lua
@@ -28,14 +28,11 @@ local ttl_ms, waiter = tonumber(ARGV[5]), ARGV[6]
 
 local state, refused = lock_check(hold, waiters, h.owner, waiter, now.ms)
 if refused then
-  if waiter ~= '' then
-    redis.call('ZADD', waiters, 'NX', now.ms, waiter)
-    redis.call('PEXPIRE', waiters, 86400000)
-  end
+  if waiter ~= '' then waiter_register(waiters, waiter, now.ms) end
   local b = refused.blocker
   return {LOCKED, now.text, refused.retry_after_ms or -1, b.owner or '', b.step or '',
           b.execution or '', b.reactor or '', b.since or -1, b.ttl_ms or -1, b.granted_to or ''}
 end
 local token = lock_take(hold, fence, waiters, h, ttl_ms, now, state, index_of(KEYS, 4, ARGV[7]))
-if waiter ~= '' then redis.call('ZREM', waiters, waiter) end
+if waiter ~= '' then waiter_remove(waiters, waiter) end
 return {OK, now.text, state ~= 'again' and 1 or 0, token}
