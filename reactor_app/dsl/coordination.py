@@ -18,6 +18,7 @@ from reactor_app.coordination.claims import RateWindow
 from reactor_app.coordination.period import validate_every
 from reactor_app.coordination.rate_limit import parse_period
 from reactor_app.dsl.declarations import (
+    CONTENTION_STRATEGIES,
     DECLARATIONS_ATTR,
     CostFunction,
     DebounceDeclaration,
@@ -52,6 +53,17 @@ def _positive_number(owner: str, option: str, value: Any, *, allow_zero: bool = 
         owner=owner,
         option=option,
     )
+
+
+def _strategy(owner: str, primitive: str, value: Any) -> str:
+    choices = CONTENTION_STRATEGIES[primitive]
+    if value not in choices:
+        raise DefinitionError(
+            f"{owner}: on_contention must be one of {', '.join(map(repr, choices))}, got {value!r}",
+            owner=owner,
+            option="on_contention",
+        )
+    return str(value)
 
 
 def _key_function(owner: str, key: Any) -> KeyFunction:
@@ -149,12 +161,16 @@ def with_lock(
     wait: float = 0,
     auto_extend: bool = True,
     rollback_wait: float | None = None,
+    on_contention: str = "queue",
 ) -> Callable[[T], T]:
     """At most one execution inside the decorated work per key.
 
     ``ttl`` is the lease in seconds (renewed every ``ttl/3`` while the work runs when
     ``auto_extend``), ``wait`` how long a synchronous caller waits before failing, and
     ``rollback_wait`` how long compensate/undo wait to re-take it (default: ``ttl``).
+    ``on_contention`` says what a unit that finds the key taken does: ``"queue"`` (wait, or
+    park on a worker), ``"skip"``, ``"cancel_newest"`` (cancel itself) or
+    ``"cancel_in_progress"`` (cancel the holder, then queue) — docs/coordination.md.
     """
     owner = "with_lock"
     declaration = LockDeclaration(
@@ -165,6 +181,7 @@ def with_lock(
         rollback_wait=None
         if rollback_wait is None
         else _positive_number(owner, "rollback_wait", rollback_wait, allow_zero=True),
+        on_contention=_strategy(owner, "lock", on_contention),
     )
     return lambda target: _attach(declaration, target)
 
@@ -176,8 +193,10 @@ def with_semaphore(
     wait: float = 0,
     ttl: float = 60,
     rollback_wait: float = 60,
+    on_contention: str = "queue",
 ) -> Callable[[T], T]:
-    """At most ``limit`` executions inside the decorated work per key (one slot per owner)."""
+    """At most ``limit`` executions inside the decorated work per key (one slot per owner).
+    ``on_contention``: ``"queue"``, ``"skip"`` or ``"cancel_newest"`` (as ``with_lock``)."""
     owner = "with_semaphore"
     if limit is None:
         raise DefinitionError(
@@ -195,6 +214,7 @@ def with_semaphore(
         wait=_positive_number(owner, "wait", wait, allow_zero=True),
         ttl=_positive_number(owner, "ttl", ttl),
         rollback_wait=_positive_number(owner, "rollback_wait", rollback_wait, allow_zero=True),
+        on_contention=_strategy(owner, "semaphore", on_contention),
     )
     return lambda target: _attach(declaration, target)
 

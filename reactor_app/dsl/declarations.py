@@ -9,7 +9,7 @@ A declaration is definition-time data, recorded by the ``with_*`` decorators
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from reactor_app.coordination import primitives
@@ -38,6 +38,14 @@ PRIMITIVES = primitives.NAMES
 #: primitives re-taken for compensate/undo (docs/design.md §2.5): the owned holds — exclusion
 #: only, never quotas
 ROLLBACK_PRIMITIVES = primitives.HOLDING
+
+
+#: ``on_contention`` strategies per primitive, default first (``engine.contention`` carries
+#: them out); a semaphore has no one holder to cancel
+CONTENTION_STRATEGIES: dict[str, tuple[str, ...]] = {
+    "lock": ("queue", "skip", "cancel_newest", "cancel_in_progress"),
+    "semaphore": ("queue", "skip", "cancel_newest"),
+}
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,7 @@ class LockDeclaration(Declaration):
     wait: float = 0.0
     auto_extend: bool = True
     rollback_wait: float | None = None
+    on_contention: str = "queue"
 
     def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
         return LockClaim(key=key, ttl=self.ttl, auto_extend=self.auto_extend)
@@ -120,6 +129,7 @@ class SemaphoreDeclaration(Declaration):
     wait: float = 0.0
     ttl: float = 60.0
     rollback_wait: float = 60.0
+    on_contention: str = "queue"
 
     def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
         return SemaphoreClaim(key=key, limit=self.limit, ttl=self.ttl)
@@ -299,7 +309,16 @@ class DeclarationSet:
         return [self.by_primitive[p] for p in PRIMITIVES if p in self.by_primitive]
 
     def for_rollback(self) -> list[Declaration]:
-        return [self.by_primitive[p] for p in ROLLBACK_PRIMITIVES if p in self.by_primitive]
+        """What compensate and undo re-take: the owned holds, always queueing for them (an
+        undo must run; ``on_contention`` decides only whether the work itself starts)."""
+        return [
+            replace(declaration, on_contention="queue")  # type: ignore[call-arg]
+            if getattr(declaration, "on_contention", "queue") != "queue"
+            else declaration
+            for declaration in (
+                self.by_primitive[p] for p in ROLLBACK_PRIMITIVES if p in self.by_primitive
+            )
+        ]
 
     def with_(self, declaration: Declaration) -> DeclarationSet:
         return DeclarationSet({**self.by_primitive, declaration.primitive: declaration})

@@ -67,7 +67,7 @@ from reactor_app.dsl.declarations import (
     OrderedLockDeclaration,
     RateLimitDeclaration,
 )
-from reactor_app.engine import finished_waiters
+from reactor_app.engine import contention, finished_waiters
 from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import (
     CoordinationError,
@@ -275,7 +275,7 @@ class Gate:
             # while skipping, parking or failing, as a gate that was never entered would.
             self._release(Admitted(holds=adopted, holder=holder), "park", tracked=False)
         else:
-            answer = self._admit(lambda c: True, holder, wait=wait, park=park)
+            answer = self._admit_by_strategy(holder, wait=wait, park=park)
         if isinstance(answer, Admitted):
             self._admitted(answer)
             return None
@@ -289,6 +289,19 @@ class Gate:
         # parked waiters a wait that gave up handed its keys on to
         _wake(answer.woken)
         error = self.coordinator.refusal_error(answer, self.scope.reactor, self.scope.step)
+        strategy = self._strategy(answer.claim)
+        if strategy in (contention.SKIP, contention.CANCEL_NEWEST):
+            self._event(
+                CoordinationEventKind.ACQUISITION_FAILED,
+                answer.claim,
+                blocker=answer.blocker,
+                on_contention=strategy,
+            )
+            self.abandon_position()
+            if strategy == contention.SKIP:
+                return Skip("contended", answer.claim.key)
+            contention.cancel_newcomer(self.scope, answer)
+            raise error
         if park:
             # A park is its own event (recorded with the ContentionState row), never a failure.
             raise ParkRequested(answer, error, self)
@@ -302,6 +315,42 @@ class Gate:
         # position would wait for it until poison_pill_timeout.
         self.abandon_position()
         raise error
+
+    def _strategy(self, claim: Claim) -> str:
+        """The refused claim's ``on_contention`` (``engine.contention``)."""
+        for declaration in self.declarations:
+            if declaration.primitive == claim.primitive:
+                return str(getattr(declaration, "on_contention", contention.QUEUE))
+        return contention.QUEUE
+
+    def _admit_by_strategy(
+        self, holder: Holder, *, wait: float | None, park: bool
+    ) -> AdmissionResult:
+        """A first admission, decided by ``on_contention`` when a declaration has a strategy
+        other than queueing: one try without waiting or parking; a refusal by a
+        ``cancel_in_progress`` claim cancels the holder, and one by a queueing claim queues."""
+        everything: Callable[[Claim], bool] = lambda c: True  # noqa: E731
+        if not any(
+            getattr(d, "on_contention", contention.QUEUE) in contention.DECIDED_AT_ONCE
+            for d in self.declarations
+        ):
+            return self._admit(everything, holder, wait=wait, park=park)
+        answer = self._admit(everything, holder, wait=0, park=False)
+        if not isinstance(answer, Refused):
+            return answer
+        strategy = self._strategy(answer.claim)
+        if strategy in (contention.SKIP, contention.CANCEL_NEWEST):
+            return answer
+        if strategy == contention.CANCEL_IN_PROGRESS:
+            cancelled = contention.cancel_holder(self.scope, answer)
+            self._event(
+                CoordinationEventKind.ACQUISITION_FAILED,
+                answer.claim,
+                blocker=answer.blocker,
+                on_contention=strategy,
+                cancelled=cancelled,
+            )
+        return self._admit(everything, holder, wait=wait, park=park)
 
     def _admit(
         self, wanted: Callable[[Claim], bool], holder: Holder, *, wait: float | None, park: bool
