@@ -1,0 +1,34 @@
+"""Hypothesis profiles of the saga model (tests/sagas), chosen by ``REACTOR_SAGA_PROFILE``.
+
+* ``ci`` (the default, what ``make test`` runs): 60 generated workflows in this process, 10 on
+  a real Celery worker and 3 with a worker child SIGKILLed mid-body — well under 3 minutes;
+* ``soak`` (``make soak``): the same tests in batches (``saga-soak`` examples each) until
+  ``REACTOR_SAGA_SOAK_SECONDS`` (default 1800), split between them, is spent.
+
+Examples are random and Hypothesis keeps what it found under .hypothesis/, so a failure found
+once is replayed first next time; the minimal case is printed with its ledger, to be kept as a
+named regression test in test_regressions.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILE = os.environ.get("REACTOR_SAGA_PROFILE", "ci")
+if PROFILE not in ("ci", "soak"):
+    raise ValueError(f"REACTOR_SAGA_PROFILE must be 'ci' or 'soak', not {PROFILE!r}")
+
+_common = {
+    "deadline": None,
+    "suppress_health_check": [
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+    "print_blob": True,
+}
+# max_examples is per batch: ci runs one batch per test; soak runs batches until its time is up
+settings.register_profile("saga-ci", max_examples=60, **_common)
+settings.register_profile("saga-soak", max_examples=50, **_common)
