@@ -11,6 +11,7 @@ failing example prints what happened.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -26,6 +27,9 @@ from tests.sagas.model_reactors import ledger, note_outside, reactor_for, write_
 
 #: seconds a worker run (or retry) gets to end
 WORKER_TIMEOUT = 90.0
+#: for exploring while a known bug is open (never set in CI): problems matching this regular
+#: expression are dropped, so the model looks for the others
+IGNORE = os.environ.get("REACTOR_SAGA_IGNORE", "")
 
 
 @dataclass
@@ -141,4 +145,6 @@ def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None
     report.events = ledger(scenario)
     if len(report.roots) > 1 and row.status == ExecutionStatus.SUCCEEDED:
         report.problems += check_chain(case, report.roots, report.events)
+    if IGNORE:
+        report.problems = [p for p in report.problems if not re.search(IGNORE, p)]
     return report

@@ -64,3 +64,16 @@ def test_a_retry_from_a_step_after_an_undone_one_is_refused_naming_it() -> None:
     write_script(scenario, SagaScript())
     with pytest.raises(ExecutionNotRetryable, match=r"s1.*s2|s2.*s1"):
         failed.retry(from_step="s3")
+
+
+def test_a_second_cancel_keeps_the_first_reason() -> None:
+    """Issue 30 (item 2): two cancels of a running execution — the first one's reason is the
+    error's; the second is only recorded as an event (today the second replaces it)."""
+    case = Case(
+        shape=("tnx", "tnx", "tnx"),
+        items=1,
+        script=SagaScript(cancel="s1", cancel_mode="before", second_cancel=True),
+    )
+    report = run_case(case)
+    assert report.statuses == [ExecutionStatus.CANCELLED], report.explain(case)
+    assert Execution.objects.get(pk=report.roots[0]).error["reason"] == "first"
