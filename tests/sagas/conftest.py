@@ -13,7 +13,10 @@ named regression test in test_regressions.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 PROFILE = os.environ.get("REACTOR_SAGA_PROFILE", "ci")
@@ -32,3 +35,17 @@ _common = {
 # max_examples is per batch: ci runs one batch per test; soak runs batches until its time is up
 settings.register_profile("saga-ci", max_examples=60, **_common)
 settings.register_profile("saga-soak", max_examples=50, **_common)
+
+
+@pytest.fixture(scope="module")
+def celery_worker_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The module's ``WORKER_SETTINGS``, shared by its real worker and its tests."""
+    return dict(getattr(request.module, "WORKER_SETTINGS", {}))
+
+
+@pytest.fixture
+def worker(celery_worker_process: Any) -> Iterator[Any]:
+    """The module's real Celery worker, checked alive before and after each test."""
+    assert celery_worker_process.alive(), f"the worker died:\n{celery_worker_process.log()}"
+    yield celery_worker_process
+    assert celery_worker_process.alive(), f"the worker died:\n{celery_worker_process.log()}"

@@ -49,6 +49,7 @@ class Report:
     events: list[dict[str, Any]] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     actions: int = 0
+    scenario: str = ""
 
     def explain(self, case: Case) -> str:
         lines = [f"case: {case}", f"runs: {list(zip(self.roots, self.statuses, strict=False))}"]
@@ -61,6 +62,21 @@ class Report:
         return "\n".join(lines)
 
 
+def tree_ledger(scenario: str) -> list[dict[str, Any]]:
+    """The scenario's ledger, each entry's ``root`` the root of its execution's tree as the
+    rows say: a dispatched child (a parallel map element, an async step) runs as a run of its
+    own, whose ``context.root_execution_id`` is its own id, not its tree's root."""
+    events = ledger(scenario)
+    ids = {e["execution"] for e in events}
+    roots = {
+        str(pk): str(root or pk)
+        for pk, root in Execution.objects.filter(pk__in=ids).values_list("pk", "root_id")
+    }
+    for event in events:
+        event["root"] = roots.get(event["execution"], event["root"])
+    return events
+
+
 def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Event) -> None:
     """Wait for ``outside.label``'s body to be entered, then cancel its root or kill its pid."""
     while not stop.is_set():
@@ -71,9 +87,12 @@ def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Ev
                     os.kill(event["pid"], signal.SIGKILL)
                     note_outside(scenario, event["root"], outside.label, "kill")
                 else:
-                    note_outside(scenario, event["root"], outside.label, "cancel")
+                    # the tree's root, as the rows say (see tree_ledger)
+                    row = Execution.objects.get(pk=event["execution"])
+                    root = str(row.root_id or row.pk)
+                    note_outside(scenario, root, outside.label, "cancel")
                     try:
-                        Execution.objects.get(pk=event["root"]).cancel("first", by="saga-model")
+                        Execution.objects.get(pk=root).cancel("first", by="saga-model")
                     except Exception:  # noqa: S110 - it may have ended meanwhile
                         pass
                     finally:
@@ -96,7 +115,7 @@ def _run(case: Case, scenario: str, *, worker: bool) -> str:
 
 def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None) -> Report:
     scenario = uuid.uuid4().hex[:12]
-    report = Report()
+    report = Report(scenario=scenario)
     write_script(scenario, case.script)
     killed: set[int] = set()
     stop = threading.Event()
@@ -115,7 +134,7 @@ def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None
     row = Execution.objects.get(pk=root)
     report.roots.append(root)
     report.statuses.append(row.status)
-    events = ledger(scenario)
+    events = tree_ledger(scenario)
     report.problems += check_run(case, scenario, root, events, killed_pids=frozenset(killed))
 
     for from_step, script in case.retries:
@@ -135,14 +154,14 @@ def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None
             again.wait(timeout=WORKER_TIMEOUT)
         again.refresh_from_db()
         reused = list((again.context.get("retry") or {}).get("reused", []))
-        events = ledger(scenario)
+        events = tree_ledger(scenario)
         report.problems += check_retry(case, events, root, reused)
         root, row = str(again.pk), again
         report.roots.append(root)
         report.statuses.append(row.status)
         report.problems += check_run(case, scenario, root, events, reused=reused)
 
-    report.events = ledger(scenario)
+    report.events = tree_ledger(scenario)
     if len(report.roots) > 1 and row.status == ExecutionStatus.SUCCEEDED:
         report.problems += check_chain(case, report.roots, report.events)
     if IGNORE:

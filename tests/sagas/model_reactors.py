@@ -324,5 +324,12 @@ def random_shape(rng: random.Random, *, worker: bool) -> tuple[str, ...]:
 WORKER_SHAPES: list[tuple[str, ...]] = [
     random_shape(random.Random(f"saga-model-{n}"), worker=True) for n in range(48)
 ]
-for _shape in WORKER_SHAPES:
+#: the shapes of the worker regression tests (test_regressions_workers.py), minimal cases the
+#: model shrank to, built at import in every process too
+REGRESSION_SHAPES: list[tuple[str, ...]] = [
+    ("aux", "tux", "tux"),
+    ("tux", "pux", "tux"),
+    ("tux", "pul"),
+]
+for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

@@ -10,6 +10,7 @@ must hold after each run and after the retry chain (see its docstring).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from tests.sagas.strategies import cases
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: totals over the test, printed at its end (the closing note quotes them)
-TOTALS = {"workflows": 0, "actions": 0}
+TOTALS: Counter[str] = Counter()
 
 
 def test_the_saga_promise_holds_in_process(capsys: Any) -> None:
@@ -33,11 +34,13 @@ def test_the_saga_promise_holds_in_process(capsys: Any) -> None:
         report = run_case(case)
         TOTALS["workflows"] += 1
         TOTALS["actions"] += report.actions
+        TOTALS.update(f"runs {status}" for status in report.statuses)
         assert not report.problems, report.explain(case)
 
     batches = run_batches("inprocess", example)
     with capsys.disabled():
         print(
             f"\nsaga model in-process: {TOTALS['workflows']} workflows, "
-            f"{TOTALS['actions']} operator actions, {batches} batch(es)"
+            f"{TOTALS['actions']} operator actions, {batches} batch(es); "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(TOTALS.items()) if k.startswith("runs"))
         )

@@ -9,6 +9,7 @@ while a random body works; the kill variant SIGKILLs the worker child inside a r
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ WORKER_SETTINGS = {
     "REACTOR_SWEEP_AFTER": 3,
 }
 
-TOTALS = {"workflows": 0, "actions": 0}
+TOTALS: Counter[str] = Counter()
 
 
 def test_the_saga_promise_holds_on_workers(worker: Any, capsys: Any) -> None:
@@ -44,13 +45,15 @@ def test_the_saga_promise_holds_on_workers(worker: Any, capsys: Any) -> None:
         report = run_case(case, worker=True, outside=outside)
         TOTALS["workflows"] += 1
         TOTALS["actions"] += report.actions
+        TOTALS.update(f"runs {status}" for status in report.statuses)
         assert not report.problems, report.explain(case)
 
     batches = run_batches("worker", example)
     with capsys.disabled():
         print(
             f"\nsaga model on workers: {TOTALS['workflows']} workflows, "
-            f"{TOTALS['actions']} operator actions, {batches} batch(es)"
+            f"{TOTALS['actions']} operator actions, {batches} batch(es); "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(TOTALS.items()) if k.startswith("runs"))
         )
 
 
