@@ -330,6 +330,7 @@ REGRESSION_SHAPES: list[tuple[str, ...]] = [
     ("aux", "tux", "tux"),
     ("tux", "pux", "tux"),
     ("tux", "pul"),
+    ("tux", "cux", "tux"),
 ]
 for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

@@ -86,3 +86,29 @@ def test_cancelling_a_parked_parallel_map_starts_none_of_its_waiting_elements(
     assert late == [], report.explain(case)
     assert "s2[0]" not in {e["label"] for e in report.events if e["kind"] == "do"}
     assert not report.problems, report.explain(case)
+
+
+def test_a_composed_child_killed_mid_body_is_continued_not_left_running(worker: Any) -> None:
+    """Found by the model (kill variant): the worker child is SIGKILLed inside the first step
+    of a composed child. The redelivery completes the root, but through a *second* child row:
+    the first stays ``running`` for ever. ``engine.children.run_child`` records the new child's
+    id in the parent's state (``state.children.composed``) in memory only and runs the child
+    before the parent is checkpointed, so the redelivery does not know the child exists."""
+    case = Case(shape=("tux", "cux", "tux"), items=1, script=SagaScript(work={"s2/c1": 1.5}))
+    report = run_case(case, worker=True, outside=Outside(label="s2/c1", action="kill"))
+    assert report.statuses == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    children = Execution.objects.filter(parent_id=report.roots[0])
+    assert [c.status for c in children] == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_a_composed_childs_completed_step_stands_once_after_a_kill(worker: Any) -> None:
+    """The same cause, seen as an effect: killed inside the child's second step, the
+    redelivery starts a new child that runs the first step again; the first run of it is never
+    reused nor undone, so its effect stands twice in a succeeded run."""
+    case = Case(shape=("tux", "cux", "tux"), items=1, script=SagaScript(work={"s2/c2": 1.5}))
+    report = run_case(case, worker=True, outside=Outside(label="s2/c2", action="kill"))
+    assert report.statuses == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done.count("s2/c1") == 1, report.explain(case)
+    assert not report.problems, report.explain(case)
