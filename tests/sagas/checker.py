@@ -65,7 +65,11 @@ class Case:
         return [f"s{index}" for index in range(1, len(self.shape) + 1)]
 
     def inputs(self, scenario: str) -> dict[str, Any]:
-        return {"scenario": scenario, "items": list(range(self.items)), "suppress": list(self.suppress)}
+        return {
+            "scenario": scenario,
+            "items": list(range(self.items)),
+            "suppress": list(self.suppress),
+        }
 
     def plan(self) -> list[Effect]:
         """Every effect a successful run makes, in plan order (suppressed slots make none)."""
@@ -145,7 +149,9 @@ def check_run(
             elif done[label] != 1:
                 problems.append(f"succeeded, but {label}'s body completed {done[label]} times")
     elif status in (ExecutionStatus.FAILED, ExecutionStatus.CANCELLED):
-        undoable_done = [e["label"] for e in mine if e["kind"] == "do" and plan[e["label"]].undoable]
+        undoable_done = [
+            e["label"] for e in mine if e["kind"] == "do" and plan[e["label"]].undoable
+        ]
         for label in done:
             expected = 1 if plan[label].undoable else 0
             if undone[label] != expected:
@@ -179,9 +185,7 @@ def check_run(
                 problems.append(f"cancelled, but the error's reason is {reason!r}, not 'first'")
     elif status == ExecutionStatus.HALTED:
         if undone or compensated:
-            problems.append(
-                f"halted, yet undone {dict(undone)} / compensated {dict(compensated)}"
-            )
+            problems.append(f"halted, yet undone {dict(undone)} / compensated {dict(compensated)}")
     else:
         problems.append(f"the run ended {status!r}")
 
@@ -233,12 +237,12 @@ def _expected_status(case: Case, events: list[dict[str, Any]], status: str) -> l
     kinds = {e["kind"] for e in events}
     fails = Counter(e["label"] for e in events if e["kind"] == "fail")
     exhausted = any(count >= MAX_ATTEMPTS for count in fails.values())
-    if not exhausted and "cancel" not in kinds and "halt" not in kinds:
-        if status != ExecutionStatus.SUCCEEDED:
-            return [f"nothing failed, halted or was cancelled, yet the run ended {status}"]
-    if "cancel" in kinds and status not in (ExecutionStatus.CANCELLED, ExecutionStatus.SUCCEEDED):
-        if not exhausted and "halt" not in kinds:
-            return [f"a cancel was requested, yet the run ended {status}"]
+    quiet = not exhausted and "halt" not in kinds
+    if quiet and "cancel" not in kinds and status != ExecutionStatus.SUCCEEDED:
+        return [f"nothing failed, halted or was cancelled, yet the run ended {status}"]
+    ended = (ExecutionStatus.CANCELLED, ExecutionStatus.SUCCEEDED)
+    if quiet and "cancel" in kinds and status not in ended:
+        return [f"a cancel was requested, yet the run ended {status}"]
     return []
 
 
@@ -266,7 +270,11 @@ def check_retry(
     """A retry never reuses a result whose undo ran."""
     plan = effects_by_label(case)
     undone_slots = sorted(
-        {plan[e["label"]].slot for e in failed_events if e["root"] == failed_root and e["kind"] == "undo"}
+        {
+            plan[e["label"]].slot
+            for e in failed_events
+            if e["root"] == failed_root and e["kind"] == "undo"
+        }
     )
     bad = sorted(set(reused) & set(undone_slots))
     return [f"the retry reused {bad}, whose undo ran in {failed_root}"] if bad else []
@@ -286,7 +294,9 @@ def check_chain(case: Case, roots: list[str], events: list[dict[str, Any]]) -> l
     problems = []
     for label, effect in effects_by_label(case).items():
         if effect.undoable and net[label] != 1:
-            problems.append(f"after the retry chain {label}'s effect stands {net[label]}x, not once")
+            problems.append(
+                f"after the retry chain {label}'s effect stands {net[label]}x, not once"
+            )
         elif not effect.undoable and net[label] < 1:
             problems.append(f"after the retry chain {label}'s effect does not stand")
     return problems

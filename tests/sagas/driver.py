@@ -93,7 +93,7 @@ def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Ev
                     note_outside(scenario, root, outside.label, "cancel")
                     try:
                         Execution.objects.get(pk=root).cancel("first", by="saga-model")
-                    except Exception:  # noqa: S110 - it may have ended meanwhile
+                    except Exception:  # it may have ended meanwhile: the model judges the end
                         pass
                     finally:
                         from django.db import connection

@@ -69,9 +69,7 @@ def cases(draw: Any, *, worker: bool = False) -> Case:
     case.script = draw(scripts(labels, cancellable))
     from_steps = st.none() | st.sampled_from(slots)
     case.retries = tuple(
-        draw(st.lists(st.tuples(from_steps, retry_scripts(labels)), max_size=2))
-        if labels
-        else []
+        draw(st.lists(st.tuples(from_steps, retry_scripts(labels)), max_size=2)) if labels else []
     )
     return case
 

@@ -1,6 +1,6 @@
 """The saga promise, checked by its model on generated workflows run in this process.
 
-Each example is a random reactor (3–8 steps: plain steps, composed children, sequential and
+Each example is a random reactor (3 to 8 steps: plain steps, composed children, sequential and
 ``parallel=True`` maps — the latter run one element after another here — with undo, compensate,
 both or neither, step locks and semaphores, ``where``-suppressed steps), a script of failures
 at random attempts, a halt, and a cancel a body requests before or during its work (once or

@@ -58,9 +58,7 @@ def test_a_dispatched_childs_context_names_its_trees_root(worker: Any) -> None:
     elements = [e for e in ledger_of(report) if e["label"].startswith("s2[")]
     assert elements, report.explain(case)
     assert {e["execution"] for e in elements} != {root}  # each element runs as its own row
-    assert all(
-        str(Execution.objects.get(pk=e["execution"]).root_id) == root for e in elements
-    )
+    assert all(str(Execution.objects.get(pk=e["execution"]).root_id) == root for e in elements)
     assert {e["context_root"] for e in elements} == {root}, elements
 
 
