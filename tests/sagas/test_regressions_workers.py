@@ -110,3 +110,24 @@ def test_a_composed_childs_completed_step_stands_once_after_a_kill(worker: Any) 
     done = [e["label"] for e in report.events if e["kind"] == "do"]
     assert done.count("s2/c1") == 1, report.explain(case)
     assert not report.problems, report.explain(case)
+
+
+def test_the_default_retry_is_not_refused_when_an_unread_async_step_failed_too(
+    worker: Any,
+) -> None:
+    """Found by the model: an ``async_step`` nobody reads fails for good, and so does the last
+    step. The run's error is the last step's (the async failure is only seen when the rollback
+    settles it), so ``retry()`` — the default, "from the failed step" — starts at ``s3`` and is
+    refused because ``s1`` before it has no recorded result: a failed execution whose default
+    retry is refused. (``engine.retry.retry`` takes ``error.step`` as the default start; the
+    earliest step without a result, or the first undone one, is where it can restart.)"""
+    case = Case(
+        shape=("aux", "tux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s1": [1, 2], "s3": [1, 2]}),
+        retries=((None, SagaScript()),),
+    )
+    report = run_case(case, worker=True)
+    assert report.refusals == [], report.explain(case)
+    assert report.statuses == [ExecutionStatus.FAILED, ExecutionStatus.SUCCEEDED]
+    assert not report.problems, report.explain(case)
