@@ -1,7 +1,7 @@
 """Hypothesis profiles of the saga model (tests/sagas), chosen by ``REACTOR_SAGA_PROFILE``.
 
 * ``ci`` (the default, what ``make test`` runs): 60 generated workflows in this process, 10 on
-  a real Celery worker and 3 with a worker child SIGKILLed mid-body — well under 3 minutes;
+  a real Celery worker and 2 with a worker child SIGKILLed mid-body — about 3 minutes with the regressions;
 * ``soak`` (``make soak``): the same tests in batches (``saga-soak`` examples each) until
   ``REACTOR_SAGA_SOAK_SECONDS`` (default 1800), split between them, is spent.
 

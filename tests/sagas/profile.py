@@ -11,7 +11,7 @@ from hypothesis import settings
 
 PROFILE = os.environ.get("REACTOR_SAGA_PROFILE", "ci")
 #: examples per test kind in the ci profile (in-process ones are cheap, worker ones cost seconds)
-CI_EXAMPLES = {"inprocess": 60, "worker": 10, "kill": 3}
+CI_EXAMPLES = {"inprocess": 60, "worker": 10, "kill": 2}
 #: the share of the soak's time each test kind gets
 SOAK_SHARES = {"inprocess": 0.4, "worker": 0.45, "kill": 0.15}
 SOAK_BATCH = {"inprocess": 50, "worker": 5, "kill": 2}
