@@ -1,13 +1,14 @@
 """Hypothesis profiles of the saga model (tests/sagas), chosen by ``REACTOR_SAGA_PROFILE``.
 
 * ``ci`` (the default, what ``make test`` runs): 60 generated workflows in this process, 10 on
-  a real Celery worker and 2 with a worker child SIGKILLed mid-body — about 3 minutes with the regressions;
+  a real Celery worker and 2 with a worker child SIGKILLed mid-body (about 3 minutes with the
+  regression tests), not shrunk;
 * ``soak`` (``make soak``): the same tests in batches (``saga-soak`` examples each) until
   ``REACTOR_SAGA_SOAK_SECONDS`` (default 1800), split between them, is spent.
 
 Examples are random and Hypothesis keeps what it found under .hypothesis/, so a failure found
-once is replayed first next time; the minimal case is printed with its ledger, to be kept as a
-named regression test in test_regressions.py.
+once is replayed first next time; the case is printed with its ledger (minimal after the soak's
+shrinking), to be kept as a named regression test in test_regressions*.py.
 """
 
 from __future__ import annotations
