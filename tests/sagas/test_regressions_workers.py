@@ -33,7 +33,7 @@ def test_an_async_step_nobody_reads_is_undone_in_its_place_not_first(worker: Any
     case = Case(
         shape=("aux", "tux", "tux"),
         items=1,
-        script=SagaScript(fail={"s3": [1, 2]}, work={"s2": 1.0}),
+        script=SagaScript(fail={"s3": [1, 2]}, work={"s2": 2.0}),
     )
     report = run_case(case, worker=True)
     assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
