@@ -140,3 +140,19 @@ def test_the_default_retry_is_not_refused_when_an_unread_async_step_failed_too(
     assert report.refusals == [], report.explain(case)
     assert report.statuses == [ExecutionStatus.FAILED, ExecutionStatus.SUCCEEDED]
     assert not report.problems, report.explain(case)
+
+
+def test_a_halt_leaves_no_async_child_behind(worker: Any) -> None:
+    """Found by the model (soak): an ``async_step`` is still working when a later step halts.
+    The root ends ``halted`` at once and its async child is left ``pending``/``running`` (its
+    body goes on after the run has ended). A failure waits for such children before its
+    rollback (``engine.children.settle_children``); the halt path of
+    ``ExecutionRun._run_steps`` (``engine.executor``) returns without settling them."""
+    case = Case(
+        shape=("aux", "tux", "tux"),
+        items=1,
+        script=SagaScript(halt="s2", work={"s1": 1.5}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.HALTED], report.explain(case)
+    assert not report.problems, report.explain(case)
