@@ -1,0 +1,336 @@
+"""The saga model's reactors: a fixed family of shapes, importable by worker processes.
+
+A worker finds a reactor by dotted path and imports its module, so a generated reactor cannot
+be a class made inside a test. Instead a *shape* — one slot per step, each a kind (plain step,
+``compose``, sequential ``map_step``, ``map_step(parallel=True)``, ``async_step``), the hooks
+its step class defines (undo, compensate, both, neither) and its step-level coordination (none,
+a lock, a semaphore) — names a class, ``Saga_<slot>_<slot>...``. ``reactor_for(shape)`` builds
+(once) and registers the class of any shape in this process; ``WORKER_SHAPES``, a fixed family
+drawn with a fixed seed, are built at import, so a worker knows every one of them.
+
+Everything a run *does* is read at run time from a script in Redis keyed by the run's
+``scenario`` input (``SagaScript``): which body fails at which attempt, where a cancel is
+requested (before or during a body), where the run halts, how long a body works. The test
+rewrites the script between a failed run and its retry. ``where`` suppression is an input
+(``suppress``), so it is the same for a run and its retries, as inputs are.
+
+Every body, undo and compensate appends to the scenario's ledger (a Redis list under the
+test's key prefix): ``(root, execution, label, kind, attempt, pid, t)``. Labels name effects:
+``s2`` a plain step, ``s3[1]`` element 1 of a map, ``s4/c2`` the second step of a composed
+child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from reactor_app import (
+    Failure,
+    Halt,
+    Reactor,
+    Retries,
+    Step,
+    Success,
+    async_step,
+    compose,
+    element,
+    from_input,
+    map_step,
+    step,
+    value,
+    with_lock,
+    with_semaphore,
+)
+from reactor_app.conf import reactor_settings
+from reactor_app.coordination.redis import get_client
+
+#: every body is tried at most this often (the script fails some attempts)
+MAX_ATTEMPTS = 2
+KINDS = "tcmpa"  # t: step, c: compose, m: map_step, p: map_step(parallel=True), a: async_step
+HOOKS = "nucb"  # n: neither, u: undo, c: compensate, b: both
+COORDS = "xls"  # x: none, l: a step lock, s: a step semaphore
+#: a semaphore's limit (elements of a parallel map share it)
+SEMAPHORE_LIMIT = 2
+#: the steps of a composed child: the slot's hooks first, then a step with both hooks
+CHILD_STEPS = 2
+
+
+# --------------------------------------------------------------------------------------------
+# the script and the ledger
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SagaScript:
+    """What the bodies of one scenario do (JSON in Redis, rewritten by the test between runs).
+
+    * ``fail``: label → the attempts that return a retryable ``Failure``;
+    * ``cancel``: the label whose body (first attempt it reaches) requests a cancel of the
+      run's root, ``cancel_mode`` ``before`` (then the body completes) or ``during`` (then it
+      calls ``checkpoint()``, which stops it); ``second_cancel`` asks a second time;
+    * ``halt``: the label whose body returns ``Halt``;
+    * ``work``: label → seconds the body works (checking ``checkpoint()``) before its effect.
+    """
+
+    fail: dict[str, list[int]] = field(default_factory=dict)
+    cancel: str | None = None
+    cancel_mode: str = "before"
+    second_cancel: bool = False
+    halt: str | None = None
+    work: dict[str, float] = field(default_factory=dict)
+
+
+def _script_key(scenario: str) -> str:
+    return f"{reactor_settings.KEY_PREFIX}:test:saga-script:{scenario}"
+
+
+def _ledger_key(scenario: str) -> str:
+    return f"{reactor_settings.KEY_PREFIX}:test:saga-ledger:{scenario}"
+
+
+def write_script(scenario: str, script: SagaScript) -> None:
+    get_client().set(_script_key(scenario), json.dumps(asdict(script)), ex=3600)
+
+
+def read_script(scenario: str) -> SagaScript:
+    raw = get_client().get(_script_key(scenario))
+    return SagaScript(**json.loads(raw)) if raw else SagaScript()
+
+
+def note(scenario: str, context: Any, label: str, kind: str, **extra: Any) -> None:
+    entry = {
+        "root": str(context.root_execution_id or context.execution_id),
+        "execution": str(context.execution_id),
+        "label": label,
+        "kind": kind,
+        "attempt": getattr(context, "attempt", None),
+        "pid": os.getpid(),
+        "t": time.time_ns(),
+        **extra,
+    }
+    client = get_client()
+    client.rpush(_ledger_key(scenario), json.dumps(entry))
+    client.expire(_ledger_key(scenario), 3600)
+
+
+def note_outside(scenario: str, root: str, label: str, kind: str) -> None:
+    """A ledger entry of the test itself (a cancel it sent, a child it killed)."""
+    entry = {
+        "root": root,
+        "execution": root,
+        "label": label,
+        "kind": kind,
+        "attempt": None,
+        "pid": os.getpid(),
+        "t": time.time_ns(),
+        "outside": True,
+    }
+    get_client().rpush(_ledger_key(scenario), json.dumps(entry))
+
+
+def ledger(scenario: str) -> list[dict[str, Any]]:
+    return [json.loads(item) for item in get_client().lrange(_ledger_key(scenario), 0, -1)]
+
+
+# --------------------------------------------------------------------------------------------
+# step classes: one per (hooks, coordination)
+# --------------------------------------------------------------------------------------------
+
+
+def lock_key(args: dict[str, Any]) -> str:
+    return f"saga-lock:{args['scenario']}:{args['label']}"
+
+
+def semaphore_key(args: dict[str, Any]) -> str:
+    return f"saga-sem:{args['scenario']}:{args['label']}"
+
+
+def effect_label(args: dict[str, Any]) -> str:
+    item = args.get("item")
+    return args["label"] if item is None else f"{args['label']}[{item}]"
+
+
+def _request_cancel(root: str, reason: str) -> None:
+    from reactor_app.engine.cancel import cancel_execution
+
+    cancel_execution(root, reason, by="saga-model")
+
+
+class ModelStep(Step):
+    """The body every slot runs: follows the scenario's script, writes the ledger."""
+
+    inputs = ("scenario", "label", "item")
+    retries = Retries(max_attempts=MAX_ATTEMPTS, backoff="fixed", base_delay=0.01)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        scenario, label = args["scenario"], effect_label(args)
+        script = read_script(scenario)
+        attempt = context.attempt
+        note(scenario, context, label, "enter")
+        if script.cancel == label and not _cancel_requested(scenario, label):
+            note(scenario, context, label, "cancel", mode=script.cancel_mode)
+            root = str(context.root_execution_id or context.execution_id)
+            _request_cancel(root, "first")
+            if script.second_cancel:
+                _request_cancel(root, "second")
+            if script.cancel_mode == "during":
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline:  # the checkpoint raises ExecutionCancelled
+                    time.sleep(0.02)
+                    context.checkpoint()
+        seconds = float(script.work.get(label, 0.0))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            context.checkpoint()
+        if attempt in script.fail.get(label, []):
+            note(scenario, context, label, "fail")
+            return Failure(f"{label} fails at attempt {attempt}", retryable=True)
+        if script.halt == label:
+            note(scenario, context, label, "halt")
+            return Halt(f"{label} halts")
+        note(scenario, context, label, "do")
+        return Success({"label": label, "execution": str(context.execution_id)})
+
+
+def _cancel_requested(scenario: str, label: str) -> bool:
+    """Whether this scenario's ledger already shows the scripted cancel (once per script)."""
+    return any(e["kind"] == "cancel" and e["label"] == label for e in ledger(scenario))
+
+
+def _undo(self: Any, result: Any, args: dict[str, Any], context: Any) -> None:
+    note(args["scenario"], context, effect_label(args), "undo", of=result)
+
+
+def _compensate(self: Any, error: BaseException, args: dict[str, Any], context: Any) -> None:
+    note(args["scenario"], context, effect_label(args), "compensate", error=type(error).__name__)
+
+
+def _make_step(hooks: str, coord: str) -> type[Step]:
+    namespace: dict[str, Any] = {"__module__": __name__}
+    if hooks in "ub":
+        namespace["undo"] = _undo
+    if hooks in "cb":
+        namespace["compensate"] = _compensate
+    name = f"Step_{hooks}{coord}"
+    namespace["__qualname__"] = name
+    cls: type[Step] = type(name, (ModelStep,), namespace)
+    if coord == "l":
+        cls = with_lock(lock_key, ttl=30)(cls)
+    elif coord == "s":
+        cls = with_semaphore(semaphore_key, limit=SEMAPHORE_LIMIT, ttl=30)(cls)
+    return cls
+
+
+STEPS: dict[str, type[Step]] = {h + c: _make_step(h, c) for h in HOOKS for c in COORDS}
+for _cls in STEPS.values():
+    setattr(sys.modules[__name__], _cls.__name__, _cls)
+
+
+# --------------------------------------------------------------------------------------------
+# shapes → reactor classes
+# --------------------------------------------------------------------------------------------
+
+
+def shape_name(shape: tuple[str, ...]) -> str:
+    return "Saga_" + "_".join(shape)
+
+
+def suppressed(label: str) -> Any:
+    return lambda inputs, results: label not in inputs["suppress"]
+
+
+def _child(label: str, hooks: str, coord: str) -> type[Reactor]:
+    name = f"Child_{label}_{hooks}{coord}"
+    existing = globals().get(name)
+    if existing is not None:
+        return existing  # type: ignore[no-any-return]
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": name,
+        "inputs": ("scenario",),
+    }
+    for index, child_hooks in enumerate((hooks, "b")[:CHILD_STEPS], start=1):
+        namespace[f"c{index}"] = step(
+            STEPS[child_hooks + coord],
+            scenario=from_input("scenario"),
+            label=value(f"{label}/c{index}"),
+            item=value(None),
+        )
+    cls = type(name, (Reactor,), namespace)
+    globals()[name] = cls
+    return cls
+
+
+def _slot(label: str, code: str) -> Any:
+    kind, hooks, coord = code
+    where = suppressed(label)
+    common = {"scenario": from_input("scenario"), "label": value(label)}
+    if kind == "t":
+        return step(STEPS[hooks + coord], where=where, item=value(None), **common)
+    if kind == "c":
+        return compose(_child(label, hooks, coord), where=where, scenario=from_input("scenario"))
+    if kind in "mp":
+        return map_step(
+            STEPS[hooks + coord],
+            over=from_input("items"),
+            parallel=kind == "p",
+            where=where,
+            item=element(),
+            **common,
+        )
+    if kind == "a":
+        return async_step(
+            STEPS[hooks + coord], where=where, item=value(None), result_timeout=60, **common
+        )
+    raise ValueError(f"unknown slot kind {kind!r} in {code!r}")
+
+
+def reactor_for(shape: tuple[str, ...]) -> type[Reactor]:
+    """The reactor class of ``shape`` (built and registered once per process)."""
+    for code in shape:
+        if len(code) != 3 or code[0] not in KINDS or code[1] not in HOOKS or code[2] not in COORDS:
+            raise ValueError(f"bad slot {code!r} in shape {shape!r}")
+    name = shape_name(shape)
+    existing = globals().get(name)
+    if existing is not None:
+        return existing  # type: ignore[no-any-return]
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": name,
+        "inputs": ("scenario", "items", "suppress"),
+    }
+    for index, code in enumerate(shape, start=1):
+        namespace[f"s{index}"] = _slot(f"s{index}", code)
+    cls = type(name, (Reactor,), namespace)
+    globals()[name] = cls
+    return cls
+
+
+def random_shape(rng: random.Random, *, worker: bool) -> tuple[str, ...]:
+    kinds = KINDS if worker else "tcmp"
+    length = rng.randint(3, 8)
+    return tuple(rng.choice(kinds) + rng.choice(HOOKS) + rng.choice(COORDS) for _ in range(length))
+
+
+#: the shapes a worker knows (built at import in every process): a fixed seed, so the test
+#: process and the workers build the same family
+WORKER_SHAPES: list[tuple[str, ...]] = [
+    random_shape(random.Random(f"saga-model-{n}"), worker=True) for n in range(48)
+]
+#: the shapes of the worker regression tests (test_regressions_workers.py), minimal cases the
+#: model shrank to, built at import in every process too
+REGRESSION_SHAPES: list[tuple[str, ...]] = [
+    ("aux", "tux", "tux"),
+    ("tux", "pux", "tux"),
+    ("tux", "pul"),
+    ("tux", "cux", "tux"),
+]
+for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
+    reactor_for(_shape)

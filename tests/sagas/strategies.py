@@ -1,0 +1,85 @@
+"""Hypothesis strategies of the saga model: workflows (shapes, inputs) and operator actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from tests.sagas.checker import Case
+from tests.sagas.driver import Outside
+from tests.sagas.model_reactors import COORDS, HOOKS, WORKER_SHAPES, SagaScript
+
+#: what the failures of an effect look like: the first attempt only (the retry succeeds), or
+#: every attempt (the step fails for good)
+FAILURES = ([1], [1, 2])
+
+
+def slot(kinds: str) -> st.SearchStrategy[str]:
+    return st.tuples(st.sampled_from(kinds), st.sampled_from(HOOKS), st.sampled_from(COORDS)).map(
+        "".join
+    )
+
+
+@st.composite
+def scripts(draw: Any, labels: list[str], cancellable: list[str]) -> SagaScript:
+    """A script over the plan's effect ``labels``; a body requests a cancel only among
+    ``cancellable`` (bodies run in their root's own delivery)."""
+    fail = draw(
+        st.dictionaries(st.sampled_from(labels), st.sampled_from(FAILURES), max_size=2)
+        if labels
+        else st.just({})
+    )
+    cancel = draw(st.none() | st.sampled_from(cancellable)) if cancellable else None
+    halt = draw(st.none() | st.none() | st.sampled_from(labels)) if labels else None
+    return SagaScript(
+        fail=fail,
+        cancel=cancel,
+        cancel_mode=draw(st.sampled_from(["before", "during"])),
+        second_cancel=draw(st.booleans()) if cancel else False,
+        halt=halt,
+    )
+
+
+@st.composite
+def retry_scripts(draw: Any, labels: list[str]) -> SagaScript:
+    """The script a retry runs under: usually nothing fails any more, sometimes one body does."""
+    fail = draw(
+        st.just({})
+        | st.dictionaries(st.sampled_from(labels), st.sampled_from(FAILURES), max_size=1)
+    )
+    return SagaScript(fail=fail)
+
+
+@st.composite
+def cases(draw: Any, *, worker: bool = False) -> Case:
+    if worker:
+        shape = draw(st.sampled_from(WORKER_SHAPES))
+    else:
+        shape = tuple(draw(st.lists(slot("tcmp"), min_size=3, max_size=8)))
+    slots = [f"s{index}" for index in range(1, len(shape) + 1)]
+    items = draw(st.integers(1, 3))
+    suppress = tuple(draw(st.lists(st.sampled_from(slots), unique=True, max_size=2)))
+    case = Case(shape=shape, items=items, suppress=suppress)
+    labels = [effect.label for effect in case.plan()]
+    # a body of a parallel map element or of an async step runs in a delivery of its own: its
+    # root parks meanwhile, and a cancel requested from inside would wait for that very body
+    own_delivery = {s for s, code in zip(slots, shape, strict=True) if worker and code[0] in "pa"}
+    cancellable = [e.label for e in case.plan() if e.slot not in own_delivery]
+    case.script = draw(scripts(labels, cancellable))
+    from_steps = st.none() | st.sampled_from(slots)
+    case.retries = tuple(
+        draw(st.lists(st.tuples(from_steps, retry_scripts(labels)), max_size=2)) if labels else []
+    )
+    return case
+
+
+@st.composite
+def outside_actions(draw: Any, case: Case, action: str) -> Outside | None:
+    """A cancel (or a kill) from outside while one body works for a moment."""
+    labels = [effect.label for effect in case.plan()]
+    if not labels:
+        return None
+    label = draw(st.sampled_from(labels))
+    case.script.work[label] = 0.6 if action == "cancel" else 1.5
+    return Outside(label=label, action=action)

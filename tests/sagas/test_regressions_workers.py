@@ -1,0 +1,158 @@
+"""Counterexamples the saga model found on real Celery workers, kept as named regression tests
+(the minimal generated case spelled out; their shapes are in ``REGRESSION_SHAPES``, which every
+worker process builds at import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
+from tests.sagas.checker import Case
+from tests.sagas.driver import Outside, run_case
+from tests.sagas.model_reactors import SagaScript, ledger
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+#: how long after a cancel request a body may still start: the flag is polled every
+#: REACTOR_CANCEL_POLL (0.05 s) at most, plus a loaded machine's scheduling delays
+POLL_TOLERANCE_NS = 200_000_000
+
+WORKER_SETTINGS = {
+    "REACTOR_CONTENTION_BACKOFF": [0.2, 1.0],
+    "REACTOR_CONTENTION_CEILING": 200,
+    "REACTOR_EXECUTION_CLAIM_TTL": 6,
+    "REACTOR_SWEEP_AFTER": 3,
+}
+
+
+def test_an_async_step_nobody_reads_is_undone_in_its_place_not_first(worker: Any) -> None:
+    """An ``async_step`` (undo) that no later step reads completes first; a plain step (undo)
+    completes after it; the last step fails for good. Newest first means the plain step is
+    undone before the async one. Found by the model: the async step's completion enters the
+    rollback log only when the rollback settles it (``engine.children.settle_children`` →
+    ``settle_child`` appends it last), so it is undone first, whenever it completed."""
+    case = Case(
+        shape=("aux", "tux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s3": [1, 2]}, work={"s2": 2.0}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s1", "s2"], report.explain(case)  # the async body ends while s2 works
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s2", "s1"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_a_dispatched_childs_context_names_its_trees_root(worker: Any) -> None:
+    """``context.root_execution_id`` in the body of a parallel map element (its own delivery,
+    a child row whose ``root`` is the tree's root) names the tree's root, as in every other
+    body. Found by the model: it names the element's own execution (the element's run is built
+    with no parent, so ``ExecutionRun.root`` is itself) — and the cancel poll of a running
+    element reads ``(context.root_execution_id, context.execution_id)``, so a cancel of the
+    tree is never seen at the element's checkpoints."""
+    case = Case(shape=("tux", "pux", "tux"), items=2)
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    root = report.roots[0]
+    elements = [e for e in ledger_of(report) if e["label"].startswith("s2[")]
+    assert elements, report.explain(case)
+    assert {e["execution"] for e in elements} != {root}  # each element runs as its own row
+    assert all(str(Execution.objects.get(pk=e["execution"]).root_id) == root for e in elements)
+    assert {e["context_root"] for e in elements} == {root}, elements
+
+
+def ledger_of(report: Any) -> list[dict[str, Any]]:
+    """The raw ledger (roots as the bodies' contexts named them, before ``tree_ledger``)."""
+    scenario = report.scenario
+    return [dict(e, context_root=e["root"]) for e in ledger(scenario)]
+
+
+def test_cancelling_a_parked_parallel_map_starts_none_of_its_waiting_elements(
+    worker: Any,
+) -> None:
+    """Issue 30 (c): a parallel map of three elements sharing one step lock (one runs, the
+    others wait for the lock); the tree is cancelled while the first works (2 s, checking
+    ``checkpoint()``). The waiting elements are cancelled without starting (today they start
+    after the cancel and are then undone), and the working one stops at its next checkpoint
+    (today it never sees the tree's cancel: see the test above) — nothing to undo."""
+    case = Case(shape=("tux", "pul"), items=3, script=SagaScript(work={"s2[0]": 2.0}))
+    report = run_case(case, worker=True, outside=Outside(label="s2[0]", action="cancel"))
+    assert report.statuses == [ExecutionStatus.CANCELLED], report.explain(case)
+    (asked,) = [e["t"] for e in report.events if e["kind"] == "cancel"]
+    # a body may still start within a cancel poll (REACTOR_CANCEL_POLL, 0.05 s) of the request
+    late = {
+        e["label"]: round((e["t"] - asked) / 1e9, 2)
+        for e in report.events
+        if e["kind"] == "enter" and e["t"] > asked + POLL_TOLERANCE_NS
+    }
+    assert late == {}, report.explain(case)
+    assert "s2[0]" not in {e["label"] for e in report.events if e["kind"] == "do"}
+    assert not report.problems, report.explain(case)
+
+
+def test_a_composed_child_killed_mid_body_is_continued_not_left_running(worker: Any) -> None:
+    """Found by the model (kill variant): the worker child is SIGKILLed inside the first step
+    of a composed child. The redelivery completes the root, but through a *second* child row:
+    the first stays ``running`` for ever. ``engine.children.run_child`` records the new child's
+    id in the parent's state (``state.children.composed``) in memory only and runs the child
+    before the parent is checkpointed, so the redelivery does not know the child exists."""
+    case = Case(shape=("tux", "cux", "tux"), items=1, script=SagaScript(work={"s2/c1": 1.5}))
+    report = run_case(case, worker=True, outside=Outside(label="s2/c1", action="kill"))
+    assert report.statuses == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    children = Execution.objects.filter(parent_id=report.roots[0])
+    assert [c.status for c in children] == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_a_composed_childs_completed_step_stands_once_after_a_kill(worker: Any) -> None:
+    """The same cause, seen as an effect: killed inside the child's second step, the
+    redelivery starts a new child that runs the first step again; the first run of it is never
+    reused nor undone, so its effect stands twice in a succeeded run."""
+    case = Case(shape=("tux", "cux", "tux"), items=1, script=SagaScript(work={"s2/c2": 1.5}))
+    report = run_case(case, worker=True, outside=Outside(label="s2/c2", action="kill"))
+    assert report.statuses == [ExecutionStatus.SUCCEEDED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done.count("s2/c1") == 1, report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_the_default_retry_is_not_refused_when_an_unread_async_step_failed_too(
+    worker: Any,
+) -> None:
+    """Found by the model: an ``async_step`` nobody reads fails for good, and so does the last
+    step. The run's error is the last step's (the async failure is only seen when the rollback
+    settles it), so ``retry()`` — the default, "from the failed step" — starts at ``s3`` and is
+    refused because ``s1`` before it has no recorded result: a failed execution whose default
+    retry is refused. (``engine.retry.retry`` takes ``error.step`` as the default start; the
+    earliest step without a result, or the first undone one, is where it can restart.)"""
+    case = Case(
+        shape=("aux", "tux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s1": [1, 2], "s3": [1, 2]}),
+        retries=((None, SagaScript()),),
+    )
+    report = run_case(case, worker=True)
+    assert report.refusals == [], report.explain(case)
+    assert report.statuses == [ExecutionStatus.FAILED, ExecutionStatus.SUCCEEDED]
+    assert not report.problems, report.explain(case)
+
+
+def test_a_halt_leaves_no_async_child_behind(worker: Any) -> None:
+    """Found by the model (soak): an ``async_step`` is still working when a later step halts.
+    The root ends ``halted`` at once and its async child is left ``pending``/``running`` (its
+    body goes on after the run has ended). A failure waits for such children before its
+    rollback (``engine.children.settle_children``); the halt path of
+    ``ExecutionRun._run_steps`` (``engine.executor``) returns without settling them."""
+    case = Case(
+        shape=("aux", "tux", "tux"),
+        items=1,
+        script=SagaScript(halt="s2", work={"s1": 1.5}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.HALTED], report.explain(case)
+    assert not report.problems, report.explain(case)
