@@ -39,6 +39,7 @@ corrupt it. The start of a pass and its end (status writes) stay synchronous
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -292,6 +293,7 @@ class ProgressStore:
         vendor = connections[using].vendor
         whole = (
             vendor not in PATCHING_VENDORS
+            or (vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 31))  # no ``[#]``
             or nesting(ops) > MAX_NESTING
             or not all(_patchable(p) for _, p, _ in ops)
         )
