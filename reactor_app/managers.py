@@ -144,6 +144,13 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
             model._meta.pk.get_db_prep_value(pk, connection),
             *(str(status) for status in statuses),
         ]
+        if not connection.features.can_return_columns_from_insert:
+            # a database without RETURNING (SQLite before 3.35): the update, then the read
+            sql = sql[: sql.index(" RETURNING ")]
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                claimed = cursor.rowcount
+            return self.filter(pk=pk).first() if claimed else None
         # all rows fetched at once: SQLite ends an UPDATE ... RETURNING only then
         rows = list(self.raw(sql, params).using(self.db))
         return rows[0] if rows else None

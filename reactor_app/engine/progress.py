@@ -28,7 +28,9 @@ stops with ``ClaimLost`` — a terminal status, once written, is not overwritten
 that lost its claim (docs/design.md, "The execution claim").
 
 Durability: ``write(durable=False)`` (a progress checkpoint on a worker) does not wait for the
-WAL flush on PostgreSQL (``SET LOCAL synchronous_commit TO OFF``): a database crash may lose the
+WAL flush on PostgreSQL (``synchronous_commit`` off for the statement's transaction, set by the
+statement itself: ``set_config(..., true)``, the function form of ``SET LOCAL``, so the write
+stays one statement): a database crash may lose the
 last fraction of a second of progress — those units re-run, as after a worker crash — never
 corrupt it. The start of a pass and its end (status writes) stay synchronous
 (docs/operations.md, "Checkpoints").
@@ -37,16 +39,16 @@ corrupt it. The start of a pass and its end (status writes) stay synchronous
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, Literal
 
-from django.db import DatabaseError, connections, models, transaction
+from django.db import DatabaseError, connections, models
 from django.db.models import F
-from django.db.models.expressions import Expression
+from django.db.models.expressions import Expression, RawSQL
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
@@ -291,6 +293,7 @@ class ProgressStore:
         vendor = connections[using].vendor
         whole = (
             vendor not in PATCHING_VENDORS
+            or (vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 31))  # no ``[#]``
             or nesting(ops) > MAX_NESTING
             or not all(_patchable(p) for _, p, _ in ops)
         )
@@ -305,8 +308,9 @@ class ProgressStore:
         rows = Execution.objects.using(using).filter(
             pk=execution.pk, claim_generation=self.generation
         )
-        with _progress_transaction(using, durable=durable):
-            updated = rows.update(**values)
+        if _async_commit(using, durable=durable):
+            rows = rows.filter(_ASYNC_COMMIT)
+        updated = rows.update(**values)
         if not updated:
             if not Execution.objects.using(using).filter(pk=execution.pk).exists():
                 # deleted while it ran (as ``Model.save`` reported it before)
@@ -367,15 +371,16 @@ def _apply(data: dict[str, Any], op: Op) -> None:
         parent.pop(last, None)
 
 
-@contextmanager
-def _progress_transaction(using: str, *, durable: bool) -> Iterator[None]:
-    """A progress write on PostgreSQL commits without waiting for the WAL flush (outside a
-    caller's transaction only: ``SET LOCAL`` would change the caller's whole transaction)."""
+#: ``SET LOCAL synchronous_commit TO OFF`` as a condition of the UPDATE itself: the setting
+#: lasts for the statement's own transaction (autocommit), and a commit reads it when it
+#: happens — one statement, no transaction of its own around it
+_ASYNC_COMMIT = RawSQL(
+    "set_config('synchronous_commit', 'off', true) = 'off'", (), output_field=models.BooleanField()
+)
+
+
+def _async_commit(using: str, *, durable: bool) -> bool:
+    """A progress write on PostgreSQL commits without waiting for the WAL flush — outside a
+    caller's transaction only: there the setting would change the caller's whole commit."""
     connection = connections[using]
-    if durable or connection.vendor != "postgresql" or connection.in_atomic_block:
-        yield
-        return
-    with transaction.atomic(using=using):
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        yield
+    return not durable and connection.vendor == "postgresql" and not connection.in_atomic_block
