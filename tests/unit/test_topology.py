@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from reactor_app.checks import check_redis_topology
-from reactor_app.coordination.topology import Topology, configured_topology, from_dict, from_url
+from reactor_app.coordination.topology import Topology
+from reactor_app.coordination.topology_settings import configured_topology, from_dict, from_url
 from reactor_app.exceptions import ConfigurationError
 
 
