@@ -237,7 +237,8 @@ def _probe_sentinels(topology: Topology, setting: str, timeout: float) -> Findin
     for host, port in topology.nodes:
         client = redis_py.Redis(host=host, port=port, **kwargs)
         try:
-            masters = client.sentinel_masters()
+            # master name -> its state (redis-py parses SENTINEL MASTERS into a dict)
+            masters: Any = client.sentinel_masters()
         except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError) as exc:
             failures.append(_unreachable(f"sentinel {host}:{port}", exc, setting))
             continue
@@ -250,9 +251,11 @@ def _probe_sentinels(topology: Topology, setting: str, timeout: float) -> Findin
             )
         finally:
             client.close()
+        if not isinstance(masters, dict):  # a RESP3 list of states: their names
+            masters = {state.get("name"): state for state in masters}
         if topology.service_name in masters:
             return _probe_master(topology, setting, timeout)
-        known.update(masters)
+        known.update(str(name) for name in masters)
     if len(failures) == len(topology.nodes):
         return failures[0]
     names = ", ".join(repr(name) for name in sorted(known)) or "none"

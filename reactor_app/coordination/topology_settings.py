@@ -32,9 +32,9 @@ Two ways to say it, in the style of django-redis and Celery:
   ``REACTOR_REDIS_URL`` is an error (which one wins would be a guess).
 
 ``configured_topology()`` parses the settings into a ``Topology`` (or None: the embedded
-server); ``Topology.connect()`` (``coordination.topology``) builds the redis-py client. Every error is a
-``ConfigurationError`` whose message names the setting and what is wrong; the system check
-(``reactor_app.E030``) shows it at ``manage.py check`` instead of at the first step.
+server); ``Topology.connect()`` (``coordination.topology``) builds the redis-py client. Every
+error is a ``ConfigurationError`` whose message names the setting and what is wrong; the system
+check (``reactor_app.E030``) shows it at ``manage.py check`` instead of at the first step.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import embedded
-from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.probe import Finding, probe
+from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.topology import Topology
 from reactor_app.coordination.topology_settings import configured_topology
 from reactor_app.exceptions import ConfigurationError
@@ -117,7 +117,8 @@ class Command(BaseCommand):
         finding = self._probe(topology, setting)
         if finding is not None:
             self.stdout.write(f"problem:      {finding.problem}")
-            self.stdout.write(f"hint:         {finding.hint}")
+            if finding.hint:
+                self.stdout.write(f"hint:         {finding.hint}")
         if not answering:
             raise CommandError("the coordination Redis does not answer", returncode=1)
         if finding is not None:
