@@ -67,16 +67,20 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "demo_project.wsgi.application"
 
-# Django 5.1+ can open SQLite transactions IMMEDIATE and set WAL at connect; the Django 4.2 run
-# (make test-django42) goes without them, relying on the busy timeout alone.
-SQLITE_CONCURRENCY: dict[str, str] = (
-    {
+# SQLite shared by several processes (the web process, workers, the tests' forked racers): WAL
+# (readers never block the writer) and IMMEDIATE transactions (the write lock is taken first,
+# under the busy timeout, instead of an upgrade SQLite refuses at once with "database is
+# locked"). Django 5.1+ reads both from OPTIONS; on Django 4.2 (make test-django42) a thin
+# subclass of its backend does the same (demo_project/sqlite_backend).
+if django.VERSION >= (5, 1):
+    SQLITE_ENGINE = "django.db.backends.sqlite3"
+    SQLITE_CONCURRENCY: dict[str, str] = {
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    if django.VERSION >= (5, 1)
-    else {}
-)
+else:
+    SQLITE_ENGINE = "demo_project.sqlite_backend"
+    SQLITE_CONCURRENCY = {}
 
 DATABASE_URL = os.environ.get("DATABASE_URL")
 if DATABASE_URL:
@@ -89,7 +93,7 @@ else:
     SQLITE_PATH = Path(os.environ.get("REACTOR_SQLITE_PATH", BASE_DIR / "db.sqlite3"))
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": SQLITE_ENGINE,
             "NAME": str(SQLITE_PATH),
             "OPTIONS": {"timeout": 30, **SQLITE_CONCURRENCY},
             # A file, not ":memory:", so worker processes started by tests share it (they get its

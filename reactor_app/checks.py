@@ -200,3 +200,38 @@ def check_api_needs_rest_framework(app_configs: Any = None, **kwargs: Any) -> li
             id="reactor_app.E041",
         )
     ]
+
+
+@register("reactor_app", deploy=True)
+def check_redis_topology_answers(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``manage.py check --deploy`` only: ask the configured coordination Redis what it is.
+
+    A setting can parse (E030) and still name the wrong thing — a Sentinel URL at a plain
+    server, a service name the sentinels do not know, a cluster URL at a server without
+    cluster mode, a one-server URL at a cluster node — or a host nothing answers on; every step
+    would then fail. This connects with a short timeout (``coordination.probe``), so it is a
+    deploy check: plain ``check`` stays offline on machines that cannot reach production.
+    """
+    # deferred: the probe module is needed by this check alone
+    from reactor_app.coordination.probe import probe
+
+    try:
+        topology = configured_topology()
+    except ConfigurationError:
+        return []  # reactor_app.E030 reports it
+    if topology is None:
+        return []  # the embedded server, started on demand (reactor_app.E003 covers deploys)
+    setting = "REACTOR_REDIS" if reactor_settings.REDIS is not None else "REACTOR_REDIS_URL"
+    try:
+        finding = probe(topology, setting)
+    except Exception as exc:  # a reply the probe does not know: report it, never crash check
+        return [
+            Error(
+                f"asking {topology.describe()} what it is failed ({type(exc).__name__}: {exc})",
+                obj=setting,
+                id="reactor_app.E031",
+            )
+        ]
+    if finding is None:
+        return []
+    return [Error(finding.problem, hint=finding.hint, obj=setting, id="reactor_app.E031")]

@@ -9,6 +9,12 @@
   afterwards that prefix's keys, and only those, are deleted from the coordination Redis — so
   tests never see each other's holds, and a shared Redis (CI's database 15, a developer's
   embedded server) is left as it was found.
+* **No SQLite connection crosses a fork.** Tests fork racers (``multiprocessing``'s fork
+  context); a connection open in any thread of the parent at that moment — the tracking
+  writer's, a second after its last row — would be inherited with SQLite's in-process lock
+  bookkeeping, so a child's own connections could skip the file locks they need (lost
+  commits, ``database is locked``). Before every fork the writer thread lets go of its
+  connection (``_release_writer_before_fork``); the forking thread closes its own.
 * **Child processes see what the test sees.** ``subprocess_env()`` is the environment for a
   ``python``/``celery`` process started by a test: same test database, same Redis, same key
   prefix. Such tests need ``transactional_db`` (a child cannot see a test's open transaction).
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -236,6 +243,18 @@ def redis_topology(
     yield "cluster"
 
     delete_prefixed_keys(get_client(cluster.url), redis_prefix)
+
+
+def _release_writer_before_fork() -> None:
+    """Have the tracking writer thread close its database connection before a fork (see the
+    module docstring); nothing to wait for when the thread is not running, or when nothing
+    imported the writer yet (then it has no thread)."""
+    write_behind = sys.modules.get("reactor_app.write_behind")
+    if write_behind is not None and not write_behind.get_writer().release_connection():
+        warnings.warn("the tracking writer kept its database connection", stacklevel=1)
+
+
+os.register_at_fork(before=_release_writer_before_fork)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 * ``get_client()`` returns a redis-py client for the configured topology (``REACTOR_REDIS`` /
   ``REACTOR_REDIS_URL``: one server, a Redis Cluster or a Sentinel-watched master, see
-  ``coordination.topology``) — or for the embedded development server when
+  ``coordination.topology_settings``) — or for the embedded development server when
   ``REACTOR_REDIS_URL = "embedded"`` — shared per configuration within a process. One-server
   URLs are built through django-redis's connection factory (one pool per URL); cluster and
   Sentinel clients by ``Topology.connect``.
@@ -30,10 +30,9 @@ from django_redis.pool import ConnectionFactory
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import embedded
-from reactor_app.coordination.topology import (
-    COMMAND_TIMEOUT,
-    CONNECT_TIMEOUT,
-    Topology,
+from reactor_app.coordination.probe import hint_for, is_wrong_topology
+from reactor_app.coordination.topology import COMMAND_TIMEOUT, CONNECT_TIMEOUT, Topology
+from reactor_app.coordination.topology_settings import (
     cached_from_url,
     configured_topology,
     is_topology_url,
@@ -166,7 +165,7 @@ def get_client(url: str | None = None) -> Any:
     """A client for ``url`` (default: the configured topology, else the embedded server),
     shared per configuration within this process.
 
-    ``url`` may be any URL ``coordination.topology`` understands, ``redis+cluster://`` and
+    ``url`` may be any URL ``coordination.topology_settings`` understands, ``redis+cluster://`` and
     ``redis+sentinel://`` included. The client is a ``redis.Redis`` for one server or a
     Sentinel master, a ``redis.cluster.RedisCluster`` for a cluster.
     """
@@ -281,20 +280,30 @@ CLUSTER_OUTAGE_MESSAGES = (
 )
 
 
-#: what a one-server client pointed at a cluster node meets
-_WRONG_TOPOLOGY_ERRORS = (redis_py.exceptions.AskError, redis_py.exceptions.ClusterCrossSlotError)
-
-
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the coordination Redis cannot answer now (an outage) — or, for
-    a one-server client pointed at a cluster node, cannot answer at all (MOVED, CROSSSLOT)."""
+    a server of another kind than configured, cannot answer at all: a one-server client
+    pointed at a cluster node (MOVED, CROSSSLOT), a Sentinel URL at a plain server (which
+    refuses ``SENTINEL``), a cluster URL at a server without cluster mode."""
     if isinstance(exc, UNAVAILABLE_ERRORS):
         return True
-    if isinstance(exc, redis_py.exceptions.ClusterCrossSlotError):
+    if isinstance(exc, redis_py.exceptions.ClusterCrossSlotError) or is_wrong_topology(exc):
         return True
     return isinstance(exc, redis_py.exceptions.RedisClusterException) and str(exc).startswith(
         CLUSTER_OUTAGE_MESSAGES
     )
+
+
+def _configuration_hint(exc: BaseException) -> str | None:
+    """What to change in the setting that names the server ``exc`` came from; nothing for the
+    embedded server, which this process starts itself."""
+    try:
+        if reactor_settings.USES_EMBEDDED_REDIS and reactor_settings.REDIS is None:
+            return None
+        setting = "REACTOR_REDIS" if reactor_settings.REDIS is not None else "REACTOR_REDIS_URL"
+    except ConfigurationError:  # a broken setting is reported by the checks
+        return None
+    return hint_for(exc, setting)
 
 
 class unavailable_on_connection_error:
@@ -323,15 +332,10 @@ class unavailable_on_connection_error:
         if exc is None or not isinstance(exc, Exception) or not is_unavailable(exc):
             return False  # nothing raised, or not an outage: it propagates as it is
         _forget_embedded()  # the next call checks (and if need be starts) the server again
-        hint = ""
-        if isinstance(exc, _WRONG_TOPOLOGY_ERRORS):
-            # a one-server client pointed at a cluster node sees MOVED (or CROSSSLOT) for most
-            # keys
-            hint = (
-                " (a MOVED/ASK reply reached the library: if this Redis is a cluster, "
-                "configure it as redis+cluster://host:port or REACTOR_REDIS = "
-                "{'cluster': True, ...})"
-            )
+        # what to change, told from the exception alone (no round trip on the failing path);
+        # ``manage.py check --deploy`` asks the server itself (coordination.probe)
+        advice = _configuration_hint(exc)
+        hint = f" (hint: {advice})" if advice else ""
         raise CoordinationUnavailable(
             f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
             f"the protected work did not run{hint}",

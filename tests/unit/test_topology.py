@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from reactor_app.checks import check_redis_topology
-from reactor_app.coordination.topology import Topology, configured_topology, from_dict, from_url
+from reactor_app.coordination.topology import Topology
+from reactor_app.coordination.topology_settings import configured_topology, from_dict, from_url
 from reactor_app.exceptions import ConfigurationError
 
 
@@ -133,3 +134,63 @@ def test_one_server_urls_keep_the_plain_client_path(settings: Any) -> None:
     assert _topology_for(None) == "redis://127.0.0.1:6379/3"
     settings.REACTOR_REDIS = {"url": "redis://127.0.0.1:6379/3", "password": "pw"}
     assert isinstance(_topology_for(None), Topology)
+
+
+# -- the hints a failing call carries (coordination.probe.hint_for; no network) ---------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        # Redis 7 quotes the command with apostrophes, Redis 6 with backticks
+        (
+            "ResponseError:unknown command 'SENTINEL', with args beginning with: 'MASTERS'",
+            "is not a Sentinel",
+        ),
+        ("ResponseError:unknown command `SENTINEL`, with args beginning with: ", "not a Sentinel"),
+        ("MasterNotFoundError:No master found for 'nosuch'", "put the name the sentinels"),
+        (
+            "MasterNotFoundError:No master found for 'm' : Sentinel<...> - ConnectionError()",
+            "check the host and port",
+        ),
+        (
+            "RedisClusterException:Redis Cluster cannot be connected. Please provide at least "
+            "one reachable node: Cluster mode is not enabled on this node",
+            "has no cluster mode",
+        ),
+        (
+            "RedisClusterException:Redis Cluster cannot be connected. Please provide at least "
+            "one reachable node: Error 111 connecting to 127.0.0.1:1. Connection refused.",
+            "check the host and port",
+        ),
+        ("MovedError:3999 127.0.0.1:7002", "redis+cluster://host:port/"),
+        ("ClusterCrossSlotError:Keys in request don't hash to the same slot", "redis+cluster://"),
+        ("ConnectionError:Error 111 connecting to 127.0.0.1:1.", "check the host and port"),
+        ("AuthenticationError:invalid username-password pair", "username and password"),
+    ],
+)
+def test_a_failing_call_says_what_to_change(exc: str, expected: str) -> None:
+    import redis
+    from redis.sentinel import MasterNotFoundError
+
+    from reactor_app.coordination.probe import hint_for
+
+    kinds = {**vars(redis.exceptions), "MasterNotFoundError": MasterNotFoundError}
+    name, _, message = exc.partition(":")
+    hint = hint_for(kinds[name](message), "REACTOR_REDIS_URL")
+    assert hint is not None and expected in hint, hint
+    assert "REACTOR_REDIS_URL" in hint
+
+
+def test_an_unrelated_reply_gets_no_hint_and_stays_a_step_failure() -> None:
+    import redis
+
+    from reactor_app.coordination.probe import hint_for, is_wrong_topology
+    from reactor_app.coordination.redis import is_unavailable
+
+    for reply in ("ERR unknown command 'FOO'", "WRONGTYPE Operation against a key", "NOSCRIPT"):
+        exc = redis.exceptions.ResponseError(reply)
+        assert hint_for(exc) is None
+        assert not is_wrong_topology(exc) and not is_unavailable(exc)
+    sentinel = redis.exceptions.ResponseError("unknown command 'SENTINEL', with args")
+    assert is_wrong_topology(sentinel) and is_unavailable(sentinel)

