@@ -132,7 +132,12 @@ def nesting(ops: list[Op]) -> int:
 
 
 def sqlite_path(path: tuple[str, ...]) -> str:
-    return "$" + "".join(f'."{part}"' for part in path)
+    """A SQLite JSON path to ``path``. SQLite (3.40) matches a path's key against the stored
+    text of the key, escapes and all, and the stored text is JSON with non-ASCII characters
+    escaped (Django's ``JSONField`` and the patches here both write ``json.dumps`` output): so
+    each key is spelt as ``json.dumps`` spells it (``ü`` as ``\u00fc``), or a key with a
+    non-ASCII character would never be found (its map's elements silently not appended)."""
+    return "$" + "".join(f'."{json.dumps(part)[1:-1]}"' for part in path)
 
 
 def _patchable(path: tuple[str, ...]) -> bool:

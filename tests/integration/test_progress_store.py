@@ -133,6 +133,20 @@ def test_the_row_reads_back_as_the_state_after_any_changes(
     assert_row_is(execution, state)
 
 
+def test_regression_a_map_named_with_a_non_ascii_character_keeps_its_elements() -> None:
+    # SQLite matched the path ."ü" against the stored key text "\u00fc" and found nothing:
+    # the second element of map "ü" was never appended (found by the property above)
+    execution = fresh_row()
+    state = ExecutionState.from_json(execution.context)
+    store = ProgressStore(execution, state)
+    counter = [0]
+    for _ in range(3):
+        apply(state, "map_element", "ü", None, counter)
+        store.write(state, {}, durable=False)
+    assert_row_is(execution, state)
+    assert len(state.children.progress()["ü"]["elements"]) == 3
+
+
 def test_regression_a_map_dropped_and_started_again_under_its_name() -> None:
     execution = fresh_row()
     state = ExecutionState.from_json(execution.context)
