@@ -1,6 +1,6 @@
 """The live-holds index: operator listings in O(page), not O(keys) (issue 14).
 
-One module, though over 400 lines: the cluster walk (its own section below) is the second
+One piece on purpose, though over the usual size: the cluster walk (its own section below) is the second
 implementation behind ``_candidates`` and ``totals``, on the same key layout, member encoding,
 orderings and cursors, so taken apart it would import most of this module while this module
 imports it back.
