@@ -1,0 +1,91 @@
+"""Workloads: clients (``clients``) taking and releasing holds in a loop, every operation
+recorded in a ``History``, on threads or forked processes.
+
+An error that escapes a client call (the store unreachable, a reply lost) leaves its
+operation ``info`` — outcome unknown — and the loop goes on, as a real caller would retry.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from reactor_app.testing.history import History
+
+#: the operations each primitive's hold records (the models' names for them)
+VERBS = {"period": ("admit", "complete")}
+
+
+def key_of(client: Any, key: str) -> str:
+    """The key a client's operations are recorded under (a period's includes its bucket)."""
+    return client.bucket(key) if client.primitive == "period" else key
+
+
+def hold_loop(
+    client: Any,
+    history: History,
+    key: str,
+    process: str,
+    *,
+    duration: float,
+    hold: tuple[float, float] = (0.0, 0.01),
+    pause: tuple[float, float] = (0.0, 0.003),
+    failures: float = 0.0,
+    seed: int | None = None,
+) -> int:
+    """Take, hold for a random while, release — until ``duration`` passes; the number of
+    operations recorded. ``failures``: the share of holds released as failed (a period's
+    failure leaves its bucket unmarked)."""
+    rng = random.Random(seed)
+    take, give = VERBS.get(client.primitive, ("acquire", "release"))
+    recorded = 0
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        session = f"{process}-{recorded}"
+        where = key_of(client, key)
+        recorded += 1
+        try:
+            with history.operation(process, take, where, session=session, **client.expected()) as op:
+                admitted, seen, holding = client.acquire(key, session)
+                op.ok(admitted=admitted, **seen)
+        except Exception:
+            time.sleep(0.01)
+            continue
+        if not admitted:
+            time.sleep(rng.uniform(*pause))
+            continue
+        time.sleep(rng.uniform(*hold))
+        if client.primitive == "rate_limit":
+            continue  # a charge is spent: nothing to give back
+        outcome = "failure" if rng.random() < failures else "success"
+        recorded += 1
+        try:
+            with history.operation(process, give, where, session=session, outcome=outcome) as op:
+                op.ok(**client.release(key, session, holding, outcome))
+        except Exception:
+            time.sleep(0.01)
+    return recorded
+
+
+def on_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
+    """``target(n)`` on ``count`` threads at once; their results (an error is re-raised)."""
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            results[n] = target(n)
+        except BaseException as error:  # handed to the caller
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
