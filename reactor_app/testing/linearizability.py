@@ -30,7 +30,8 @@ while what remains still has no legal order — first the tail (a binary search 
 invocation), then halves, quarters... down to single units. The models only check what was
 granted, never a refusal, so dropping a unit only removes constraints: every sub-history the
 shrink keeps is a real violation, not an artefact of what it dropped. Nemesis faults are
-never dropped (dropping a "state may be lost" would make the rest stricter than it was).
+never dropped (dropping a "state may be lost" would make the rest stricter than it was), except
+those invoked after every kept operation completed, which could only come after them all.
 """
 
 from __future__ import annotations
@@ -238,7 +239,13 @@ def minimal_violation(
         if chunk == 1:
             break
         chunk = max(1, chunk // 2)
-    return sorted(fixed + [op for g in kept for op in g], key=lambda op: op.call)
+    shown = [op for g in kept for op in g]
+    ends = [op.ret for op in shown]
+    if all(end is not None for end in ends):
+        # a fault invoked after every kept operation completed can only come after them all
+        last = max(end for end in ends if end is not None)
+        fixed = [op for op in fixed if op.call <= last]
+    return sorted(fixed + shown, key=lambda op: op.call)
 
 
 def check(
