@@ -82,6 +82,9 @@ class MutexModel:
 
     name: str = "mutex"
     order_field: str | None = "token"
+    #: whether the order survives lost state (tokens do: their floor is Redis TIME; an
+    #: ordered lock's line restarted empty numbers its positions again)
+    order_survives_loss: bool = True
     default_ttl: float = 60.0
     slack_ns: int = DEFAULT_SLACK_NS
 
@@ -102,7 +105,7 @@ class MutexModel:
         holder, bound, last = state  # type: ignore[misc]
         session = op.value.get("session", op.id)
         if op.f == "lose":
-            return [state, (None, None, last)]
+            return [state, (None, None, last if self.order_survives_loss else None)]
         if op.f == "acquire":
             if holder is not None and holder != session and not self._may_have_lapsed(bound, op):
                 return []

@@ -131,10 +131,14 @@ class CoordinatorPeriod(CoordinatorLock):
 
 @dataclass
 class CoordinatorOrderedLock(CoordinatorLock):
+    #: seconds a silent holder keeps the line before it is passed over
+    poison_pill: float = 5.0
     primitive: str = "ordered_lock"
 
-    def claim(self, key: str) -> Any:
-        return OrderedLockClaim(key, position=UNASSIGNED, ttl=self.ttl, poison_pill_timeout=5)
+    def claim(self, key: str, position: Any = UNASSIGNED) -> Any:
+        return OrderedLockClaim(
+            key, position=position, ttl=self.ttl, poison_pill_timeout=self.poison_pill
+        )
 
     def acquire(self, key: str, session: str) -> tuple[bool, Values, Any]:
         # an ordered lock is a line: a caller keeps its place until its turn
@@ -148,12 +152,14 @@ class CoordinatorOrderedLock(CoordinatorLock):
                 return True, {"position": [position.epoch, position.nonce]}, result
             assigned = getattr(result, "assigned", {}).get(key)
             if assigned is not None:
-                claim = OrderedLockClaim(
-                    key, position=assigned, ttl=self.ttl, poison_pill_timeout=5
-                )
+                claim = self.claim(key, assigned)
             if time.monotonic() > deadline:
                 return False, {}, None
             time.sleep(0.005)
+
+    def expected(self) -> Values:
+        # a holder silent for the poison pill is passed over: that is its lease
+        return {"ttl": min(self.ttl, self.poison_pill)}
 
 
 # -- broken clients ---------------------------------------------------------------------------
