@@ -26,8 +26,8 @@ PYTEST_ARGS ?= --durations=15
 
 export DJANGO_SETTINGS_MODULE ?= demo_project.settings
 
-.PHONY: help venv install migrate demo test test-django42 pytest lint ruff-check format-check mypy \
-	lint-imports format \
+.PHONY: help venv install migrate demo test test-django42 pytest soak lint ruff-check format-check \
+	mypy lint-imports format \
 	bench browser-deps redis-status redis-stop clean
 
 help:
@@ -37,6 +37,7 @@ help:
 	@echo "make lint          ruff check, ruff format --check, mypy, import contracts"
 	@echo "make format        ruff format + ruff check --fix"
 	@echo "make bench         run the benchmarks in bench/"
+	@echo "make soak          the long schedules in SOAK_TESTS (not in CI)"
 	@echo "make migrate       apply migrations to the configured database"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (root + apt only)"
 	@echo "make redis-status  show the embedded Redis server; make redis-stop stops it"
@@ -81,6 +82,17 @@ test: install $(if $(CI),browser-deps)
 
 pytest: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# --- soak -----------------------------------------------------------------------------------
+# Long schedules, not in CI. The coordination fault schedules (tests/chaos/test_fault_histories.py,
+# docs/operations.md "How coordination is tested") run each fault for FAULT_SOAK_SECONDS instead
+# of a few seconds, every operation recorded and checked for linearizability.
+FAULT_SOAK_SECONDS ?= 300
+SOAK_TESTS ?= tests/chaos/test_fault_histories.py
+
+soak: install
+	REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) \
+		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------
 # pyproject.toml declares Django>=4.2: this runs the library's unit, API, run_async/retention/

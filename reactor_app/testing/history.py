@@ -171,9 +171,7 @@ class History:
                 finally:
                     os.close(descriptor)
 
-    def invoke(
-        self, process: str, f: str, key: str | None, **value: Any
-    ) -> Completion:
+    def invoke(self, process: str, f: str, key: str | None, **value: Any) -> Completion:
         """Record the invocation of ``f`` on ``key`` by ``process``; complete the answer."""
         op = self._next_id()
         self._append(Event(op, "invoke", process, f, key, time.monotonic_ns(), value))

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
+from typing import Any, cast
 
 from reactor_app.testing.history import Operation
 
@@ -102,7 +102,7 @@ class MutexModel:
         return bound is None or op.ret is None or bound - self.slack_ns <= op.ret
 
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
-        holder, bound, last = state  # type: ignore[misc]
+        holder, bound, last = cast(tuple[str | None, int | None, Any], state)
         session = op.value.get("session", op.id)
         if op.f == "lose":
             return [state, (None, None, last if self.order_survives_loss else None)]
@@ -156,7 +156,7 @@ class SemaphoreModel:
         return op.f in ("release", "extend")
 
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
-        holds: frozenset[tuple[str, int]] = state  # type: ignore[assignment]
+        holds = cast(frozenset[tuple[str, int]], state)
         session = op.value.get("session", op.id)
         mine = [h for h in holds if h[0] == session]
         if op.f == "lose":
@@ -170,9 +170,7 @@ class SemaphoreModel:
                 sorted(h for h in holds if op.ret is None or h[1] - self.slack_ns <= op.ret)
             )
             need = len(holds) + 1 - limit
-            return [
-                holds - set(gone) | {(session, lease)} for gone in _subsets(lapsable, need)
-            ]
+            return [holds - set(gone) | {(session, lease)} for gone in _subsets(lapsable, need)]
         if op.f == "extend" and _granted(op, "extended"):
             if not mine:
                 return [holds] if op.status == "info" else []
@@ -236,7 +234,7 @@ class RateLimitModel:
         return op.f == "acquire" and _granted(op)
 
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
-        admissions, floor = state  # type: ignore[misc]
+        admissions, floor = cast(tuple[tuple[tuple[int, int, int], ...], int], state)
         if op.f == "lose":
             return [state, ((), floor)]
         window = int(float(op.value.get("window") or self.window) * 1e9)
@@ -249,11 +247,8 @@ class RateLimitModel:
                 return []
         floor = max(floor, op.call)
         end = op.ret if op.ret is not None else 2**63
-        kept = tuple(
-            sorted(a for a in admissions if floor - a[1] < window + self.slack_ns)
-            + [(op.call, end, cost)]
-        )
-        return [(tuple(sorted(kept)), floor)]
+        kept = [a for a in admissions if floor - a[1] < window + self.slack_ns]
+        return [(tuple(sorted([*kept, (op.call, end, cost)])), floor)]
 
 
 @dataclass(frozen=True)
@@ -279,16 +274,16 @@ class PeriodModel:
         return op.f == "complete"
 
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
-        phase, holder, bound = state  # type: ignore[misc]
+        phase, holder, bound = cast(tuple[str, str | None, int | None], state)
         session = op.value.get("session", op.id)
         if op.f == "lose":
             return [state, ("free", None, None)]
         if op.f == "admit":
             if phase == "done":
                 return []
-            if phase == "reserved" and holder != session:
-                if op.ret is not None and bound - self.slack_ns > op.ret:
-                    return []
+            in_flight = phase == "reserved" and holder != session
+            if in_flight and op.ret is not None and (bound or 0) - self.slack_ns > op.ret:
+                return []  # another's reservation, whose lease cannot have lapsed yet
             return [("reserved", session, op.call + _ttl_ns(op, self.default_ttl))]
         # complete
         if op.status == "info":

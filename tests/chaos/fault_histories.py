@@ -48,6 +48,9 @@ from tests.linearizability.workloads import hold_loop, settled_buckets
 LEASE = 0.5
 #: the period's buckets (epoch-aligned seconds): several per run
 PERIOD = 2
+#: seconds after which a client moves on to a new key: a long (soak) run is checked as many
+#: short histories, which the search holds in memory one at a time
+ROTATE = 20.0
 
 
 def clients(coordinator: Callable[[], Coordinator]) -> dict[str, Any]:
@@ -82,7 +85,7 @@ def verdicts(ops: list[Operation], schedule: str) -> dict[str, CheckResult]:
     results = {}
     for primitive, model in MODELS.items():
         stem = key_for(primitive, schedule)
-        mine = [o for o in ops if o.key is None or o.key.split("@")[0] == stem]
+        mine = [o for o in ops if o.key is None or o.key.split("@")[0].split("#")[0] == stem]
         results[primitive] = check(settled_buckets(mine), model)
     return results
 
@@ -120,6 +123,7 @@ def child_loop(primitive: str, schedule: str, process: str, path: str, duration:
         hold=(0.0, LEASE / 5),
         failures=0.2,
         seed=os.getpid(),
+        rotate_every=ROTATE,
     )
     os._exit(0)  # no atexit handlers of the parent's (its test database, its servers)
 

@@ -46,6 +46,7 @@ from reactor_app.testing.servers import ServerBinaryMissing, StandaloneServer
 from tests.chaos.fault_histories import (
     LEASE,
     PRIMITIVES,
+    ROTATE,
     Children,
     assert_no_violation,
     clients,
@@ -89,7 +90,10 @@ def private_server() -> Iterator[RestartableServer]:
 
 def on_server(port: int, prefix: str) -> Coordinator:
     client = redis.Redis(
-        host="127.0.0.1", port=port, decode_responses=True, socket_timeout=2,
+        host="127.0.0.1",
+        port=port,
+        decode_responses=True,
+        socket_timeout=2,
         socket_connect_timeout=1,
     )
     return Coordinator(client=client, prefix=prefix)
@@ -113,6 +117,7 @@ def threads_of_all_primitives(
                 hold=(0.0, LEASE / 5),
                 failures=0.2,
                 seed=n,
+                rotate_every=ROTATE,
             )
         )
 
@@ -326,7 +331,13 @@ def test_step_call_through_restarts_writes_only_with_the_newest_token(
     calls = {o.value["session"]: o for o in ops if o.f == "call"}
     acquisitions = [
         Operation(
-            o.id, o.process, "acquire", o.key, "ok", calls[o.value["session"]].call, o.ret,
+            o.id,
+            o.process,
+            "acquire",
+            o.key,
+            "ok",
+            calls[o.value["session"]].call,
+            o.ret,
             {"session": o.value["session"], "token": o.value["token"], "ttl": LEASE},
         )
         for o in ops

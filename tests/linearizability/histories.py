@@ -3,7 +3,7 @@
 The brute force tries every order of every subset of the ``info`` operations (an ``info`` op
 may have happened or not) that respects real time (``a`` completed before ``b`` was invoked
 ⇒ ``a`` first) and asks the model; it is exponential and only for a handful of operations —
-the reference the Wing–Gong–Lowe search is compared with.
+the reference the Wing-Gong-Lowe search is compared with.
 """
 
 from __future__ import annotations

@@ -209,7 +209,10 @@ def test_an_escaping_error_or_a_missing_completion_is_info(tmp_path: Path) -> No
         raise ConnectionError("reply lost")
     history.invoke("p", "release", "k")  # a process killed before it completed
     ops = operations(load(tmp_path / "h.jsonl"))
-    assert [(o.f, o.status, o.ret) for o in ops] == [("acquire", "info", None), ("release", "info", None)]
+    assert [(o.f, o.status, o.ret) for o in ops] == [
+        ("acquire", "info", None),
+        ("release", "info", None),
+    ]
     assert "reply lost" in ops[0].value["error"]
 
 
@@ -220,6 +223,9 @@ def test_a_torn_last_line_is_skipped_but_a_corrupt_history_is_refused(tmp_path: 
     with open(path, "a") as torn:
         torn.write('{"op": "x", "ty')
     assert len(operations(load(path))) == 1
-    path.write_text(json.dumps({"op": "1", "type": "ok", "process": "p", "f": "a", "key": "k", "time": 1}) + "\n")
+    path.write_text(
+        json.dumps({"op": "1", "type": "ok", "process": "p", "f": "a", "key": "k", "time": 1})
+        + "\n"
+    )
     with pytest.raises(ValueError, match="without an invocation"):
         operations(load(path))

@@ -4,7 +4,7 @@
   it stands — stays linearizable when every operation's interval is widened (the order it was
   run in is still available): the search must find that order.
 * On small random histories (legal or not, with open ``info`` operations and lost state), the
-  Wing–Gong–Lowe search answers what a brute force over every order answers.
+  Wing-Gong-Lowe search answers what a brute force over every order answers.
 * A violation's reported sub-history is still a violation, and dropping any one of its holds
   makes it linearizable (it is minimal).
 """

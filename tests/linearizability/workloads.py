@@ -44,20 +44,29 @@ def hold_loop(
     pause: tuple[float, float] = (0.0, 0.003),
     failures: float = 0.0,
     seed: int | None = None,
+    rotate_every: float | None = None,
 ) -> int:
     """Take, hold for a random while, release — until ``duration`` passes; the number of
     operations recorded. ``failures``: the share of holds released as failed (a period's
-    failure leaves its bucket unmarked)."""
+    failure leaves its bucket unmarked). ``rotate_every``: move on to a new key
+    (``<key>#<n>``) every so many seconds, so that a long run's history is many short ones
+    (keys are checked apart) instead of one the search must hold at once."""
     rng = random.Random(seed)
     take, give = VERBS.get(client.primitive, ("acquire", "release"))
     recorded = 0
     deadline = time.monotonic() + duration
+    base = key
     while time.monotonic() < deadline:
+        if rotate_every:
+            # the machine's monotonic clock: every process moves on at the same instant
+            key = f"{base}#{int(time.monotonic() // rotate_every)}"
         session = f"{process}-{recorded}"
         where = key_of(client, key)
         recorded += 1
         try:
-            with history.operation(process, take, where, session=session, **client.expected()) as op:
+            with history.operation(
+                process, take, where, session=session, **client.expected()
+            ) as op:
                 admitted, seen, holding = client.acquire(key, session)
                 if key_of(client, key) != where:
                     seen["bucket_changed"] = True  # the bucket may not be the one recorded
