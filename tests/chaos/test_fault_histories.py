@@ -11,6 +11,8 @@ tested" has the figures).
   port with nothing persisted, recorded as a ``lose`` fault.
 * **Sentinel failover** — the master of a master + replica + sentinel set SIGKILLed; the
   clients follow the promoted replica (``lose``: the replica may lack the last writes).
+* **Cluster master killed** — a private 3-master Redis Cluster with a replica per master; the
+  master holding the most of the test's keys is SIGKILLed and its replica promoted.
 * **Replies lost** — a proxy between the clients and Redis lets script calls run and loses
   their replies (``reactor_app.testing.fault_proxy``): the client sees a connection error,
   the hold may exist (``info``).
@@ -41,8 +43,14 @@ from reactor_app.fencing import fenced_update
 from reactor_app.testing.fault_proxy import FaultProxy, is_script_call
 from reactor_app.testing.history import History, Operation, operations
 from reactor_app.testing.linearizability import check
+from reactor_app.testing.redis_processes import BUS_OFFSET, START_TIMEOUT, wait_until
 from reactor_app.testing.sequential_models import FencedRegisterModel, MutexModel
-from reactor_app.testing.servers import ServerBinaryMissing, StandaloneServer
+from reactor_app.testing.servers import (
+    RedisClusterServers,
+    ServerBinaryMissing,
+    StandaloneServer,
+    free_port,
+)
 from tests.chaos.fault_histories import (
     LEASE,
     PRIMITIVES,
@@ -220,6 +228,106 @@ def test_sentinel_failover(reactor_redis_sentinel: Any, settings: Any) -> None:
     after = [o for o in ops if o.status == "ok" and o.call > failed_over["at"] * 1e9]
     assert after, "no client went on after the failover"
     assert_no_violation("failover", verdicts(ops, "failover"))
+
+
+# -- Redis Cluster: a master killed, its replica promoted --------------------------------------
+
+
+class ClusterWithReplicas(RedisClusterServers):
+    """A private 3-master cluster (the session's shared one must not lose a master) with one
+    replica per master, joined by ``CLUSTER MEET`` and ``CLUSTER REPLICATE``."""
+
+    replica_of: dict[int, int]  # replica port -> its master's port
+
+    def add_replicas(self) -> ClusterWithReplicas:
+        self.replica_of = {}
+        for master in list(self.servers):
+            taken = [p for s in self.servers for p in (s.port, s.port + BUS_OFFSET)]
+            port = free_port(with_bus=True, taken=taken)
+            args = [
+                *self._common(port),
+                *("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"),
+                *("--cluster-node-timeout", str(self.node_timeout_ms)),
+            ]
+            self._await_ping(self._spawn(port, args, f"replica-{port}"))
+            self._client(master.port).execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+            master_id = self._client(master.port).execute_command("CLUSTER", "MYID")
+
+            def knows_master(port: int = port, master_id: str = master_id) -> bool:
+                return master_id in str(self._client(port).execute_command("CLUSTER", "NODES"))
+
+            wait_until(knows_master, START_TIMEOUT, "the replica to learn of its master")
+            self._client(port).execute_command("CLUSTER", "REPLICATE", master_id)
+
+            def synced(port: int = port) -> bool:
+                info = self._client(port).info("replication")
+                return bool(info.get("master_link_status") == "up")
+
+            wait_until(synced, START_TIMEOUT, "the replica to sync")
+            self.replica_of[port] = master.port
+        return self
+
+    def kill_busiest_master(self, prefix: str) -> tuple[int, int]:
+        """SIGKILL the master holding the most keys under ``prefix``; (its port, its
+        replica's)."""
+
+        def keys(port: int) -> int:
+            return sum(1 for _ in self._client(port).scan_iter(match=f"{prefix}*", count=500))
+
+        busiest = max(self.replica_of.values(), key=keys)
+        replica = next(r for r, m in self.replica_of.items() if m == busiest)
+        next(s for s in self.servers if s.port == busiest).kill()
+        return busiest, replica
+
+    def wait_promoted(self, replica: int, timeout: float = 30.0) -> None:
+        def promoted() -> bool:
+            return bool(self._client(replica).info("replication").get("role") == "master")
+
+        wait_until(promoted, timeout, "the cluster to promote the replica")
+
+
+@pytest.fixture
+def cluster_with_replicas() -> Iterator[ClusterWithReplicas]:
+    try:
+        cluster = ClusterWithReplicas(masters=3).start()
+    except ServerBinaryMissing as missing:
+        pytest.skip(str(missing))
+    try:
+        yield cluster.add_replicas()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.cluster
+def test_cluster_master_killed_and_its_replica_promoted(
+    cluster_with_replicas: ClusterWithReplicas, settings: Any, redis_prefix: str
+) -> None:
+    cluster = cluster_with_replicas
+    settings.REACTOR_REDIS_URL = (
+        "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in cluster.replica_of.values()) + "/"
+    )
+    history = History()
+    promoted: dict[str, float] = {}
+
+    def fail_over() -> None:
+        time.sleep(1.5)
+        fault = history.nemesis("lose", what="cluster master killed")
+        _, replica = cluster.kill_busiest_master(redis_prefix)
+        cluster.wait_promoted(replica)
+        fault.ok()
+        promoted["at"] = time.monotonic()
+
+    killer = threading.Thread(target=fail_over)
+    killer.start()
+    try:
+        threads_of_all_primitives(history, "cluster", Coordinator, seconds(10.0))
+    finally:
+        killer.join(60)
+    assert "at" in promoted, "the replica was never promoted"
+    ops = operations(history.events())
+    after = [o for o in ops if o.status == "ok" and o.call > promoted["at"] * 1e9]
+    assert after, "no client went on after the failover"
+    assert_no_violation("cluster", verdicts(ops, "cluster"))
 
 
 # -- replies lost ----------------------------------------------------------------------------
