@@ -98,6 +98,9 @@ class MutexModel:
             return _granted(op)
         return op.f in ("release", "extend")
 
+    def only_constrains(self, op: Operation) -> bool:
+        return op.f == "acquire"
+
     def _may_have_lapsed(self, bound: int | None, op: Operation) -> bool:
         return bound is None or op.ret is None or bound - self.slack_ns <= op.ret
 
@@ -155,6 +158,9 @@ class SemaphoreModel:
             return _granted(op)
         return op.f in ("release", "extend")
 
+    def only_constrains(self, op: Operation) -> bool:
+        return op.f == "acquire"
+
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
         holds = cast(frozenset[tuple[str, int]], state)
         session = op.value.get("session", op.id)
@@ -198,6 +204,9 @@ class FencedRegisterModel:
     def relevant(self, op: Operation) -> bool:
         return op.f == "write" and op.key is not None and _granted(op, "accepted")
 
+    def only_constrains(self, op: Operation) -> bool:
+        return True  # an accepted write only raises the bar
+
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
         token = int(op.value["token"])
         if state is not None and token < state:  # type: ignore[operator]
@@ -232,6 +241,9 @@ class RateLimitModel:
         if op.key is None:
             return op.f == "lose"
         return op.f == "acquire" and _granted(op)
+
+    def only_constrains(self, op: Operation) -> bool:
+        return op.f == "acquire"
 
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
         admissions, floor = cast(tuple[tuple[tuple[int, int, int], ...], int], state)
@@ -272,6 +284,9 @@ class PeriodModel:
         if op.f == "admit":
             return _granted(op)
         return op.f == "complete"
+
+    def only_constrains(self, op: Operation) -> bool:
+        return op.f == "admit"
 
     def step(self, state: Hashable, op: Operation) -> Iterable[Hashable]:
         phase, holder, bound = cast(tuple[str, str | None, int | None], state)

@@ -34,6 +34,7 @@ from reactor_app.coordination.claims import (
     PeriodHit,
     RateLimitClaim,
     RateWindow,
+    Refused,
     SemaphoreClaim,
 )
 from reactor_app.coordination.period import bucket_bounds
@@ -133,6 +134,8 @@ class CoordinatorPeriod(CoordinatorLock):
 class CoordinatorOrderedLock(CoordinatorLock):
     #: seconds a silent holder keeps the line before it is passed over
     poison_pill: float = 5.0
+    #: seconds a caller waits for its turn before it gives up (a refusal)
+    wait: float = 10.0
     primitive: str = "ordered_lock"
 
     def claim(self, key: str, position: Any = UNASSIGNED) -> Any:
@@ -144,7 +147,7 @@ class CoordinatorOrderedLock(CoordinatorLock):
         # an ordered lock is a line: a caller keeps its place until its turn
         holder = Holder(owner=session)
         claim = self.claim(key)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.wait
         while True:
             result = self.coordinator.admit([claim], holder)
             if isinstance(result, Admitted):
@@ -153,6 +156,8 @@ class CoordinatorOrderedLock(CoordinatorLock):
             assigned = getattr(result, "assigned", {}).get(key)
             if assigned is not None:
                 claim = self.claim(key, assigned)
+            elif isinstance(result, Refused) and result.detail.stale:
+                claim = self.claim(key)  # its place is gone (a line lost or reset): a new one
             if time.monotonic() > deadline:
                 return False, {}, None
             time.sleep(0.005)
