@@ -1,6 +1,6 @@
 """Helpers of the fault schedules (``test_fault_histories``): clients of the five primitives
-recording their operations, on threads or forked processes, and the checker's verdict per
-primitive.
+recording their operations, on threads or forked processes, the checker's verdict per
+primitive, and the servers the schedules break (one restarted empty; a cluster with replicas).
 
 Each primitive runs ``tests.linearizability.workloads.hold_loop`` with the library's own client
 (``Coordinator.admit`` / ``release``) on a key of its own, with short leases so that holders
@@ -29,12 +29,14 @@ from typing import Any
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.testing.history import History, Operation, load, operations
 from reactor_app.testing.linearizability import CheckResult, Model, check
+from reactor_app.testing.redis_processes import BUS_OFFSET, START_TIMEOUT, wait_until
 from reactor_app.testing.sequential_models import (
     MutexModel,
     PeriodModel,
     RateLimitModel,
     SemaphoreModel,
 )
+from reactor_app.testing.servers import RedisClusterServers, StandaloneServer, free_port
 from tests.linearizability.clients import (
     CoordinatorLock,
     CoordinatorOrderedLock,
@@ -172,3 +174,69 @@ class Children:
 
     def operations(self) -> list[Operation]:
         return operations(load(self.path))
+
+
+# -- servers the schedules break ------------------------------------------------------------
+
+
+class RestartableServer(StandaloneServer):
+    """A plain server that can be SIGKILLed and started again, empty, on the same port."""
+
+    def restart_empty(self) -> None:
+        port = self.port
+        self.servers[0].kill()
+        self.servers.pop(0)
+        self._await_ping(self._spawn(port, self._common(port), f"standalone-{port}-again"))
+
+
+class ClusterWithReplicas(RedisClusterServers):
+    """A private 3-master cluster (the session's shared one must not lose a master) with one
+    replica per master, joined by ``CLUSTER MEET`` and ``CLUSTER REPLICATE``."""
+
+    replica_of: dict[int, int]  # replica port -> its master's port
+
+    def add_replicas(self) -> ClusterWithReplicas:
+        self.replica_of = {}
+        for master in list(self.servers):
+            taken = [p for s in self.servers for p in (s.port, s.port + BUS_OFFSET)]
+            port = free_port(with_bus=True, taken=taken)
+            args = [
+                *self._common(port),
+                *("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"),
+                *("--cluster-node-timeout", str(self.node_timeout_ms)),
+            ]
+            self._await_ping(self._spawn(port, args, f"replica-{port}"))
+            self._client(master.port).execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+            master_id = self._client(master.port).execute_command("CLUSTER", "MYID")
+
+            def knows_master(port: int = port, master_id: str = master_id) -> bool:
+                return master_id in str(self._client(port).execute_command("CLUSTER", "NODES"))
+
+            wait_until(knows_master, START_TIMEOUT, "the replica to learn of its master")
+            self._client(port).execute_command("CLUSTER", "REPLICATE", master_id)
+
+            def synced(port: int = port) -> bool:
+                info = self._client(port).info("replication")
+                return bool(info.get("master_link_status") == "up")
+
+            wait_until(synced, START_TIMEOUT, "the replica to sync")
+            self.replica_of[port] = master.port
+        return self
+
+    def kill_busiest_master(self, prefix: str) -> tuple[int, int]:
+        """SIGKILL the master holding the most keys under ``prefix``; (its port, its
+        replica's)."""
+
+        def keys(port: int) -> int:
+            return sum(1 for _ in self._client(port).scan_iter(match=f"{prefix}*", count=500))
+
+        busiest = max(self.replica_of.values(), key=keys)
+        replica = next(r for r, m in self.replica_of.items() if m == busiest)
+        next(s for s in self.servers if s.port == busiest).kill()
+        return busiest, replica
+
+    def wait_promoted(self, replica: int, timeout: float = 30.0) -> None:
+        def promoted() -> bool:
+            return bool(self._client(replica).info("replication").get("role") == "master")
+
+        wait_until(promoted, timeout, "the cluster to promote the replica")

@@ -43,19 +43,15 @@ from reactor_app.fencing import fenced_update
 from reactor_app.testing.fault_proxy import FaultProxy, is_script_call
 from reactor_app.testing.history import History, Operation, operations
 from reactor_app.testing.linearizability import check
-from reactor_app.testing.redis_processes import BUS_OFFSET, START_TIMEOUT, wait_until
 from reactor_app.testing.sequential_models import FencedRegisterModel, MutexModel
-from reactor_app.testing.servers import (
-    RedisClusterServers,
-    ServerBinaryMissing,
-    StandaloneServer,
-    free_port,
-)
+from reactor_app.testing.servers import ServerBinaryMissing
 from tests.chaos.fault_histories import (
     LEASE,
     PRIMITIVES,
     ROTATE,
     Children,
+    ClusterWithReplicas,
+    RestartableServer,
     assert_no_violation,
     clients,
     key_for,
@@ -72,16 +68,6 @@ SOAK = float(os.environ.get("REACTOR_FAULT_SOAK_SECONDS", "0") or 0)
 
 def seconds(short: float) -> float:
     return max(short, SOAK)
-
-
-class RestartableServer(StandaloneServer):
-    """A plain server that can be SIGKILLed and started again, empty, on the same port."""
-
-    def restart_empty(self) -> None:
-        port = self.port
-        self.servers[0].kill()
-        self.servers.pop(0)
-        self._await_ping(self._spawn(port, self._common(port), f"standalone-{port}-again"))
 
 
 @pytest.fixture
@@ -231,59 +217,6 @@ def test_sentinel_failover(reactor_redis_sentinel: Any, settings: Any) -> None:
 
 
 # -- Redis Cluster: a master killed, its replica promoted --------------------------------------
-
-
-class ClusterWithReplicas(RedisClusterServers):
-    """A private 3-master cluster (the session's shared one must not lose a master) with one
-    replica per master, joined by ``CLUSTER MEET`` and ``CLUSTER REPLICATE``."""
-
-    replica_of: dict[int, int]  # replica port -> its master's port
-
-    def add_replicas(self) -> ClusterWithReplicas:
-        self.replica_of = {}
-        for master in list(self.servers):
-            taken = [p for s in self.servers for p in (s.port, s.port + BUS_OFFSET)]
-            port = free_port(with_bus=True, taken=taken)
-            args = [
-                *self._common(port),
-                *("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"),
-                *("--cluster-node-timeout", str(self.node_timeout_ms)),
-            ]
-            self._await_ping(self._spawn(port, args, f"replica-{port}"))
-            self._client(master.port).execute_command("CLUSTER", "MEET", "127.0.0.1", port)
-            master_id = self._client(master.port).execute_command("CLUSTER", "MYID")
-
-            def knows_master(port: int = port, master_id: str = master_id) -> bool:
-                return master_id in str(self._client(port).execute_command("CLUSTER", "NODES"))
-
-            wait_until(knows_master, START_TIMEOUT, "the replica to learn of its master")
-            self._client(port).execute_command("CLUSTER", "REPLICATE", master_id)
-
-            def synced(port: int = port) -> bool:
-                info = self._client(port).info("replication")
-                return bool(info.get("master_link_status") == "up")
-
-            wait_until(synced, START_TIMEOUT, "the replica to sync")
-            self.replica_of[port] = master.port
-        return self
-
-    def kill_busiest_master(self, prefix: str) -> tuple[int, int]:
-        """SIGKILL the master holding the most keys under ``prefix``; (its port, its
-        replica's)."""
-
-        def keys(port: int) -> int:
-            return sum(1 for _ in self._client(port).scan_iter(match=f"{prefix}*", count=500))
-
-        busiest = max(self.replica_of.values(), key=keys)
-        replica = next(r for r, m in self.replica_of.items() if m == busiest)
-        next(s for s in self.servers if s.port == busiest).kill()
-        return busiest, replica
-
-    def wait_promoted(self, replica: int, timeout: float = 30.0) -> None:
-        def promoted() -> bool:
-            return bool(self._client(replica).info("replication").get("role") == "master")
-
-        wait_until(promoted, timeout, "the cluster to promote the replica")
 
 
 @pytest.fixture
