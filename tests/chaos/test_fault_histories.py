@@ -134,7 +134,7 @@ def test_holders_sigkilled_or_paused_past_their_lease(tmp_path: Path) -> None:
         while time.monotonic() - started < duration - 1.0:
             time.sleep(0.5)
             name = rng.choice(sorted(children.running))
-            if rng.random() < 0.5:
+            if (kills + pauses) % 2 == 0:  # kill and pause by turns, a random client each
                 children.kill(name)
                 kills += 1
                 left = duration - (time.monotonic() - started)
