@@ -16,8 +16,9 @@ tested" has the figures).
 * **Replies lost** — a proxy between the clients and Redis lets script calls run and loses
   their replies (``reactor_app.testing.fault_proxy``): the client sees a connection error,
   the hold may exist (``info``).
-* **Step level** — ``Step.call`` of a locked step writing a fenced row, through restarts:
-  the row's history (a fenced register) and the lock's.
+* **Step and reactor level** — a locked step writing a fenced row, through restarts, called
+  by ``Step.call`` and run as a reactor's step by ``Reactor.run``: the row's history (a fenced
+  register) and the lock's.
 
 Every schedule prints its counts (operations checked per primitive). The short runs are part
 of ``make test``; ``REACTOR_FAULT_SOAK_SECONDS`` lengthens every schedule (``make soak``).
@@ -37,7 +38,7 @@ import pytest
 import redis
 
 from demo_project.shop.models import Account
-from reactor_app import Step, Success, with_lock
+from reactor_app import Reactor, Step, Success, from_input, step, with_lock
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.fencing import fenced_update
 from reactor_app.testing.fault_proxy import FaultProxy, is_script_call
@@ -320,9 +321,31 @@ class FencedWrite(Step):
         return Success(token)
 
 
+class FencedWriteReactor(Reactor):
+    """The same locked step, run as a reactor's step (``Reactor.run``)."""
+
+    inputs = ("account", "session", "hold")
+    write = step(
+        FencedWrite,
+        account=from_input("account"),
+        session=from_input("session"),
+        hold=from_input("hold"),
+    )
+
+
+def call_step(**args: Any) -> str:
+    return type(FencedWrite.call(**args)).__name__
+
+
+def run_reactor(**args: Any) -> str:
+    result = FencedWriteReactor.run(**args)
+    return "Success" if result.ok else type(result.error).__name__
+
+
 @pytest.mark.django_db(transaction=True)
-def test_step_call_through_restarts_writes_only_with_the_newest_token(
-    private_server: RestartableServer, settings: Any
+@pytest.mark.parametrize("entry", [call_step, run_reactor], ids=["Step.call", "Reactor.run"])
+def test_locked_step_through_restarts_writes_only_with_the_newest_token(
+    private_server: RestartableServer, settings: Any, entry: Any
 ) -> None:
     from django.db import connection
 
@@ -349,8 +372,7 @@ def test_step_call_through_restarts_writes_only_with_the_newest_token(
                 hold = rng.uniform(0, LEASE)
                 call = history.invoke(f"t{n}", "call", "acct:3131", session=session)
                 try:
-                    outcome = FencedWrite.call(account=3131, session=session, hold=hold)
-                    call.ok(outcome=type(outcome).__name__)
+                    call.ok(outcome=entry(account=3131, session=session, hold=hold))
                 except Exception as error:
                     call.info(error=type(error).__name__)
                     time.sleep(0.05)
@@ -392,8 +414,8 @@ def test_step_call_through_restarts_writes_only_with_the_newest_token(
             MutexModel(name="step lock"),
         ),
     }
-    print(report("step-restart", results))
+    print(report(f"{entry.__name__} through restarts", results))
     for result in results.values():
-        assert result.valid, report("step-restart", results)
+        assert result.valid, report(f"{entry.__name__} through restarts", results)
     writes = [o for o in ops if o.f == "write"]
     assert len(writes) >= 10 and any(o.value.get("accepted") for o in writes)
