@@ -149,7 +149,9 @@ def test_holders_sigkilled_or_paused_past_their_lease(tmp_path: Path) -> None:
     print(f"{kills} holders SIGKILLed, {pauses} paused for {2 * LEASE}s")
     assert kills and pauses
     assert any(o.status == "info" for o in ops), "no kill landed in a call"
-    assert_no_violation("kill", verdicts(ops, "kill"))
+    # killed ordered-lock clients leave places in line that wait out the poison pill: few
+    # of its operations complete in a short run
+    assert_no_violation("kill", verdicts(ops, "kill"), least=3)
 
 
 # -- Redis restarted empty -------------------------------------------------------------------
