@@ -37,7 +37,7 @@ help:
 	@echo "make lint          ruff check, ruff format --check, mypy, import contracts"
 	@echo "make format        ruff format + ruff check --fix"
 	@echo "make bench         run the benchmarks in bench/"
-	@echo "make soak          the long schedules in SOAK_TESTS (30 minutes; not in CI)"
+	@echo "make soak          the long schedules in SOAK_TESTS (about 30 minutes; not in CI)"
 	@echo "make migrate       apply migrations to the configured database"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (root + apt only)"
 	@echo "make redis-status  show the embedded Redis server; make redis-stop stops it"
@@ -84,15 +84,22 @@ pytest: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # --- soak -----------------------------------------------------------------------------------
-# Long randomized schedules, not in CI. The saga model (tests/sagas, docs/testing.md) runs its
-# `soak` Hypothesis profile: batches of generated workflows until SOAK_SECONDS (30 minutes) are
-# spent. Add another long schedule to SOAK_TESTS; each reads REACTOR_SAGA_SOAK_SECONDS or its own.
+# Long randomized schedules, not in CI:
+# * the saga model (tests/sagas, docs/testing.md) runs its `soak` Hypothesis profile: batches of
+#   generated workflows until SOAK_SECONDS are spent;
+# * the coordination fault schedules (tests/chaos/test_fault_histories.py, docs/operations.md
+#   "How coordination is tested") run each fault for FAULT_SOAK_SECONDS instead of a few seconds,
+#   every operation recorded and checked for linearizability.
+# Add another long schedule to SOAK_TESTS; each reads its own duration variable.
 SOAK_SECONDS ?= 1800
-SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py
+FAULT_SOAK_SECONDS ?= 300
+SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
+	tests/chaos/test_fault_histories.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_SAGA_SOAK_SECONDS=$(SOAK_SECONDS) \
-		$(BIN)/python -m pytest -o timeout=0 -x -q $(SOAK_TESTS)
+		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) \
+		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------
 # pyproject.toml declares Django>=4.2: this runs the library's unit, API, run_async/retention/

@@ -7,7 +7,12 @@
   test and a real Celery worker process (``pytest_plugins = [...]`` in your conftest);
 * ``within_freshness_bound(read)`` — read tracking rows (written behind the work) once they are
   there, within the freshness bound;
-* ``WorkerProcess`` — start and stop a real ``celery -A <app> worker`` from Python.
+* ``WorkerProcess`` — start and stop a real ``celery -A <app> worker`` from Python;
+* ``History`` — record each coordination operation's invocation and outcome (``ok``, ``fail``
+  or ``info``: unknown) from threads and processes; ``check(operations, model)`` decides
+  whether one legal sequential order explains them (a linearizability checker) against
+  ``MutexModel``, ``SemaphoreModel``, ``FencedRegisterModel``, ``RateLimitModel`` or
+  ``PeriodModel``, and shows a minimal violating sub-history when none does.
 
 Everything here reads; nothing changes coordination state.
 """
@@ -25,6 +30,15 @@ from reactor_app.testing.assertions import (
     assert_semaphore_count,
     assert_token_greater,
 )
+from reactor_app.testing.history import History, Operation, load, operations
+from reactor_app.testing.linearizability import CheckResult, Violation, check, linearizable
+from reactor_app.testing.sequential_models import (
+    FencedRegisterModel,
+    MutexModel,
+    PeriodModel,
+    RateLimitModel,
+    SemaphoreModel,
+)
 from reactor_app.testing.state import (
     CoordinationState,
     LockState,
@@ -37,11 +51,20 @@ from reactor_app.testing.tracking import within_freshness_bound
 from reactor_app.testing.workers import WorkerProcess
 
 __all__ = [
+    "CheckResult",
     "CoordinationState",
+    "FencedRegisterModel",
+    "History",
     "LockState",
+    "MutexModel",
+    "Operation",
     "OrderedLockState",
+    "PeriodModel",
+    "RateLimitModel",
     "SemaphoreHolder",
+    "SemaphoreModel",
     "SemaphoreState",
+    "Violation",
     "WorkerProcess",
     "assert_held_by_step",
     "assert_locked",
@@ -52,6 +75,10 @@ __all__ = [
     "assert_rate_limit_count",
     "assert_semaphore_count",
     "assert_token_greater",
+    "check",
     "coordination_state",
+    "linearizable",
+    "load",
+    "operations",
     "within_freshness_bound",
 ]
