@@ -1,9 +1,9 @@
 """The live-holds index: operator listings in O(page), not O(keys) (issue 14).
 
-One piece on purpose, though over the usual size: the cluster walk (its own section below) is the second
-implementation behind ``_candidates`` and ``totals``, on the same key layout, member encoding,
-orderings and cursors, so taken apart it would import most of this module while this module
-imports it back.
+One piece on purpose, though over the usual size: the cluster walk (its own section below) is
+the second implementation behind ``_candidates`` and ``totals``, on the same key layout, member
+encoding, orderings and cursors, so taken apart it would import most of this module while this
+module imports it back.
 
 The admission, release, renewal and force-release scripts keep, per key prefix, four keys (see
 ``lua/_common.lua``):
