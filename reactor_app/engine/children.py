@@ -102,6 +102,10 @@ def run_child(
         )
         child = run.spawn_child(reactor, execution, inputs)
         known[label] = child.execution_id
+        if run.policy.persists_each_step:
+            # a redelivery after a crash inside the child must continue this child, not start
+            # a second one (the first left running, its completed steps done twice)
+            run.persist()
     end = child.execute()
     child.finish(end)
     if end.status == PassEnd.SUCCEEDED:
