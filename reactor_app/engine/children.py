@@ -11,6 +11,7 @@
   step's ``result_timeout``; a worker delivery parks — holding nothing of the child — and the
   child's delivery wakes it when it ends (``engine.dispatch``). ``settle_child`` turns a finished
   child into this run's result (a succeeded ``async_step`` joins the rollback log).
+* Before a halt, ``settle_on_halt`` waits for running async children (nothing undone).
 * Before a rollback, ``settle_children`` waits for running async children so that their
   successes are undone too — and for a parallel map's running elements, undoing those that
   completed (``settle_map_elements``); a sequential map stopped part-way has the elements it
@@ -309,6 +310,31 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
             continue
         settle_child(run, name, entry, child)
     return failures + settle_map_elements(run) + settle_map_progress(run)
+
+
+def settle_on_halt(run: ExecutionRun) -> None:
+    """Before a halt ends ``run``: wait for its running async children and record their
+    results, as the success path reads them (``await_children``). A halt is a clean stop —
+    nothing is undone, so a child's success stands — but the run must not end while a child
+    it dispatched still runs on. Like a rollback, a halt never parks, so a worker blocks here
+    (up to each child's ``result_timeout``); a child that ends otherwise than succeeding does
+    not change the halt."""
+    pending = run.state.children.pending_async or {}
+    for name in list(pending):
+        entry = pending[name]
+        child = Execution.objects.filter(pk=entry["child"]).first()
+        if child is not None and child.status not in TERMINAL_STATUSES:
+            child = block_on(child, float(entry["timeout"]))
+        if child is None or child.status not in TERMINAL_STATUSES:
+            logger.warning(
+                "%s halted while its child execution %s (%s) was still running",
+                run.reactor_path,
+                entry["child"],
+                name,
+            )
+            pending.pop(name)
+            continue
+        settle_child(run, name, entry, child)
 
 
 def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:

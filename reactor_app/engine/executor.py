@@ -32,7 +32,8 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
             ``interrupt`` → its resume payload if one came, else pause.
          e. completed → store the result, append to the rollback log, checkpoint.
             skipped   → store the value (never undone), checkpoint.
-            halted    → stop cleanly: no rollback.
+            halted    → wait for running async children (their results recorded), then
+                        stop cleanly: no rollback.
             parked    → count the park (ceiling exceeded → failed), persist, return; the
                         unit's own holds were given back (ordered positions kept); the
                         reactor-level ones are kept (5.).
@@ -88,7 +89,7 @@ from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
-from reactor_app.engine.children import await_children, settle_children
+from reactor_app.engine.children import await_children, settle_children, settle_on_halt
 from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.finishing import finish_pass, result_of
@@ -381,6 +382,7 @@ class ExecutionRun:
                     return RunEnd(PassEnd.HANDED_OFF)
                 continue
             if outcome.status == UnitStatus.HALTED:
+                settle_on_halt(self)  # no async child runs on after the run has ended
                 return RunEnd(PassEnd.HALTED, reason=outcome.reason)
             if outcome.status == UnitStatus.PARKED:
                 return RunEnd(PassEnd.PARKED, park=outcome.park)
@@ -402,6 +404,7 @@ class ExecutionRun:
             if awaited.status == UnitStatus.PARKED:
                 return RunEnd(PassEnd.PARKED)
             if awaited.status == UnitStatus.HALTED:
+                settle_on_halt(self)
                 return RunEnd(PassEnd.HALTED, reason=awaited.reason)
             failures = settle_children(self) + roll_back(self)
             return RunEnd(PassEnd.FAILED, error=awaited.error, rollback_failures=failures)
