@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
-from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
+from reactor_app.engine.cancel_flag import cancelled_error
 from reactor_app.engine.enqueueing import enqueue_on_commit, wake
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
@@ -369,7 +369,7 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
         leave_lines(child, coordinator)
         if woken:
             wake(woken)
-        request = cancel_request(child.root.execution_id, child.execution_id)
+        request = child.cancel_requested()
         if request is not None:
             error: ReactorError = cancelled_error(
                 request, child.execution_id, reactor=child.reactor_path

@@ -177,6 +177,13 @@ class ExecutionRun:
         return self.root.execution_id
 
     @property
+    def tree_root_id(self) -> str:
+        """The tree's root execution: ``root`` is the root of what runs in this process, which
+        for a dispatched child (an async step, a parallel map's element) is the child itself;
+        its row names the tree's root."""
+        return str(self.root.execution.root_id or self.root.execution_id)
+
+    @property
     def reactor_path(self) -> str:
         return self.reactor.path()
 
@@ -339,9 +346,12 @@ class ExecutionRun:
         return execute_async_step(self)
 
     def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
-        """An operator's cancel of this execution or of its root (engine.cancel); ``fresh=False``
-        at step boundaries, which read the flag at most every ``REACTOR_CANCEL_POLL``."""
-        return cancel_request(self.root.execution_id, self.execution_id, fresh=fresh)
+        """An operator's cancel of this execution, of its root or of its tree's root
+        (engine.cancel); ``fresh=False`` at step boundaries, which read the flag at most every
+        ``REACTOR_CANCEL_POLL``."""
+        return cancel_request(
+            self.tree_root_id, self.root.execution_id, self.execution_id, fresh=fresh
+        )
 
     def cancel_requested(self) -> dict[str, Any] | None:
         """The cancel request of this execution or of its root, read now (the start of a
