@@ -247,15 +247,17 @@ def settle_child(
         run.state.results[name] = decode(child.result)
         skipped = ExecutionState.peek(child.context).ending.skipped
         if entry["kind"] == "async_step" and not skipped:
-            # an async step is part of this saga: undone if a later step fails
-            run.state.completed.append(
+            # an async step is part of this saga: undone if a later step fails — in its place
+            # in the plan, not first because it is settled last (``log_position``)
+            run.state.completed.insert(
+                log_position(run, name),
                 CompletedStep(
                     step=name,
                     kind="step",
                     args=entry["args"],
                     result=decode(child.result),
                     child_execution=entry["child"],
-                )
+                ),
             )
         run.persist()
         return None
@@ -268,6 +270,21 @@ def settle_child(
         child, f"{entry['kind']} {name!r} of {run.reactor_path} failed", run.reactor_path, name
     )
     return StepOutcome(UnitStatus.FAILED, error=error)
+
+
+def log_position(run: ExecutionRun, name: str) -> int:
+    """Where the settled async step ``name`` enters the rollback log: before the first entry of
+    a step after it in the plan. The log is in plan order (steps complete in it, one after the
+    other), but an async step's result is settled when a later step reads it, or when a
+    rollback waits for it — appended then, it was undone first, before steps that completed
+    after it was dispatched. The rollback walks the log newest first, so it is undone in its
+    place: after the steps that followed it, before those that preceded it."""
+    index = {step: at for at, step in enumerate(run.reactor.plan.order)}
+    mine = index.get(name, len(index))
+    for at, record in enumerate(run.state.completed):
+        if index.get(record.step, -1) > mine:
+            return at
+    return len(run.state.completed)
 
 
 def child_error(row: Execution, fallback: str, reactor: str, step: str) -> ReactorError:
