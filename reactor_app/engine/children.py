@@ -248,9 +248,9 @@ def settle_child(
         skipped = ExecutionState.peek(child.context).ending.skipped
         if entry["kind"] == "async_step" and not skipped:
             # an async step is part of this saga: undone if a later step fails — in its place
-            # in the plan, not first because it is settled last (``log_position``)
+            # by completion, not first because it is settled last (``log_position``)
             run.state.completed.insert(
-                log_position(run, name),
+                log_position(run, entry),
                 CompletedStep(
                     step=name,
                     kind="step",
@@ -272,18 +272,36 @@ def settle_child(
     return StepOutcome(UnitStatus.FAILED, error=error)
 
 
-def log_position(run: ExecutionRun, name: str) -> int:
-    """Where the settled async step ``name`` enters the rollback log: before the first entry of
-    a step after it in the plan. The log is in plan order (steps complete in it, one after the
-    other), but an async step's result is settled when a later step reads it, or when a
-    rollback waits for it — appended then, it was undone first, before steps that completed
-    after it was dispatched. The rollback walks the log newest first, so it is undone in its
-    place: after the steps that followed it, before those that preceded it."""
-    index = {step: at for at, step in enumerate(run.reactor.plan.order)}
-    mine = index.get(name, len(index))
-    for at, record in enumerate(run.state.completed):
-        if index.get(record.step, -1) > mine:
-            return at
+def note_ended_children(run: ExecutionRun, step: str) -> None:
+    """Before ``step``'s entry joins the rollback log: mark the async steps not read yet that
+    have ended by now, so that they enter the log before it (``log_position``). One query,
+    only while such a child is pending and unmarked."""
+    pending = run.state.children.pending_async
+    if not pending:
+        return
+    unmarked = {
+        entry["child"]: entry
+        for entry in pending.values()
+        if entry["kind"] == "async_step" and "before" not in entry
+    }
+    if not unmarked:
+        return
+    ended = Execution.objects.filter(pk__in=list(unmarked), status__in=TERMINAL_STATUSES)
+    for child_id in ended.values_list("pk", flat=True):
+        unmarked[str(child_id)]["before"] = step
+
+
+def log_position(run: ExecutionRun, entry: AsyncChild) -> int:
+    """Where a settled async step enters the rollback log: before the entry of the first step
+    that completed after it ended (``note_ended_children``), else last. Its result is settled
+    when a later step reads it, or when a rollback waits for it; appended then, it was undone
+    before steps that completed after it — the rollback walks the log newest first, so it is
+    now undone in its place by completion."""
+    before = entry.get("before")
+    if before is not None:
+        for at, record in enumerate(run.state.completed):
+            if record.step == before:
+                return at
     return len(run.state.completed)
 
 

@@ -89,7 +89,12 @@ from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
-from reactor_app.engine.children import await_children, settle_children, settle_on_halt
+from reactor_app.engine.children import (
+    await_children,
+    note_ended_children,
+    settle_children,
+    settle_on_halt,
+)
 from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.finishing import finish_pass, result_of
@@ -384,6 +389,7 @@ class ExecutionRun:
             if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
                 self.state.results[name] = outcome.value
                 if outcome.record is not None:
+                    note_ended_children(self, name)  # an async step that ended comes first
                     self.state.completed.append(outcome.record)
                 self.state.next_index += 1
                 # current_step is where the execution is (or resumes): the next step to run.
