@@ -16,6 +16,7 @@
   successes are undone too — and for a parallel map's running elements, undoing those that
   completed (``settle_map_elements``); a sequential map stopped part-way has the elements it
   completed undone (``settle_map_progress``).
+* Where a settled async step enters the rollback log: ``engine.async_order``.
 * ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
   ``engine.mapping``).
 """
@@ -32,6 +33,7 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
+from reactor_app.engine.async_order import log_position
 from reactor_app.engine.cancel_flag import cancelled_error
 from reactor_app.engine.enqueueing import enqueue_on_commit, wake
 from reactor_app.engine.hand_off_guard import guard_hand_off
@@ -270,39 +272,6 @@ def settle_child(
         child, f"{entry['kind']} {name!r} of {run.reactor_path} failed", run.reactor_path, name
     )
     return StepOutcome(UnitStatus.FAILED, error=error)
-
-
-def note_ended_children(run: ExecutionRun, step: str) -> None:
-    """Before ``step``'s entry joins the rollback log: mark the async steps not read yet that
-    have ended by now, so that they enter the log before it (``log_position``). One query,
-    only while such a child is pending and unmarked."""
-    pending = run.state.children.pending_async
-    if not pending:
-        return
-    unmarked = {
-        entry["child"]: entry
-        for entry in pending.values()
-        if entry["kind"] == "async_step" and "before" not in entry
-    }
-    if not unmarked:
-        return
-    ended = Execution.objects.filter(pk__in=list(unmarked), status__in=TERMINAL_STATUSES)
-    for child_id in ended.values_list("pk", flat=True):
-        unmarked[str(child_id)]["before"] = step
-
-
-def log_position(run: ExecutionRun, entry: AsyncChild) -> int:
-    """Where a settled async step enters the rollback log: before the entry of the first step
-    that completed after it ended (``note_ended_children``), else last. Its result is settled
-    when a later step reads it, or when a rollback waits for it; appended then, it was undone
-    before steps that completed after it — the rollback walks the log newest first, so it is
-    now undone in its place by completion."""
-    before = entry.get("before")
-    if before is not None:
-        for at, record in enumerate(run.state.completed):
-            if record.step == before:
-                return at
-    return len(run.state.completed)
 
 
 def child_error(row: Execution, fallback: str, reactor: str, step: str) -> ReactorError:

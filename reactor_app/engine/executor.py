@@ -87,14 +87,10 @@ from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
+from reactor_app.engine.async_order import note_ended_children
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
-from reactor_app.engine.children import (
-    await_children,
-    note_ended_children,
-    settle_children,
-    settle_on_halt,
-)
+from reactor_app.engine.children import await_children, settle_children, settle_on_halt
 from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.finishing import finish_pass, result_of
