@@ -11,10 +11,12 @@
   step's ``result_timeout``; a worker delivery parks — holding nothing of the child — and the
   child's delivery wakes it when it ends (``engine.dispatch``). ``settle_child`` turns a finished
   child into this run's result (a succeeded ``async_step`` joins the rollback log).
+* Before a halt, ``settle_on_halt`` waits for running async children (nothing undone).
 * Before a rollback, ``settle_children`` waits for running async children so that their
   successes are undone too — and for a parallel map's running elements, undoing those that
   completed (``settle_map_elements``); a sequential map stopped part-way has the elements it
   completed undone (``settle_map_progress``).
+* Where a settled async step enters the rollback log: ``engine.async_order``.
 * ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
   ``engine.mapping``).
 """
@@ -31,7 +33,8 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
-from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
+from reactor_app.engine.async_order import log_position
+from reactor_app.engine.cancel_flag import cancelled_error
 from reactor_app.engine.enqueueing import enqueue_on_commit, wake
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
@@ -102,6 +105,10 @@ def run_child(
         )
         child = run.spawn_child(reactor, execution, inputs)
         known[label] = child.execution_id
+        if run.policy.persists_each_step:
+            # a redelivery after a crash inside the child must continue this child, not start
+            # a second one (the first left running, its completed steps done twice)
+            run.persist()
     end = child.execute()
     child.finish(end)
     if end.status == PassEnd.SUCCEEDED:
@@ -242,15 +249,17 @@ def settle_child(
         run.state.results[name] = decode(child.result)
         skipped = ExecutionState.peek(child.context).ending.skipped
         if entry["kind"] == "async_step" and not skipped:
-            # an async step is part of this saga: undone if a later step fails
-            run.state.completed.append(
+            # an async step is part of this saga: undone if a later step fails — in its place
+            # by completion, not first because it is settled last (``log_position``)
+            run.state.completed.insert(
+                log_position(run, entry),
                 CompletedStep(
                     step=name,
                     kind="step",
                     args=entry["args"],
                     result=decode(child.result),
                     child_execution=entry["child"],
-                )
+                ),
             )
         run.persist()
         return None
@@ -307,6 +316,31 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
     return failures + settle_map_elements(run) + settle_map_progress(run)
 
 
+def settle_on_halt(run: ExecutionRun) -> None:
+    """Before a halt ends ``run``: wait for its running async children and record their
+    results, as the success path reads them (``await_children``). A halt is a clean stop —
+    nothing is undone, so a child's success stands — but the run must not end while a child
+    it dispatched still runs on. Like a rollback, a halt never parks, so a worker blocks here
+    (up to each child's ``result_timeout``); a child that ends otherwise than succeeding does
+    not change the halt."""
+    pending = run.state.children.pending_async or {}
+    for name in list(pending):
+        entry = pending[name]
+        child = Execution.objects.filter(pk=entry["child"]).first()
+        if child is not None and child.status not in TERMINAL_STATUSES:
+            child = block_on(child, float(entry["timeout"]))
+        if child is None or child.status not in TERMINAL_STATUSES:
+            logger.warning(
+                "%s halted while its child execution %s (%s) was still running",
+                run.reactor_path,
+                entry["child"],
+                name,
+            )
+            pending.pop(name)
+            continue
+        settle_child(run, name, entry, child)
+
+
 def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
     """End the composed children ``run`` parked in, before ``run`` rolls back without
     resuming them (a refusal at its own reactor gate, a cancel, an unexpected error).
@@ -339,7 +373,7 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
         leave_lines(child, coordinator)
         if woken:
             wake(woken)
-        request = cancel_request(child.root.execution_id, child.execution_id)
+        request = child.cancel_requested()
         if request is not None:
             error: ReactorError = cancelled_error(
                 request, child.execution_id, reactor=child.reactor_path

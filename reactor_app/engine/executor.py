@@ -32,7 +32,8 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
             ``interrupt`` → its resume payload if one came, else pause.
          e. completed → store the result, append to the rollback log, checkpoint.
             skipped   → store the value (never undone), checkpoint.
-            halted    → stop cleanly: no rollback.
+            halted    → wait for running async children (their results recorded), then
+                        stop cleanly: no rollback.
             parked    → count the park (ceiling exceeded → failed), persist, return; the
                         unit's own holds were given back (ordered positions kept); the
                         reactor-level ones are kept (5.).
@@ -86,9 +87,10 @@ from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
+from reactor_app.engine.async_order import note_ended_children
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
-from reactor_app.engine.children import await_children, settle_children
+from reactor_app.engine.children import await_children, settle_children, settle_on_halt
 from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.finishing import finish_pass, result_of
@@ -174,6 +176,13 @@ class ExecutionRun:
     def owner(self) -> str:
         """Holds are owned by the root execution: the basis of re-entrancy."""
         return self.root.execution_id
+
+    @property
+    def tree_root_id(self) -> str:
+        """The tree's root execution: ``root`` is the root of what runs in this process, which
+        for a dispatched child (an async step, a parallel map's element) is the child itself;
+        its row names the tree's root."""
+        return str(self.root.execution.root_id or self.root.execution_id)
 
     @property
     def reactor_path(self) -> str:
@@ -338,9 +347,12 @@ class ExecutionRun:
         return execute_async_step(self)
 
     def _cancel_request(self, *, fresh: bool = True) -> dict[str, Any] | None:
-        """An operator's cancel of this execution or of its root (engine.cancel); ``fresh=False``
-        at step boundaries, which read the flag at most every ``REACTOR_CANCEL_POLL``."""
-        return cancel_request(self.root.execution_id, self.execution_id, fresh=fresh)
+        """An operator's cancel of this execution, of its root or of its tree's root
+        (engine.cancel); ``fresh=False`` at step boundaries, which read the flag at most every
+        ``REACTOR_CANCEL_POLL``."""
+        return cancel_request(
+            self.tree_root_id, self.root.execution_id, self.execution_id, fresh=fresh
+        )
 
     def cancel_requested(self) -> dict[str, Any] | None:
         """The cancel request of this execution or of its root, read now (the start of a
@@ -373,6 +385,7 @@ class ExecutionRun:
             if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
                 self.state.results[name] = outcome.value
                 if outcome.record is not None:
+                    note_ended_children(self, name)  # an async step that ended comes first
                     self.state.completed.append(outcome.record)
                 self.state.next_index += 1
                 # current_step is where the execution is (or resumes): the next step to run.
@@ -381,6 +394,7 @@ class ExecutionRun:
                     return RunEnd(PassEnd.HANDED_OFF)
                 continue
             if outcome.status == UnitStatus.HALTED:
+                settle_on_halt(self)  # no async child runs on after the run has ended
                 return RunEnd(PassEnd.HALTED, reason=outcome.reason)
             if outcome.status == UnitStatus.PARKED:
                 return RunEnd(PassEnd.PARKED, park=outcome.park)
@@ -402,6 +416,7 @@ class ExecutionRun:
             if awaited.status == UnitStatus.PARKED:
                 return RunEnd(PassEnd.PARKED)
             if awaited.status == UnitStatus.HALTED:
+                settle_on_halt(self)
                 return RunEnd(PassEnd.HALTED, reason=awaited.reason)
             failures = settle_children(self) + roll_back(self)
             return RunEnd(PassEnd.FAILED, error=awaited.error, rollback_failures=failures)

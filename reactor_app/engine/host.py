@@ -41,7 +41,9 @@ class ExecutionHost:
 
     @property
     def root_execution_id(self) -> str | None:
-        return self._run.root.execution_id
+        # the tree's root, also in a dispatched child (an async step, a parallel map's
+        # element), whose run in this process has no parent: the cancel poll reads its flag
+        return self._run.tree_root_id
 
     @property
     def reactor_path(self) -> str:

@@ -8,8 +8,10 @@ starts at ``from_step``:
   steps that define an undo (a failed run rolls back its completed steps, newest first): their
   effects no longer exist, so their results describe nothing (a refunded charge, a released
   reservation). By default the retry starts at the **first step the rollback undid** when
-  that is earlier than the failed step; a ``from_step`` later than it is refused with
-  ``ExecutionNotRetryable`` naming the undone steps (``undone``).
+  that is earlier than the failed step — or at the first step without a recorded result when
+  that is earlier still (an ``async_step`` nobody read that failed as well); a ``from_step``
+  later than the first undone step is refused with ``ExecutionNotRetryable`` naming the
+  undone steps (``undone``).
 * **Earlier steps whose effects still stand are not re-run.** A step without an undo (or
   whose undo never ran: it could not take its coordination, or the step was itself reused
   from an earlier run) keeps its effect; its recorded result (the failed execution's
@@ -242,8 +244,15 @@ def _start_index(
                     **fields,
                 )
             start = order.index(named)
-        # never past a step whose effect the rollback undid: it runs again
+        # never past a step whose effect the rollback undid: it runs again; nor past one
+        # without a recorded result (an async step nobody read that failed too: the run's
+        # error names a later step)
         start = min(start, first_undone)
+        unrecorded = [
+            index for index, name in enumerate(order[:start]) if name not in state.results
+        ]
+        if unrecorded:
+            start = unrecorded[0]
     elif from_step in order:
         start = order.index(from_step)
         if start > first_undone:

@@ -94,6 +94,8 @@ class AsyncChild(TypedDict):
     kind: ChildKind
     args: dict[str, Any]
     timeout: float
+    #: the step whose rollback-log entry came after this child ended (``engine.children``)
+    before: NotRequired[str]
 
 
 class MapElement(TypedDict):

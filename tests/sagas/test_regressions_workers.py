@@ -48,6 +48,24 @@ def test_an_async_step_nobody_reads_is_undone_in_its_place_not_first(worker: Any
     assert not report.problems, report.explain(case)
 
 
+def test_an_async_step_nobody_reads_that_ends_last_is_undone_first(worker: Any) -> None:
+    """The other side of the test above: the ``async_step`` works past the plain step after
+    it, so it completed last and is undone first (its place in the rollback log is by
+    completion, not by its place in the plan)."""
+    case = Case(
+        shape=("aux", "tux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s3": [1, 2]}, work={"s1": 1.5}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s2", "s1"], report.explain(case)  # the async body ends after s2
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s1", "s2"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
 def test_a_dispatched_childs_context_names_its_trees_root(worker: Any) -> None:
     """``context.root_execution_id`` in the body of a parallel map element (its own delivery,
     a child row whose ``root`` is the tree's root) names the tree's root, as in every other
