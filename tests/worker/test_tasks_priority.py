@@ -36,4 +36,9 @@ def test_a_higher_priority_task_queued_behind_busy_workers_runs_first(worker: An
     for result in [*blockers, *queued]:
         assert finished(result, timeout=120).status == TaskResultStatus.SUCCESSFUL
     order = [r["label"] for r in sorted(records("ordered"), key=lambda r: r["at"])]
-    assert sorted(order[:3]) == ["high-0", "high-1", "high-2"], order
+    # First come, first served would run low-0, high-0, low-1, high-1, low-2, high-2. The worker
+    # may have reserved the first call sent before the release (Celery reserves a message
+    # ahead of a free process), so one low call may run early; the rest follow priority.
+    assert order[0].startswith("high"), order
+    assert [label for label in order if label.startswith("high")] == ["high-0", "high-1", "high-2"]
+    assert order[-2:] == ["low-1", "low-2"], order
