@@ -132,16 +132,18 @@ def nesting(ops: list[Op]) -> int:
 
 
 def sqlite_path(path: tuple[str, ...]) -> str:
-    """A SQLite JSON path to ``path``. SQLite (3.40) matches a path's key against the stored
-    text of the key, escapes and all, and the stored text is JSON with non-ASCII characters
-    escaped (Django's ``JSONField`` and the patches here both write ``json.dumps`` output): so
-    each key is spelt as ``json.dumps`` spells it (``ü`` as ``\u00fc``), or a key with a
-    non-ASCII character would never be found (its map's elements silently not appended)."""
-    return "$" + "".join(f'."{json.dumps(part)[1:-1]}"' for part in path)
+    return "$" + "".join(f'."{part}"' for part in path)
 
 
-def _patchable(path: tuple[str, ...]) -> bool:
-    # a SQLite JSON path has no escape for a double quote in a key
+def _patchable(path: tuple[str, ...], vendor: str) -> bool:
+    """Whether a patch can name ``path``. A SQLite JSON path has no escape for a double quote
+    in a key, and SQLite (3.40) matches a key against its stored text, escapes and all, while
+    a new key is stored as the path spells it: the stored JSON escapes non-ASCII characters
+    (``json.dumps``, as Django's ``JSONField`` writes it), so a key that JSON escapes (``ü`` is
+    stored ``\\u00fc``) can be neither found nor created under its own name — such a write
+    sends the whole context instead (a step named with a non-ASCII character)."""
+    if vendor == "sqlite":
+        return all(json.dumps(part)[1:-1] == part and '"' not in part for part in path)
     return all('"' not in part and "\\" not in part for part in path)
 
 
@@ -300,7 +302,7 @@ class ProgressStore:
             vendor not in PATCHING_VENDORS
             or (vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 31))  # no ``[#]``
             or nesting(ops) > MAX_NESTING
-            or not all(_patchable(p) for _, p, _ in ops)
+            or not all(_patchable(p, vendor) for _, p, _ in ops)
         )
         now = timezone.now()
         values: dict[str, Any] = {"heartbeat_at": now, "updated_at": now, **fields}

@@ -145,6 +145,10 @@ def test_regression_a_map_named_with_a_non_ascii_character_keeps_its_elements() 
         store.write(state, {}, durable=False)
     assert_row_is(execution, state)
     assert len(state.children.progress()["ü"]["elements"]) == 3
+    # a new key spelt escaped in its path was stored with the backslash itself ("\\u00fc1")
+    apply(state, "result", "ü", 1, counter)
+    store.write(state, {}, durable=False)
+    assert_row_is(execution, state)
 
 
 def test_regression_a_map_dropped_and_started_again_under_its_name() -> None:
