@@ -101,12 +101,18 @@ def report(schedule: str, results: dict[str, CheckResult]) -> str:
     return "\n".join(lines)
 
 
+#: a period admits one success per 2-second bucket and only settled buckets are checked, so a
+#: short schedule on a loaded machine may settle only two of them
+LEAST_CHECKED = {"period": 2}
+
+
 def assert_no_violation(schedule: str, results: dict[str, CheckResult], least: int = 5) -> None:
     text = report(schedule, results)
     print(text)
     for primitive, result in results.items():
         assert result.valid, text
-        assert result.checked >= least, f"{primitive}: too few operations\n{text}"
+        floor = min(least, LEAST_CHECKED.get(primitive, least))
+        assert result.checked >= floor, f"{primitive}: too few operations\n{text}"
 
 
 # -- processes ---------------------------------------------------------------------------------

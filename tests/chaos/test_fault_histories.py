@@ -285,10 +285,13 @@ def test_script_replies_lost(private_server: RestartableServer, redis_prefix: st
         stop.set()
         nemesis.join(10)
         proxy.stop()
-    print(f"{proxy.lost} replies lost")
-    assert proxy.lost >= 10
     ops = operations(history.events())
-    assert sum(o.status == "info" for o in ops) >= 10
+    unknown = sum(o.status == "info" for o in ops)
+    print(f"{proxy.lost} replies lost, {unknown} operations ended with an unknown outcome")
+    assert proxy.lost >= 10
+    # retry-safe admission: a call whose reply was lost is asked again with its request id and
+    # gets the stored reply, so most lost replies never reach the client as an unknown outcome
+    assert unknown < proxy.lost / 2, (unknown, proxy.lost)
     assert_no_violation("lost-reply", verdicts(ops, "lost-reply"))
 
 
