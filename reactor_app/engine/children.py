@@ -19,6 +19,11 @@
 * Where a settled async step enters the rollback log: ``engine.async_order``.
 * ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
   ``engine.mapping``).
+
+One piece on purpose, though over the usual size: dispatching, reading and settling a child
+share the same entries of ``state.children`` and the same rules for a child's row (which
+statuses are settled, how a failure reads), and settling is the reverse of dispatching; the
+order a settled child takes in the rollback log is already its own module.
 """
 
 from __future__ import annotations

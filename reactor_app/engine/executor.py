@@ -71,8 +71,9 @@ and ``async_step``/``async_reactor`` children, and reading their results, in
 What a checkpoint writes (the difference since the last write, conditional on the delivery's
 claim generation) is ``engine.progress``'s; creating the row of a ``Reactor.run`` is
 ``engine.in_process``'s. This module keeps the loop itself, with the run's identities, when it
-writes, and ``run_inline`` (one pass in the caller's process); its pseudocode above is a good
-part of its length.
+writes, and ``run_inline`` (one pass in the caller's process). It is one piece on purpose,
+though over the usual size: its pseudocode above is a good part of its length, and every part
+left here reads and writes the same ``ExecutionRun`` in the order the pseudocode gives.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ For a plain step: evaluate ``where`` → resolve and validate arguments → for 
 the step's gate (coordination) → run the body (auto-extend running) → on a final failure,
 compensate while still holding the step's coordination → release the gate. ``map_step`` runs
 this once per element; ``compose`` hands the child reactor back to the executor.
+
+One piece on purpose, though over the usual size: an attempt's gate, body, cancel check,
+undo-after-cancel and compensation share the attempt's holds and its recorder, in an order
+(release only after the cancel check; compensate or undo still holding) that reads best in one
+place.
 """
 
 from __future__ import annotations
