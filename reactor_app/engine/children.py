@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -301,12 +302,8 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
     parks, so a worker blocks here as well)."""
     failures: list[dict[str, Any]] = settle_composed(run)
     pending = run.state.children.pending_async or {}
-    for name in list(pending):
-        entry = pending[name]
-        child = Execution.objects.filter(pk=entry["child"]).first()
-        if child is not None and child.status not in TERMINAL_STATUSES:
-            child = block_on(child, float(entry["timeout"]))
-        if child is None or child.status not in TERMINAL_STATUSES:
+    for name, entry, child in _ended_async_children(pending):
+        if child is None:
             failures.append(
                 {
                     "step": name,
@@ -321,6 +318,21 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
     return failures + settle_map_elements(run) + settle_map_progress(run)
 
 
+def _ended_async_children(
+    pending: dict[str, AsyncChild],
+) -> Iterator[tuple[str, AsyncChild, Execution | None]]:
+    """Each pending async child, waited for up to its ``result_timeout`` (a rollback or a halt
+    never parks, so a worker blocks here): its row once ended, None when it is gone or still
+    running. The caller settles it or pops it."""
+    for name in list(pending):
+        entry = pending[name]
+        child = Execution.objects.filter(pk=entry["child"]).first()
+        if child is not None and child.status not in TERMINAL_STATUSES:
+            child = block_on(child, float(entry["timeout"]))
+        ended = child is not None and child.status in TERMINAL_STATUSES
+        yield name, entry, child if ended else None
+
+
 def settle_on_halt(run: ExecutionRun) -> None:
     """Before a halt ends ``run``: wait for its running async children and record their
     results, as the success path reads them (``await_children``). A halt is a clean stop —
@@ -329,12 +341,8 @@ def settle_on_halt(run: ExecutionRun) -> None:
     (up to each child's ``result_timeout``); a child that ends otherwise than succeeding does
     not change the halt."""
     pending = run.state.children.pending_async or {}
-    for name in list(pending):
-        entry = pending[name]
-        child = Execution.objects.filter(pk=entry["child"]).first()
-        if child is not None and child.status not in TERMINAL_STATUSES:
-            child = block_on(child, float(entry["timeout"]))
-        if child is None or child.status not in TERMINAL_STATUSES:
+    for name, entry, child in _ended_async_children(pending):
+        if child is None:
             logger.warning(
                 "%s halted while its child execution %s (%s) was still running",
                 run.reactor_path,
