@@ -40,5 +40,10 @@ def test_a_higher_priority_task_queued_behind_busy_workers_runs_first(worker: An
     # may have reserved the first call sent before the release (Celery reserves a message
     # ahead of a free process), so one low call may run early; the rest follow priority.
     assert order[0].startswith("high"), order
-    assert [label for label in order if label.startswith("high")] == ["high-0", "high-1", "high-2"]
+    # two processes start the high calls side by side, so their start times may cross
+    assert sorted(label for label in order[:4] if label.startswith("high")) == [
+        "high-0",
+        "high-1",
+        "high-2",
+    ], order
     assert order[-2:] == ["low-1", "low-2"], order
