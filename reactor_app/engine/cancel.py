@@ -55,7 +55,7 @@ from reactor_app.dsl.registry import lookup
 from reactor_app.engine.cancel_flag import cancelled_error, clean_reason, request_cancel
 from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.claim import ExecutionClaim
-from reactor_app.engine.enqueueing import enqueue_quietly
+from reactor_app.engine.enqueueing import enqueue_on_commit, enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.state import ExecutionState
@@ -149,10 +149,11 @@ def _flag_children(execution: Execution, reason: str, by: str | None) -> None:
 def _hand_to_worker(execution: Execution) -> Execution:
     """An idle execution that runs on workers: its rollback is a worker's job, never the
     canceller's (a web request must not wait for undos, nor for a parallel map's running
-    elements). A delivery is sent at once; its pass reads the flag at its start and ends the
-    run ``cancelled`` (``engine.cancelled.end_cancelled``), and the sweeper re-sends one if
-    the message is lost. An interrupted execution (which no delivery runs) becomes
-    ``pending`` first, under a row lock, so its ``resume()`` is refused from now on."""
+    elements). A delivery is sent once the caller commits; its pass reads the flag at its
+    start and ends the run ``cancelled`` (``engine.cancelled.end_cancelled``), and the
+    sweeper re-sends one if the message is lost. An interrupted execution (which no delivery
+    runs) becomes ``pending`` first, under a row lock, so its ``resume()`` is refused from now
+    on."""
     if execution.status == ExecutionStatus.INTERRUPTED:
         with transaction.atomic():
             row = Execution.objects.select_for_update().get(pk=execution.pk)
@@ -162,7 +163,9 @@ def _hand_to_worker(execution: Execution) -> Execution:
                 row.heartbeat_at = timezone.now()
                 row.save(update_fields=["status", "heartbeat_at", "updated_at"])
             execution = row
-    enqueue_quietly(execution.id)
+    # once the caller's transaction commits: a delivery sent earlier could find the row before
+    # the run's own on-commit work (its ordered-lock position) is saved
+    enqueue_on_commit(execution.id)
     return execution
 
 

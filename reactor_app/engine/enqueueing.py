@@ -342,9 +342,17 @@ def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Exec
         "epoch": position.epoch,
     }
     try:
-        Execution.objects.filter(pk=execution.pk).update(context=context)
+        # Only while no delivery has claimed the row: a delivery that came first (a cancel's,
+        # a sweeper's) read the context without this position and would never give it back.
+        saved = Execution.objects.filter(
+            pk=execution.pk,
+            status=ExecutionStatus.PENDING,
+            claim_generation=execution.claim_generation,
+        ).update(context=context)
     except Exception:
         logger.exception("could not save the ordered-lock position of %s", execution_id)
+        saved = 0
+    if not saved:
         # nobody will run that position: let the line move past it at once, and re-enqueue
         # the parked run it lets through (as a gate abandoning its position does)
         claim = declaration.claim(line, position)

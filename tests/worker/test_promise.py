@@ -22,6 +22,7 @@ Redis list, ``promise_reactors.ledger``), and the tests assert its exact sequenc
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -30,6 +31,7 @@ from django.db import connection
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from reactor_app.conf import reactor_settings
 from reactor_app.exceptions import ExecutionNotRetryable
 from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
@@ -101,6 +103,11 @@ def cancel_when_entered(order: str, reason: str = "customer left") -> str:
     execution_id = entered_id(order)
     assert execution_id is not None
     Execution.objects.get(pk=execution_id).cancel(reason, by="ops")
+    # A run reads its flag at a step boundary only when its last read is REACTOR_CANCEL_POLL
+    # old (docs/operations.md); its last read came before the body entered, so once a poll
+    # interval has passed since the cancel, the boundary after the body reads it. Without this
+    # wait a fast body could end within the interval and the run stop one step later (CI).
+    time.sleep(reactor_settings.CANCEL_POLL)
     go(order)
     return execution_id
 
