@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
-from reactor_app.engine.async_order import log_position
+from reactor_app.engine.async_order import enter_settled, lineage, stamp
 from reactor_app.engine.cancel_flag import cancelled_error
 from reactor_app.engine.enqueueing import enqueue_on_commit, wake
 from reactor_app.engine.hand_off_guard import guard_hand_off
@@ -125,6 +125,8 @@ def run_child(
             args=to_json(inputs),
             result=end.value,
             child_execution=child.execution_id,
+            # a floor for its stamp: it comes after the child's entries (``enter_log``)
+            at=max((r.at for r in child.state.completed if r.at is not None), default=None),
         )
         return StepOutcome(UnitStatus.COMPLETED, value=end.value, record=record)
     if end.status == PassEnd.PARKED:
@@ -178,6 +180,7 @@ def dispatch_child(
             "kind": kind,
             "args": to_json(args),
             "timeout": spec.result_timeout,
+            "since": stamp(run),
         }
         run.state.next_index += 1
         run.persist(current_step=spec.name)
@@ -253,20 +256,19 @@ def settle_child(
     run.state.children.async_children().pop(name)
     if child.status == ExecutionStatus.SUCCEEDED:
         run.state.results[name] = decode(child.result)
-        skipped = ExecutionState.peek(child.context).ending.skipped
+        ending = ExecutionState.peek(child.context).ending
+        skipped = ending.skipped
         if entry["kind"] == "async_step" and not skipped:
             # an async step is part of this saga: undone if a later step fails — in its place
-            # by completion, not first because it is settled last (``log_position``)
-            run.state.completed.insert(
-                log_position(run, entry),
-                CompletedStep(
-                    step=name,
-                    kind="step",
-                    args=entry["args"],
-                    result=decode(child.result),
-                    child_execution=entry["child"],
-                ),
+            # by completion, not first because it is settled last (``enter_settled``)
+            record = CompletedStep(
+                step=name,
+                kind="step",
+                args=entry["args"],
+                result=decode(child.result),
+                child_execution=entry["child"],
             )
+            enter_settled(run, entry, record, ending.completed_at)
         run.persist()
         return None
     run.persist()
@@ -297,12 +299,28 @@ def children_to_settle(run: ExecutionRun) -> bool:
 
 
 def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
-    """Before a rollback: end the composed children the tree parked in (``settle_composed``),
-    and wait for running async steps so that their successes are undone too (rollback never
-    parks, so a worker blocks here as well)."""
-    failures: list[dict[str, Any]] = settle_composed(run)
+    """Before a rollback: wait for running async steps so that their successes are undone too
+    (rollback never parks, so a worker blocks here as well), then end the composed children
+    the tree parked in (``settle_composed``) — after, since such a child's rollback undoes the
+    async steps that ended after its first entry in between its own (``engine.undo_order``).
+    A composed run with entries waits for its ancestors' async steps too, for the same
+    reason: its rollback comes first, and its ancestors roll back after it."""
+    failures = _settle_async(run)
+    failures += settle_composed(run)
+    failures += settle_map_elements(run) + settle_map_progress(run)
+    if run.state.completed:
+        for ancestor in lineage(run)[1:]:
+            failures += _settle_async(ancestor, kind="async_step")
+    return failures
+
+
+def _settle_async(run: ExecutionRun, kind: ChildKind | None = None) -> list[dict[str, Any]]:
+    """Wait for ``run``'s pending async children (of ``kind``) and settle them; what did not
+    end in time is reported."""
+    failures: list[dict[str, Any]] = []
     pending = run.state.children.pending_async or {}
-    for name, entry, child in _ended_async_children(pending):
+    wanted = {name: e for name, e in pending.items() if kind is None or e["kind"] == kind}
+    for name, entry, child in _ended_async_children(wanted):
         if child is None:
             failures.append(
                 {
@@ -315,7 +333,7 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
             pending.pop(name)
             continue
         settle_child(run, name, entry, child)
-    return failures + settle_map_elements(run) + settle_map_progress(run)
+    return failures
 
 
 def _ended_async_children(
@@ -461,7 +479,8 @@ def completed_elements(
         row = rows.get(element["execution"])
         if row is None or row.status != ExecutionStatus.SUCCEEDED:
             continue
-        if ExecutionState.peek(row.context).ending.skipped:
+        ending = ExecutionState.peek(row.context).ending
+        if ending.skipped:
             continue  # a skipped step is never undone
         entry = {
             "label": element["label"],
@@ -469,6 +488,7 @@ def completed_elements(
             "result": decode(row.result),
             "child_execution": None,
             "element_execution": element["execution"],
+            "at": ending.completed_at,  # its place in a rollback (``engine.undo_order``)
         }
         done.append((row.finished_at, entry))
     done.sort(key=lambda pair: (pair[0] is None, pair[0]))

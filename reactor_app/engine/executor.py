@@ -88,7 +88,7 @@ from reactor_app.coordination.registry import HoldRegistry
 from reactor_app.dsl.arguments import Scope
 from reactor_app.dsl.registry import lookup
 from reactor_app.dsl.step import StepSpec
-from reactor_app.engine.async_order import note_ended_children
+from reactor_app.engine.async_order import enter_log
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.children import await_children, settle_children, settle_on_halt
@@ -386,8 +386,7 @@ class ExecutionRun:
             if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
                 self.state.results[name] = outcome.value
                 if outcome.record is not None:
-                    note_ended_children(self, name)  # an async step that ended comes first
-                    self.state.completed.append(outcome.record)
+                    enter_log(self, outcome.record)  # after the async steps that ended
                 self.state.next_index += 1
                 # current_step is where the execution is (or resumes): the next step to run.
                 self.checkpoint(current_step=self._resume_point() or name)

@@ -124,6 +124,8 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
                     "args": record.args if record else args,
                     "result": outcome.value,
                     "child_execution": record.child_execution if record else None,
+                    # when its body returned: its place in a rollback (``engine.undo_order``)
+                    "at": record.at if record else None,
                 }
             )
         if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):

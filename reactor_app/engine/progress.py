@@ -226,9 +226,9 @@ class ProgressStore:
             or len(completed) < written
             or (written and completed[written - 1] is not self._last_record)
         ):
-            return [("set", (COMPLETED,), _encode([vars(c) for c in completed]))]
+            return [("set", (COMPLETED,), _encode([c.to_json() for c in completed]))]
         fresh = completed[written:]
-        return [("extend", (COMPLETED,), [_encode(vars(c)) for c in fresh])] if fresh else []
+        return [("extend", (COMPLETED,), [_encode(c.to_json()) for c in fresh])] if fresh else []
 
     def _map_ops(self, progress: dict[str, MapProgress] | None) -> list[Op]:
         if progress is None:

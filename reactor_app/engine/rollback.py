@@ -1,4 +1,5 @@
-"""Rollback: compensate the failing step, then undo every completed step, newest first.
+"""Rollback: compensate the failing step, then undo every completed step, newest first
+(by completion across a tree's logs: ``engine.undo_order``).
 
 Compensate and undo re-take the step's **lock and semaphore** (same keys from the same stored
 arguments, same owner), waiting up to ``rollback_wait``; never its rate limit, period or
@@ -16,6 +17,7 @@ from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate
 from reactor_app.engine.host import gate_scope, host_of, step_context
+from reactor_app.engine.undo_order import plan_undos
 from reactor_app.exceptions import (
     CompensationFailed,
     ConfigurationError,
@@ -112,12 +114,26 @@ def run_rollback_hook(
             gate.exit("rollback")
 
 
-def roll_back(run: ExecutionRun) -> list[dict[str, Any]]:
-    """Undo every completed step of ``run``, newest first; return what could not be undone."""
+def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[str, Any]]:
+    """Undo every completed step of ``run`` — and of the composed children in its log —
+    newest first by completion (``engine.undo_order``); return what could not be undone.
+
+    ``with_ancestors``: ``run`` is a composed child rolling back before the runs it is
+    composed into do (they always roll back after it); their async steps that ended after its
+    oldest entry (settled by ``engine.children.settle_children``) are undone in between its
+    own, and leave their logs."""
+    plan = plan_undos(run, with_ancestors=with_ancestors and run.parent is not None)
     failures: list[dict[str, Any]] = []
-    for record in reversed(run.state.completed):
-        failures.extend(undo_record(run, record))
+    for undo in plan.undos:
+        failures.extend(undo_record(undo.owner, undo.record))
+    for undo in plan.undos:
+        if undo.owner is not run and undo.owner not in plan.children:
+            log = undo.owner.state.completed
+            log[:] = [record for record in log if record is not undo.record]
     run.state.completed.clear()
+    for child in plan.children:
+        child.state.completed.clear()
+        child.persist()
     return failures
 
 
@@ -164,6 +180,6 @@ def _undo_child(run: ExecutionRun, child_execution: str | None) -> list[dict[str
     child = run.child_run(child_execution) if child_execution else None
     if child is None:
         return []
-    failures = roll_back(child)
+    failures = roll_back(child, with_ancestors=False)
     child.persist()
     return failures

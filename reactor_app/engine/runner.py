@@ -13,6 +13,7 @@ place.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +180,8 @@ class UnitRunner:
         self.declarations = declarations.ordered() if declarations else []
         self.wait = declarations.wait_seconds() if declarations else 0.0
         self.reactor = self.host.reactor_path
+        #: when the last attempt's body returned (ns, wall clock)
+        self.returned_at: int | None = None
 
     def _gate(self) -> Gate | None:
         if not self.declarations:
@@ -248,6 +251,8 @@ class UnitRunner:
                 except Exception as exc:
                     # a cancelled execution stops here: no further attempt
                     outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                # when the body completed: its place in a rollback (``engine.async_order``)
+                self.returned_at = time.time_ns()
                 cancel: dict[str, Any] | None = None
                 try:
                     if flags:
@@ -320,7 +325,11 @@ class UnitRunner:
             if recorder:
                 recorder.finished(EngineEvent.STEP_SUCCEEDED)
             record = CompletedStep(
-                step=self.label, kind="step", args=self.args, result=outcome.value
+                step=self.label,
+                kind="step",
+                args=self.args,
+                result=outcome.value,
+                at=self.returned_at,
             )
             return StepOutcome(UnitStatus.COMPLETED, value=outcome.value, record=record)
         if isinstance(outcome, Skipped):

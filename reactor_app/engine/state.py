@@ -67,6 +67,16 @@ class CompletedStep:
     result: Any = None
     child_execution: str | None = None
     elements: list[dict[str, Any]] = field(default_factory=list)  # map: one per iteration
+    #: when it entered the log (ns, monotonic across the tree): where a rollback undoes it
+    #: among the entries of composed children and ancestors' async steps
+    #: (``engine.async_order``); None in a log written before it existed
+    at: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Its JSON object: without ``at`` when it has none (a log written before stamps is
+        written back as it came)."""
+        data = vars(self)
+        return data if self.at is not None else {k: v for k, v in data.items() if k != "at"}
 
 
 class DispatchMarker(TypedDict):
@@ -96,6 +106,12 @@ class AsyncChild(TypedDict):
     timeout: float
     #: the step whose rollback-log entry came after this child ended (``engine.children``)
     before: NotRequired[str]
+    #: when this run first saw the child ended, as it added an entry to a rollback log of the
+    #: tree (its own, or a composed child's): the latest its entry may take
+    #: (``engine.async_order``)
+    before_at: NotRequired[int]
+    #: a stamp of the tree when it was dispatched: the earliest its entry may take
+    since: NotRequired[int]
 
 
 class MapElement(TypedDict):
@@ -261,6 +277,9 @@ class Ending:
 
     #: an async step's unit ended skipped (never undone), or completed (False)
     skipped: bool | None = field(default=None, metadata={"key": "skipped"})
+    #: an async step's body completed at (ns, wall clock): where its parent's rollback undoes
+    #: it (``engine.async_order``)
+    completed_at: int | None = field(default=None, metadata={"key": "completed_at"})
     #: the execution halted; ``halt_reason`` may be None even then (``Halt()``)
     halted: bool = False
     halt_reason: str | None = None
@@ -324,7 +343,7 @@ class ExecutionState:
         data: dict[str, Any] = {
             "version": CONTEXT_SCHEMA_VERSION,
             "results": self.results,
-            "completed": [vars(c) for c in self.completed],
+            "completed": [c.to_json() for c in self.completed],
             "ordered": self.ordered,
             "contention": self.contention,
             "next_index": self.next_index,

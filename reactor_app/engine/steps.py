@@ -168,6 +168,8 @@ def execute_async_step(run: ExecutionRun) -> RunEnd:
     outcome = run_unit(run, spec, step_class, dict(run.inputs), label)
     if outcome.status in (UnitStatus.COMPLETED, UnitStatus.SKIPPED):
         run.state.ending.skipped = outcome.status == UnitStatus.SKIPPED
+        if outcome.record is not None:
+            run.state.ending.completed_at = outcome.record.at
         return RunEnd(PassEnd.SUCCEEDED, value=outcome.value)
     if outcome.status == UnitStatus.HALTED:
         return RunEnd(PassEnd.HALTED, reason=outcome.reason)

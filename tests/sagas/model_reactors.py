@@ -75,7 +75,12 @@ class SagaScript:
       run's root, ``cancel_mode`` ``before`` (then the body completes) or ``during`` (then it
       calls ``checkpoint()``, which stops it); ``second_cancel`` asks a second time;
     * ``halt``: the label whose body returns ``Halt``;
-    * ``work``: label → seconds the body works (checking ``checkpoint()``) before its effect.
+    * ``work``: label → seconds the body works (checking ``checkpoint()``) before its effect;
+    * ``after``: label → an event the body waits for (checking ``checkpoint()``) before
+      anything else, ``"<label>:<kind>"``: that ledger entry (``enter``, ``do``, a test's
+      ``signal``); ``ended``: the ``do``, and the row of the execution that made it ended (an
+      async step's child, so its parent can see it). A regression test orders two bodies
+      running in different deliveries by an event, not by time.
     """
 
     fail: dict[str, list[int]] = field(default_factory=dict)
@@ -84,6 +89,11 @@ class SagaScript:
     second_cancel: bool = False
     halt: str | None = None
     work: dict[str, float] = field(default_factory=dict)
+    after: dict[str, str] = field(default_factory=dict)
+
+
+#: seconds a body waits for the event it comes ``after`` (a test bug if it is reached)
+AFTER_TIMEOUT = 20.0
 
 
 def _script_key(scenario: str) -> str:
@@ -173,6 +183,8 @@ class ModelStep(Step):
         script = read_script(scenario)
         attempt = context.attempt
         note(scenario, context, label, "enter")
+        if label in script.after:
+            _wait_for(scenario, script.after[label], context)
         if script.cancel == label and not _cancel_requested(scenario, label):
             note(scenario, context, label, "cancel", mode=script.cancel_mode)
             root = str(context.root_execution_id or context.execution_id)
@@ -197,6 +209,29 @@ class ModelStep(Step):
             return Halt(f"{label} halts")
         note(scenario, context, label, "do")
         return Success({"label": label, "execution": str(context.execution_id)})
+
+
+def _wait_for(scenario: str, event: str, context: Any) -> None:
+    """Wait for ``event`` (``"<label>:<kind>"``, see ``SagaScript.after``)."""
+    label, kind = event.split(":")
+    deadline = time.monotonic() + AFTER_TIMEOUT
+    while not _seen(scenario, label, kind):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{event} never came ({AFTER_TIMEOUT}s)")
+        context.checkpoint()
+        time.sleep(0.02)
+
+
+def _seen(scenario: str, label: str, kind: str) -> bool:
+    from reactor_app.models import Execution
+    from reactor_app.status import TERMINAL_STATUSES
+
+    wanted = "do" if kind == "ended" else kind
+    entries = [e for e in ledger(scenario) if e["label"] == label and e["kind"] == wanted]
+    if kind != "ended":
+        return bool(entries)
+    ids = [e["execution"] for e in entries]
+    return Execution.objects.filter(pk__in=ids, status__in=TERMINAL_STATUSES).exists()
 
 
 def _cancel_requested(scenario: str, label: str) -> bool:
@@ -331,6 +366,9 @@ REGRESSION_SHAPES: list[tuple[str, ...]] = [
     ("tux", "pux", "tux"),
     ("tux", "pul"),
     ("tux", "cux", "tux"),
+    ("aux", "cux", "tux"),
+    ("aux", "cul", "tux"),
+    ("aux", "mux", "tux"),
 ]
 for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

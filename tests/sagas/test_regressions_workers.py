@@ -4,15 +4,26 @@ worker process builds at import)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim
+from reactor_app.engine.dispatch import wake
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from tests.sagas.checker import Case
-from tests.sagas.driver import Outside, run_case
-from tests.sagas.model_reactors import SagaScript, ledger
+from tests.sagas.checker import Case, check_run
+from tests.sagas.driver import WORKER_TIMEOUT, Outside, run_case, tree_ledger
+from tests.sagas.model_reactors import (
+    SagaScript,
+    ledger,
+    note_outside,
+    reactor_for,
+    write_script,
+)
+from tests.worker.helpers import wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -174,3 +185,132 @@ def test_a_halt_leaves_no_async_child_behind(worker: Any) -> None:
     report = run_case(case, worker=True)
     assert report.statuses == [ExecutionStatus.HALTED], report.explain(case)
     assert not report.problems, report.explain(case)
+
+
+def test_an_async_step_that_ends_inside_a_cancelled_composed_child_is_undone_in_between(
+    worker: Any,
+) -> None:
+    """Issue 30: an ``async_step`` (undo) completes after the first step of the composed child
+    that follows it and before the second, in whose body the tree is cancelled. Newest first by
+    completion is the async step, then the child's first step. Found by the model (shape
+    ``('abx', 'cbs', 'pbl', 'pcs', 'tcs')``, a cancel during ``s2/c2``): the child rolled
+    itself back at once, and only then did its parent wait for the async step and undo it —
+    undone by kind, not by completion. The bodies are ordered by events (``after``)."""
+    case = Case(
+        shape=("aux", "cux", "tux"),
+        items=1,
+        script=SagaScript(
+            cancel="s2/c2",
+            cancel_mode="during",
+            after={"s1": "s2/c2:enter", "s2/c2": "s1:ended"},
+        ),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.CANCELLED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s2/c1", "s1"], report.explain(case)
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s1", "s2/c1"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_an_async_step_that_ended_inside_a_composed_child_is_undone_in_between(
+    worker: Any,
+) -> None:
+    """The same order when the composed child succeeded and a later step fails for good: the
+    child's entry in its parent's log is one, its steps are in its own log, and the async step
+    that ended between them is undone between them (it was undone after the whole child)."""
+    case = Case(
+        shape=("aux", "cux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s3": [1, 2]}, after={"s1": "s2/c2:enter", "s2/c2": "s1:ended"}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s2/c1", "s1", "s2/c2"], report.explain(case)
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s2/c2", "s1", "s2/c1"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_an_async_step_that_ended_between_two_map_elements_is_undone_between_them(
+    worker: Any,
+) -> None:
+    """The same for a map's elements (one entry in the log, the elements inside it). Found by
+    the model's soak once the shapes were drawn again (a parallel map after an async step that
+    retried): the async step was undone after every element of the map, though it completed
+    before the last ones."""
+    case = Case(
+        shape=("aux", "mux", "tux"),
+        items=3,
+        script=SagaScript(fail={"s3": [1, 2]}, after={"s1": "s2[1]:enter", "s2[1]": "s1:ended"}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s2[0]", "s1", "s2[1]", "s2[2]"], report.explain(case)
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s2[2]", "s2[1]", "s1", "s2[0]"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_an_async_step_that_ended_before_a_composed_child_is_undone_after_it(
+    worker: Any,
+) -> None:
+    """The other side: the async step completed before the child's first step, so it is
+    undone after the child's steps (a cancel inside the child's second step)."""
+    case = Case(
+        shape=("aux", "cux", "tux"),
+        items=1,
+        script=SagaScript(cancel="s2/c2", cancel_mode="during", after={"s2/c1": "s1:ended"}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.CANCELLED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s1", "s2/c1"], report.explain(case)
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s2/c1", "s1"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
+def test_an_async_step_that_ended_while_a_composed_child_parked_is_undone_first(
+    worker: Any,
+) -> None:
+    """The composed child parks before its second step (its lock is held here), the async
+    step completes only then (after the child's first step), and the parked tree is cancelled:
+    the rollback ends the parked child (``engine.children.settle_composed``). Newest first is
+    the async step, then the child's first step; the child was rolled back before its parent
+    even waited for the async step."""
+    case = Case(shape=("aux", "cul", "tux"), items=1, script=SagaScript(after={"s1": "go:signal"}))
+    scenario = uuid.uuid4().hex[:12]
+    write_script(scenario, case.script)
+    held = Coordinator().admit(
+        [LockClaim(f"saga-lock:{scenario}:s2/c2", ttl=60)], Holder(owner="test-holder")
+    )
+    assert isinstance(held, Admitted), held
+    try:
+        execution = reactor_for(case.shape).run_async(**case.inputs(scenario))
+        root = str(execution.pk)
+        wait_until(
+            lambda: Execution.objects.get(pk=root).status == ExecutionStatus.PARKED,
+            30,
+            message="the tree never parked in s2/c2's lock",
+        )
+        note_outside(scenario, root, "go", "signal")
+        wait_until(
+            lambda: any(e["label"] == "s1" and e["kind"] == "do" for e in ledger(scenario)),
+            30,
+            message="s1 never completed",
+        )
+        note_outside(scenario, root, "s2/c2", "cancel")
+        Execution.objects.get(pk=root).cancel("first", by="saga-model")
+        execution.wait(timeout=WORKER_TIMEOUT)
+    finally:
+        wake(Coordinator().release(held, "success").woken)
+    events = tree_ledger(scenario)
+    explain = "\n".join(f"{e['label']} {e['kind']}" for e in events)
+    assert Execution.objects.get(pk=root).status == ExecutionStatus.CANCELLED, explain
+    assert [e["label"] for e in events if e["kind"] == "do"] == ["s2/c1", "s1"], explain
+    assert [e["label"] for e in events if e["kind"] == "undo"] == ["s1", "s2/c1"], explain
+    assert check_run(case, scenario, root, events) == [], explain
