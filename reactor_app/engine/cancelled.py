@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.cancel_flag import cancelled_error
-from reactor_app.engine.children import children_to_settle, settle_children
 from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.leftovers import (
     abandon_positions,
@@ -22,6 +21,7 @@ from reactor_app.engine.leftovers import (
 )
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.rollback import roll_back
+from reactor_app.engine.settling import children_to_settle, settle_children
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun

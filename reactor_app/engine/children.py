@@ -11,19 +11,11 @@
   step's ``result_timeout``; a worker delivery parks — holding nothing of the child — and the
   child's delivery wakes it when it ends (``engine.dispatch``). ``settle_child`` turns a finished
   child into this run's result (a succeeded ``async_step`` joins the rollback log).
-* Before a halt, ``settle_on_halt`` waits for running async children (nothing undone).
-* Before a rollback, ``settle_children`` waits for running async children so that their
-  successes are undone too — and for a parallel map's running elements, undoing those that
-  completed (``settle_map_elements``); a sequential map stopped part-way has the elements it
-  completed undone (``settle_map_progress``).
+* What a rollback or a halt does with the children still open (waiting, ending parked
+  composed children, undoing a map's completed elements): ``engine.settling``.
 * Where a settled async step enters the rollback log: ``engine.async_order``.
 * ``start_worker_child``: the row of any child a worker runs (also a parallel map's elements,
   ``engine.mapping``).
-
-One piece on purpose, though over the usual size: dispatching, reading and settling a child
-share the same entries of ``state.children`` and the same rules for a child's row (which
-statuses are settled, how a failure reads), and settling is the reverse of dispatching; the
-order a settled child takes in the rollback log is already its own module.
 """
 
 from __future__ import annotations
@@ -31,23 +23,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
-from reactor_app.engine.async_order import enter_settled, lineage, stamp
-from reactor_app.engine.cancel_flag import cancelled_error
-from reactor_app.engine.enqueueing import enqueue_on_commit, wake
+from reactor_app.engine.async_order import enter_settled, stamp
+from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
-from reactor_app.engine.leftovers import abandon_positions, leave_lines, release_kept
-from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus
+from reactor_app.engine.outcomes import PassEnd, UnitStatus
 from reactor_app.engine.result import error_from_dict
-from reactor_app.engine.rollback import roll_back, undo_record
 from reactor_app.engine.runner import StepOutcome, validate_arguments
 from reactor_app.engine.state import (
     AsyncChild,
@@ -74,9 +61,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
-
-#: seconds a rollback waits for a parallel map's running elements before reporting them
-ELEMENT_SETTLE_TIMEOUT = 300.0
 
 
 def run_child(
@@ -290,182 +274,6 @@ def child_error(row: Execution, fallback: str, reactor: str, step: str) -> React
     if isinstance(error, ReactorError):
         return error
     return StepFailed(fallback, reactor=reactor, step=step)
-
-
-def children_to_settle(run: ExecutionRun) -> bool:
-    """Whether a rollback of ``run`` has children to settle first (``settle_children``)."""
-    children = run.state.children
-    return bool(children.pending_async or children.parallel_maps or children.composed)
-
-
-def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
-    """Before a rollback: wait for running async steps so that their successes are undone too
-    (rollback never parks, so a worker blocks here as well), then end the composed children
-    the tree parked in (``settle_composed``) — after, since such a child's rollback undoes the
-    async steps that ended after its first entry in between its own (``engine.undo_order``).
-    A composed run with entries waits for its ancestors' async steps too, for the same
-    reason: its rollback comes first, and its ancestors roll back after it."""
-    failures = _settle_async(run)
-    failures += settle_composed(run)
-    failures += settle_map_elements(run) + settle_map_progress(run)
-    if run.state.completed:
-        for ancestor in lineage(run)[1:]:
-            failures += _settle_async(ancestor, kind="async_step")
-    return failures
-
-
-def _settle_async(run: ExecutionRun, kind: ChildKind | None = None) -> list[dict[str, Any]]:
-    """Wait for ``run``'s pending async children (of ``kind``) and settle them; what did not
-    end in time is reported."""
-    failures: list[dict[str, Any]] = []
-    pending = run.state.children.pending_async or {}
-    wanted = {name: e for name, e in pending.items() if kind is None or e["kind"] == kind}
-    for name, entry, child in _ended_async_children(wanted):
-        if child is None:
-            failures.append(
-                {
-                    "step": name,
-                    "kind": "undo",
-                    "reason": "async_child_unfinished",
-                    "child_execution": entry["child"],
-                }
-            )
-            pending.pop(name)
-            continue
-        settle_child(run, name, entry, child)
-    return failures
-
-
-def _ended_async_children(
-    pending: dict[str, AsyncChild],
-) -> Iterator[tuple[str, AsyncChild, Execution | None]]:
-    """Each pending async child, waited for up to its ``result_timeout`` (a rollback or a halt
-    never parks, so a worker blocks here): its row once ended, None when it is gone or still
-    running. The caller settles it or pops it."""
-    for name in list(pending):
-        entry = pending[name]
-        child = Execution.objects.filter(pk=entry["child"]).first()
-        if child is not None and child.status not in TERMINAL_STATUSES:
-            child = block_on(child, float(entry["timeout"]))
-        ended = child is not None and child.status in TERMINAL_STATUSES
-        yield name, entry, child if ended else None
-
-
-def settle_on_halt(run: ExecutionRun) -> None:
-    """Before a halt ends ``run``: wait for its running async children and record their
-    results, as the success path reads them (``await_children``). A halt is a clean stop —
-    nothing is undone, so a child's success stands — but the run must not end while a child
-    it dispatched still runs on. Like a rollback, a halt never parks, so a worker blocks here
-    (up to each child's ``result_timeout``); a child that ends otherwise than succeeding does
-    not change the halt."""
-    pending = run.state.children.pending_async or {}
-    for name, entry, child in _ended_async_children(pending):
-        if child is None:
-            logger.warning(
-                "%s halted while its child execution %s (%s) was still running",
-                run.reactor_path,
-                entry["child"],
-                name,
-            )
-            pending.pop(name)
-            continue
-        settle_child(run, name, entry, child)
-
-
-def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
-    """End the composed children ``run`` parked in, before ``run`` rolls back without
-    resuming them (a refusal at its own reactor gate, a cancel, an unexpected error).
-
-    Such a child is mid-way: its completed steps are part of the tree's work, and it may keep
-    reactor-level holds across the park. Each one (its own parked children first) is rolled
-    back — its completed steps undone, newest first, while what it kept is still held — then
-    gives back what it kept (holds, ordered positions, waiter places) and ends ``cancelled``
-    when the tree was cancelled, else ``failed``. Left alone, it stayed ``parked`` for good,
-    its kept holds renewed by every sweep. Returns what could not be undone."""
-    failures: list[dict[str, Any]] = []
-    composed = run.state.children.composed or {}
-    for label in list(composed):
-        child_id = composed.pop(label)
-        try:
-            child = run.child_run(child_id)
-        except ReactorError:  # its reactor is not importable here: nothing can undo it
-            logger.exception("composed child %s of %s cannot be loaded", child_id, run.reactor_path)
-            failures.append({"step": label, "kind": "undo", "reason": "error"})
-            continue
-        if child is None or child.execution.status in TERMINAL_STATUSES:
-            continue
-        try:
-            undone = settle_children(child) + roll_back(child)
-        except Exception as exc:  # a rollback bug must not leave the child parked for good
-            logger.exception("rollback of composed child %s failed", child.execution_id)
-            undone = [{"step": label, "kind": "undo", "reason": "error", "error": str(exc)}]
-        coordinator = Coordinator()
-        woken = release_kept(child, coordinator) + abandon_positions(child, coordinator)
-        leave_lines(child, coordinator)
-        if woken:
-            wake(woken)
-        request = child.cancel_requested()
-        if request is not None:
-            error: ReactorError = cancelled_error(
-                request, child.execution_id, reactor=child.reactor_path
-            )
-            child.finish(RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=undone))
-        else:
-            error = StepFailed(
-                f"the execution {child.reactor_path} is composed into ended before resuming it",
-                reactor=child.reactor_path,
-                step=label,
-            )
-            child.finish(RunEnd(PassEnd.FAILED, error=error, rollback_failures=undone))
-        failures += undone
-    return failures
-
-
-def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
-    """Before a rollback that is not the map's own failure (a cancel, a refusal at the
-    reactor gate on a later pass, an unexpected error) while a parallel map's elements run:
-    wait for them (rollback never parks), then undo those that completed, newest first — they
-    are the newest steps of the run, so before everything in the rollback log."""
-    failures: list[dict[str, Any]] = []
-    pending = run.state.children.parallel_maps or {}
-    for name in list(pending):
-        elements = pending.pop(name)["elements"]
-        rows: dict[str, Execution] = {}
-        for element in elements:
-            row = Execution.objects.filter(pk=element["execution"]).first()
-            if row is not None and row.status not in TERMINAL_STATUSES:
-                row = block_on(row, ELEMENT_SETTLE_TIMEOUT)
-            if row is None or row.status not in TERMINAL_STATUSES:
-                failures.append(
-                    {
-                        "step": element["label"],
-                        "kind": "undo",
-                        "reason": "map_element_unfinished",
-                        "child_execution": element["execution"],
-                    }
-                )
-                continue
-            rows[element["execution"]] = row
-        done = completed_elements(elements, rows)
-        failures.extend(undo_record(run, CompletedStep(step=name, kind="map", elements=done)))
-    return failures
-
-
-def settle_map_progress(run: ExecutionRun) -> list[dict[str, Any]]:
-    """Before a rollback that is not the map's own failure while a sequential map is part-way
-    (parked in an element on a worker, then cancelled, refused at the reactor gate on a later
-    pass, or ended by an unexpected error): undo the elements that completed, newest first.
-    They are not in the rollback log yet (the map enters it when it completes), and they are
-    newer than everything in it; the element the map stopped in was ended by
-    ``settle_composed`` when it is a composed reactor, and had not completed when it is a step."""
-    failures: list[dict[str, Any]] = []
-    progress = run.state.children.map_progress or {}
-    for name in list(progress):
-        elements = progress.pop(name)["elements"]
-        if elements:
-            partial = CompletedStep(step=name, kind="map", elements=elements)
-            failures.extend(undo_record(run, partial))
-    return failures
 
 
 def completed_elements(

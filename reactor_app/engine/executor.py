@@ -91,7 +91,7 @@ from reactor_app.dsl.step import StepSpec
 from reactor_app.engine.async_order import enter_log
 from reactor_app.engine.cancel_flag import cancel_request, cancelled_error
 from reactor_app.engine.cancelled import end_cancelled
-from reactor_app.engine.children import await_children, settle_children, settle_on_halt
+from reactor_app.engine.children import await_children
 from reactor_app.engine.context import HeldKeys
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.finishing import finish_pass, result_of
@@ -103,6 +103,7 @@ from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.runner import StepOutcome
+from reactor_app.engine.settling import settle_children, settle_on_halt
 from reactor_app.engine.state import ExecutionState
 from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
 from reactor_app.engine.worker import ClaimLost, kept_hold_cover

@@ -5,7 +5,7 @@ across the park (``state.continuation.kept_holds``), positions in ordered lines
 (``state.ordered``), its places in waiter lines (``ContentionState`` rows) and the entries of
 its tree's held-key registry. When it ends without another pass — cancelled while idle
 (``engine.cancelled``), or a composed child whose tree ended before resuming it
-(``engine.children.settle_composed``) — these are given back here. Each function returns the
+(``engine.settling.settle_composed``) — these are given back here. Each function returns the
 parked waiters its releases let through; the caller wakes them.
 """
 

@@ -25,13 +25,13 @@ rollback log as one entry whose elements are undone in reverse.
          all succeeded → the results in element order; the map enters the rollback log
             with its elements in completion order (undone newest first).
          one failed → after all ended (so each success is known), the completed elements
-            are undone here, newest first, under this execution's owner re-taking their lock
-            and semaphore; the step fails with the first failed element's error, and the
-            executor rolls back the earlier steps as for any failure.
+            join the rollback log; the step fails with the first failed element's error, and
+            the executor's rollback undoes them with the earlier steps, newest first by
+            completion, under this execution's owner re-taking their lock and semaphore.
          one halted (none failed) → the step halts, as a sequential map's halted element.
     4. A rollback of the parent for another reason while elements run (a cancel, a refusal
        at its reactor gate on a later pass) waits for them and undoes those that completed
-       first (``engine.children.settle_map_elements``).
+       first (``engine.settling.settle_map_elements``).
 
 In the caller's process a ``parallel`` map runs its elements one after another (above).
 """
@@ -44,6 +44,7 @@ from django.db import transaction
 
 from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
+from reactor_app.engine.async_order import enter_log
 from reactor_app.engine.children import (
     child_error,
     completed_elements,
@@ -52,7 +53,6 @@ from reactor_app.engine.children import (
 )
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.outcomes import UnitStatus
-from reactor_app.engine.rollback import undo_record
 from reactor_app.engine.runner import StepOutcome, resolve_arguments, validate_arguments
 from reactor_app.engine.state import CompletedStep, ExecutionState, MapElement
 from reactor_app.engine.worker import backoff_seconds
@@ -134,11 +134,11 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
             run.element_done()  # written in batches on a worker (engine.progress)
             continue
         if outcome.status == UnitStatus.FAILED:
-            # Roll back the iterations that completed, newest first, then fail the step.
-            partial = CompletedStep(step=spec.name, kind="map", elements=progress["elements"])
-            failures = list(outcome.rollback_failures) + undo_record(run, partial)
+            # The iterations that completed join the rollback log, and the run's rollback
+            # (which a failed step always starts) undoes them in their place by completion.
+            _log_completed(run, spec.name, progress["elements"])
             run.state.children.progress().pop(spec.name, None)
-            return StepOutcome(UnitStatus.FAILED, error=outcome.error, rollback_failures=failures)
+            return outcome
         return outcome  # parked or halted: keep the progress for a resume
     run.state.children.progress().pop(spec.name, None)
     record = CompletedStep(
@@ -256,13 +256,20 @@ def _join(
             failure = _element_failure(run, spec, element, row)
     done = completed_elements(elements, rows)
     if failure is not None:
-        partial = CompletedStep(step=spec.name, kind="map", elements=done)
-        failure.rollback_failures = list(failure.rollback_failures) + undo_record(run, partial)
+        _log_completed(run, spec.name, done)
         return failure
     if halted is not None:
         return halted  # as a sequential map's halted element: no rollback
     record = CompletedStep(step=spec.name, kind="map", elements=done, result=values)
     return StepOutcome(UnitStatus.COMPLETED, value=values, record=record)
+
+
+def _log_completed(run: ExecutionRun, name: str, elements: list[dict[str, Any]]) -> None:
+    """A failed map's completed elements, into the rollback log: undone by the run's rollback
+    with the rest, newest first by completion — not here, at once, before the async steps that
+    completed after them (which the rollback waits for first)."""
+    if elements:
+        enter_log(run, CompletedStep(step=name, kind="map", elements=elements))
 
 
 def _element_failure(

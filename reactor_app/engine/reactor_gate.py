@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.engine.children import children_to_settle, settle_children
 from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.leftovers import release_kept
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.rollback import roll_back
+from reactor_app.engine.settling import children_to_settle, settle_children
 from reactor_app.engine.state import REACTOR_SLOT
 from reactor_app.engine.worker import note_park, outage_delay
 from reactor_app.exceptions import (

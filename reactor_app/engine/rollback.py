@@ -120,7 +120,7 @@ def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[st
 
     ``with_ancestors``: ``run`` is a composed child rolling back before the runs it is
     composed into do (they always roll back after it); their async steps that ended after its
-    oldest entry (settled by ``engine.children.settle_children``) are undone in between its
+    oldest entry (settled by ``engine.settling.settle_children``) are undone in between its
     own, and leave their logs."""
     plan = plan_undos(run, with_ancestors=with_ancestors and run.parent is not None)
     failures: list[dict[str, Any]] = []

@@ -29,6 +29,10 @@ WORKER_SETTINGS = {
     # a killed delivery's claim lapses quickly, so its redelivery is seconds away
     "REACTOR_EXECUTION_CLAIM_TTL": 6,
     "REACTOR_SWEEP_AFTER": 3,
+    # a sequential map writes every element: with batches, a kill re-runs the unwritten ones
+    # (documented, docs/operations.md "Map elements in batches"), which the model counts as an
+    # effect made twice
+    "REACTOR_MAP_CHECKPOINT_EVERY": 1,
 }
 
 TOTALS: Counter[str] = Counter()

@@ -43,7 +43,7 @@ def test_an_async_step_nobody_reads_is_undone_in_its_place_not_first(worker: Any
     """An ``async_step`` (undo) that no later step reads completes first; a plain step (undo)
     completes after it; the last step fails for good. Newest first means the plain step is
     undone before the async one. Found by the model: the async step's completion enters the
-    rollback log only when the rollback settles it (``engine.children.settle_children`` →
+    rollback log only when the rollback settles it (``engine.settling.settle_children`` →
     ``settle_child`` appends it last), so it is undone first, whenever it completed."""
     case = Case(
         shape=("aux", "tux", "tux"),
@@ -175,7 +175,7 @@ def test_a_halt_leaves_no_async_child_behind(worker: Any) -> None:
     """Found by the model (soak): an ``async_step`` is still working when a later step halts.
     The root ends ``halted`` at once and its async child is left ``pending``/``running`` (its
     body goes on after the run has ended). A failure waits for such children before its
-    rollback (``engine.children.settle_children``); the halt path of
+    rollback (``engine.settling.settle_children``); the halt path of
     ``ExecutionRun._run_steps`` (``engine.executor``) returns without settling them."""
     case = Case(
         shape=("aux", "tux", "tux"),
@@ -255,6 +255,28 @@ def test_an_async_step_that_ended_between_two_map_elements_is_undone_between_the
     assert not report.problems, report.explain(case)
 
 
+def test_an_async_step_that_ended_before_a_map_failed_is_undone_before_its_elements(
+    worker: Any,
+) -> None:
+    """A map's element fails for good after an async step completed that the earlier elements
+    completed before. Found by the model's soak (a parallel map): the map undid its completed
+    elements at once, as it failed, and only then did the run's rollback wait for the async
+    step and undo it — after elements older than it. The elements now join the rollback log
+    and the run's rollback undoes them in their place."""
+    case = Case(
+        shape=("aux", "mux", "tux"),
+        items=3,
+        script=SagaScript(fail={"s2[2]": [1, 2]}, after={"s1": "s2[1]:do", "s2[2]": "s1:ended"}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    done = [e["label"] for e in report.events if e["kind"] == "do"]
+    assert done == ["s2[0]", "s2[1]", "s1"], report.explain(case)
+    undone = [e["label"] for e in report.events if e["kind"] == "undo"]
+    assert undone == ["s1", "s2[1]", "s2[0]"], report.explain(case)
+    assert not report.problems, report.explain(case)
+
+
 def test_an_async_step_that_ended_before_a_composed_child_is_undone_after_it(
     worker: Any,
 ) -> None:
@@ -279,7 +301,7 @@ def test_an_async_step_that_ended_while_a_composed_child_parked_is_undone_first(
 ) -> None:
     """The composed child parks before its second step (its lock is held here), the async
     step completes only then (after the child's first step), and the parked tree is cancelled:
-    the rollback ends the parked child (``engine.children.settle_composed``). Newest first is
+    the rollback ends the parked child (``engine.settling.settle_composed``). Newest first is
     the async step, then the child's first step; the child was rolled back before its parent
     even waited for the async step."""
     case = Case(shape=("aux", "cul", "tux"), items=1, script=SagaScript(after={"s1": "go:signal"}))
