@@ -3,8 +3,8 @@
 WHY a module of its own: ``engine.children`` creates, runs and reads children on the way
 forward; this is what a rollback or a halt does with those still open — wait for running
 async children (a rollback or a halt never parks, so a worker blocks here), end the composed
-children the tree parked in, undo a map's completed elements — in the order the rollback's
-promise needs (newest first by completion, ``engine.undo_order``).
+children the tree parked in, hand a map's completed elements to the rollback log — in the
+order the rollback's promise needs (newest first by completion, ``engine.undo_order``).
 
 * ``settle_children``: before a rollback — the async steps first (so their successes are
   undone too, in their place), then the parked composed children (``settle_composed``, whose
@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.engine.async_order import lineage
+from reactor_app.engine.async_order import enter_log, lineage
 from reactor_app.engine.cancel_flag import cancelled_error
 from reactor_app.engine.children import block_on, completed_elements, settle_child
 from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.leftovers import abandon_positions, leave_lines, release_kept
 from reactor_app.engine.outcomes import PassEnd, RunEnd
-from reactor_app.engine.rollback import roll_back, undo_record
+from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.state import AsyncChild, ChildKind, CompletedStep
 from reactor_app.exceptions import ReactorError, StepFailed
 from reactor_app.models import Execution
@@ -175,8 +175,9 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
 def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
     """Before a rollback that is not the map's own failure (a cancel, a refusal at the
     reactor gate on a later pass, an unexpected error) while a parallel map's elements run:
-    wait for them (rollback never parks), then undo those that completed, newest first — they
-    are the newest steps of the run, so before everything in the rollback log."""
+    wait for them (rollback never parks); those that completed join the rollback log, which
+    the rollback right after undoes newest first by completion (an async step that ended
+    after them comes first)."""
     failures: list[dict[str, Any]] = []
     pending = run.state.children.parallel_maps or {}
     for name in list(pending):
@@ -198,22 +199,22 @@ def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:
                 continue
             rows[element["execution"]] = row
         done = completed_elements(elements, rows)
-        failures.extend(undo_record(run, CompletedStep(step=name, kind="map", elements=done)))
+        if done:  # undone by the rollback that follows, each in its place by completion
+            enter_log(run, CompletedStep(step=name, kind="map", elements=done))
     return failures
 
 
 def settle_map_progress(run: ExecutionRun) -> list[dict[str, Any]]:
     """Before a rollback that is not the map's own failure while a sequential map is part-way
     (parked in an element on a worker, then cancelled, refused at the reactor gate on a later
-    pass, or ended by an unexpected error): undo the elements that completed, newest first.
-    They are not in the rollback log yet (the map enters it when it completes), and they are
-    newer than everything in it; the element the map stopped in was ended by
-    ``settle_composed`` when it is a composed reactor, and had not completed when it is a step."""
+    pass, or ended by an unexpected error): the elements that completed join the rollback log
+    (the map enters it only when it completes), for the rollback right after; the element the
+    map stopped in was ended by ``settle_composed`` when it is a composed reactor, and had not
+    completed when it is a step."""
     failures: list[dict[str, Any]] = []
     progress = run.state.children.map_progress or {}
     for name in list(progress):
         elements = progress.pop(name)["elements"]
-        if elements:
-            partial = CompletedStep(step=name, kind="map", elements=elements)
-            failures.extend(undo_record(run, partial))
+        if elements:  # undone by the rollback that follows, each in its place by completion
+            enter_log(run, CompletedStep(step=name, kind="map", elements=elements))
     return failures

@@ -3,13 +3,13 @@
 WHY: a run's rollback log holds one entry for a composed child that succeeded, while the
 child's steps are in the child's own log (and one for a map, its elements inside it); and an
 async step of the run (or of a run it is composed into) can end between two of the child's
-steps, or two of the map's elements. Undoing the child's log as one block
-(or a failing child's log before its parents settle their async steps) undid by kind, not by
-completion. So a rollback first lays out every entry it undoes: its own, those of the composed
-children in it (recursively), and — when the run is itself a composed child rolling back first
-— its ancestors' settled async steps that ended after its oldest entry, and sorts them by their
-stamp (``engine.async_order``). An entry of a log written before stamps existed takes the
-stamp of the entry before it, so such a log keeps its own order.
+steps, or two of the map's elements. Undoing the child's log as one block (or a failing
+child's log before its parents settle their async steps) undid by kind, not by completion.
+So a rollback first lays out every entry it undoes: its own, those of the composed children
+in it (recursively), a map's elements one by one, and — when the run is itself a composed
+child rolling back first — its ancestors' settled async steps that ended after its oldest
+entry; and sorts them by their stamp (``engine.async_order``). An entry of a log written
+before stamps existed takes the stamp of the entry before it, so such a log keeps its order.
 """
 
 from __future__ import annotations
@@ -35,14 +35,17 @@ class Undo:
 
 @dataclass
 class UndoPlan:
-    """What a rollback undoes, newest first; the composed children whose logs it empties; the
-    ancestors' entries it takes (undone here, so never again by the ancestor)."""
+    """What a rollback undoes, newest first (an ancestor's entry among them is undone here,
+    so it leaves the ancestor's log: ``engine.rollback.roll_back``); the composed children
+    whose logs it empties."""
 
     undos: list[Undo]
     children: list[ExecutionRun]
 
 
 def plan_undos(run: ExecutionRun, *, with_ancestors: bool) -> UndoPlan:
+    """Every entry ``run``'s rollback undoes, newest first; ``with_ancestors``: ``run`` is a
+    composed child rolling back before its ancestors (see the module docstring)."""
     undos: list[Undo] = []
     children: list[ExecutionRun] = []
     _lay_out(run, run.state.completed, 0, undos, children)

@@ -11,7 +11,9 @@ neither. Per run (a root execution) the checker asserts, from the ledger alone a
   newest first; a completed body is never compensated; a body whose final attempt did not
   complete is compensated once when its step has ``compensate``; a cancelled run's error keeps
   the first cancel's reason;
-* ``halted``: nothing is undone or compensated (a halt stops cleanly, nothing rolled back);
+* ``halted``: nothing is undone or compensated (a halt stops cleanly, nothing rolled back) —
+  but an ``async_step`` that failed for good on its own, concurrently, is compensated once in
+  its own delivery (its failure does not change the halt);
 * nothing of the tree is left ``pending`` / ``running`` / ``parked``; every step lock and
   semaphore of the scenario is released.
 
@@ -184,8 +186,18 @@ def check_run(
             if reason != "first" and any(e["kind"] == "cancel" for e in mine):
                 problems.append(f"cancelled, but the error's reason is {reason!r}, not 'first'")
     elif status == ExecutionStatus.HALTED:
-        if undone or compensated:
-            problems.append(f"halted, yet undone {dict(undone)} / compensated {dict(compensated)}")
+        # an async step that failed for good on its own was compensated in its own delivery
+        # (its failure does not change the halt: engine.settling.settle_on_halt): no rollback
+        unfinished = set(_unfinished(mine, killed_pids))
+        async_slots = {s for s, code in zip(case.slots, case.shape, strict=True) if code[0] == "a"}
+        own = {
+            label: count
+            for label, count in compensated.items()
+            if count == 1 and label in unfinished and plan[label].slot in async_slots
+        }
+        rolled_back = {label: n for label, n in compensated.items() if label not in own}
+        if undone or rolled_back:
+            problems.append(f"halted, yet undone {dict(undone)} / compensated {rolled_back}")
     else:
         problems.append(f"the run ended {status!r}")
 

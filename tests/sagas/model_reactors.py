@@ -369,6 +369,7 @@ REGRESSION_SHAPES: list[tuple[str, ...]] = [
     ("aux", "cux", "tux"),
     ("aux", "cul", "tux"),
     ("aux", "mux", "tux"),
+    ("acx", "tux", "tux"),
 ]
 for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

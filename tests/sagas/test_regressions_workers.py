@@ -336,3 +336,23 @@ def test_an_async_step_that_ended_while_a_composed_child_parked_is_undone_first(
     assert [e["label"] for e in events if e["kind"] == "do"] == ["s2/c1", "s1"], explain
     assert [e["label"] for e in events if e["kind"] == "undo"] == ["s1", "s2/c1"], explain
     assert check_run(case, scenario, root, events) == [], explain
+
+
+def test_an_async_step_failing_on_its_own_while_the_run_halts_is_compensated_once(
+    worker: Any,
+) -> None:
+    """Found by the model's soak once every shape was drawn again (a checker case, not an
+    engine one): a halt comes while an ``async_step`` still runs, which then fails for good.
+    The halt waits for it and stands (``engine.settling.settle_on_halt``); the async step's
+    own body did not complete, so its own delivery compensated it, once — that is no rollback
+    of the halted run, which undoes nothing."""
+    case = Case(
+        shape=("acx", "tux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s1": [1, 2]}, halt="s2", after={"s1": "s2:enter"}),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.HALTED], report.explain(case)
+    kinds = [(e["label"], e["kind"]) for e in report.events if e["kind"] in ("undo", "compensate")]
+    assert kinds == [("s1", "compensate")], report.explain(case)
+    assert not report.problems, report.explain(case)
