@@ -334,8 +334,7 @@ def test_cancelling_a_parent_awaiting_async_steps_never_starts_the_queued_one(
     worker: Any,
 ) -> None:
     """``async_step`` children: the two running complete and are undone by the parent,
-    newest first by when each completed; the one still queued when the cancel came never
-    starts."""
+    once each; the one still queued when the cancel came never starts."""
     from tests.worker.promise_reactors import ShipEach
 
     order = f"o-{uuid.uuid4().hex[:10]}"
@@ -359,11 +358,11 @@ def test_cancelling_a_parent_awaiting_async_steps_never_starts_the_queued_one(
     )
     lines = ledger(order)
     assert "enter:ship:2" not in lines and "do:ship:2" not in lines, lines
-    # both complete at once once let go: newest first is by when each completed
-    done = [line.removeprefix("do:") for line in lines if line.startswith("do:")]
-    assert sorted(done) == ["ship:0", "ship:1"], lines
+    # let go at the same instant, both complete at once: newest first is by when each body
+    # returned, microseconds apart on two processes (the order of their ledger lines can
+    # differ), so only "each once" is asserted here (tests/sagas has the order by completion)
     undone = [line.removeprefix("undo:") for line in lines if line.startswith("undo:")]
-    assert undone == done[::-1], lines
+    assert sorted(undone) == ["ship:0", "ship:1"], lines
     rows = {int(row.inputs["item"]): row for row in Execution.objects.filter(parent_id=parent.pk)}
     assert rows[2].status == ExecutionStatus.CANCELLED and rows[2].started_at is None
     assert {rows[0].status, rows[1].status} == {ExecutionStatus.SUCCEEDED}
