@@ -22,7 +22,8 @@ Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as
 
 Every window of a claim is checked, and all are charged, in one atomic admission; a charge is
 only spent on work that is about to run (nothing is charged when anything else refuses).
-Named limits come from ``REACTOR_RATE_LIMITS`` (see ``named_windows``).
+Named limits come from ``REACTOR_RATE_LIMITS`` (see ``named_windows``), unless an operator
+overrides one live (``coordination.live_limits``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination import live_limits
 from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, server_time, unavailable_on_connection_error
@@ -150,10 +152,14 @@ def named_config(name: str) -> Mapping[str, Any]:
     return config
 
 
-def named_windows(name: str) -> tuple[RateWindow, ...]:
+def named_windows(name: str, *, live: bool = True) -> tuple[RateWindow, ...]:
     """The windows of ``REACTOR_RATE_LIMITS[name]`` (``{"limit", "period"}`` or
-    ``{"limits": {...}}``); ``ConfigurationError`` for an unknown name or a bad entry."""
+    ``{"limits": {...}}``) — or of an operator's live override of it (``live_limits``);
+    ``ConfigurationError`` for an unknown name or a bad entry. ``live=False``: settings only
+    (``manage.py check``, which must not need Redis)."""
     config = named_config(name)
+    if live:
+        config = live_limits.rate_limit_config(name, config)
     try:
         return windows_from(
             limit=config.get("limit"), period=config.get("period"), limits=config.get("limits")
