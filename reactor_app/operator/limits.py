@@ -5,8 +5,9 @@ every named limit with its effective value and origin (docs/coordination.md, "Li
 ``limit_changed`` ``CoordinationEvent`` (who, old → new, reason) in one transaction; once it
 commits, the whole set of overrides is published to Redis (``coordination.live_limits``),
 where every process reads it within ``REFRESH_SECONDS``. Executions parked on the limit are
-then woken: a raised limit admits them now, not when their backoff runs out or a holder
-releases (a lowered one just parks them again). Permission checks belong to the callers (the
+then woken, once every process has the new value (``WAKE_AFTER``): a raised limit admits
+them then, not when their backoff runs out or a holder releases (a lowered one parks them
+again). Permission checks belong to the callers (the
 admin views, the API); nothing here knows about requests.
 """
 
@@ -27,7 +28,7 @@ from reactor_app.coordination import live_limits
 from reactor_app.coordination.rate_limit import named_config, windows_from
 from reactor_app.dsl.declarations import SemaphoreDeclaration
 from reactor_app.dsl.registry import lookup
-from reactor_app.engine.enqueueing import wake
+from reactor_app.engine.enqueueing import enqueue_quietly
 from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationUnavailable,
@@ -40,6 +41,9 @@ from reactor_app.tracking import record_coordination
 logger = logging.getLogger(__name__)
 
 PRIMITIVES = live_limits.PRIMITIVES
+#: seconds after a change that the executions parked on the limit are woken: by then every
+#: process has read the new value (``live_limits.REFRESH_SECONDS``), with a little margin
+WAKE_AFTER = live_limits.REFRESH_SECONDS + 0.05
 
 
 class InvalidLimit(ValueError):
@@ -279,7 +283,10 @@ def _publish_and_wake(primitive: str, name: str) -> list[str]:
         logger.exception("limit override of %r saved but not published", name)
         raise
     parked = parked_on(primitive, name)
-    wake(parked)
+    for execution_id in parked:
+        # once every process's copy has been read again (a delivery woken at once could
+        # still be refused by a worker's old copy, and park again for its whole backoff)
+        enqueue_quietly(execution_id, countdown=WAKE_AFTER)
     return parked
 
 

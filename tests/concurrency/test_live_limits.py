@@ -80,6 +80,53 @@ def test_an_override_reaches_another_process_within_a_second(redis_topology: str
     coordinator.release(first, "success")
 
 
+@with_semaphore(lambda args: "waited", limit="live", wait=15)
+class Waiting(Step):
+    inputs = ("admitted",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        args["admitted"].put(time.time_ns())
+        return Success("ran")
+
+
+def _waiting_caller(admitted: Any) -> None:
+    try:
+        outcome = Waiting.call(admitted=admitted)
+        assert outcome.ok, outcome
+    except BaseException:
+        admitted.put(None)
+        raise
+    finally:
+        connections.close_all()
+
+
+def test_a_caller_already_waiting_in_another_process_is_admitted_within_a_second() -> None:
+    """No release announces a raised limit: a waiting caller looks again as often as its
+    process's copy may change, not at the holder's lease end (``waiting.admit_waiting``)."""
+    coordinator = Coordinator()
+    held = coordinator.admit([_claim("waited")], Holder(owner="elsewhere"))
+    assert isinstance(held, Admitted)
+    context = multiprocessing.get_context("fork")
+    admitted = context.Queue()
+    connections.close_all()
+    child = context.Process(target=_waiting_caller, args=(admitted,))
+    child.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not coordinator.waiters(_claim("waited")):  # the caller queued: it waits now
+            assert time.monotonic() < deadline, "the caller in the other process never waited"
+            time.sleep(0.01)
+        before = time.time_ns()
+        limits.set_override("semaphore", "live", "2", by="ops")
+        at = admitted.get(timeout=20)
+    finally:
+        child.join(20)
+    assert at is not None, "the waiting caller failed"
+    print(f"\noverride -> waiting caller admitted {(at - before) / 1e6:.0f} ms")
+    assert at - before < WITHIN_NS
+    coordinator.release(held, "success")
+
+
 def test_a_step_and_a_reactor_obey_the_named_limit_in_process() -> None:
     class Body(Step):
         def run(self, args: dict[str, Any], context: Any) -> Any:
