@@ -66,6 +66,9 @@ class RateLimitClaim:
     strategy: Literal["sliding", "fixed"] = "sliding"
     #: units this admission charges against every window (weighted limits; 1 = one admission)
     cost: int = 1
+    #: a named limit of ``REACTOR_RATE_LIMITS`` (its windows are read again at each admission:
+    #: ``rate_limit.live_claim``); None: ``windows`` as declared
+    limit_name: str | None = None
     primitive: Primitive = field(default="rate_limit", init=False)
 
 

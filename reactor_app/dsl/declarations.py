@@ -253,6 +253,7 @@ class RateLimitDeclaration(Declaration):
             windows=windows,
             strategy="fixed" if self.strategy == "fixed" else "sliding",
             cost=cost,
+            limit_name=self.name,
         )
 
 

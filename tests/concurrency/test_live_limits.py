@@ -13,10 +13,11 @@ from django.db import connections
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, step, with_semaphore
+from reactor_app import Reactor, Step, Success, step, with_rate_limit, with_semaphore
 from reactor_app.coordination import live_limits
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, Refused, SemaphoreClaim
+from reactor_app.coordination.rate_limit import named_claim, named_windows
 from reactor_app.exceptions import ConfigurationError, SemaphoreAcquisitionError
 from reactor_app.operator import limits
 
@@ -29,7 +30,10 @@ WITHIN_NS = 1_000_000_000
 @pytest.fixture(autouse=True)
 def named(settings: Any, reactor_redis: Any) -> None:
     settings.REACTOR_LIMITS = {"live": {"limit": 1}}
-    settings.REACTOR_RATE_LIMITS = {"sms": {"limit": 10, "period": "minute"}}
+    settings.REACTOR_RATE_LIMITS = {
+        "sms": {"limit": 10, "period": "minute"},
+        "live_rate": {"limit": 1, "period": "minute"},
+    }
     live_limits.forget_copy()
 
 
@@ -80,6 +84,47 @@ def test_an_override_reaches_another_process_within_a_second(redis_topology: str
     coordinator.release(first, "success")
 
 
+def _charged_again(refused: Any, admitted: Any) -> None:
+    """In another process: charge the named rate limit until it admits; say when."""
+    coordinator = Coordinator()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        answer = coordinator.admit([named_claim("live_rate")], Holder(owner="again"))
+        if isinstance(answer, Admitted):
+            admitted.put(time.time_ns())
+            return
+        assert isinstance(answer, Refused)
+        refused.set()
+        time.sleep(0.005)
+    admitted.put(None)
+
+
+def test_a_rate_limit_override_reaches_another_process_within_a_second(
+    redis_topology: str,
+) -> None:
+    first = Coordinator().admit([named_claim("live_rate")], Holder(owner="first"))
+    assert isinstance(first, Admitted)  # the minute's one admission is spent
+    context = multiprocessing.get_context("fork")
+    refused, admitted = context.Event(), context.Queue()
+    connections.close_all()
+    child = context.Process(target=_charged_again, args=(refused, admitted))
+    child.start()
+    try:
+        assert refused.wait(20), "the other process was never refused at the settings limit"
+        before = time.time_ns()
+        limits.set_override("rate_limit", "live_rate", "3/minute", by="ops")
+        at = admitted.get(timeout=20)
+    finally:
+        child.join(20)
+    assert at is not None, "the other process was never admitted under the raised limit"
+    assert at - before < WITHIN_NS
+    # the third of three in the minute, then refused; back to settings: refused at once
+    assert isinstance(Coordinator().admit([named_claim("live_rate")], Holder(owner="x")), Admitted)
+    assert isinstance(Coordinator().admit([named_claim("live_rate")], Holder(owner="y")), Refused)
+    limits.remove_override("rate_limit", "live_rate", by="ops")
+    assert named_windows("live_rate")[0].limit == 1
+
+
 @with_semaphore(lambda args: "waited", limit="live", wait=15)
 class Waiting(Step):
     inputs = ("admitted",)
@@ -89,9 +134,28 @@ class Waiting(Step):
         return Success("ran")
 
 
-def _waiting_caller(admitted: Any) -> None:
+@with_rate_limit("live_rate", wait=15)
+class WaitingForRate(Step):
+    inputs = ("admitted",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        args["admitted"].put(time.time_ns())
+        return Success("ran")
+
+
+def _waiting_caller(admitted: Any, unit: Any = Waiting, refused: Any = None) -> None:
+    if refused is not None:  # tell the test when the caller has been refused (it waits then)
+        admit = Coordinator.admit
+
+        def telling(self: Coordinator, *args: Any, **kwargs: Any) -> Any:
+            answer = admit(self, *args, **kwargs)
+            if isinstance(answer, Refused):
+                refused.set()
+            return answer
+
+        Coordinator.admit = telling  # type: ignore[method-assign]
     try:
-        outcome = Waiting.call(admitted=admitted)
+        outcome = unit.call(admitted=admitted)
         assert outcome.ok, outcome
     except BaseException:
         admitted.put(None)
@@ -125,6 +189,26 @@ def test_a_caller_already_waiting_in_another_process_is_admitted_within_a_second
     print(f"\noverride -> waiting caller admitted {(at - before) / 1e6:.0f} ms")
     assert at - before < WITHIN_NS
     coordinator.release(held, "success")
+
+
+def test_a_caller_waiting_on_a_named_rate_limit_obeys_a_raise_within_a_second() -> None:
+    """The waiting caller's claim was made under the old windows and its retry_after is the
+    minute's end: each retry reads the windows again (``rate_limit.live_claim``)."""
+    assert isinstance(Coordinator().admit([named_claim("live_rate")], Holder(owner="a")), Admitted)
+    context = multiprocessing.get_context("fork")
+    admitted, refused = context.Queue(), context.Event()
+    connections.close_all()
+    child = context.Process(target=_waiting_caller, args=(admitted, WaitingForRate, refused))
+    child.start()
+    try:
+        assert refused.wait(20), "the caller in the other process was never refused"
+        before = time.time_ns()
+        limits.set_override("rate_limit", "live_rate", "2/minute", by="ops")
+        at = admitted.get(timeout=20)
+    finally:
+        child.join(20)
+    assert at is not None, "the waiting caller failed"
+    assert at - before < WITHIN_NS
 
 
 def test_a_step_and_a_reactor_obey_the_named_limit_in_process() -> None:
