@@ -14,8 +14,8 @@ Why a client-side copy and not a read inside the admission scripts: on a Redis C
 hash lives in one slot and the scripts of other slots could not read it; and the limit already
 travels with every admission as an argument (``semaphore.admit_spec``, the rate-limit
 windows), so the scripts need no change at all. Each process keeps a copy of the hash and
-reads it again at most every ``REFRESH_SECONDS`` (0.25) when asked for a limit: one HGETALL
-per process per quarter second at most, no database query and no extra round trip on the
+reads it again at most every ``REFRESH_SECONDS`` (0.1) when asked for a limit: one HGETALL
+per process per tenth of a second at most, no database query and no extra round trip on the
 admissions in between, and a change is seen everywhere within ``REFRESH_SECONDS`` (the 1 s
 promise of docs/coordination.md, with room for the delivery of a woken execution).
 
@@ -44,7 +44,7 @@ from reactor_app.exceptions import ConfigurationError
 #: the primitives whose named limits can be overridden
 PRIMITIVES = ("semaphore", "rate_limit")
 #: how stale a process's copy of the overrides may be, in seconds
-REFRESH_SECONDS = 0.25
+REFRESH_SECONDS = 0.1
 
 
 def hash_key(prefix: str | None = None) -> str:
