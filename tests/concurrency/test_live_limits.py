@@ -278,3 +278,19 @@ def test_a_rate_limit_value_reads_back_as_it_was_written(windows: dict[str, int]
     text = limits.describe("rate_limit", {"limits": windows})
     value = limits.parse_value("rate_limit", "sms", text)
     assert value == {"limits": windows}
+
+
+def test_manage_py_check_warns_about_an_unknown_named_semaphore_limit(settings: Any) -> None:
+    from reactor_app.checks import check_named_semaphore_limits
+    from tests.worker.limit_reactors import PooledReactor  # limit="live_pool"
+
+    def warned() -> set[str]:
+        return {w.obj for w in check_named_semaphore_limits() if w.id == "reactor_app.W003"}
+
+    owner = f"{PooledReactor.__module__}.{PooledReactor.__qualname__}.work"
+    settings.REACTOR_LIMITS = {}
+    assert owner in warned()
+    settings.REACTOR_LIMITS = {"live_pool": {"limit": 0}}  # not a limit either
+    assert owner in warned()
+    settings.REACTOR_LIMITS = {"live_pool": {"limit": 1}}
+    assert owner not in warned()
