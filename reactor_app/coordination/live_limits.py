@@ -28,6 +28,7 @@ next change or by the workers' periodic ``republish`` from the database (``engin
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -89,6 +90,9 @@ class _Copy:
             known = self._by_source.get(source)
             if known is not None and time.monotonic() - known[0] < REFRESH_SECONDS:
                 return known[1]
+            # stamped when asked, not when answered: the copy is at most REFRESH_SECONDS older
+            # than the hash whatever the round trip took
+            asked = time.monotonic()
             try:
                 raw = client.hgetall(hash_key(prefix))
             except redis_py.exceptions.RedisError:
@@ -98,15 +102,22 @@ class _Copy:
                 self._by_source[source] = (time.monotonic(), known[1])
                 return known[1]
             overrides = _parse(raw)
-            self._by_source[source] = (time.monotonic(), overrides)
+            self._by_source[source] = (asked, overrides)
             return overrides
 
     def forget(self) -> None:
         with self._guard:
             self._by_source.clear()
 
+    def after_fork(self) -> None:
+        """A forked child starts with a fresh lock (the parent may have held it while forking:
+        Celery's prefork pool) and no copy (its clients are new connections anyway)."""
+        self._guard = threading.Lock()
+        self._by_source = {}
+
 
 _copy = _Copy()
+os.register_at_fork(after_in_child=_copy.after_fork)
 
 
 def _text(value: Any) -> str:

@@ -1,7 +1,8 @@
 """Live limits in the admin: the Limits page overrides a named limit (permission-checked,
 audited), the Coordination page shows the effective value and its origin, and bad input is a
 form error (400), never a server error. The override is read back through the real Redis
-(``coordination.live_limits``); that running workers obey it is tests/worker/test_live_limits.
+(``coordination.live_limits``); that running workers obey it:
+tests/worker/test_worker_live_limits.py.
 """
 
 from __future__ import annotations

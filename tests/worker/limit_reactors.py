@@ -1,4 +1,4 @@
-"""Reactors of the live-limit worker tests (tests/worker/test_live_limits.py), importable by
+"""Reactors of the live-limit worker tests (tests/worker/test_worker_live_limits.py), importable by
 the worker processes: one step inside a semaphore of the named limit ``live_pool``."""
 
 from __future__ import annotations

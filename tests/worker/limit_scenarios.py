@@ -1,7 +1,7 @@
 """The live-limit scenario the worker tests run on one Redis server and on a cluster
-(tests/worker/test_live_limits.py, test_live_limits_cluster.py): an operator raises the named
-semaphore limit ``live_pool`` (settings: 1) to 3 in the admin while twelve runs queue on it,
-then removes the override.
+(tests/worker/test_worker_live_limits.py, test_worker_live_limits_cluster.py): an operator
+raises the named semaphore limit ``live_pool`` (settings: 1) to 3 in the admin while twelve
+runs queue on it, then removes the override.
 
 The latency is from just before the admin POST (so it covers the commit) to the first body
 that starts while another runs; bodies record their intervals in Redis (``timed``).

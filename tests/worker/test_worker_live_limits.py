@@ -1,7 +1,7 @@
 """Live limits on running Celery workers (one Redis server): an operator raises a named
 semaphore limit in the admin and the workers admit under the new limit within 1 s; removing
 the override restores the settings value (``limit_scenarios.raise_then_remove``). The same on
-a Redis Cluster: test_live_limits_cluster.py."""
+a Redis Cluster: test_worker_live_limits_cluster.py."""
 
 from __future__ import annotations
 
