@@ -19,6 +19,10 @@ per process per tenth of a second at most, no database query and no extra round 
 admissions in between, and a change is seen everywhere within ``REFRESH_SECONDS`` (the 1 s
 promise of docs/coordination.md, with room for the delivery of a woken execution).
 
+The overrides are those of the configured Redis and ``REACTOR_KEY_PREFIX``: a ``Coordinator``
+built with another client or prefix still reads them there (a named limit is a setting of the
+deployment, not of one client).
+
 A copy that cannot be refreshed (Redis unreachable) keeps its last values: the admission that
 asked will meet the same outage and report it itself. The hash is rewritten whole by every
 change (``publish``), so a lost hash (a restarted Redis without persistence) is healed by the
