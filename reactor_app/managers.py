@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
+from reactor_app.coordination import live_limits
+from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind, ExecutionStatus
 
 if TYPE_CHECKING:
     from reactor_app.models import Execution
@@ -265,8 +266,50 @@ class CoordinationEventQuerySet(models.QuerySet):
         """``(primitive, key)`` pairs seen since ``since``, most recently active first."""
         rows = (
             self.filter(at__gte=since)
+            # a limit change names a limit, not a coordination key
+            .exclude(kind=CoordinationEventKind.LIMIT_CHANGED)
             .values("primitive", "key")
             .annotate(last=models.Max("at"))
             .order_by("-last")[:limit]
         )
         return [(row["primitive"], row["key"]) for row in rows]
+
+
+class LimitOverrideQuerySet(models.QuerySet):
+    def current(self) -> dict[tuple[str, str], Any]:
+        """``(primitive, name) -> row`` of every override in force."""
+        rows: list[Any] = list(self.order_by("primitive", "name"))
+        return {(row.primitive, row.name): row for row in rows}
+
+    def published(self) -> dict[str, Any]:
+        """The overrides as ``coordination.live_limits`` publishes them."""
+        return {
+            live_limits.field_name(primitive, name): live_limits.Override(
+                primitive=primitive,
+                name=name,
+                value=row.value,
+                by=row.set_by,
+                at=row.set_at.timestamp(),
+                reason=row.reason,
+            )
+            for (primitive, name), row in self.current().items()
+        }
+
+    def publish(self) -> None:
+        """Publish every override to Redis (``coordination.live_limits``), replacing what
+        was there."""
+        live_limits.publish(self.published())
+
+    def republish_if_lost(self) -> bool:
+        """Publish again when Redis disagrees with the database (a publish that failed, a
+        restarted Redis without persistence): the workers' sweep calls it. True if it did."""
+        expected = self.published()
+        seen = live_limits.read_published()
+        if {k: v.value for k, v in seen.items()} == {k: v.value for k, v in expected.items()}:
+            return False
+        live_limits.publish(expected)
+        return True
+
+    def locked(self, primitive: str, name: str) -> Any:
+        """The override row of one limit, locked for the change being made (None: none)."""
+        return self.select_for_update().filter(primitive=primitive, name=name).first()

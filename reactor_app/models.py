@@ -16,6 +16,7 @@ from reactor_app.managers import (
     ContentionStateQuerySet,
     CoordinationEventQuerySet,
     ExecutionManager,
+    LimitOverrideQuerySet,
     StepRunQuerySet,
 )
 from reactor_app.status import (
@@ -234,6 +235,35 @@ class CoordinationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.primitive} {self.key}"
+
+
+class LimitOverride(models.Model):
+    """An operator's live override of a named limit (``REACTOR_LIMITS`` for semaphores,
+    ``REACTOR_RATE_LIMITS`` for rate limits): the record of what is in force; every process
+    obeys the copy published to Redis (``coordination.live_limits``). Each change is audited
+    as a ``limit_changed`` ``CoordinationEvent`` (who, when, old → new, reason)."""
+
+    primitive = models.CharField(
+        max_length=32, choices=[("semaphore", "semaphore"), ("rate_limit", "rate limit")]
+    )
+    name = models.CharField(max_length=255, help_text="the limit's name in settings")
+    value = models.JSONField(
+        help_text='{"limit": n} for a semaphore; {"limit", "period"} or {"limits"} for a rate limit'
+    )
+    reason = models.TextField(blank=True, default="")
+    set_by = models.CharField(max_length=150, blank=True, default="")
+    set_at = models.DateTimeField()
+
+    objects = LimitOverrideQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["primitive", "name"], name="reactor_limit_unique")
+        ]
+        permissions = [("override_limit", "Can override semaphore and rate limits live")]
+
+    def __str__(self) -> str:
+        return f"{self.primitive} {self.name} = {self.value}"
 
 
 # -- admin anchors ----------------------------------------------------------------------------

@@ -8,7 +8,8 @@ Key layout (``K`` = the user key, inside the hash tag):
   acquired_at ms}`` (attribution and the re-entrant nesting count).
 * ``{prefix}:waiters:{K}:semaphore`` — zset of parked waiter ids (score: registration ms).
 
-``limit`` travels with every admission, so a changed limit applies to the very next one; the
+``limit`` travels with every admission, so a changed limit applies to the very next one (a
+named limit is read again for each: ``coordination.live_limits``); the
 admission also writes it into the holders hash (field ``LIMIT_FIELD``, which no owner id can
 be) so that operators see free slots without being told the limit. An owner holds one slot
 however deeply it nests.
@@ -17,9 +18,10 @@ however deeply it nests.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from reactor_app.coordination import live_limits
 from reactor_app.coordination.claims import Hold, SemaphoreClaim
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.lock import seconds_to_ms
@@ -66,6 +68,16 @@ def admit_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
         holders_key(claim.key, prefix),
         waiters_key(claim.key, prefix),
     ]
+
+
+def live_claim(claim: SemaphoreClaim) -> SemaphoreClaim:
+    """The claim with its named limit as it is now (the process's copy of the overrides,
+    ``coordination.live_limits``): read at every admission, so an operator's override applies
+    to units already waiting, not only to new claims."""
+    if claim.limit_name is None:
+        return claim
+    limit = live_limits.semaphore_limit(claim.limit_name)
+    return claim if limit == claim.limit else replace(claim, limit=limit)
 
 
 def admit_spec(claim: SemaphoreClaim) -> dict[str, Any]:

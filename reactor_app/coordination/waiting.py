@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.coordination import lock, subscriptions
+from reactor_app.coordination import live_limits, lock, subscriptions
 from reactor_app.coordination.claims import (
     WAITING_PREFIX,
     AdmissionResult,
@@ -150,6 +150,11 @@ def admit_waiting(
                 pause = remaining
                 if result.retry_after is not None:
                     pause = min(remaining, max(result.retry_after, MIN_PAUSE))
+                if getattr(result.claim, "limit_name", None) is not None:
+                    # a named limit an operator may raise live: no release announces that
+                    # (and a rate limit's exact retry_after assumed the old windows), so try
+                    # again as often as this process's copy of it may change
+                    pause = min(pause, live_limits.REFRESH_SECONDS)
                 _sleep_until_woken(pubsub if subscribed else None, pause, queue_as)
             queued = waiter_id is None
             result = attempt(queue_as)

@@ -188,7 +188,7 @@ def with_lock(
 
 def with_semaphore(
     key: KeyFunction,
-    limit: int | None = None,
+    limit: int | str | None = None,
     *,
     wait: float = 0,
     ttl: float = 60,
@@ -196,6 +196,8 @@ def with_semaphore(
     on_contention: str = "queue",
 ) -> Callable[[T], T]:
     """At most ``limit`` executions inside the decorated work per key (one slot per owner).
+    ``limit`` is a number, or the name of a limit in ``REACTOR_LIMITS``
+    (``limit="partner_api"``), which an operator can override live from the admin.
     ``on_contention``: ``"queue"``, ``"skip"`` or ``"cancel_newest"`` (as ``with_lock``)."""
     owner = "with_semaphore"
     if limit is None:
@@ -204,9 +206,21 @@ def with_semaphore(
             owner=owner,
             option="limit",
         )
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    if isinstance(limit, str):
+        if not limit.strip():
+            raise DefinitionError(
+                f"{owner}: a named limit must be a non-empty name from REACTOR_LIMITS",
+                owner=owner,
+                option="limit",
+            )
+        # the name is checked against settings when the limit is read (and by manage.py
+        # check): settings may not be loaded when the decorator runs
+    elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise DefinitionError(
-            f"{owner}: limit must be a positive integer, got {limit!r}", owner=owner, option="limit"
+            f"{owner}: limit must be a positive integer or the name of a limit in "
+            f"REACTOR_LIMITS, got {limit!r}",
+            owner=owner,
+            option="limit",
         )
     declaration = SemaphoreDeclaration(
         key_fn=_key_function(owner, key),

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from reactor_app.coordination import primitives
+from reactor_app.coordination import live_limits, primitives
 from reactor_app.coordination.claims import (
     Claim,
     LockClaim,
@@ -125,14 +125,26 @@ class LockDeclaration(Declaration):
 @dataclass(frozen=True)
 class SemaphoreDeclaration(Declaration):
     primitive: ClassVar[str] = "semaphore"
-    limit: int = 1
+    #: a number, or the name of a limit in ``REACTOR_LIMITS`` (overridable live)
+    limit: int | str = 1
     wait: float = 0.0
     ttl: float = 60.0
     rollback_wait: float = 60.0
     on_contention: str = "queue"
 
     def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
+        if isinstance(self.limit, str):
+            return SemaphoreClaim(
+                key=key, limit=self.effective_limit(), ttl=self.ttl, limit_name=self.limit
+            )
         return SemaphoreClaim(key=key, limit=self.limit, ttl=self.ttl)
+
+    def effective_limit(self) -> int:
+        """The limit now: a named one from its live override or settings (read at each
+        admission as well, ``coordination.live_limits``), else as declared."""
+        if isinstance(self.limit, str):
+            return live_limits.semaphore_limit(self.limit)
+        return self.limit
 
     def wait_seconds(self) -> float:
         return self.wait
@@ -241,6 +253,7 @@ class RateLimitDeclaration(Declaration):
             windows=windows,
             strategy="fixed" if self.strategy == "fixed" else "sliding",
             cost=cost,
+            limit_name=self.name,
         )
 
 
