@@ -202,6 +202,8 @@ def start_worker_child(
     context = ExecutionState()
     context.origin.worker = True
     context.origin.dispatch = marker
+    # a child waits for contended keys with its parent's priority
+    context.origin.priority = run.root.state.origin.priority
     Execution.objects.start(
         id=child_id,
         reactor=reactor_path,
