@@ -222,3 +222,26 @@ def test_decimal_results_stay_decimal_for_later_steps(nobody_queue: str) -> None
     result = ChargeReactor.run(amount=Decimal("2.50"), day=date(2026, 1, 1))
     assert result.ok
     assert [{"amount": Decimal("2.50"), "day": date(2026, 1, 1)}] == SEEN
+
+
+@pytest.mark.parametrize("priority", [101, -101, True, "high", 1.5])
+def test_a_priority_out_of_range_or_not_an_int_raises_at_the_call(
+    nobody_queue: str, priority: Any
+) -> None:
+    with pytest.raises(InputValidationError, match="priority") as raised:
+        ChargeReactor.run_async(amount=1, day=date(2026, 1, 1), priority=priority)
+    assert "priority" in (raised.value.field_errors or {})
+    assert not Execution.objects.exists()
+
+
+def test_the_priority_is_kept_in_the_state_every_delivery_waits_with(nobody_queue: str) -> None:
+    """Stored with the execution (a park's, a requeue's delivery reads it back), not only on
+    the first message; the default priority stores nothing."""
+    urgent = ChargeReactor.run_async(amount=1, day=date(2026, 1, 1), priority=40)
+    plain = ChargeReactor.run_async(amount=2, day=date(2026, 1, 1))
+    assert Execution.objects.get(pk=urgent.pk).context["priority"] == 40
+    assert "priority" not in Execution.objects.get(pk=plain.pk).context
+    deliver(str(urgent.id))  # a whole pass rewrites the state: the priority stays
+    finished = Execution.objects.get(pk=urgent.pk)
+    assert finished.status == ExecutionStatus.SUCCEEDED
+    assert finished.context["priority"] == 40
