@@ -12,6 +12,8 @@ drained turn by turn, FIFO within a group.
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -280,3 +282,75 @@ def test_a_group_arriving_later_starts_at_the_current_turn(coordinator: Coordina
     # b's three alternate with a's next turns instead of waiting behind the other ten
     positions = [granted.index(f"b-{index:03d}") for index in range(3)]
     assert positions[-1] <= 10 + 6, granted
+
+
+# -- in-process waiters (threads waiting on the wake messages) ---------------------------------
+
+
+def _wait_in_threads(
+    coordinator: Coordinator, line_of: Claim, asks: list[tuple[str, Claim, int]]
+) -> tuple[list[threading.Thread], list[str], list[BaseException]]:
+    """One thread per ask ``(label, claim, priority)``, each waiting in-process
+    (``admit_waiting``: subscribed, woken by the release naming it) and, once admitted,
+    recording its label and releasing. Started one by one, each once the previous one is in
+    the line, so the line's arrival order is the list's."""
+    order: list[str] = []
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def wait_then_record(label: str, claim: Claim, priority: int) -> None:
+        try:
+            answer = coordinator.admit_waiting([claim], Holder(owner=label, priority=priority), 30)
+            assert isinstance(answer, Admitted), answer
+            with guard:
+                order.append(label)
+            coordinator.release(answer, "success")
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = []
+    for count, (label, claim, priority) in enumerate(asks, start=1):
+        thread = threading.Thread(target=wait_then_record, args=(label, claim, priority))
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 10
+        while len(coordinator.waiters(line_of)) < count:
+            assert time.monotonic() < deadline, f"{label} never joined the line"
+            time.sleep(0.005)
+    return threads, order, errors
+
+
+def test_in_process_waiters_of_a_fair_semaphore_are_admitted_turn_by_turn(
+    coordinator: Coordinator,
+) -> None:
+    key = _fresh_key("fair-inproc")
+    pool = SemaphoreClaim(key, limit=1, fair="holders")
+    holding = _hold(coordinator, [pool], 1)
+    labels = ["a-000", "a-001", "a-002", "a-003", "b-000", "b-001"]
+    threads, order, errors = _wait_in_threads(
+        coordinator, pool, [(label, _as_waiter(pool, label), 0) for label in labels]
+    )
+    coordinator.release(holding[0], "success")
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    turns = {label: int(label.split("-")[1]) for label in labels}
+    assert sorted(order) == sorted(labels)
+    assert [turns[label] for label in order] == sorted(turns.values()), order
+
+
+def test_in_process_waiters_of_a_lock_are_admitted_by_priority(
+    coordinator: Coordinator,
+) -> None:
+    key = _fresh_key("prio-inproc")
+    lock = LockClaim(key, ttl=30)
+    holding = _hold(coordinator, [lock], 1)
+    asks = [("low-0", 0), ("low-1", 0), ("high-0", 5), ("low-2", 0), ("high-1", 5)]
+    threads, order, errors = _wait_in_threads(
+        coordinator, lock, [(label, lock, priority) for label, priority in asks]
+    )
+    coordinator.release(holding[0], "success")
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert order == ["high-0", "high-1", "low-0", "low-1", "low-2"]
