@@ -121,6 +121,18 @@ def test_a_higher_priority_waiter_is_granted_first(
     assert _drain(coordinator, claims, holding) == ["high", "mid", "low1", "low2"]
 
 
+def test_a_lock_granted_to_a_waiter_is_refused_naming_it(coordinator: Coordinator) -> None:
+    key = _fresh_key("granted")
+    claims: list[Claim] = [LockClaim(key, ttl=30)]
+    holding = _hold(coordinator, claims, 1)
+    _register(coordinator, claims, "next")
+    assert list(coordinator.release(holding[0], "success")) == ["next"]
+    refused = coordinator.admit(claims, Holder(owner="newcomer"))
+    assert isinstance(refused, Refused)
+    error = coordinator.refusal_error(refused, "r", "s")
+    assert "held by nobody: it is handed to waiter next, ahead in its line" in error.message
+
+
 @PROPERTY
 @given(priorities=st.lists(st.sampled_from([-5, 0, 0, 1, 3]), min_size=1, max_size=12))
 def test_any_mix_of_priorities_is_granted_highest_first_fifo_within_one(
@@ -194,6 +206,8 @@ def test_a_granted_semaphore_slot_is_kept_for_its_waiter_and_handed_on_when_it_l
     newcomer = coordinator.admit(claims, Holder(owner="newcomer"))
     assert isinstance(newcomer, Refused)
     assert (newcomer.blocker or {}).get("granted_to") == "first"
+    error = coordinator.refusal_error(newcomer, "r", "s")
+    assert f"the free slot of semaphore {key!r} is handed to waiter first" in error.message
     # "first" gives up instead: the slot goes on to "second" at once
     assert coordinator.unregister_waiter(claims[0], "first") == ["second"]
     assert coordinator.waiters(claims[0]) == ["third"]
