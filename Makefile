@@ -91,7 +91,7 @@ pytest: install
 #   "How coordination is tested") run each fault for FAULT_SOAK_SECONDS instead of a few seconds,
 #   every operation recorded and checked for linearizability;
 # * the fair-sharing test on real workers (tests/worker/test_fair_priority.py) with the issue's
-#   backlog of FAIR_BACKLOG executions instead of 40.
+#   backlog of FAIR_BACKLOG executions instead of 30.
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
 SOAK_SECONDS ?= 1800
 FAULT_SOAK_SECONDS ?= 300

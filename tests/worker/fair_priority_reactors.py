@@ -1,7 +1,9 @@
 """Reactors and scenarios of the fair-sharing and priority tests, importable by the workers.
 
 ``FairReactor`` runs one step inside a step-level semaphore of limit 2 shared fairly by
-tenant (``fair_by``); ``UrgentReactor`` holds a reactor-level lock. Each body records its
+tenant (``fair_by``), ``FairWholeReactor`` the same semaphore around the whole reactor;
+``UrgentReactor`` holds a reactor-level lock, ``UrgentStepReactor`` a step-level one. Each body
+records its
 label into a Redis list as it starts: the admission order, read from Redis. A scenario holds
 the key itself (as the test's owner) while every execution parks in the key's line, reads the
 line from Redis, then releases and wakes what the release granted — from there on, only the
@@ -58,11 +60,33 @@ class Record(Step):
         return Success(args["label"])
 
 
-@with_lock(lambda inputs: f"urgent:{inputs['run']}", ttl=60)
+@with_semaphore(fair_key, limit=FAIR_LIMIT, ttl=60, fair_by=lambda inputs: inputs["tenant"])
+class FairWholeReactor(Reactor):
+    inputs = ("run", "tenant", "label")
+
+    record = step(Record, run=from_input("run"), label=from_input("label"))
+
+
+def urgent_key(args: dict[str, Any]) -> str:
+    return f"urgent:{args['run']}"
+
+
+@with_lock(urgent_key, ttl=60)
 class UrgentReactor(Reactor):
     inputs = ("run", "label")
 
     record = step(Record, run=from_input("run"), label=from_input("label"))
+
+
+@with_lock(urgent_key, ttl=60)
+class LockedRecord(Record):
+    pass
+
+
+class UrgentStepReactor(Reactor):
+    inputs = ("run", "label")
+
+    record = step(LockedRecord, run=from_input("run"), label=from_input("label"))
 
 
 def admission_order(run: str) -> list[str]:
@@ -113,18 +137,19 @@ def _all_succeeded(started: list[Execution], timeout: float) -> None:
     )
 
 
-def fair_backlog(backlog: int, small: int = 5, timeout: float = 120) -> tuple[list[str], list[str]]:
+def fair_backlog(
+    backlog: int, small: int = 5, timeout: float = 120, reactor: type[Reactor] = FairReactor
+) -> tuple[list[str], list[str]]:
     """Tenant ``a`` queues ``backlog`` executions, tenant ``b`` ``small`` behind them, on one
     fair semaphore of limit 2. Returns (the line as parked, the admission order)."""
     run = uuid.uuid4().hex[:8]
     claim = SemaphoreClaim(fair_key({"run": run}), limit=FAIR_LIMIT)
     held = _take(claim, FAIR_LIMIT)
     started = [
-        FairReactor.run_async(run=run, tenant="a", label=f"a-{index:03d}")
-        for index in range(backlog)
+        reactor.run_async(run=run, tenant="a", label=f"a-{index:03d}") for index in range(backlog)
     ]
     started += [
-        FairReactor.run_async(run=run, tenant="b", label=f"b-{index:03d}") for index in range(small)
+        reactor.run_async(run=run, tenant="b", label=f"b-{index:03d}") for index in range(small)
     ]
     line = _release_once_parked(claim, held, started, timeout)
     _all_succeeded(started, timeout)
@@ -132,16 +157,17 @@ def fair_backlog(backlog: int, small: int = 5, timeout: float = 120) -> tuple[li
     return [labels[waiter] for waiter in line], admission_order(run)
 
 
-def priority_line(low: int, high: int, timeout: float = 60) -> tuple[list[str], list[str]]:
-    """``low`` executions at the default priority, then ``high`` at priority 50, on one
-    reactor-level lock. Returns (the line as parked, the admission order)."""
+def priority_line(
+    low: int, high: int, timeout: float = 60, reactor: type[Reactor] = UrgentReactor
+) -> tuple[list[str], list[str]]:
+    """``low`` executions at the default priority, then ``high`` at priority 50, on one lock.
+    Returns (the line as parked, the admission order)."""
     run = uuid.uuid4().hex[:8]
     claim = LockClaim(f"urgent:{run}", ttl=60)
     held = _take(claim, 1)
-    started = [UrgentReactor.run_async(run=run, label=f"low-{index}") for index in range(low)]
+    started = [reactor.run_async(run=run, label=f"low-{index}") for index in range(low)]
     started += [
-        UrgentReactor.run_async(run=run, label=f"high-{index}", priority=50)
-        for index in range(high)
+        reactor.run_async(run=run, label=f"high-{index}", priority=50) for index in range(high)
     ]
     line = _release_once_parked(claim, held, started, timeout)
     _all_succeeded(started, timeout)

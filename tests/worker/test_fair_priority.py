@@ -5,7 +5,7 @@ parks in its line, then release it: from there the workers and the admission scr
 decide the order, which each body records into Redis as it is admitted. Nothing is timed.
 The in-delivery wait is off (``REACTOR_WORKER_WAIT = 0``) and the park backoff long, so every
 execution runs because a release granted it its turn. ``REACTOR_FAIR_BACKLOG`` sizes tenant
-``a``'s backlog: 40 here, the issue's 200 in ``make soak`` (and in ``bench/fair_share.py``).
+``a``'s backlog: 30 here, the issue's 200 in ``make soak`` (and in ``bench/fair_share.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.worker.fair_priority_reactors import fair_backlog, priority_line
+from tests.worker.fair_priority_reactors import (
+    FairWholeReactor,
+    UrgentStepReactor,
+    fair_backlog,
+    priority_line,
+)
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -25,7 +30,7 @@ WORKER_SETTINGS = {
     "REACTOR_WORKER_WAIT": 0,
 }
 
-BACKLOG = int(os.environ.get("REACTOR_FAIR_BACKLOG", "40"))
+BACKLOG = int(os.environ.get("REACTOR_FAIR_BACKLOG", "30"))
 
 
 def test_a_small_tenant_behind_a_large_backlog_finishes_within_its_first_turns(
@@ -57,3 +62,19 @@ def test_higher_priority_executions_parked_behind_others_are_admitted_first(
 
     assert order == line
     assert [label.split("-")[0] for label in order] == ["high"] * 3 + ["low"] * 6
+
+
+def test_fair_turns_at_reactor_level(worker: Any) -> None:
+    """The same semaphore around a whole reactor: a, b, a, b, ... while b waits."""
+    line, order = fair_backlog(20, reactor=FairWholeReactor)
+    turns = [sorted(label[0] for label in line[index : index + 2]) for index in (0, 2, 4, 6, 8)]
+    assert turns == [["a", "b"]] * 5, line[:10]
+    last_b = max(index for index, label in enumerate(order) if label.startswith("b"))
+    assert last_b < 15, order[:15]
+
+
+def test_priority_at_step_level(worker: Any) -> None:
+    """A step-level lock: the execution's priority orders its step's wait too."""
+    line, order = priority_line(low=4, high=2, reactor=UrgentStepReactor)
+    assert order == line
+    assert [label.split("-")[0] for label in order] == ["high"] * 2 + ["low"] * 4
