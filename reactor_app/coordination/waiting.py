@@ -186,15 +186,14 @@ def _sleep_until_woken(pubsub: Any | None, seconds: float, waiter_id: str | None
 
     A release that frees a lock or a semaphore slot grants it to the head registered waiter
     for a moment (``lua/_lock.lua``, ``lua/_semaphore.lua``) and its message names that
-    waiter (``to``). Only the named waiter
-    can take the key then, so a message naming another one does not end the sleep — with
-    several waiters on one key, every one of them would otherwise wake on every release
-    and run an admission only the head could win, competing for the CPU with the winner
-    at the very moment the key is idle. It shortens the sleep to when that grant would
-    lapse unused (``grant_ms``), so a waiter asks again if the named one is gone. A
-    message naming nobody (an ordered-lock cursor, a lock or slot nobody was registered
-    for, a forced release) wakes every waiter. A message naming the waiter in its
-    other form (``waiter_forms``) names it: the grant is its grant.
+    waiter (``to``). Only the named waiter can take the key then, so a message naming
+    another one does not end the sleep — with several waiters on one key, every one of them
+    would otherwise wake on every release and run an admission only the head could win,
+    competing for the CPU with the winner at the very moment the key is idle. It shortens
+    the sleep to when that grant would lapse unused (``grant_ms``), so a waiter asks again if
+    the named one is gone. A message naming nobody (an ordered-lock cursor, a lock or slot
+    nobody was registered for, a forced release) wakes every waiter. A message naming the
+    waiter in its other form (``waiter_forms``) names it: the grant is its grant.
     """
     if pubsub is None:
         time.sleep(seconds)

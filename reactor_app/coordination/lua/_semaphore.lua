@@ -9,11 +9,13 @@
 -- order (priority, fair turns) instead of by whoever asks first after the release.
 --
 -- Fair turns (`fair_by`, docs/coordination.md "Priority and fair sharing"): a fair line is
--- ordered by turn, not time. The fair hash (the claim's last key) maps each group to the next
+-- ordered by turn, not time. The fair hash (a fair claim's fourth key) maps each group to the next
 -- turn it would get; a new waiter of group g gets turn max(head turn, next[g]) and moves
 -- next[g] one past it, so the line is round-robin across groups and FIFO inside one. Its score
 -- is FAIR_BASE + turn - priority (a priority level is worth one turn). The head turn is read
--- from the line's head; an empty line starts over (the hash is dropped).
+-- from the line's head; an empty line starts over (the hash is dropped). Turns and arrival
+-- times do not mix: a key declared fair in one place and not in another serves the fair
+-- waiters first (docs/coordination.md).
 
 local FAIR_BASE = 1000000000
 local SEMAPHORE_FREED_MESSAGE = '{"freed":true,"primitive":"semaphore"}'

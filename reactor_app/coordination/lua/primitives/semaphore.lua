@@ -22,7 +22,7 @@ local function check_semaphore(claim)
   if redis.call('ZSCORE', leases, holder.owner) then return {fresh = false} end
   local held = redis.call('ZCARD', leases)
   local waiters = claim.keys[3]
-  -- a waiter's place: its turn in a fair line (the fair hash is the group's last key), else
+  -- a waiter's place: its turn in a fair line (the fair hash is the claim's fourth key), else
   -- its registration time, both less its priority (_common.lua, _semaphore.lua)
   local score = waiter_score(now, holder.priority)
   if claim.fair then
