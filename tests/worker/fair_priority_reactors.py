@@ -3,11 +3,10 @@
 ``FairReactor`` runs one step inside a step-level semaphore of limit 2 shared fairly by
 tenant (``fair_by``), ``FairWholeReactor`` the same semaphore around the whole reactor;
 ``UrgentReactor`` holds a reactor-level lock, ``UrgentStepReactor`` a step-level one. Each body
-records its
-label into a Redis list as it starts: the admission order, read from Redis. A scenario holds
-the key itself (as the test's owner) while every execution parks in the key's line, reads the
-line from Redis, then releases and wakes what the release granted — from there on, only the
-workers and the admission scripts decide who runs when.
+records its label into a Redis list as it starts: the admission order, read from Redis. A
+scenario holds the key itself (as the test's owner) while every execution parks in the key's
+line, reads the line from Redis, then releases and wakes what the release granted — from
+there on, only the workers and the admission scripts decide who runs when.
 """
 
 from __future__ import annotations
