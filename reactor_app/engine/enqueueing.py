@@ -180,6 +180,12 @@ def celery_priority(priority: int) -> int:
     return 9 - step if scheme.split("+")[0] in REDIS_SCHEMES else step
 
 
+def message_priority(priority: int | None) -> int | None:
+    """The Celery message priority of an execution of ``priority`` (its state's), or None for
+    the default: such a message is sent as every other execution's is."""
+    return celery_priority(priority) if priority else None
+
+
 def run_async(
     reactor: type[Reactor],
     inputs: dict[str, Any],
@@ -252,8 +258,7 @@ def run_async(
                 inputs,
                 execution,
                 countdown=(due - now).total_seconds() or None,
-                # the default priority sends the message as every other execution's is sent
-                priority=celery_priority(priority) if priority else None,
+                priority=message_priority(priority),
             )
             if burst is not None and placed is not None:
                 debounced.settle_on_commit(burst, placed.earlier, str(execution_id))

@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app import Reactor, Step, Success, async_step, from_input, step, with_lock
 from reactor_app.engine.dispatch import deliver, sweep
 from reactor_app.exceptions import (
     IdempotencyKeyReused,
@@ -245,3 +245,67 @@ def test_the_priority_is_kept_in_the_state_every_delivery_waits_with(nobody_queu
     finished = Execution.objects.get(pk=urgent.pk)
     assert finished.status == ExecutionStatus.SUCCEEDED
     assert finished.context["priority"] == 40
+
+
+def _message_priorities(queue: str) -> list[Any]:
+    """The priorities of the messages waiting in ``queue``, consumed (nobody else reads it)."""
+    from celery import current_app
+
+    found = []
+    with current_app.connection_for_read() as connection:
+        channel = connection.default_channel
+        while True:
+            message = channel.basic_get(queue, no_ack=True)
+            if message is None:
+                return found
+            found.append(message.properties.get("priority"))
+
+
+@with_lock(lambda inputs: f"contract:{inputs['amount']}", ttl=30)
+class LockedCharge(Reactor):
+    inputs = ("amount", "day")
+    record = step(Record, amount=from_input("amount"), day=from_input("day"))
+
+
+def test_the_messages_carry_the_priority_on_the_broker_scale(
+    nobody_queue: str, settings: Any
+) -> None:
+    """The first message and a park's requeue carry the execution's priority (on the Redis
+    transport the default is the scale's 0, so the lowest priority shows it)."""
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.coordination.claims import Admitted, Holder, LockClaim
+    from reactor_app.engine.enqueueing import celery_priority
+
+    settings.REACTOR_WORKER_WAIT = 0
+    plain = ChargeReactor.run_async(amount=1, day=date(2026, 1, 1))
+    default = _message_priorities(nobody_queue)
+    lowest = celery_priority(-100)
+    assert default != [lowest]
+
+    held = Coordinator().admit([LockClaim("contract:7")], Holder(owner="test"))
+    assert isinstance(held, Admitted)
+    parked = LockedCharge.run_async(amount=7, day=date(2026, 1, 1), priority=-100)
+    assert _message_priorities(nobody_queue) == [lowest]
+    deliver(str(parked.id))  # refused: parks, and its requeue is sent
+    assert Execution.objects.get(pk=parked.pk).status == ExecutionStatus.PARKED
+    assert _message_priorities(nobody_queue) == [lowest]
+    Coordinator().release(held, "success")
+    assert plain.pk != parked.pk
+
+
+class WithChild(Reactor):
+    inputs = ("amount", "day")
+    record = async_step(Record, amount=from_input("amount"), day=from_input("day"))
+
+
+def test_a_dispatched_child_waits_and_is_sent_with_its_parents_priority(
+    nobody_queue: str,
+) -> None:
+    from reactor_app.engine.enqueueing import celery_priority
+
+    parent = WithChild.run_async(amount=3, day=date(2026, 1, 1), priority=-60)
+    assert _message_priorities(nobody_queue) == [celery_priority(-60)]
+    deliver(str(parent.id))  # dispatches the async step to a worker, as a child execution
+    child = Execution.objects.get(parent_id=parent.id)
+    assert child.context["priority"] == -60
+    assert celery_priority(-60) in _message_priorities(nobody_queue)
