@@ -29,6 +29,9 @@ class Holder:
     execution_id: str | None = None
     step: str | None = None  # None for a reactor-level hold
     reactor: str | None = None
+    #: the waiter's priority in a line of waiters (``run_async(priority=...)``): higher is
+    #: admitted first, within the bound ``lua/_common.lua`` (``waiter_score``) documents
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class SemaphoreClaim:
     #: a named limit of ``REACTOR_LIMITS`` (``with_semaphore(key, limit="name")``), which an
     #: operator can override live (``coordination.live_limits``); None: ``limit`` as declared
     limit_name: str | None = None
+    #: the waiter's ``fair_by`` group: the line is served round-robin across groups
+    fair: str | None = None
     primitive: Primitive = field(default="semaphore", init=False)
 
 

@@ -368,6 +368,7 @@ def holder_json(holder: claim_types.Holder) -> str:
         "execution": holder.execution_id,
         "step": holder.step,
         "reactor": holder.reactor,
+        "priority": holder.priority or None,
     }
     return json.dumps({k: v for k, v in fields.items() if v is not None})
 

@@ -194,11 +194,17 @@ def with_semaphore(
     ttl: float = 60,
     rollback_wait: float = 60,
     on_contention: str = "queue",
+    fair_by: KeyFunction | None = None,
 ) -> Callable[[T], T]:
     """At most ``limit`` executions inside the decorated work per key (one slot per owner).
     ``limit`` is a number, or the name of a limit in ``REACTOR_LIMITS``
     (``limit="partner_api"``), which an operator can override live from the admin.
-    ``on_contention``: ``"queue"``, ``"skip"`` or ``"cancel_newest"`` (as ``with_lock``)."""
+    ``on_contention``: ``"queue"``, ``"skip"`` or ``"cancel_newest"`` (as ``with_lock``).
+
+    ``fair_by``: a function of the arguments (inputs) naming the waiter's group, e.g.
+    ``lambda args: args["tenant"]``; waiters are then admitted round-robin across groups (FIFO
+    inside one), so one group's backlog cannot hold another's work behind it
+    (docs/coordination.md, "Priority and fair sharing")."""
     owner = "with_semaphore"
     if limit is None:
         raise DefinitionError(
@@ -229,8 +235,21 @@ def with_semaphore(
         ttl=_positive_number(owner, "ttl", ttl),
         rollback_wait=_positive_number(owner, "rollback_wait", rollback_wait, allow_zero=True),
         on_contention=_strategy(owner, "semaphore", on_contention),
+        fair_by=None if fair_by is None else _fair_by(owner, fair_by),
     )
     return lambda target: _attach(declaration, target)
+
+
+def _fair_by(owner: str, fair_by: Any) -> KeyFunction:
+    """A ``fair_by`` function, checked now as a key function is (it is called the same way)."""
+    if not callable(fair_by):
+        raise DefinitionError(
+            f"{owner}: fair_by must be a function of the arguments naming the waiter's group, "
+            f"such as lambda args: args['tenant'], got {fair_by!r}",
+            owner=owner,
+            option="fair_by",
+        )
+    return _key_function(owner, fair_by)
 
 
 def with_rate_limit(

@@ -199,6 +199,12 @@ class ExecutionRun:
         return self.policy.worker_wait
 
     @property
+    def priority(self) -> int:
+        """The place among waiters of this delivery's units (``run_async(priority=...)``,
+        kept in the state of the execution the delivery runs)."""
+        return int(self.root.state.origin.priority or 0)
+
+    @property
     def waiter_id(self) -> str | None:
         """The id a parked unit registers on the contended key: the execution whose task a
         release re-enqueues (the root of this tree). None outside workers."""

@@ -186,6 +186,10 @@ class Origin:
     dispatch: DispatchMarker | None = field(default=None, metadata={"key": "dispatch"})
     #: a retry: of which execution
     retry: RetryOrigin | None = field(default=None, metadata={"key": "retry"})
+    #: ``run_async(priority=...)``: its place among the waiters of a contended key (and its
+    #: message's priority); kept here so that every later delivery (a park's, a requeue's)
+    #: waits with it
+    priority: int | None = field(default=None, metadata={"key": "priority"})
 
 
 @dataclass
