@@ -190,8 +190,11 @@ class ProgressStore:
         #: progress rows the execution has (the next one appended is ``_rows + 1``)
         self._rows = int(stored.get(ROWS, 0) or 0)
         #: growing parts the context itself still holds (an older row, or a whole context
-        #: written from an assembled state): the next write moves them into rows
+        #: written from an assembled state): the next write drops them from the context, and
+        #: appends a row setting each one that holds anything (an empty one — a new row's
+        #: ``{}`` / ``[]`` — reads the same absent, so it costs no row)
         self._in_context = {key for key in _GROWING if key in stored}
+        self._to_move = {key for key in self._in_context if stored[key]}
         #: sequential map elements completed since the last write (``batch_due``)
         self._unwritten_elements = 0
         self._batch_started = 0.0
@@ -239,7 +242,7 @@ class ProgressStore:
     def _result_ops(self, results: dict[str, Any]) -> list[Op]:
         written, count = self._results_written, len(results)
         fresh = count - written
-        if RESULTS in self._in_context or fresh < 0 or fresh > MAX_NEW_RESULTS:
+        if RESULTS in self._to_move or fresh < 0 or fresh > MAX_NEW_RESULTS:
             return [("set", (RESULTS,), _encode(results))]
         if fresh == 0:
             return []
@@ -253,7 +256,7 @@ class ProgressStore:
     def _completed_ops(self, completed: list[CompletedStep]) -> list[Op]:
         written = self._completed_written
         if (
-            COMPLETED in self._in_context
+            COMPLETED in self._to_move
             or len(completed) < written
             or (written and completed[written - 1] is not self._last_record)
         ):
@@ -265,7 +268,7 @@ class ProgressStore:
         if progress is None:
             # (a copy in the context is dropped with the context's own remove)
             return [("remove", (MAP_PROGRESS,), None)] if self._has_maps else []
-        if MAP_PROGRESS in self._in_context or not self._has_maps:
+        if MAP_PROGRESS in self._to_move or not self._has_maps:
             return [("set", (MAP_PROGRESS,), _encode(progress))]
         ops: list[Op] = [
             ("remove", (MAP_PROGRESS, name), None) for name in self._maps if name not in progress
@@ -383,7 +386,7 @@ class ProgressStore:
                 _apply(stored, op)
             execution.context = stored
         self._rows = rows_after
-        self._in_context = set()
+        self._in_context, self._to_move = set(), set()
         state.folded = rows_after  # the state now holds every row: a whole write stays right
         self._mark(state, skeleton)
         self._unwritten_elements = 0

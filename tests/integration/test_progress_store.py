@@ -119,13 +119,15 @@ def assert_row_is(execution: Execution, state: ExecutionState) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(changes=CHANGES, old_row=st.booleans())
+@given(changes=CHANGES, start=st.sampled_from(["new", "old", "empty"]))
 def test_the_row_reads_back_as_the_state_after_any_changes(
-    changes: list[tuple[str, str, Any]], old_row: bool
+    changes: list[tuple[str, str, Any]], start: str
 ) -> None:
-    # an old row: the whole context as a version that rewrote it wrote it
+    # "old": the whole context as a version that rewrote it wrote it; "empty": a whole
+    # context of an empty state (``run_async`` writes one: empty results and log in it)
     seed = ExecutionState(results={"seed": 1}, completed=[CompletedStep("seed", "step")])
-    execution = fresh_row(seed.to_json() if old_row else None)
+    contexts = {"new": None, "old": seed.to_json(), "empty": ExecutionState().to_json()}
+    execution = fresh_row(contexts[start])
     state = ExecutionState.from_json(execution.context)
     store = ProgressStore(execution, state)
     counter = [0]
@@ -147,6 +149,17 @@ def test_the_row_reads_back_as_the_state_after_any_changes(
         else:
             apply(state, kind, name, value, counter)
     store.write(state, {}, durable=True)
+    assert_row_is(execution, state)
+
+
+def test_a_new_worker_row_costs_no_progress_row_before_its_first_result() -> None:
+    # run_async writes a whole empty state (``{}`` results, ``[]`` log): the start of the
+    # first pass drops them from the context without appending rows that set them empty
+    execution = fresh_row(ExecutionState().to_json())
+    state = ExecutionState.from_json(execution.context)
+    ProgressStore(execution, state).write(state, {"current_step": "a"}, durable=True)
+    assert not ExecutionProgress.objects.filter(execution=execution).exists()
+    assert "progress_rows" not in execution.context
     assert_row_is(execution, state)
 
 
