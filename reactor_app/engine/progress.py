@@ -191,10 +191,11 @@ class ProgressStore:
         self._rows = int(stored.get(ROWS, 0) or 0)
         #: growing parts the context itself still holds (an older row, or a whole context
         #: written from an assembled state): the next write drops them from the context, and
-        #: appends a row setting each one that holds anything (an empty one — a new row's
-        #: ``{}`` / ``[]`` — reads the same absent, so it costs no row)
+        #: appends a row setting each one — but for empty results and log (a new row's ``{}``
+        #: and ``[]``), which read the same absent, so they cost no row (an empty map progress
+        #: does not: ``{}`` and absent are two states)
         self._in_context = {key for key in _GROWING if key in stored}
-        self._to_move = {key for key in self._in_context if stored[key]}
+        self._to_move = {key for key in self._in_context if stored[key] or key == MAP_PROGRESS}
         #: sequential map elements completed since the last write (``batch_due``)
         self._unwritten_elements = 0
         self._batch_started = 0.0
