@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, transaction
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from reactor_app.coordination import live_limits
@@ -155,6 +158,83 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         # all rows fetched at once: SQLite ends an UPDATE ... RETURNING only then
         rows = list(self.raw(sql, params).using(self.db))
         return rows[0] if rows else None
+
+
+class ExecutionProgressManager(models.Manager):
+    """The append-only progress rows of executions (``models.ExecutionProgress``)."""
+
+    def changes_of(self, execution_id: Any, after: int, upto: int) -> Any:
+        """``(kind, path, payload)`` of the rows ``after < seq <= upto``, in order."""
+        return (
+            self.filter(execution_id=execution_id, seq__gt=after, seq__lte=upto)
+            .order_by("seq")
+            .values_list("kind", "path", "payload")
+        )
+
+    def append(
+        self,
+        rows: models.QuerySet,
+        values: dict[str, Any],
+        execution_id: Any,
+        first_seq: int,
+        changes: Sequence[tuple[str, Any, Any]],
+    ) -> int:
+        """``rows.update(**values)`` (one execution row, filtered on its claim generation) and,
+        only if it updated the row, ``changes`` appended as rows ``first_seq, first_seq+1, ...``.
+        Returns the number of execution rows updated (0: nothing was written).
+
+        PostgreSQL: one statement, ``WITH claimed AS (UPDATE ... RETURNING id) INSERT ...
+        SELECT ... FROM claimed``: the insert happens exactly when the conditional update did,
+        under the row lock the update took (a claim that moved on meanwhile is seen by the
+        update's re-check, so a delivery that lost its claim inserts nothing). Elsewhere: the
+        update, then the insert if it matched, in one transaction (SQLite has one writer at a
+        time, so nothing claims the row between the two)."""
+        connection = connections[self.db]
+        if connection.vendor == "postgresql":
+            return self._append_in_one_statement(rows, values, execution_id, first_seq, changes)
+        with transaction.atomic(using=self.db):
+            updated = int(rows.update(**values))
+            if updated:
+                self.bulk_create(
+                    self.model(
+                        execution_id=execution_id,
+                        seq=first_seq + n,
+                        kind=kind,
+                        path=list(path),
+                        payload=payload,
+                    )
+                    for n, (kind, path, payload) in enumerate(changes)
+                )
+        return updated
+
+    def _append_in_one_statement(
+        self,
+        rows: models.QuerySet,
+        values: dict[str, Any],
+        execution_id: Any,
+        first_seq: int,
+        changes: Sequence[tuple[str, Any, Any]],
+    ) -> int:
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        query = cast(UpdateQuery, rows.query.chain(UpdateQuery))
+        query.add_update_values(values)
+        update_sql, update_params = query.get_compiler(self.db).as_sql()
+        pk = quote(rows.model._meta.pk.column)
+        table = quote(self.model._meta.db_table)
+        tuples = ", ".join(["(%s, %s, %s, %s)"] * len(changes))
+        params: list[Any] = list(update_params)
+        for n, (kind, path, payload) in enumerate(changes):
+            params += [first_seq + n, kind, json.dumps(list(path)), json.dumps(payload)]
+        sql = (
+            f"WITH claimed AS ({update_sql} RETURNING {pk}) "
+            f"INSERT INTO {table} (execution_id, seq, kind, path, payload) "
+            f"SELECT claimed.{pk}, v.seq, v.kind, v.path::jsonb, v.payload::jsonb "
+            f"FROM claimed CROSS JOIN (VALUES {tuples}) AS v (seq, kind, path, payload)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return 1 if cursor.rowcount else 0
 
 
 class StepRunQuerySet(models.QuerySet):
