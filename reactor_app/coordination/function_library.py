@@ -46,6 +46,10 @@ NAME_PREFIX = "reactor_app_"
 
 _FRAGMENTS_LINE = re.compile(r"^-- @fragments\n", re.MULTILINE)
 _OPERATIONS_LINE = re.compile(r"^-- @operations\n", re.MULTILINE)
+#: where an operation's text stops defining and starts doing: what precedes it (its helpers,
+#: its dispatch tables, the primitives' sections registering in them) runs once, when the
+#: library loads; what follows is the function's body, run on each call
+_PER_CALL = re.compile(r"^-- @per_call\n", re.MULTILINE)
 _SHEBANG = re.compile(r"\A#!lua(?: flags=(\S*))?[^\n]*\n")
 _PREFIX = "@function_prefix@"
 
@@ -65,10 +69,12 @@ def library() -> Library:
     """The library of every operation of the installed package (but ``NOT_IN_LIBRARY``).
 
     The fragments go in once, at the top, in the order the operations first include them (an
-    operation includes a fragment after those it needs). Each operation becomes one function,
-    its text the body of a local function; a retry-safe one (``stored_replies.RETRY_SAFE``)
-    runs inside the frame's ``stored_reply``; the flags of a ``#!lua flags=`` line become the
-    function's flags.
+    operation includes a fragment after those it needs). Each operation becomes one function:
+    the part of its text before a ``-- @per_call`` line (the general scripts' helpers and
+    dispatch tables; the call's own values are locals they declare there and set after the
+    line) runs once, at load; the rest, or the whole text, is the body run per call. A
+    retry-safe one (``stored_replies.RETRY_SAFE``) runs inside the frame's ``stored_reply``;
+    the flags of a ``#!lua flags=`` line become the function's flags.
     """
     parts = lua_parts()
     operations = {
@@ -106,10 +112,15 @@ def _function_block(operation: str, text: str) -> str:
         if shebang.group(1):
             flags = ", flags = {" + ", ".join(f"'{f}'" for f in shebang.group(1).split(",")) + "}"
     run = "stored_reply(body)" if operation in RETRY_SAFE else "body()"
+    once, per_call = "", without_includes(text)
+    marker = _PER_CALL.search(per_call)
+    if marker:
+        once, per_call = per_call[: marker.start()], per_call[marker.end() :]
     return (
         f"do -- {operation}.lua\n"
+        f"{once.strip(chr(10))}\n"
         "local function body()\n"
-        f"{without_includes(text).strip(chr(10))}\n"
+        f"{per_call.strip(chr(10))}\n"
         "end\n"
         f"redis.register_function{{function_name = '{_PREFIX}{operation}',"
         " callback = function(keys, args)\n"

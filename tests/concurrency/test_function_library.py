@@ -32,6 +32,7 @@ from reactor_app.coordination.claims import (
     SemaphoreClaim,
 )
 from reactor_app.coordination.keys import hash_slot
+from reactor_app.coordination.leases import extend
 from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.scripts import Scripts, scripts_for
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
@@ -258,3 +259,71 @@ def test_a_history_of_lock_calls_gets_the_same_answers_from_the_library_and_the_
             seen.append(normalised(operation, raw))
         client.delete(hold, fence, waiters)
     assert answers["functions"] == answers["scripts"]
+
+
+general_steps = st.lists(
+    st.tuples(st.sampled_from(("admit", "release", "renew")), st.sampled_from(OWNERS)),
+    min_size=1,
+    max_size=20,
+)
+
+
+def general_claims() -> list[Any]:
+    return [LockClaim("eq:lock", ttl=30), SemaphoreClaim("eq:sem", limit=2, ttl=30)]
+
+
+def general_outcome(result: Any) -> Any:
+    """An admission's result without what depends on the clock."""
+    if isinstance(result, Admitted):
+        return ("admitted", [(h.claim.primitive, h.claim.key, h.fresh) for h in result.holds])
+    assert isinstance(result, Refused), result
+    return ("refused", result.claim.primitive, (result.blocker or {}).get("owner"))
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(history=general_steps)
+def test_a_history_of_general_admissions_gets_the_same_answers_from_the_library_and_the_scripts(
+    both_ways: tuple[Any, Scripts, Scripts], history: list[tuple[str, str]]
+) -> None:
+    """The general scripts define their helpers and dispatch tables once in the library, and
+    keep the call's values in locals set per call: no call may see another's (a release's
+    report, an admission's holder)."""
+    _, functions, _ = both_ways
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    answers: dict[str, list[Any]] = {}
+    for way in ("functions", "scripts"):
+        client = redis.Redis.from_url(url)
+        scripts_for(client).uses_functions = way == "functions"
+        prefix = f"lib-eq:{uuid.uuid4().hex}"
+        coordinator = Coordinator(client, prefix=prefix)
+        held: dict[str, list[Admitted]] = {}
+        seen = answers[way] = []
+        try:
+            for operation, owner in history:
+                if operation == "admit":
+                    result = coordinator.admit(general_claims(), Holder(owner=owner))
+                    if isinstance(result, Admitted):
+                        held.setdefault(owner, []).append(result)
+                    seen.append(general_outcome(result))
+                elif held.get(owner):
+                    admitted = held[owner].pop()
+                    if operation == "release":
+                        released = coordinator.release(admitted, "success")
+                        seen.append(("released", sorted(released.freed), released.not_held))
+                    else:
+                        renewed = extend(coordinator, admitted.holds, owner)
+                        seen.append(
+                            (
+                                "renewed",
+                                [(h.claim.primitive, h.claim.key) for h in renewed.extended],
+                                [(h.claim.key, reason) for h, reason in renewed.lost],
+                            )
+                        )
+                        held[owner].append(admitted)
+        finally:
+            delete_prefixed_keys(client, prefix)
+            client.close()
+    assert answers["functions"] == answers["scripts"]
+    assert functions.uses_functions
