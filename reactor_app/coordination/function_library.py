@@ -1,11 +1,11 @@
 """The Redis Functions library: every operation script as one function, loaded once per server.
 
 An ``EVALSHA`` script runs its whole text on each call, so each call of a general script defined
-its forty-odd shared helpers again — about 16 µs of server time per call, more than the commands
-a one-lock admission runs (docs/benchmarks.md). A Functions library (Redis 7.0+) runs its top
-level once, at ``FUNCTION LOAD``: the fragments' helpers are defined there, and an ``FCALL`` runs
-only its operation's own text (``lua/_library.lua`` is the frame and says how the operations'
-``KEYS``/``ARGV`` reach them).
+its forty-odd shared helpers and its primitives' dispatch tables again (measured at 16 µs of
+server time per call on one host; docs/benchmarks.md, "Functions library"). A Functions library
+(Redis 7.0+) runs its top level once, at ``FUNCTION LOAD``: the fragments' helpers are defined
+there, and an ``FCALL`` runs only its operation's own text (``lua/_library.lua`` is the frame
+and says how the operations' ``KEYS``/``ARGV`` reach them).
 
 Where the library lives: functions are part of the dataset — replicated, persisted, kept by a
 replica promoted in a failover. A server that lost them (restarted empty, ``FUNCTION FLUSH``,

@@ -165,11 +165,11 @@ class Scripts:
         ``EVALSHA``); ``NotSent`` when no connection could be had (nothing was sent).
 
         On a one-server client the command goes straight to a pooled connection — the calling
-        thread's own (``KeptConnections``), or one taken for the call: redis-py's generic command
-        path (retry wrapper, event dispatch, metrics hooks, option filtering) costs about as
-        much Python time as the round trip itself, and every admission and release is a script
-        call (docs/benchmarks.md, "Hot path"). What that path does that matters here is kept:
-        a connection whose reply was not read whole is disconnected (its next command
+        thread's own (``KeptConnections``), or one taken for the call: redis-py's generic
+        command path (retry wrapper, event dispatch, metrics hooks, option filtering) costs
+        about as much Python time as the round trip itself, and every admission and release is
+        a script call (docs/benchmarks.md, "Hot path"). What that path does that matters here
+        is kept: a connection whose reply was not read whole is disconnected (its next command
         reconnects), and a script the server no longer has (restarted, flushed) is loaded
         again through ``Script`` (a function it no longer has: ``_send``).
         """
