@@ -13,6 +13,7 @@ whose reply was lost is asked again with its request id (``coordination.stored_r
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import weakref
@@ -38,6 +39,7 @@ from reactor_app.coordination.stored_replies import (
     RETRY_SAFE,
     UNKNOWN_OUTCOME,
     NotSent,
+    first_send,
     retrying,
     with_request,
 )
@@ -110,14 +112,23 @@ class Scripts:
         """
         if operation in RETRY_SAFE:
             keys, args = with_request(keys, args)
-            return retrying(lambda: self._send(operation, keys, args))
+            sends = itertools.count()
+            return retrying(lambda: self._send(operation, keys, args, first=next(sends) == 0))
         try:
             return self._send(operation, keys, args)
         except NotSent as not_sent:
             raise not_sent.cause from None
 
-    def _send(self, operation: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
-        """One call of ``operation``: its function, or its script (``_send_once``).
+    def _send(
+        self,
+        operation: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+        *,
+        first: bool = False,
+    ) -> Any:
+        """One call of ``operation``: its function, or its script (``_send_once``). ``first``:
+        the first send of a retry-safe call's request (``stored_replies.first_send``).
 
         A server without the library (restarted empty, flushed, a cluster master that never
         had it) answers "Function not found": the library is loaded and the call sent again —
@@ -128,7 +139,7 @@ class Scripts:
         script = self._scripts[operation]
         function = self._functions.get(operation) if self.uses_functions else None
         try:
-            return self._send_once(script, function, keys, args)
+            return self._send_once(script, function, keys, args, first)
         except redis_py.exceptions.ResponseError as error:
             if function is None:
                 raise
@@ -140,7 +151,8 @@ class Scripts:
                 function = None
             else:
                 raise
-        return self._send_once(script, function, keys, args)
+        # (still the first send: the refused one ran nothing)
+        return self._send_once(script, function, keys, args, first)
 
     def _load_library(self) -> bool:
         """Load the library; False when a cluster could not take it now (a master down in a
@@ -160,9 +172,15 @@ class Scripts:
         function: str | None,
         keys: Sequence[str],
         args: Sequence[str | int | float],
+        first: bool = False,
     ) -> Any:
         """One send of ``function`` (an ``FCALL``), or of ``script`` when None (an
         ``EVALSHA``); ``NotSent`` when no connection could be had (nothing was sent).
+
+        A retry-safe call's ``first`` send skips the script's look for a stored reply
+        (``stored_replies.FIRST_SEND``) only when written here, once, onto a connection; the
+        ways through redis-py (a cluster, a script to load again) keep the look: redis-py may
+        send the same request again on its own.
 
         On a one-server client the command goes straight to a pooled connection — the calling
         thread's own (``KeptConnections``), or one taken for the call: redis-py's generic
@@ -185,10 +203,11 @@ class Scripts:
         except UNKNOWN_OUTCOME as exc:
             raise NotSent(exc) from exc
         try:
+            sent = first_send(args) if first else args
             if function is None:
-                packed = _pack_call(b"EVALSHA", script.sha, keys, args)
+                packed = _pack_call(b"EVALSHA", script.sha, keys, sent)
             else:
-                packed = _pack_call(b"FCALL", function, keys, args)
+                packed = _pack_call(b"FCALL", function, keys, sent)
             connection.send_packed_command([packed])
             return connection.read_response()
         except redis_py.exceptions.NoScriptError:

@@ -35,6 +35,7 @@ from reactor_app.coordination.keys import hash_slot
 from reactor_app.coordination.leases import extend
 from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.scripts import Scripts, scripts_for
+from reactor_app.coordination.stored_replies import with_request
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
 from reactor_app.testing.redis_processes import ServerBinaryMissing
 from reactor_app.testing.servers import StandaloneServer
@@ -327,3 +328,34 @@ def test_a_history_of_general_admissions_gets_the_same_answers_from_the_library_
             client.close()
     assert answers["functions"] == answers["scripts"]
     assert functions.uses_functions
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["library", "scripts"])
+def test_a_first_send_skips_the_look_for_a_stored_reply_and_a_resend_looks(
+    server: RestartableServer, functions: bool
+) -> None:
+    """A request id is new on its first send, so nothing can be stored under it: the script
+    skips the GET. A resend (same id: the first one's reply was lost) looks, and is answered
+    the stored reply instead of running again."""
+    client = redis.Redis.from_url(server.url)
+    if functions and not has_functions(client):
+        pytest.skip("the machine's redis-server has no Functions (Redis < 7)")
+    registry = scripts_for(client)
+    registry.uses_functions = functions
+    coordinator = Coordinator(client, prefix="lib-test")
+    lock_pair(coordinator, "warm")  # loads the library or the scripts
+    before = calls(client)
+    for n in range(3):
+        lock_pair(coordinator, f"o{n}")
+    assert calls(client).get("cmdstat_get", 0) == before.get("cmdstat_get", 0)
+
+    keys, args = with_request(
+        ["lib-test:{k}:hold", "lib-test:{k}:fence", "lib-test:{k}:w"],
+        ["resent", "", "", "", 30_000, ""],
+    )
+    first = registry._send("lock_admit", keys, args, first=True)
+    gets = calls(client).get("cmdstat_get", 0)
+    resent = registry._send("lock_admit", keys, args)  # as retrying sends it again
+    assert resent == first  # the stored reply: same time, same token, not re-entered
+    assert calls(client).get("cmdstat_get", 0) == gets + 1
+    assert client.hget("lib-test:{k}:hold", "count") in (b"1", "1")

@@ -16,8 +16,9 @@ function at a time and a function never yields, so no call sees another's.
 Each operation's text becomes the body of one local function, registered under its name in the
 library (`-- @operations`, one `do` block each: an operation's own locals stay its own). A
 retry-safe operation's body runs inside `stored_reply` below: the same contract as
-_stored_reply.lua (the last key and the last argument are the stored-reply key and lifetime,
-taken off before the operation sees KEYS and ARGV).
+_stored_reply.lua (the last key is the stored-reply key, the last two arguments its lifetime
+and whether to look for a stored reply first; taken off before the operation sees KEYS and
+ARGV).
 ]]
 
 local KEYS, ARGV
@@ -28,10 +29,12 @@ local KEYS, ARGV
 -- reply already stored under the call's request id is answered again, the operation not run.
 local function stored_reply(body)
   local stored_reply_key = KEYS[#KEYS]
-  local stored_reply_ttl_ms = tonumber(ARGV[#ARGV])
-  local stored = redis.call('GET', stored_reply_key)
-  if stored then return cmsgpack.unpack(stored) end
-  KEYS[#KEYS], ARGV[#ARGV] = nil, nil
+  local stored_reply_ttl_ms = tonumber(ARGV[#ARGV - 1])
+  if ARGV[#ARGV] ~= '0' then
+    local stored = redis.call('GET', stored_reply_key)
+    if stored then return cmsgpack.unpack(stored) end
+  end
+  KEYS[#KEYS], ARGV[#ARGV], ARGV[#ARGV - 1] = nil, nil, nil
   local answer = body()
   redis.call('SET', stored_reply_key, cmsgpack.pack(answer), 'PX', stored_reply_ttl_ms)
   return answer
