@@ -166,6 +166,7 @@ def test_a_server_without_functions_gets_the_same_operations_as_scripts() -> Non
         assert "cmdstat_fcall" not in after
 
 
+@pytest.mark.cluster
 def test_every_cluster_master_gets_the_library(
     reactor_redis_cluster: Any, redis_prefix: str
 ) -> None:
