@@ -97,12 +97,10 @@ See docs/coordination.md "Guarantees".
 -- @include _calendar.lua
 -- @include _ordered.lua
 
-local now = redis_now()
-local holder = cjson.decode(ARGV[1])
-local claims = cjson.decode(ARGV[2])
-local waiter = ARGV[3] or ''
-
-split_keys(claims)
+-- The call's own values: declared here, before the functions that read them, and set for each
+-- call after the `-- @per_call` line. The Functions library runs everything above that line
+-- once, when it loads (lua/_library.lua); an EVALSHA script runs all of it on every call.
+local now, holder, claims, waiter
 
 local function refusal(status, payload, waiters_key, score)
   payload.status = status
@@ -122,6 +120,13 @@ local PREPARE = {}
 -- @primitives admit
 
 -- ------------------------------------------------------------------ admission
+
+-- @per_call
+now = redis_now()
+holder = cjson.decode(ARGV[1])
+claims = cjson.decode(ARGV[2])
+waiter = ARGV[3] or ''
+split_keys(claims)
 
 local assigned = {} -- {index (0-based claim), ...} of what PREPARE set up, for the reply
 for i, claim in ipairs(claims) do

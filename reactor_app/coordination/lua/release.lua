@@ -60,25 +60,30 @@ Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base ke
 -- @include _calendar.lua
 -- @include _ordered.lua
 
+-- The call's own values: declared here, before the functions that read them, and set for each
+-- call after the `-- @per_call` line. The Functions library runs everything above that line
+-- once, when it loads (lua/_library.lua); an EVALSHA script runs all of it on every call.
+local now, outcome, holder, holds, terminal, report
+
+-- each primitive's release (lua/primitives/<name>.lua), by primitive name
+local RELEASE = {}
+
+-- @primitives release
+
+-- @per_call
 local flags = tonumber(ARGV[4] or '0')
 if flags > 0 then
   local raised = raised_flag(flags)
   if raised then return reply(OK, {flagged = raised}) end
 end
 
-local now = redis_now()
-local outcome = ARGV[1]
-local holder = cjson.decode(ARGV[2])
-local holds = cjson.decode(ARGV[3])
-local terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rollback'
+now = redis_now()
+outcome = ARGV[1]
+holder = cjson.decode(ARGV[2])
+holds = cjson.decode(ARGV[3])
+terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rollback'
   or outcome == 'halt'
-
-local report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
-
--- each primitive's release (lua/primitives/<name>.lua), by primitive name
-local RELEASE = {}
-
--- @primitives release
+report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
 
 split_keys(holds)
 for _, spec in ipairs(holds) do
