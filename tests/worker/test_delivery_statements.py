@@ -1,8 +1,9 @@
 """The statements a worker delivery and an in-process run send (issue 32, item 2).
 
 A delivery runs in this process (``deliver``, the body of the worker task) so that its
-statements can be captured: one read of the row, one claim statement (``UPDATE ... RETURNING``,
-no second ``SELECT``), the start, one checkpoint per step, the history in bulk and one finish.
+statements can be captured: one claim statement (``UPDATE ... RETURNING``: no ``SELECT`` of the
+row, before it or after), the start, one checkpoint per step, the history in bulk and one
+finish. Only a park's countdown requeue reads the row first, to drop itself when stale.
 A sequential map on a worker checkpoints its elements in batches; in process it writes none of
 them before its end. These are behaviour tests of how many statements are sent, not timings.
 """
@@ -17,6 +18,8 @@ from django.test.utils import CaptureQueriesContext
 
 from reactor_app import Reactor, Step, Success, element, from_input, map_step, step
 from reactor_app.engine.dispatch import deliver
+from reactor_app.engine.state import ExecutionState
+from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -76,7 +79,7 @@ def test_a_delivery_reads_the_row_once_claims_once_and_writes_once_per_step() ->
     sqls = deliver_captured(ThreeSteps, n=1)
     selects = on_execution(sqls, "SELECT")
     updates = on_execution(sqls, "UPDATE")
-    assert len(selects) == 1, selects  # the look before the claim; the claim returns the row
+    assert selects == []  # no look before the claim; the claim returns the row
     assert sum("RETURNING" in sql and "claim_generation" in sql for sql in updates) == 1
     # the claim, the start, one checkpoint per step, the finish
     assert len(updates) == 1 + 1 + 3 + 1, updates
@@ -116,3 +119,22 @@ def test_an_in_process_map_writes_no_element_before_its_end(count: int) -> None:
     assert len(result.value["each"]) == count
     updates = on_execution(statements(captured), "UPDATE")
     assert len(updates) == 1, updates  # its end; the start was the row's INSERT
+
+
+def test_a_stale_countdown_requeue_reads_the_row_once_and_writes_nothing() -> None:
+    """A park's countdown requeue (it carries the park's token) reads the row before taking
+    the claim: one that an earlier park left (the execution parked again since, under another
+    token) goes without a claim statement."""
+    execution = ThreeSteps.run_async(n=1)
+    state = ExecutionState.from_json(execution.context)
+    state.continuation.requeue_token = "the-newer-park"
+    Execution.objects.filter(pk=execution.pk).update(
+        status=ExecutionStatus.PARKED, context=state.to_json()
+    )
+    with CaptureQueriesContext(connection) as captured:
+        outcome = deliver(str(execution.id), requeue_token="an-older-park")
+    assert outcome["outcome"] == "stale_requeue"
+    sqls = statements(captured)
+    assert len(on_execution(sqls, "SELECT")) == 1
+    assert on_execution(sqls, "UPDATE") == []
+    assert Execution.objects.get(pk=execution.pk).claim_generation == 0
