@@ -208,9 +208,10 @@ class ExecutionRun:
 
     def persist(self, **fields: Any) -> None:
         """Write the state and ``fields`` now, waiting for the commit: a pass's end (and its
-        start in process), and the writes others rely on at once (a child created, a park). One conditional
-        statement (``engine.progress``): what changed since the last write, never the whole
-        context; ``ClaimLost`` if another delivery claimed the row meanwhile."""
+        start in process), and the writes others rely on at once (a child created, a park).
+        One conditional statement (``engine.progress``): what changed since the last write,
+        never the whole context; ``ClaimLost`` if another delivery claimed the row
+        meanwhile."""
         self._write(fields, durable=True)
 
     def _write(self, fields: dict[str, Any], *, durable: bool) -> None:
