@@ -89,16 +89,19 @@ pytest: install
 #   generated workflows until SOAK_SECONDS are spent;
 # * the coordination fault schedules (tests/chaos/test_fault_histories.py, docs/operations.md
 #   "How coordination is tested") run each fault for FAULT_SOAK_SECONDS instead of a few seconds,
-#   every operation recorded and checked for linearizability.
+#   every operation recorded and checked for linearizability;
+# * the fair-sharing test on real workers (tests/worker/test_fair_priority.py) with the issue's
+#   backlog of FAIR_BACKLOG executions instead of 30.
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
 SOAK_SECONDS ?= 1800
 FAULT_SOAK_SECONDS ?= 300
+FAIR_BACKLOG ?= 200
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
-	tests/chaos/test_fault_histories.py
+	tests/chaos/test_fault_histories.py tests/worker/test_fair_priority.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_SAGA_SOAK_SECONDS=$(SOAK_SECONDS) \
-		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) \
+		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) REACTOR_FAIR_BACKLOG=$(FAIR_BACKLOG) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------

@@ -41,7 +41,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.engine.async_order import log_position
 from reactor_app.engine.cancel_flag import cancelled_error
-from reactor_app.engine.enqueueing import enqueue_on_commit, wake
+from reactor_app.engine.enqueueing import enqueue_on_commit, message_priority, wake
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.leftovers import abandon_positions, leave_lines, release_kept
@@ -202,6 +202,8 @@ def start_worker_child(
     context = ExecutionState()
     context.origin.worker = True
     context.origin.dispatch = marker
+    # a child waits for contended keys with its parent's priority
+    context.origin.priority = run.root.state.origin.priority
     Execution.objects.start(
         id=child_id,
         reactor=reactor_path,
@@ -212,7 +214,7 @@ def start_worker_child(
         heartbeat_at=timezone.now(),
         context=context.to_json(),
     )
-    enqueue_on_commit(child_id)
+    enqueue_on_commit(child_id, priority=message_priority(context.origin.priority))
     return child_id
 
 

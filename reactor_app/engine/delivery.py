@@ -37,7 +37,7 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
-from reactor_app.engine.enqueueing import enqueue_quietly
+from reactor_app.engine.enqueueing import enqueue_quietly, message_priority
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
@@ -248,7 +248,11 @@ def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
         if delay is None:  # waiting on an async child, which wakes us when it ends
             delay = reactor_settings.CONTENTION_BACKOFF[1]
         enqueue_quietly(
-            execution.id, countdown=delay, requeue_token=run.state.continuation.requeue_token
+            execution.id,
+            countdown=delay,
+            requeue_token=run.state.continuation.requeue_token,
+            # its priority again, so a broker that orders by it serves the requeue so too
+            priority=message_priority(run.priority),
         )
         return {"outcome": "parked", "status": execution.status, "requeue_in": round(delay, 3)}
     marker = run.state.origin.dispatch

@@ -98,12 +98,11 @@ from reactor_app.engine.finishing import finish_pass, result_of
 from reactor_app.engine.gate import Gate
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
-from reactor_app.engine.progress import ProgressStore
+from reactor_app.engine.progress import ProgressStore, load_state
 from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.runner import StepOutcome
-from reactor_app.engine.state import ExecutionState
 from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
 from reactor_app.engine.worker import ClaimLost, kept_hold_cover
 from reactor_app.exceptions import ExecutionCancelled, ReactorError, StepFailed
@@ -141,7 +140,7 @@ class ExecutionRun:
         self.root: ExecutionRun = parent.root if parent else self
         self.policy = policy
         self.held_keys: HeldKeys = parent.held_keys if parent else self._new_held_keys()
-        self.state = ExecutionState.from_json(execution.context)
+        self.state = load_state(execution)  # the context and its progress rows, read once
         #: what of ``state`` is on the row (``engine.progress``)
         self.store = ProgressStore(execution, self.state)
         self.instance = reactor()
@@ -197,6 +196,12 @@ class ExecutionRun:
     def worker_wait(self) -> float:
         """How long a contended unit of a worker delivery waits in-process before parking."""
         return self.policy.worker_wait
+
+    @property
+    def priority(self) -> int:
+        """The place among waiters of this delivery's units (``run_async(priority=...)``,
+        kept in the state of the execution the delivery runs)."""
+        return int(self.root.state.origin.priority or 0)
 
     @property
     def waiter_id(self) -> str | None:

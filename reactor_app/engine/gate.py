@@ -66,6 +66,7 @@ from reactor_app.dsl.declarations import (
     Declaration,
     OrderedLockDeclaration,
     RateLimitDeclaration,
+    SemaphoreDeclaration,
 )
 from reactor_app.engine import contention, finished_waiters
 from reactor_app.engine.enqueueing import wake
@@ -128,6 +129,8 @@ class GateScope:
     on_position: Callable[[], None] | None = None
     #: a worker's in-delivery wait before it parks (``REACTOR_WORKER_WAIT``; 0: park at once)
     worker_wait: float = 0.0
+    #: the execution's place among the waiters of a contended key (``run_async(priority=)``)
+    priority: int = 0
 
 
 def get_coordinator() -> Coordinator:
@@ -178,8 +181,9 @@ class Gate:
             position = None
             if isinstance(declaration, OrderedLockDeclaration):
                 position = self._position(declaration, key)
-            if isinstance(declaration, RateLimitDeclaration):
-                # a weighted limit's cost is computed from the same arguments as its key
+            if isinstance(declaration, (RateLimitDeclaration, SemaphoreDeclaration)):
+                # a weighted limit's cost, a fair semaphore's group: computed from the same
+                # arguments as the key
                 claims.append(declaration.claim(key, args=self.args, reactor=reactor, step=step))
                 continue
             claims.append(declaration.claim(key, position))
@@ -238,6 +242,7 @@ class Gate:
             execution_id=self.scope.execution_id,
             step=self.scope.step,
             reactor=self.scope.reactor,
+            priority=self.scope.priority,
         )
 
     def enter(

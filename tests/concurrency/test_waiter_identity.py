@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from reactor_app import Step, Success, with_lock
+from reactor_app import Step, Success, with_lock, with_semaphore
 from reactor_app.coordination import state
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
@@ -256,6 +256,37 @@ def test_a_release_wakes_the_parked_waiter_before_its_own_bookkeeping(
     assert released.at.timestamp() <= order[0][2]
     assert released.detail["handed_to"] == [str(parked.id)]
     coordinator.unregister_waiter(LockClaim(key), str(parked.id))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_passes_a_semaphore_slot_over_a_waiter_whose_execution_has_finished(
+    coordinator: Coordinator,
+) -> None:
+    """The same for a semaphore, whose freed slot is handed to the head of its line too."""
+    finished = Execution.objects.start(
+        reactor="tests.Finished", inputs={}, status=ExecutionStatus.SUCCEEDED
+    )
+    next_waiter = f"{WAITING_PREFIX}next-slot"
+    key = "pool:finished"
+    pool = SemaphoreClaim(key, limit=1)
+    registered: list[AdmissionResult] = []
+
+    @with_semaphore(lambda args: key, limit=1)
+    class Holding(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            for waiter in (str(finished.id), next_waiter):
+                registered.append(coordinator.admit([pool], Holder(owner=waiter), waiter_id=waiter))
+            return Success("done")
+
+    assert Holding.call().ok
+    assert all(isinstance(answer, Refused) for answer in registered)
+    assert coordinator.waiters(pool) == []
+    other = coordinator.admit([pool], Holder(owner="someone"))
+    assert isinstance(other, Refused)
+    assert (other.blocker or {}).get("granted_to") == next_waiter
+    taken = coordinator.admit([pool], Holder(owner="next"), waiter_id=next_waiter)
+    assert isinstance(taken, Admitted)
+    coordinator.release(taken, "success")
 
 
 # -- the worker's wake, at the gate ----------------------------------------------------------
