@@ -212,10 +212,11 @@ class ExecutionRun:
     # -- persistence ----------------------------------------------------------------------
 
     def persist(self, **fields: Any) -> None:
-        """Write the state and ``fields`` now, waiting for the commit: a pass's start and end,
-        and the writes others rely on at once (a child created, a park). One conditional
-        statement (``engine.progress``): what changed since the last write, never the whole
-        context; ``ClaimLost`` if another delivery claimed the row meanwhile."""
+        """Write the state and ``fields`` now, waiting for the commit: a pass's end (and its
+        start in process), and the writes others rely on at once (a child created, a park).
+        One conditional statement (``engine.progress``): what changed since the last write,
+        never the whole context; ``ClaimLost`` if another delivery claimed the row
+        meanwhile."""
         self._write(fields, durable=True)
 
     def _write(self, fields: dict[str, Any], *, durable: bool) -> None:
@@ -282,10 +283,18 @@ class ExecutionRun:
         if self.inserted_running:
             self.inserted_running = False
         else:
-            self.persist(
-                status=ExecutionStatus.RUNNING,
-                started_at=self.execution.started_at or timezone.now(),
-                current_step=self._resume_point() or self.execution.current_step,
+            # On a worker the start is written like a checkpoint, without waiting for the WAL
+            # flush: the claim statement before it was durable, and a database crash that
+            # loses it leaves the row as that statement left it (pending or parked, sent again
+            # by the sweeper) — what losing a checkpoint does. Waiting for the disk here held
+            # every delivery's body, a woken one's too, behind a flush (docs/operations.md).
+            self._write(
+                {
+                    "status": ExecutionStatus.RUNNING,
+                    "started_at": self.execution.started_at or timezone.now(),
+                    "current_step": self._resume_point() or self.execution.current_step,
+                },
+                durable=not self.policy.persists_each_step,
             )
         emit_engine(
             EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,
