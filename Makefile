@@ -22,7 +22,12 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 # Checks `make test` runs before pytest (the same as `make lint`).
 TEST_CHECKS ?= ruff-check format-check mypy lint-imports
-PYTEST_ARGS ?= --durations=15
+# Two pytest processes, each taking whole files (a module's Celery worker and servers stay in
+# one process): the suite mostly waits on workers, servers and timeouts, not on the CPU, so two
+# processes on two cores halve its wall time (docs/testing.md, "Running in parallel").
+# `make test PYTEST_WORKERS=0` runs it in this one process.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 export DJANGO_SETTINGS_MODULE ?= demo_project.settings
 
@@ -89,16 +94,19 @@ pytest: install
 #   generated workflows until SOAK_SECONDS are spent;
 # * the coordination fault schedules (tests/chaos/test_fault_histories.py, docs/operations.md
 #   "How coordination is tested") run each fault for FAULT_SOAK_SECONDS instead of a few seconds,
-#   every operation recorded and checked for linearizability.
+#   every operation recorded and checked for linearizability;
+# * the fair-sharing test on real workers (tests/worker/test_fair_priority.py) with the issue's
+#   backlog of FAIR_BACKLOG executions instead of 30.
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
 SOAK_SECONDS ?= 1800
 FAULT_SOAK_SECONDS ?= 300
+FAIR_BACKLOG ?= 200
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
-	tests/chaos/test_fault_histories.py
+	tests/chaos/test_fault_histories.py tests/worker/test_fair_priority.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_SAGA_SOAK_SECONDS=$(SOAK_SECONDS) \
-		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) \
+		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) REACTOR_FAIR_BACKLOG=$(FAIR_BACKLOG) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------

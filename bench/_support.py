@@ -19,12 +19,14 @@ Imported by the benchmarks after ``django.setup()``. Not a test: the benchmarks 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.db import connection
 
-from reactor_app.testing.workers import WorkerProcess
+from reactor_app.testing.workers import WorkerProcess, settings_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,8 +34,19 @@ ROOT = Path(__file__).resolve().parents[1]
 class BenchWorker(WorkerProcess):
     """A ``-A demo_project`` worker that also imports ``include`` (a module of ``bench``)."""
 
-    def __init__(self, include: str, *, queue: str, concurrency: int) -> None:
+    def __init__(
+        self,
+        include: str,
+        *,
+        queue: str,
+        concurrency: int,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``overrides``: settings the worker runs with on top of the project's (its
+        ``REACTOR_*`` tuning, ``reactor_app.testing.workers.settings_environment``)."""
         env = dict(os.environ)
+        if overrides:
+            env = settings_environment(overrides, env=env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         super().__init__(
             "demo_project",

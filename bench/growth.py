@@ -289,10 +289,13 @@ def settle(execution_id: str) -> None:
 
 
 def kept(execution_id: str) -> tuple[int, int]:
-    """The execution's context as JSON (bytes) and its number of step-run rows."""
+    """The execution's state as JSON (bytes: its context with its progress rows applied) and
+    its number of step-run rows."""
+    from reactor_app.engine.progress import stored_context
     from reactor_app.models import Execution, StepRun
 
-    context = Execution.objects.filter(pk=execution_id).values_list("context", flat=True).first()
+    row = Execution.objects.filter(pk=execution_id).first()
+    context = stored_context(row) if row is not None else None
     runs = StepRun.objects.filter(execution_id=execution_id).count()
     return len(json.dumps(context).encode()), runs
 

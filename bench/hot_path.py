@@ -163,12 +163,13 @@ class TenSteps(Reactor):
     s9 = step(Noop)
 
 
-#: the commands a contender's client sends itself. A script's EVALSHA time includes every
-#: command the script runs, which INFO commandstats also counts under that command's own name:
-#: summing every name would count those twice. redis-py's Lock sends SET (acquire) and EVALSHA
-#: (its release script); ours send only EVALSHA.
+#: the commands a contender's client sends itself. A script's EVALSHA (or a function's FCALL)
+#: time includes every command it runs, which INFO commandstats also counts under that
+#: command's own name: summing every name would count those twice. redis-py's Lock sends SET
+#: (acquire) and EVALSHA (its release script); ours send FCALL (the Functions library, Redis
+#: 7+) or EVALSHA (older servers), and FUNCTION LOAD once.
 SENT_BY_REDIS_PY_LOCK = ("set", "evalsha")
-SENT_BY_OURS = ("evalsha",)
+SENT_BY_OURS = ("evalsha", "fcall")
 
 
 def server_usec(client: Any, sent: tuple[str, ...]) -> float:

@@ -49,6 +49,26 @@ from reactor_app.coordination.claims import (  # noqa: E402
 from reactor_app.coordination.redis import get_client, redis_url  # noqa: E402
 
 WARM_UP = 200
+#: what our calls are sent as: FCALL (the Functions library, Redis 7+) or EVALSHA (Redis 6);
+#: a script's or function's time includes the commands it runs, so only these are summed
+OURS_SENT = ("evalsha", "fcall")
+
+
+def server_time_per_call(
+    client: Any, iteration: Callable[[], None], sent: tuple[str, ...], n: int = 300
+) -> float:
+    """Redis µs per ``iteration`` in the commands named ``sent``, by ``INFO commandstats``
+    deltas (never reset: the server may be shared, and other clients' calls of the same
+    commands meanwhile count too)."""
+
+    def usec() -> float:
+        stats = client.info("commandstats")
+        return sum(float(stats.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in sent)
+
+    before = usec()
+    for _ in range(n):
+        iteration()
+    return (usec() - before) / n
 
 
 def measure(
@@ -144,6 +164,18 @@ def main() -> None:
             ],
             options.iterations,
         )
+        server_times = [
+            (label, server_time_per_call(plain, iteration, sent))
+            for label, iteration, sent in (
+                ("redis-py Lock (SET NX PX + Lua release)", redis_py_lock, ("set", "evalsha")),
+                ("reactor_app lock (admit + release)", our_lock, OURS_SENT),
+                (
+                    "reactor_app 5 primitives (admit + release)",
+                    five_primitives_admit_release,
+                    OURS_SENT,
+                ),
+            )
+        ]
     finally:
         doomed = list(plain.scan_iter(match=f"{prefix}:*", count=1000))
         if doomed:
@@ -157,6 +189,9 @@ def main() -> None:
             f"{row['label']:44} {row['p50']:8.1f} {row['p99']:8.1f} {row['mean']:8.1f}"
             f"  {ratio:5.2f}x"
         )
+    print("\nRedis server time per acquire + release (INFO commandstats, the commands each sends):")
+    for label, micros in server_times:
+        print(f"  {label:44} {micros:7.1f} µs")
 
 
 if __name__ == "__main__":

@@ -122,6 +122,8 @@ else:
 
 REACTOR_KEY_PREFIX = os.environ.get("REACTOR_KEY_PREFIX", "reactor")
 REACTOR_RATE_LIMITS = {"stripe": {"limit": 5, "period": "second"}}
+# named semaphore limits an operator can override live (admin: Coordination > Limits)
+REACTOR_LIMITS = {"partner_api": {"limit": 2}}
 REACTOR_CELERY_QUEUE = "reactor"
 # Django's task API (django.tasks on Django 6, the django-tasks backport before): @task
 # functions run on the Celery workers as tracked executions (docs/tasks.md)

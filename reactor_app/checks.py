@@ -10,9 +10,10 @@ from django.core.checks import Error, Tags, Warning, register
 from django.urls import URLResolver, get_resolver
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination.live_limits import configured_semaphore_limit
 from reactor_app.coordination.rate_limit import named_windows
 from reactor_app.coordination.topology import configured_topology
-from reactor_app.dsl.declarations import RateLimitDeclaration
+from reactor_app.dsl.declarations import RateLimitDeclaration, SemaphoreDeclaration
 from reactor_app.dsl.registry import all_reactors
 from reactor_app.exceptions import ConfigurationError
 
@@ -23,6 +24,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     for name in (
         "KEY_PREFIX",
         "RATE_LIMITS",
+        "LIMITS",
         "CONTENTION_CEILING",
         "CONTENTION_BACKOFF",
         "TRACKING",
@@ -84,7 +86,7 @@ def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]
             if not isinstance(declaration, RateLimitDeclaration) or declaration.name is None:
                 continue
             try:
-                windows = named_windows(declaration.name)
+                windows = named_windows(declaration.name, live=False)
             except ConfigurationError as exc:
                 warnings.append(
                     Warning(
@@ -108,6 +110,34 @@ def check_named_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]
                         hint="lower the cost or raise the named limit",
                         obj=owner,
                         id="reactor_app.W002",
+                    )
+                )
+    return warnings
+
+
+@register("reactor_app")
+def check_named_semaphore_limits(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Warn about ``with_semaphore(key, limit="name")`` declarations whose name is not in
+    ``REACTOR_LIMITS`` (or whose entry is not a positive limit): every run would fail."""
+    warnings: list[Any] = []
+    for path, reactor in all_reactors().items():
+        owners: list[tuple[str, Any]] = [(path, reactor.declarations())]
+        owners += [(f"{path}.{name}", spec.declarations) for name, spec in reactor.steps.items()]
+        for owner, declarations in owners:
+            declaration = declarations.by_primitive.get("semaphore")
+            if not isinstance(declaration, SemaphoreDeclaration):
+                continue
+            if not isinstance(declaration.limit, str):
+                continue
+            try:
+                configured_semaphore_limit(declaration.limit)
+            except ConfigurationError as exc:
+                warnings.append(
+                    Warning(
+                        exc.message,
+                        hint=f"add {declaration.limit!r} to REACTOR_LIMITS",
+                        obj=owner,
+                        id="reactor_app.W003",
                     )
                 )
     return warnings

@@ -145,6 +145,19 @@ class ReactorSettings:
         return value
 
     @property
+    def LIMITS(self) -> dict[str, dict[str, Any]]:
+        """Named semaphore limits, ``name -> {"limit": n}``, that ``with_semaphore(key,
+        limit="name")`` refers to; an operator can override them live (docs/coordination.md,
+        "Live limits"). The shape of each entry is checked where it is read
+        (``coordination.live_limits.configured_semaphore_limit``)."""
+        value = self._get("LIMITS", {})
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                "REACTOR_LIMITS must be a dict of name -> {'limit': n}", setting="LIMITS"
+            )
+        return value
+
+    @property
     def CONTENTION_CEILING(self) -> int:
         value = self._get("CONTENTION_CEILING", 20)
         if not isinstance(value, int) or value < 1:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, transaction
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
+from reactor_app.coordination import live_limits
+from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind, ExecutionStatus
 
 if TYPE_CHECKING:
     from reactor_app.models import Execution
@@ -156,6 +160,83 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         return rows[0] if rows else None
 
 
+class ExecutionProgressManager(models.Manager):
+    """The append-only progress rows of executions (``models.ExecutionProgress``)."""
+
+    def changes_of(self, execution_id: Any, after: int, upto: int) -> Any:
+        """``(kind, path, payload)`` of the rows ``after < seq <= upto``, in order."""
+        return (
+            self.filter(execution_id=execution_id, seq__gt=after, seq__lte=upto)
+            .order_by("seq")
+            .values_list("kind", "path", "payload")
+        )
+
+    def append(
+        self,
+        rows: models.QuerySet,
+        values: dict[str, Any],
+        execution_id: Any,
+        first_seq: int,
+        changes: Sequence[tuple[str, Any, Any]],
+    ) -> int:
+        """``rows.update(**values)`` (one execution row, filtered on its claim generation) and,
+        only if it updated the row, ``changes`` appended as rows ``first_seq, first_seq+1, ...``.
+        Returns the number of execution rows updated (0: nothing was written).
+
+        PostgreSQL: one statement, ``WITH claimed AS (UPDATE ... RETURNING id) INSERT ...
+        SELECT ... FROM claimed``: the insert happens exactly when the conditional update did,
+        under the row lock the update took (a claim that moved on meanwhile is seen by the
+        update's re-check, so a delivery that lost its claim inserts nothing). Elsewhere: the
+        update, then the insert if it matched, in one transaction (SQLite has one writer at a
+        time, so nothing claims the row between the two)."""
+        connection = connections[self.db]
+        if connection.vendor == "postgresql":
+            return self._append_in_one_statement(rows, values, execution_id, first_seq, changes)
+        with transaction.atomic(using=self.db):
+            updated = int(rows.update(**values))
+            if updated:
+                self.bulk_create(
+                    self.model(
+                        execution_id=execution_id,
+                        seq=first_seq + n,
+                        kind=kind,
+                        path=list(path),
+                        payload=payload,
+                    )
+                    for n, (kind, path, payload) in enumerate(changes)
+                )
+        return updated
+
+    def _append_in_one_statement(
+        self,
+        rows: models.QuerySet,
+        values: dict[str, Any],
+        execution_id: Any,
+        first_seq: int,
+        changes: Sequence[tuple[str, Any, Any]],
+    ) -> int:
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        query = cast(UpdateQuery, rows.query.chain(UpdateQuery))
+        query.add_update_values(values)
+        update_sql, update_params = query.get_compiler(self.db).as_sql()
+        pk = quote(rows.model._meta.pk.column)
+        table = quote(self.model._meta.db_table)
+        tuples = ", ".join(["(%s, %s, %s, %s)"] * len(changes))
+        params: list[Any] = list(update_params)
+        for n, (kind, path, payload) in enumerate(changes):
+            params += [first_seq + n, kind, json.dumps(list(path)), json.dumps(payload)]
+        sql = (
+            f"WITH claimed AS ({update_sql} RETURNING {pk}) "
+            f"INSERT INTO {table} (execution_id, seq, kind, path, payload) "
+            f"SELECT claimed.{pk}, v.seq, v.kind, v.path::jsonb, v.payload::jsonb "
+            f"FROM claimed CROSS JOIN (VALUES {tuples}) AS v (seq, kind, path, payload)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return 1 if cursor.rowcount else 0
+
+
 class StepRunQuerySet(models.QuerySet):
     def for_execution(self, execution_id: Any) -> StepRunQuerySet:
         return self.filter(execution_id=execution_id).order_by("started_at", "id")
@@ -265,8 +346,50 @@ class CoordinationEventQuerySet(models.QuerySet):
         """``(primitive, key)`` pairs seen since ``since``, most recently active first."""
         rows = (
             self.filter(at__gte=since)
+            # a limit change names a limit, not a coordination key
+            .exclude(kind=CoordinationEventKind.LIMIT_CHANGED)
             .values("primitive", "key")
             .annotate(last=models.Max("at"))
             .order_by("-last")[:limit]
         )
         return [(row["primitive"], row["key"]) for row in rows]
+
+
+class LimitOverrideQuerySet(models.QuerySet):
+    def current(self) -> dict[tuple[str, str], Any]:
+        """``(primitive, name) -> row`` of every override in force."""
+        rows: list[Any] = list(self.order_by("primitive", "name"))
+        return {(row.primitive, row.name): row for row in rows}
+
+    def published(self) -> dict[str, Any]:
+        """The overrides as ``coordination.live_limits`` publishes them."""
+        return {
+            live_limits.field_name(primitive, name): live_limits.Override(
+                primitive=primitive,
+                name=name,
+                value=row.value,
+                by=row.set_by,
+                at=row.set_at.timestamp(),
+                reason=row.reason,
+            )
+            for (primitive, name), row in self.current().items()
+        }
+
+    def publish(self) -> None:
+        """Publish every override to Redis (``coordination.live_limits``), replacing what
+        was there."""
+        live_limits.publish(self.published())
+
+    def republish_if_lost(self) -> bool:
+        """Publish again when Redis disagrees with the database (a publish that failed, a
+        restarted Redis without persistence): the workers' sweep calls it. True if it did."""
+        expected = self.published()
+        seen = live_limits.read_published()
+        if {k: v.value for k, v in seen.items()} == {k: v.value for k, v in expected.items()}:
+            return False
+        live_limits.publish(expected)
+        return True
+
+    def locked(self, primitive: str, name: str) -> Any:
+        """The override row of one limit, locked for the change being made (None: none)."""
+        return self.select_for_update().filter(primitive=primitive, name=name).first()

@@ -16,6 +16,8 @@ from reactor_app.managers import (
     ContentionStateQuerySet,
     CoordinationEventQuerySet,
     ExecutionManager,
+    ExecutionProgressManager,
+    LimitOverrideQuerySet,
     StepRunQuerySet,
 )
 from reactor_app.status import (
@@ -152,6 +154,41 @@ class Execution(models.Model):
         return wait_for(self, timeout=timeout, poll_interval=poll_interval)
 
 
+class ExecutionProgress(models.Model):
+    """One change of an execution's growing state, appended by a checkpoint (``engine.progress``).
+
+    WHY rows: results, the rollback log and a sequential map's elements grow with the run.
+    Patching them inside ``Execution.context`` sends only what changed, but PostgreSQL still
+    writes a new version of the whole (TOASTed) value for every patch, so a checkpoint's cost
+    grew with the run. Appending a row per checkpoint keeps it flat; the context keeps the small
+    fixed rest and the number of rows (``engine.state.ROWS``). A delivery reads the rows once,
+    when it starts, and applies them in ``seq`` order. ``kind``/``path``/``payload`` are one op:
+    set ``payload`` at ``path``, extend the list at ``path`` with ``payload``, or remove ``path``.
+    """
+
+    execution = models.ForeignKey(
+        Execution, on_delete=models.CASCADE, related_name="progress", db_index=False
+    )
+    seq = models.PositiveBigIntegerField(help_text="1, 2, ... per execution: the order to apply")
+    kind = models.CharField(max_length=8, help_text="set, extend or remove")
+    path = models.JSONField(default=list, help_text="where in the state, key by key")
+    payload = models.JSONField(null=True, blank=True)
+
+    objects = ExecutionProgressManager()
+
+    class Meta:
+        ordering = ("execution", "seq")
+        verbose_name_plural = "execution progress"
+        constraints = [
+            # also the index a delivery reads its rows by; a second writer of one seq (a
+            # delivery that lost its claim) fails instead of interleaving
+            models.UniqueConstraint(fields=["execution", "seq"], name="reactor_progress_seq_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} #{self.seq} {self.kind} {'.'.join(map(str, self.path))}"
+
+
 class StepRun(models.Model):
     """One attempt at running, compensating or undoing a step."""
 
@@ -234,6 +271,35 @@ class CoordinationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.primitive} {self.key}"
+
+
+class LimitOverride(models.Model):
+    """An operator's live override of a named limit (``REACTOR_LIMITS`` for semaphores,
+    ``REACTOR_RATE_LIMITS`` for rate limits): the record of what is in force; every process
+    obeys the copy published to Redis (``coordination.live_limits``). Each change is audited
+    as a ``limit_changed`` ``CoordinationEvent`` (who, when, old → new, reason)."""
+
+    primitive = models.CharField(
+        max_length=32, choices=[("semaphore", "semaphore"), ("rate_limit", "rate limit")]
+    )
+    name = models.CharField(max_length=255, help_text="the limit's name in settings")
+    value = models.JSONField(
+        help_text='{"limit": n} for a semaphore; {"limit", "period"} or {"limits"} for a rate limit'
+    )
+    reason = models.TextField(blank=True, default="")
+    set_by = models.CharField(max_length=150, blank=True, default="")
+    set_at = models.DateTimeField()
+
+    objects = LimitOverrideQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["primitive", "name"], name="reactor_limit_unique")
+        ]
+        permissions = [("override_limit", "Can override semaphore and rate limits live")]
+
+    def __str__(self) -> str:
+        return f"{self.primitive} {self.name} = {self.value}"
 
 
 # -- admin anchors ----------------------------------------------------------------------------

@@ -85,3 +85,6 @@ class CoordinationEventKind(models.TextChoices):
     ORDERED_SKIPPED = "ordered_skipped"
     ORDERED_RESET = "ordered_reset"
     CANCELLED = "cancelled"  # an operator cancelled the execution (audit; detail: by, reason)
+    #: an operator set or removed a live override of a named limit (audit; key: the limit's
+    #: name; detail: by, action, old, new, reason, settings)
+    LIMIT_CHANGED = "limit_changed"

@@ -23,9 +23,10 @@ How a task becomes a reactor (docs/tasks.md has the user's view):
 * ``run_after`` is honoured twice over: the Celery message carries the countdown, and the row
   is stored with its heartbeat at the due time, so the sweeper (which re-sends pending rows
   whose heartbeat is older than ``REACTOR_SWEEP_AFTER``) can only re-send it after it is due.
-* ``priority`` is the Celery message's priority (``celery_priority`` maps the task API's
-  -100 to 100 onto the broker's 0 to 9); brokers that order by priority honour it, others
-  ignore it.
+* ``priority`` is ``run_async``'s (the same -100 to 100): the Celery message's priority
+  (``engine.enqueueing.celery_priority`` maps it onto the broker's 0 to 9; brokers that order
+  by priority honour it, others ignore it) and the execution's place among the waiters of a
+  contended key.
 * ``get_result`` reads the execution row: its status, timestamps, the error, and one attempt
   per ``StepRun`` of the step.
 """
@@ -38,9 +39,6 @@ from dataclasses import replace
 from datetime import datetime
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
-
-from celery import current_app
 
 from reactor_app.dsl.arguments import from_input
 from reactor_app.dsl.declarations import DECLARATIONS_ATTR, DeclarationSet, record_on_class
@@ -79,8 +77,6 @@ except ImportError:  # the django-tasks backport (Django 4.2 to 5.2)
 
 #: the task API's default priority (``DEFAULT_TASK_PRIORITY``)
 DEFAULT_PRIORITY = 0
-#: broker URL schemes of kombu's Redis transport (priority 0 served first)
-REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 #: the name of the task reactor's one step (and the step a key function runs in)
 CALL_STEP = "call"
 #: the attribute of a task reactor naming the ``Task`` it runs
@@ -104,15 +100,6 @@ def reactor_path(task: Task) -> str:
     the function's module finds it (``dsl.registry.lookup`` imports the longest importable
     prefix of the path)."""
     return f"{task.func.__module__}.{task.func.__qualname__}.reactor"
-
-
-def celery_priority(priority: int) -> int:
-    """The task API's priority (-100 lowest to 100 highest) as the Celery message's, on the
-    broker's own 0 to 9 scale: 9 is the highest on AMQP, but the Redis transport serves its
-    priority lists from 0 up, so there 0 is the highest."""
-    step = round((priority + 100) * 9 / 200)
-    scheme = urlsplit(str(current_app.conf.broker_url or "")).scheme
-    return 9 - step if scheme.split("+")[0] in REDIS_SCHEMES else step
 
 
 class ReactorTaskBackend(BaseTaskBackend):
@@ -157,8 +144,8 @@ class ReactorTaskBackend(BaseTaskBackend):
             reactor,
             {"arguments": arguments, "task": options},
             run_after=task.run_after,
-            # the default priority sends the message as every other execution's is sent
-            priority=None if task.priority == DEFAULT_PRIORITY else celery_priority(task.priority),
+            # the task API's scale is run_async's: the message's priority and the waiters'
+            priority=None if task.priority == DEFAULT_PRIORITY else task.priority,
         )
         return self._result(task, execution)
 

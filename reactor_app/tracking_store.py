@@ -1,8 +1,9 @@
 """How buffered tracking rows reach the database; ``write_behind`` decides when.
 
-One transaction per flush: coordination events and new step runs as multi-row INSERTs (on
-PostgreSQL through ``COPY``), the closing writes of step runs already inserted as one bulk
-UPDATE, and the progress of in-process runs. When that transaction fails, each row is written on
+One transaction per flush (none when the flush is a single statement): coordination events and
+new step runs as multi-row INSERTs (on PostgreSQL through ``COPY`` from ``COPY_FROM`` rows),
+the closing writes of step runs already inserted as one bulk UPDATE, and the progress of
+in-process runs. When that transaction fails, each row is written on
 its own, so one bad row (its execution deleted meanwhile...) does not cost the others.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import connections, transaction
@@ -71,7 +73,7 @@ def write_rows(
         if pk is not None
     ]
     try:
-        with transaction.atomic():
+        with _flush_transaction(raw_events, new_steps, updates, progress):
             if raw_events:
                 _insert(CoordinationEvent, raw_events, returning=False)
             if new_steps:
@@ -94,6 +96,26 @@ def write_rows(
         for (pending, _), pk in zip(new_steps, pks, strict=True):
             pending.pk = pk
     return len(raw_events) + len(new_steps) + len(updates) + len(progress)
+
+
+def _flush_transaction(
+    raw_events: list[Row], new_steps: list[Any], updates: list[Any], progress: dict[Any, Any]
+) -> Any:
+    """The transaction around one flush — none when the flush is one statement outside any
+    transaction (one table's rows, few enough for one INSERT: a worker delivery's step runs,
+    a ``Step.call``'s events): a statement is atomic on its own, and the ``BEGIN`` and
+    ``COMMIT`` were two of the few round trips a delivery makes (docs/benchmarks.md, "Growth
+    and worker throughput")."""
+    rows = len(raw_events) + len(new_steps)
+    one_statement = (
+        bool(raw_events) != bool(new_steps)
+        and not updates
+        and not progress
+        and rows < min(COPY_FROM, INSERT_BATCH)
+    )
+    if one_statement and not connections["default"].in_atomic_block:
+        return nullcontext()
+    return transaction.atomic()
 
 
 def _write_one_by_one(
@@ -151,6 +173,10 @@ _STEP_VALUES = operator.itemgetter(*_COLUMNS[StepRun])
 
 #: rows per INSERT statement (10 columns each: well under every backend's parameter limit)
 INSERT_BATCH = 90
+#: PostgreSQL: rows from which a flush goes through ``COPY`` (``_copy``); fewer go as one
+#: multi-row INSERT — one round trip instead of three or four (the pks, the COPY's start and
+#: its end), which is what a small flush costs most (a worker delivery's step runs)
+COPY_FROM = 32
 
 
 def _step_values(fields: dict[str, Any]) -> tuple[Any, ...]:
@@ -200,7 +226,7 @@ def _insert(model: type[Any], rows: list[Row], *, returning: bool) -> list[Any]:
     pks: list[Any] = []
     with connection.cursor() as cursor:
         raw: Any = getattr(cursor, "cursor", None)
-        if connection.vendor == "postgresql" and hasattr(raw, "copy"):
+        if connection.vendor == "postgresql" and hasattr(raw, "copy") and len(rows) >= COPY_FROM:
             table = quote(meta.db_table)
             json_at = [
                 i for i, field in enumerate(fields) if field.get_internal_type() == "JSONField"

@@ -13,6 +13,7 @@ from django.urls import URLPattern, path
 from reactor_app.admin.dashboard import coordination_page
 from reactor_app.admin.display import ReadOnlyMixin
 from reactor_app.admin.key_timeline import timeline_page
+from reactor_app.admin.limits import limits_page
 from reactor_app.admin.operator_actions import (
     force_release_page,
     ordered_reset_page,
@@ -53,6 +54,7 @@ class CoordinationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
         return [
             view(timeline_page, "timeline"),
+            view(limits_page, "limits"),
             view(force_release_page, "force_release"),
             view(ordered_skip_page, "ordered_skip"),
             view(ordered_reset_page, "ordered_reset"),

@@ -2,7 +2,8 @@
 (step-level beside reactor-level), searchable by key prefix, step and reactor, filtered by
 primitive and level, with totals per primitive; semaphore occupancy of the listed holds; and the
 state of keys asked about or recently seen (rate-limit windows, period marks, ordered-lock
-head/next/first-failed)."""
+head/next/first-failed); and every named limit with its effective value and origin (settings,
+or an operator's override: ``admin.limits``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from reactor_app.admin.pages import coordination_context, decorate_holds, inspec
 from reactor_app.admin.permissions import can_operate
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.models import CoordinationEvent
-from reactor_app.operator import live
+from reactor_app.operator import limits, live
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -94,10 +95,19 @@ def coordination_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResp
         except CoordinationUnavailable as exc:
             unavailable = exc.message
 
+    named_limits: list[dict[str, Any]] = []
+    if unavailable is None:
+        try:
+            named_limits = [limit.as_dict() for limit in limits.named_limits()]
+        except CoordinationUnavailable as exc:
+            unavailable = exc.message
+
     context = coordination_context(
         model_admin,
         request,
         "Coordination",
+        named_limits=named_limits,
+        limits_url=url("limits"),
         holds=holds,
         totals=page.totals if page else {},
         total_holds=sum(page.totals.values()) if page else 0,

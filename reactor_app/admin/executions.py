@@ -30,6 +30,7 @@ from reactor_app.admin.display import (
     step_or_reactor,
 )
 from reactor_app.admin.permissions import can_operate
+from reactor_app.engine.progress import stored_context
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus
@@ -208,7 +209,8 @@ class ExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="engine state")
     def context_json(self, obj: Execution) -> SafeString:
-        return pretty_json(trimmed(readable(obj.context)))
+        # the context with its progress rows applied (results, rollback log): the whole state
+        return pretty_json(trimmed(readable(stored_context(obj))))
 
     # -- retry from a step (reactor_app.engine.retry) --------------------------------------
 

@@ -33,6 +33,7 @@ from django.urls import reverse
 
 from reactor_app.admin.permissions import require_operator
 from reactor_app.dsl.registry import lookup
+from reactor_app.engine.progress import load_state
 from reactor_app.engine.retry import RetryPlan, retry_plan
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable, ReactorError, ReactorNotRegistered
@@ -92,7 +93,7 @@ def retry_page(model_admin: ModelAdmin, request: HttpRequest, object_id: str) ->
     except ReactorNotRegistered as exc:
         messages.error(request, f"cannot retry: {exc.message}")
         return HttpResponseRedirect(_change_url(failed))
-    state = ExecutionState.from_json(failed.context)
+    state = load_state(failed)
     failed_step = order[state.next_index] if state.next_index < len(order) else None
     plan = _plan(failed)
     default = plan.from_step if isinstance(plan, RetryPlan) else failed_step

@@ -38,6 +38,7 @@ LISTINGS = {
     "hold-list": "holds",
     "event-list": "events",
     "contention-list": "contention",
+    "limit-list": "limits",
     "schema": "schema",
 }
 

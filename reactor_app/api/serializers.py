@@ -14,6 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
+from reactor_app.operator import limits
 from reactor_app.operator.live import blocker_data
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus, StepRunStatus
@@ -253,6 +254,58 @@ class CancelSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {name: ["unknown field; only 'reason' is accepted"] for name in sorted(unknown)}
             )
+        return attrs
+
+
+class LimitSerializer(serializers.Serializer):
+    """A named limit: what settings say, what is in force, and why (``operator.limits``)."""
+
+    primitive = serializers.CharField()
+    name = serializers.CharField()
+    settings = serializers.JSONField(allow_null=True, help_text="the value settings give")
+    effective = serializers.JSONField(allow_null=True, help_text="the value every process obeys")
+    effective_text = serializers.CharField()
+    origin = serializers.CharField(help_text='"settings" or "override by <user> at <time> UTC"')
+    overridden = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)
+    in_sync = serializers.BooleanField(help_text="the published override is the recorded one")
+
+
+class LimitOverrideSerializer(serializers.Serializer):
+    """The body of ``POST limits/`` (set; ``value`` required) and ``POST limits/remove/``."""
+
+    primitive = serializers.ChoiceField(choices=["semaphore", "rate_limit"])
+    name = serializers.CharField(max_length=255)
+    value = serializers.CharField(
+        max_length=255,
+        required=False,
+        help_text="semaphore: 5 · rate limit: 3/second, 100/minute (or 100 for one window)",
+    )
+    reason = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=1000, trim_whitespace=True
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        initial = getattr(self, "initial_data", {}) or {}
+        if not hasattr(initial, "keys"):
+            raise serializers.ValidationError("the body must be an object")
+        unknown = set(initial) - set(self.fields)
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["unknown field"] for name in sorted(map(str, unknown))}
+            )
+        try:
+            limits.configured_value(attrs["primitive"], attrs["name"])
+        except limits.InvalidLimit as exc:
+            raise serializers.ValidationError({"name": [str(exc)]}) from exc
+        if self.context.get("setting"):
+            value = initial.get("value")
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                raise serializers.ValidationError({"value": ["required: text such as '5'"]})
+            try:
+                attrs["parsed"] = limits.parse_value(attrs["primitive"], attrs["name"], value)
+            except limits.InvalidLimit as exc:
+                raise serializers.ValidationError({"value": [str(exc)]}) from exc
         return attrs
 
 

@@ -1,7 +1,7 @@
 """URLs of the API; mount with ``path("api/reactor/", include("reactor_app.api.urls"))``.
 
-``executions/``, ``holds/``, ``events/``, ``contention/``, the OpenAPI schema at ``schema/``
-(self-contained: ``api.schema``) and a root listing them all at the mount point itself.
+``executions/``, ``holds/``, ``events/``, ``contention/``, ``limits/``, the OpenAPI schema at
+``schema/`` (self-contained: ``api.schema``) and a root listing them all at the mount point.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ router.register("executions", views.ExecutionViewSet, basename="execution")
 router.register("holds", views.HoldViewSet, basename="hold")
 router.register("events", views.EventViewSet, basename="event")
 router.register("contention", views.ContentionViewSet, basename="contention")
+router.register("limits", views.LimitViewSet, basename="limit")
 
 urlpatterns = [
     path("", ApiRoot.as_view(), name="root"),

@@ -1,5 +1,6 @@
 """API views: read-only listings of executions, live holds, coordination events and contention,
-and one verb, ``POST executions/<id>/cancel/`` (``engine.cancel``).
+and two verbs, ``POST executions/<id>/cancel/`` (``engine.cancel``) and the live limits'
+``POST limits/`` and ``POST limits/remove/`` (``operator.limits``).
 
 Listings validate their query parameters first (``filters``), so a bad parameter is a 400
 before any query runs; the managers own the queries. Holds come from Redis on every request
@@ -34,6 +35,8 @@ from reactor_app.api.serializers import (
     ExecutionSerializer,
     HoldPageSerializer,
     HoldSerializer,
+    LimitOverrideSerializer,
+    LimitSerializer,
     StepRunSerializer,
 )
 from reactor_app.engine.cancel import cancel_execution
@@ -43,7 +46,7 @@ from reactor_app.exceptions import (
     InputValidationError,
 )
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
-from reactor_app.operator import live
+from reactor_app.operator import limits, live
 
 UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
 
@@ -293,3 +296,85 @@ class ContentionViewSet(ReactorAPIMixin, viewsets.ReadOnlyModelViewSet):
         if self.action == "list":
             rows = rows.matching(**ContentionFilters.parse(self.request))
         return rows.newest_first()
+
+
+LIMIT_WRITTEN = {
+    200: LimitSerializer,
+    400: OpenApiResponse(ErrorSerializer, description="an invalid body"),
+    403: OpenApiResponse(ErrorSerializer, description="without reactor_app.override_limit"),
+    503: OpenApiResponse(ErrorSerializer, description="saved, but Redis unreachable"),
+}
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Named limits: the value in force and its origin (settings or an override)",
+        responses={
+            200: LimitSerializer(many=True),
+            403: NOT_ALLOWED,
+            503: OpenApiResponse(ErrorSerializer, description="Redis unreachable"),
+        },
+    ),
+    create=extend_schema(
+        summary="Override a named limit live (every process within 1 s)",
+        request=LimitOverrideSerializer,
+        responses=LIMIT_WRITTEN,
+    ),
+)
+class LimitViewSet(ReactorAPIMixin, viewsets.GenericViewSet):
+    """Live limits (docs/coordination.md, "Live limits"); changing one needs the
+    ``reactor_app.override_limit`` permission and is audited (``limit_changed`` events)."""
+
+    serializer_class = LimitSerializer
+    pagination_class = None  # a handful of names from settings
+
+    def get_queryset(self) -> Any:  # pragma: no cover - limits are not listed from a queryset
+        return Execution.objects.none()
+
+    def list(self, request: Request) -> Response:
+        try:
+            rows = [limit.as_dict() for limit in limits.named_limits()]
+        except CoordinationUnavailable as exc:
+            raise CoordinationStoreUnavailable(exc.message) from exc
+        return Response(LimitSerializer(rows, many=True).data)
+
+    def _named(self, primitive: str, name: str) -> Response:
+        found = [
+            lim for lim in limits.named_limits() if (lim.primitive, lim.name) == (primitive, name)
+        ]
+        return Response(LimitSerializer(found[0].as_dict()).data if found else {})
+
+    def _change(self, request: Request, *, setting: bool) -> Response:
+        if not request.user.has_perm("reactor_app.override_limit"):
+            raise PermissionDenied(
+                "overriding a limit needs the reactor_app.override_limit permission"
+            )
+        body = LimitOverrideSerializer(data=request.data, context={"setting": setting})
+        body.is_valid(raise_exception=True)
+        data, by = body.validated_data, request.user.get_username()
+        try:
+            if setting:
+                limits.set_override(
+                    data["primitive"], data["name"], data["parsed"], by=by, reason=data["reason"]
+                )
+            else:
+                limits.remove_override(
+                    data["primitive"], data["name"], by=by, reason=data["reason"]
+                )
+            return self._named(data["primitive"], data["name"])
+        except limits.InvalidLimit as exc:
+            raise ValidationError({"value": [str(exc)]}) from exc
+        except CoordinationUnavailable as exc:
+            raise CoordinationStoreUnavailable(exc.message) from exc
+
+    def create(self, request: Request) -> Response:
+        return self._change(request, setting=True)
+
+    @extend_schema(
+        summary="Remove a named limit's override (back to settings)",
+        request=LimitOverrideSerializer,
+        responses=LIMIT_WRITTEN,
+    )
+    @action(detail=False, methods=["post"], schema=AutoSchema)
+    def remove(self, request: Request) -> Response:
+        return self._change(request, setting=False)

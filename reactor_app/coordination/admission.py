@@ -229,6 +229,7 @@ class Coordinator:
                     lock.seconds_to_ms(claim.ttl),
                     waiter_id or "",
                     claim.key,
+                    holder.priority,
                 ),
             )
         result = lock_admission(claim, holder, raw)

@@ -29,6 +29,9 @@ class Holder:
     execution_id: str | None = None
     step: str | None = None  # None for a reactor-level hold
     reactor: str | None = None
+    #: the waiter's priority in a line of waiters (``run_async(priority=...)``): higher is
+    #: admitted first, within the bound ``lua/_common.lua`` (``waiter_score``) documents
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,15 @@ class LockClaim:
 @dataclass(frozen=True)
 class SemaphoreClaim:
     key: str
+    #: for a named limit, its value when the claim was made (each admission reads it again:
+    #: ``semaphore.live_claim``)
     limit: int
     ttl: float = 60.0  # lease seconds
+    #: a named limit of ``REACTOR_LIMITS`` (``with_semaphore(key, limit="name")``), which an
+    #: operator can override live (``coordination.live_limits``); None: ``limit`` as declared
+    limit_name: str | None = None
+    #: the waiter's ``fair_by`` group: the line is served round-robin across groups
+    fair: str | None = None
     primitive: Primitive = field(default="semaphore", init=False)
 
 
@@ -61,6 +71,9 @@ class RateLimitClaim:
     strategy: Literal["sliding", "fixed"] = "sliding"
     #: units this admission charges against every window (weighted limits; 1 = one admission)
     cost: int = 1
+    #: a named limit of ``REACTOR_RATE_LIMITS`` (its windows are read again at each admission:
+    #: ``rate_limit.live_claim``); None: ``windows`` as declared
+    limit_name: str | None = None
     primitive: Primitive = field(default="rate_limit", init=False)
 
 

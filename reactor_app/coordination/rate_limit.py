@@ -22,7 +22,8 @@ Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as
 
 Every window of a claim is checked, and all are charged, in one atomic admission; a charge is
 only spent on work that is about to run (nothing is charged when anything else refuses).
-Named limits come from ``REACTOR_RATE_LIMITS`` (see ``named_windows``).
+Named limits come from ``REACTOR_RATE_LIMITS`` (see ``named_windows``), unless an operator
+overrides one live (``coordination.live_limits``).
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination import live_limits
 from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, server_time, unavailable_on_connection_error
-from reactor_app.exceptions import ConfigurationError
+from reactor_app.exceptions import ConfigurationError, RateLimitCostError
 
 # -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "rate_limit"
@@ -150,10 +153,14 @@ def named_config(name: str) -> Mapping[str, Any]:
     return config
 
 
-def named_windows(name: str) -> tuple[RateWindow, ...]:
+def named_windows(name: str, *, live: bool = True) -> tuple[RateWindow, ...]:
     """The windows of ``REACTOR_RATE_LIMITS[name]`` (``{"limit", "period"}`` or
-    ``{"limits": {...}}``); ``ConfigurationError`` for an unknown name or a bad entry."""
+    ``{"limits": {...}}``) — or of an operator's live override of it (``live_limits``);
+    ``ConfigurationError`` for an unknown name or a bad entry. ``live=False``: settings only
+    (``manage.py check``, which must not need Redis)."""
     config = named_config(name)
+    if live:
+        config = live_limits.rate_limit_config(name, config)
     try:
         return windows_from(
             limit=config.get("limit"), period=config.get("period"), limits=config.get("limits")
@@ -173,7 +180,35 @@ def named_claim(name: str, key_: str | None = None) -> RateLimitClaim:
             f"REACTOR_RATE_LIMITS[{name!r}]['strategy'] must be 'sliding' or 'fixed'",
             setting="RATE_LIMITS",
         )
-    return RateLimitClaim(key=key_ or name, windows=named_windows(name), strategy=strategy)
+    return RateLimitClaim(
+        key=key_ or name, windows=named_windows(name), strategy=strategy, limit_name=name
+    )
+
+
+def live_claim(claim: RateLimitClaim) -> RateLimitClaim:
+    """The claim with its named limit's windows as they are now (an operator's override,
+    ``coordination.live_limits``): read at every admission, so a unit already waiting obeys
+    a change too. A cost the new windows could never admit is a ``RateLimitCostError``, as it
+    is when the claim is made."""
+    if claim.limit_name is None:
+        return claim
+    windows = named_windows(claim.limit_name)
+    if windows == claim.windows:
+        return claim
+    for window in windows:
+        if claim.cost > window.limit:
+            raise RateLimitCostError(
+                f"rate limit {claim.key!r} now allows {window.limit} per {window.label} (an "
+                f"operator's override), so a cost of {claim.cost} could never be admitted; "
+                "the work did not run",
+                key=claim.key,
+                primitive=PRIMITIVE,
+                cause="cost above the window's limit",
+                cost=claim.cost,
+                limit=window.limit,
+                period=window.label,
+            )
+    return replace(claim, windows=windows)
 
 
 # -- key layout ------------------------------------------------------------------------------

@@ -36,6 +36,9 @@ def _where(reactor: str | None, step: str | None) -> str:
 def _who(blocker: dict[str, Any] | None) -> str:
     if not blocker:
         return "another execution"
+    if blocker.get("granted_to"):
+        # free, but handed to the head of the key's line by the last release
+        return f"nobody: it is handed to waiter {blocker['granted_to']}, ahead in its line"
     text = f"owner {blocker.get('owner')}"
     if blocker.get("step"):
         text += f" (step {blocker['step']!r}"
@@ -73,9 +76,16 @@ def refusal_error(
         )
     if error_class is SemaphoreAcquisitionError:
         limit = refused.detail.limit or getattr(claim, "limit", None)
+        taken = f"all {limit} slots of semaphore {claim.key!r} are taken"
+        granted = (refused.blocker or {}).get("granted_to")
+        if granted:
+            # a slot is free, but a release handed it to the head of the key's line
+            taken = (
+                f"the free slot of semaphore {claim.key!r} is handed to waiter {granted}, "
+                "ahead in its line"
+            )
         return SemaphoreAcquisitionError(
-            f"{where}: all {limit} slots of semaphore {claim.key!r} are taken"
-            + _after(refused.retry_after),
+            f"{where}: {taken}" + _after(refused.retry_after),
             retry_after=refused.retry_after,
             limit=limit,
             **common,

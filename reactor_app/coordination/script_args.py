@@ -14,8 +14,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from reactor_app.coordination import holds_index, lock
-from reactor_app.coordination.claims import Claim, Hold, LockClaim
+from reactor_app.coordination import holds_index, lock, rate_limit, semaphore
+from reactor_app.coordination.claims import Claim, Hold, LockClaim, RateLimitClaim, SemaphoreClaim
 from reactor_app.coordination.primitives import HOLDING, REGISTRY
 
 
@@ -23,7 +23,13 @@ def admit_part(claim: Claim, prefix: str, sharded: bool) -> tuple[tuple[str, ...
     """A claim's keys and its admission spec as a JSON fragment, built once per claim (the
     same declaration on the same key hits the cache): no per-call key building or JSON
     encoding of what never changes. A lock's or semaphore's group ends with the live-holds
-    index keys — ``sharded`` (a cluster): its hash slot's shard of the index."""
+    index keys — ``sharded`` (a cluster): its hash slot's shard of the index. A semaphore of
+    a named limit (or a named rate limit) is looked up with the limit in force now
+    (``semaphore.live_claim``, ``rate_limit.live_claim``)."""
+    if type(claim) is SemaphoreClaim and claim.limit_name is not None:
+        claim = semaphore.live_claim(claim)
+    elif type(claim) is RateLimitClaim and claim.limit_name is not None:
+        claim = rate_limit.live_claim(claim)
     try:
         return _cached_admit_part(claim, prefix, sharded)
     except TypeError:  # a claim with an unhashable field: built every time, as before

@@ -4,12 +4,14 @@ Read through ``importlib.resources`` (so it works from a wheel or a zip). Files 
 ``_`` are fragments spliced in by ``-- @include``; each primitive's file under
 ``lua/primitives/`` is cut into sections spliced in by ``-- @primitives <section>``; a
 retry-safe operation is wrapped in the stored-reply fragment (``coordination.stored_replies``).
-``coordination.scripts`` registers and calls what this module assembles.
+``coordination.scripts`` registers and calls what this module assembles, as ``EVALSHA``
+scripts or as one Redis Functions library (``coordination.function_library``).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -52,15 +54,28 @@ def primitive_sections() -> dict[str, dict[str, str]]:
     return found
 
 
-@cache
-def script_sources() -> dict[str, str]:
-    """``{operation: source}`` for every ``lua/<operation>.lua`` of the installed package.
+@dataclass(frozen=True)
+class LuaParts:
+    """The package's Lua, cut where the two ways of loading it differ.
 
-    Files starting with ``_`` are shared fragments, spliced into operations by a
-    ``-- @include _name.lua`` line, not operations themselves. A ``-- @primitives <section>``
-    line takes that section of every primitive's file (``primitive_sections``), in name order:
-    each registers itself in the script's dispatch tables, so no script lists the primitives.
+    ``operations`` have their primitive sections spliced in but keep their ``-- @include``
+    lines: an ``EVALSHA`` script gets the fragments spliced in its own text
+    (``script_sources``), the Functions library defines them once for every operation
+    (``coordination.function_library``).
     """
+
+    #: ``{"_name.lua": text}`` of every shared fragment
+    fragments: dict[str, str]
+    #: ``{operation: text}``, primitive sections spliced, include lines left in
+    operations: dict[str, str]
+
+
+@cache
+def lua_parts() -> LuaParts:
+    """Every ``lua/*.lua`` of the installed package: fragments, and operations with their
+    ``-- @primitives <section>`` lines replaced by that section of every primitive's file
+    (``primitive_sections``), in name order: each registers itself in the script's dispatch
+    tables, so no script lists the primitives."""
     folder = _lua_folder()
     fragments: dict[str, str] = {}
     operations: dict[str, str] = {}
@@ -74,22 +89,47 @@ def script_sources() -> dict[str, str]:
             operations[entry.name[: -len(".lua")]] = text
     sections = primitive_sections()
 
-    def splice(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in fragments:
-            raise RuntimeError(f"lua include {name!r} not found in {LUA_PACKAGE}/{LUA_FOLDER}")
-        return fragments[name]
-
     def splice_primitives(match: re.Match[str]) -> str:
         section = match.group(1)
         return "\n".join(
             parts[section] for _, parts in sorted(sections.items()) if section in parts
         )
 
-    spliced = {
-        name: _PRIMITIVES.sub(splice_primitives, _INCLUDE.sub(splice, text))
-        for name, text in sorted(operations.items())
-    }
+    return LuaParts(
+        fragments=fragments,
+        operations={
+            name: _PRIMITIVES.sub(splice_primitives, text)
+            for name, text in sorted(operations.items())
+        },
+    )
+
+
+def includes(text: str) -> list[str]:
+    """The fragments ``text`` includes, in its order."""
+    return _INCLUDE.findall(text)
+
+
+def without_includes(text: str) -> str:
+    """``text`` with its ``-- @include`` lines dropped."""
+    return _INCLUDE.sub("", text)
+
+
+@cache
+def script_sources() -> dict[str, str]:
+    """``{operation: source}`` for every ``lua/<operation>.lua`` of the installed package, as
+    an ``EVALSHA`` script: each ``-- @include _name.lua`` line replaced by that fragment's text
+    (files starting with ``_`` are those shared fragments, not operations), and a retry-safe
+    operation wrapped in the stored-reply fragment (``coordination.stored_replies``)."""
+    parts = lua_parts()
+    fragments = parts.fragments
+
+    def splice(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in fragments:
+            raise RuntimeError(f"lua include {name!r} not found in {LUA_PACKAGE}/{LUA_FOLDER}")
+        return fragments[name]
+
+    spliced = {name: _INCLUDE.sub(splice, text) for name, text in parts.operations.items()}
     # a retry-safe operation runs inside the stored-reply wrapper (coordination.stored_replies)
     return {
         name: wrap_source(fragments[STORED_REPLY_WRAPPER], text) if name in RETRY_SAFE else text

@@ -1,7 +1,9 @@
 """The Lua scripts: loading and calling them.
 
-``Scripts`` registers every operation script (assembled by ``coordination.script_sources``
-from the package's ``lua/`` files) on one client. Every script answers
+``Scripts`` calls every operation (assembled by ``coordination.script_sources`` from the
+package's ``lua/`` files) on one client: as a function of the Redis Functions library
+(``FCALL``, ``coordination.function_library``) on a server that has Functions, as an
+``EVALSHA`` script on one that has not (Redis < 7) and in pipelines. Every script answers
 ``{status_code, json_payload}``; ``STATUSES`` (``coordination.statuses``, re-exported here for
 the modules that read replies) is the one table that says what each code means. A connection
 failure of a script call becomes ``CoordinationUnavailable``
@@ -11,12 +13,9 @@ whose reply was lost is asked again with its request id (``coordination.stored_r
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import json
 import os
-import sys
-import threading
-import time
 import weakref
 from collections.abc import Sequence
 from functools import lru_cache
@@ -25,7 +24,9 @@ from typing import Any
 import redis as redis_py
 
 from reactor_app.coordination import claims as claim_types
-from reactor_app.coordination.redis import unavailable_on_connection_error
+from reactor_app.coordination import function_library
+from reactor_app.coordination.kept_connections import KeptConnections, can_keep_connections
+from reactor_app.coordination.redis import is_cluster, unavailable_on_connection_error
 from reactor_app.coordination.script_sources import primitive_sections, script_sources
 from reactor_app.coordination.statuses import (
     STATUSES,
@@ -38,6 +39,7 @@ from reactor_app.coordination.stored_replies import (
     RETRY_SAFE,
     UNKNOWN_OUTCOME,
     NotSent,
+    first_send,
     retrying,
     with_request,
 )
@@ -64,18 +66,22 @@ class Scripts:
         self._scripts = {
             name: client.register_script(source) for name, source in script_sources().items()
         }
+        self._functions = function_library.library().functions
+        #: False once the server said it has no Functions (``FCALL`` unknown): from then on
+        #: this client's calls are ``EVALSHA`` scripts
+        self.uses_functions = True
+        self._cluster = is_cluster(client)
         #: the pool ``call`` takes connections from directly: a plain one-server client's
         #: (a cluster client routes by slot; a single-connection client has no pool to use)
         self._direct_pool: Any = None
         if isinstance(client, redis_py.Redis) and getattr(client, "connection", None) is None:
             self._direct_pool = client.connection_pool
-        #: whether threads keep a connection of that pool between calls (``_connection``), up
-        #: to half of its ``max_connections``; else (or past that) one is taken per call
-        self._keeps = self._direct_pool is not None and can_keep_connections(self._direct_pool)
-        self._allowance = _Allowance(
-            getattr(self._direct_pool, "max_connections", 0) // 2 if self._keeps else 0
-        )
-        self._pinned = threading.local()
+        #: the connections threads keep of that pool between calls, up to half of its
+        #: ``max_connections`` (``coordination.kept_connections``); None when they may not
+        #: (then, or past that, one is taken per call)
+        self._kept: KeptConnections | None = None
+        if self._direct_pool is not None and can_keep_connections(self._direct_pool):
+            self._kept = KeptConnections(self._direct_pool)
 
     @property
     def names(self) -> list[str]:
@@ -104,39 +110,105 @@ class Scripts:
         the script answers a retry with the reply it stored, so it runs at most once and the
         caller learns what it took (``coordination.stored_replies``).
         """
-        script = self._scripts[operation]
         if operation in RETRY_SAFE:
             keys, args = with_request(keys, args)
-            return retrying(lambda: self._send(script, keys, args))
+            sends = itertools.count()
+            return retrying(lambda: self._send(operation, keys, args, first=next(sends) == 0))
         try:
-            return self._send(script, keys, args)
+            return self._send(operation, keys, args)
         except NotSent as not_sent:
             raise not_sent.cause from None
 
-    def _send(self, script: Any, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
-        """One send of a script call; ``NotSent`` when no connection could be had (nothing
-        was sent).
+    def _send(
+        self,
+        operation: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+        *,
+        first: bool = False,
+    ) -> Any:
+        """One call of ``operation``: its function, or its script (``_send_once``). ``first``:
+        the first send of a retry-safe call's request (``stored_replies.first_send``).
+
+        A server without the library (restarted empty, flushed, a cluster master that never
+        had it) answers "Function not found": the library is loaded and the call sent again —
+        nothing ran, so any operation may be. A server without Functions (Redis < 7) answers
+        "unknown command": the call, and every later one on this client, is sent as its
+        ``EVALSHA`` script.
+        """
+        script = self._scripts[operation]
+        function = self._functions.get(operation) if self.uses_functions else None
+        try:
+            return self._send_once(script, function, keys, args, first)
+        except redis_py.exceptions.ResponseError as error:
+            if function is None:
+                raise
+            if function_library.is_missing(error):
+                if not self._load_library():
+                    function = None
+            elif function_library.is_unsupported(error):
+                self.uses_functions = False
+                function = None
+            else:
+                raise
+        # (still the first send: the refused one ran nothing)
+        return self._send_once(script, function, keys, args, first)
+
+    def _load_library(self) -> bool:
+        """Load the library; False when a cluster could not take it now (a master down in a
+        failover: this call goes as its script, and the next one finds the library missing
+        on the new master and loads it there)."""
+        try:
+            function_library.load(self.client)
+        except _CLUSTER_CHANGING:
+            if not self._cluster:
+                raise
+            return False
+        return True
+
+    def _send_once(
+        self,
+        script: Any,
+        function: str | None,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+        first: bool = False,
+    ) -> Any:
+        """One send of ``function`` (an ``FCALL``), or of ``script`` when None (an
+        ``EVALSHA``); ``NotSent`` when no connection could be had (nothing was sent).
+
+        A retry-safe call's ``first`` send skips the script's look for a stored reply
+        (``stored_replies.FIRST_SEND``) only when written here, once, onto a connection; the
+        ways through redis-py (a cluster, a script to load again) keep the look: redis-py may
+        send the same request again on its own.
 
         On a one-server client the command goes straight to a pooled connection — the calling
-        thread's own (``_connection``), or one taken for the call: redis-py's generic command
-        path (retry wrapper, event dispatch, metrics hooks, option filtering) costs about as
-        much Python time as the round trip itself, and every admission and release is a script
-        call (docs/benchmarks.md, "Hot path"). What that path does that matters here is kept:
-        a connection whose reply was not read whole is disconnected (its next command
+        thread's own (``KeptConnections``), or one taken for the call: redis-py's generic
+        command path (retry wrapper, event dispatch, metrics hooks, option filtering) costs
+        about as much Python time as the round trip itself, and every admission and release is
+        a script call (docs/benchmarks.md, "Hot path"). What that path does that matters here
+        is kept: a connection whose reply was not read whole is disconnected (its next command
         reconnects), and a script the server no longer has (restarted, flushed) is loaded
-        again through ``Script``.
+        again through ``Script`` (a function it no longer has: ``_send``).
         """
         pool = self._direct_pool
         if pool is None:
-            return script(keys=keys, args=args)
+            if function is None:
+                return script(keys=keys, args=args)
+            return self._send_routed(script, function, keys, args)
         try:
-            kept = self._connection() if self._keeps else None
+            kept = self._kept.get() if self._kept is not None else None
             per_call = kept is None
             connection: Any = pool.get_connection() if per_call else kept
         except UNKNOWN_OUTCOME as exc:
             raise NotSent(exc) from exc
         try:
-            connection.send_packed_command([_pack_evalsha(script.sha, keys, args)])
+            sent = first_send(args) if first else args
+            if function is None:
+                packed = _pack_call(b"EVALSHA", script.sha, keys, sent)
+            else:
+                packed = _pack_call(b"FCALL", function, keys, sent)
+            connection.send_packed_command([packed])
             return connection.read_response()
         except redis_py.exceptions.NoScriptError:
             pass  # the reply was read whole: the connection is fine
@@ -150,59 +222,34 @@ class Scripts:
                 pool.release(connection)
         return script(keys=keys, args=args)
 
-    def _connection(self) -> Any:
-        """This thread's connection for ``call``, taken from the pool once and kept — or None
-        when threads already keep half of the pool's ``max_connections`` (the rest stays for
-        per-call use and the client's other commands; ``_Allowance``).
+    def _send_routed(
+        self, script: Any, function: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        """``FCALL function`` through the client's own command path (a cluster client, or a
+        client on a single connection).
 
-        Taking a connection from redis-py's pool and giving it back costs two lock rounds, a
-        non-blocking read to check it holds no stray reply, and metrics hooks: ~14 µs per
-        script call on the benchmark host, 5 to 8% of a locked ``Step.call``
-        (docs/benchmarks.md, "A connection per thread"). What the checkout does for a
-        connection is done here instead:
-
-        * a connection the pool no longer owns is dropped — under Sentinel, one connected to a
-          master that is not the current one any more (another thread's reconnect found the
-          new one);
-        * a connection unused for ``IDLE_CHECK_AFTER`` gets the same non-blocking read: one the
-          server closed meanwhile (a restart, an idle timeout), or one holding a stray reply,
-          is dropped, so the call reconnects instead of failing;
-        * a dropped connection reconnects through ``connect()``, which for a Sentinel-managed
-          connection asks the sentinels for the master (a command sent on a disconnected
-          redis-py connection would redial the address it had);
-        * anything raised meanwhile — an interrupt in the middle of the handshake included —
-          leaves it disconnected, never half-connected with a reply nobody read.
-
-        The pool still owns it: a ``disconnect()`` of the pool disconnects it too. It goes back
-        to the pool after the thread has ended, when another thread next asks for one
-        (``_Pinned``). A forked child never uses its parent's: the pid is checked.
+        On a cluster it is sent to the master of the first key's slot, named: redis-py finds
+        the keys of an ``FCALL`` by asking a server (``COMMAND GETKEYS``, one more round trip
+        per call; it knows where ``EVALSHA`` keeps them). A named node gets no redirects
+        followed and no retries, so when the cluster answers that the slot moved or is not
+        served, or the connection failed, this call goes redis-py's general way as its
+        ``EVALSHA`` script — which follows the redirect, refreshes the client's slot map for
+        the next call, and retries as it always did (a retry-safe operation's resend carries
+        the same request id: ``coordination.stored_replies``).
         """
-        pinned = getattr(self._pinned, "entry", None)
-        if pinned is None or pinned.pid != os.getpid():
-            _give_back_ended()
-            if not self._allowance.take():
-                return None
-            try:
-                pinned = _Pinned(self._direct_pool, self._allowance)
-            except BaseException:
-                self._allowance.give_back()
-                raise
-            self._pinned.entry = pinned
-        connection = pinned.connection
-        now = time.monotonic()
+        command = ("FCALL", function, len(keys), *keys, *args)
+        if not self._cluster:
+            return self.client.execute_command(*command)
         try:
-            if connection._sock is not None and (
-                not self._direct_pool.owns_connection(connection)
-                or (now - pinned.used > IDLE_CHECK_AFTER and _stale(connection))
-            ):
-                connection.disconnect()
-            if connection._sock is None:
-                connection.connect()
-        except BaseException:
-            connection.disconnect()
-            raise
-        pinned.used = now
-        return connection
+            node = self.client.get_node_from_key(keys[0]) if keys else None
+        except redis_py.exceptions.RedisClusterException:
+            node = None
+        if node is None:
+            return script(keys=keys, args=args)
+        try:
+            return self.client.execute_command(*command, target_nodes=node)
+        except _CLUSTER_CHANGING:
+            return script(keys=keys, args=args)
 
     def queue(
         self, pipeline: Any, operation: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -214,116 +261,25 @@ class Scripts:
         self._scripts[operation](keys=keys, args=args, client=pipeline)
 
 
-class _Pinned:
-    """One thread's connection, taken from ``pool`` on one unit of ``allowance``; given back
-    (with the unit) after the thread ends — its ``threading.local`` entry, the only reference,
-    is dropped then.
-
-    Given back *later*: ``__del__`` may run wherever the collector runs, even in a thread
-    holding the pool's lock (a plain lock: taking it there would deadlock), so it only queues
-    the connection, and the next thread to ask for one gives the queue back first
-    (``_give_back_ended``).
-    """
-
-    __slots__ = ("allowance", "connection", "pid", "pool", "used")
-
-    def __init__(self, pool: Any, allowance: _Allowance) -> None:
-        self.connection = pool.get_connection()  # checked by the pool; may raise
-        self.pool = pool
-        self.allowance = allowance
-        self.pid = os.getpid()
-        self.used = time.monotonic()
-
-    def __del__(self) -> None:
-        try:
-            # (no pid: __init__ failed; another pid: a fork's copy, whose socket is the parent's)
-            if getattr(self, "pid", None) == os.getpid():
-                _ended.append((self.pool, self.connection, self.allowance))
-        except (AttributeError, TypeError):
-            # the interpreter is shutting down and has cleared this module's globals (the
-            # main thread's entry goes last): no pool needs its connection back any more
-            pass
+#: what a call sent to a named cluster node may meet while the cluster changes (a failover, a
+#: resharding): ``Scripts._send_routed`` sends such a call again redis-py's general way
+_CLUSTER_CHANGING = (
+    redis_py.exceptions.MovedError,
+    redis_py.exceptions.AskError,
+    redis_py.exceptions.TryAgainError,
+    redis_py.exceptions.ClusterDownError,
+    redis_py.exceptions.SlotNotCoveredError,
+    redis_py.exceptions.ConnectionError,
+    redis_py.exceptions.TimeoutError,
+    redis_py.exceptions.RedisClusterException,
+)
 
 
-class _Allowance:
-    """How many more connections of one pool threads may keep."""
-
-    __slots__ = ("left", "lock")
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-        self.lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self.lock:
-            if self.left <= 0:
-                return False
-            self.left -= 1
-            return True
-
-    def give_back(self) -> None:
-        with self.lock:
-            self.left += 1
-
-
-def _give_back_ended() -> None:
-    """Give the connections of ended threads back to their pools (``_Pinned.__del__``)."""
-    while _ended:
-        try:
-            pool, connection, allowance = _ended.pop()
-        except IndexError:  # another thread took the last one
-            return
-        with contextlib.suppress(Exception):  # a pool closed meanwhile: nothing to do
-            pool.release(connection)
-        allowance.give_back()
-
-
-def _stale(connection: Any) -> bool:
-    """Whether ``connection`` holds data before a request was sent: a stray reply, or the
-    end of a connection the server closed (which may also raise)."""
-    try:
-        return bool(connection.can_read())
-    except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError, OSError):
-        return True
-
-
-def can_keep_connections(pool: Any) -> bool:
-    """Whether threads may keep connections of ``pool`` between script calls.
-
-    Only on RESP2 connections without client-side caching: there the server sends nothing
-    unasked, so data waiting on an idle connection means it is stale (``_stale``); RESP3
-    connections get push messages (maintenance notifications, cache invalidations), and the
-    pool hands out other connections with caching. Not when greenlets share OS threads (gevent
-    or eventlet patching sockets but not threads): their calls would interleave on one
-    connection. How many: ``_Allowance``, half of the pool's ``max_connections``.
-    """
-    protocol = getattr(pool, "connection_kwargs", {}).get("protocol") or 2
-    if str(protocol) != "2" or getattr(pool, "cache", None) is not None:
-        return False
-    return not _greenlets_share_threads()
-
-
-def _greenlets_share_threads() -> bool:
-    gevent_monkey = sys.modules.get("gevent.monkey")
-    if gevent_monkey is not None and gevent_monkey.is_module_patched("socket"):
-        return not gevent_monkey.is_module_patched("threading")
-    eventlet_patcher = sys.modules.get("eventlet.patcher")
-    if eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("socket"):
-        return not eventlet_patcher.is_monkey_patched("thread")
-    return False
-
-
-#: seconds a thread's connection may stay unused before its next call checks it first
-#: (``_stale``): calls closer together than this are not worth a system call each; a restart
-#: or an idle timeout in between is what the check is for, and takes longer
-IDLE_CHECK_AFTER = 0.1
-
-#: (pool, connection, allowance) of threads that ended, to give back (``_give_back_ended``)
-_ended: list[tuple[Any, Any, _Allowance]] = []
-
-
-def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
-    """``EVALSHA sha numkeys keys... args...`` as one RESP request.
+def _pack_call(
+    command: bytes, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+) -> bytes:
+    """``EVALSHA sha numkeys keys... args...`` (or ``FCALL function numkeys ...``) as one RESP
+    request.
 
     The scripts take only text and numbers, encoded as redis-py would (UTF-8; the ``repr`` of a
     number) — without its per-argument type dispatch, which on the single-lock fast path cost
@@ -338,10 +294,12 @@ def _pack_evalsha(sha: str, keys: Sequence[str], args: Sequence[str | int | floa
         else:
             parts.append(repr(arg).encode())
     count = b"%d" % len(keys)
-    head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+    head = b"*%d\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
         len(parts) + 3,
-        len(sha),
-        sha.encode(),
+        len(command),
+        command,
+        len(name),
+        name.encode(),
         len(count),
         count,
     )
@@ -368,15 +326,14 @@ def holder_json(holder: claim_types.Holder) -> str:
         "execution": holder.execution_id,
         "step": holder.step,
         "reactor": holder.reactor,
+        "priority": holder.priority or None,
     }
     return json.dumps({k: v for k, v in fields.items() if v is not None})
 
 
 def _forget_scripts_after_fork() -> None:
-    """A forked child registers its scripts on its own clients (see ``coordination.redis``)
-    and gives back none of the connections its parent's ended threads kept."""
+    """A forked child registers its scripts on its own clients (see ``coordination.redis``)."""
     _scripts_by_client.clear()
-    _ended.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -6,9 +6,14 @@ Key layout (``K`` = the user key, inside the hash tag):
   purges expired leases, so a crashed holder's slot returns when its lease lapses.
 * ``{prefix}:semaphore:{K}:holders`` — hash ``owner -> json {count, step, execution, reactor,
   acquired_at ms}`` (attribution and the re-entrant nesting count).
-* ``{prefix}:waiters:{K}:semaphore`` — zset of parked waiter ids (score: registration ms).
+* ``{prefix}:waiters:{K}:semaphore`` — zset of waiter ids (score: registration ms less the
+  priority's head start, or a fair line's turn), and the hand-off grants of freed slots
+  (``lua/_semaphore.lua``).
+* ``{prefix}:waiters:{K}:semaphore:fair`` — hash ``fair_by group -> next turn`` of a fair line
+  (only sent with a claim that has ``fair``).
 
-``limit`` travels with every admission, so a changed limit applies to the very next one; the
+``limit`` travels with every admission, so a changed limit applies to the very next one (a
+named limit is read again for each: ``coordination.live_limits``); the
 admission also writes it into the holders hash (field ``LIMIT_FIELD``, which no owner id can
 be) so that operators see free slots without being told the limit. An owner holds one slot
 however deeply it nests.
@@ -17,9 +22,10 @@ however deeply it nests.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from reactor_app.coordination import live_limits
 from reactor_app.coordination.claims import Hold, SemaphoreClaim
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.lock import seconds_to_ms
@@ -60,7 +66,11 @@ def waiters_key(user_key: str, prefix: str | None = None) -> str:
 # -- script argument encoding ----------------------------------------------------------------
 
 
-def admit_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
+def fair_key(user_key: str, prefix: str | None = None) -> str:
+    return key("waiters", user_key, PRIMITIVE, "fair", prefix=prefix)
+
+
+def release_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
     return [
         leases_key(claim.key, prefix),
         holders_key(claim.key, prefix),
@@ -68,13 +78,31 @@ def admit_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
     ]
 
 
+def live_claim(claim: SemaphoreClaim) -> SemaphoreClaim:
+    """The claim with its named limit as it is now (the process's copy of the overrides,
+    ``coordination.live_limits``): read at every admission, so an operator's override applies
+    to units already waiting, not only to new claims."""
+    if claim.limit_name is None:
+        return claim
+    limit = live_limits.semaphore_limit(claim.limit_name)
+    return claim if limit == claim.limit else replace(claim, limit=limit)
+
+
+def admit_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:
+    """The release's keys, and a fair claim's fair hash (the turns of its line's groups)."""
+    keys = release_keys(claim, prefix)
+    if claim.fair is not None:
+        keys.append(fair_key(claim.key, prefix))
+    return keys
+
+
 def admit_spec(claim: SemaphoreClaim) -> dict[str, Any]:
     if claim.limit < 1:
         raise ValueError(f"semaphore limit must be at least 1, got {claim.limit!r}")
-    return {"limit": int(claim.limit), "ttl_ms": seconds_to_ms(claim.ttl)}
-
-
-release_keys = admit_keys
+    spec: dict[str, Any] = {"limit": int(claim.limit), "ttl_ms": seconds_to_ms(claim.ttl)}
+    if claim.fair is not None:
+        spec["fair"] = claim.fair
+    return spec
 
 
 def release_spec(hold: Hold) -> dict[str, Any]:

@@ -17,6 +17,10 @@ past the window (or after ``RETRIES`` retries) the caller gets ``CoordinationUna
 before, and what the lost call took lapses with its lease. A failure to *connect* is not
 retried here: nothing was sent, the outcome is known.
 
+Only a send that may repeat an earlier one looks for a stored reply: the request's first send,
+written once by ``coordination.scripts`` onto a connection, skips the ``GET`` (``FIRST_SEND``:
+its id is new), which was one Redis call of every admission and release.
+
 The stored-reply key carries the hash tag of the call's first key (every key of one call shares
 one cluster slot), so the call stays legal on a Redis Cluster.
 """
@@ -105,12 +109,27 @@ def reply_key(first_key: str, request_id: str) -> str:
 def with_request(
     keys: Sequence[str], args: Sequence[str | int | float], request_id: str | None = None
 ) -> tuple[list[str], list[str | int | float]]:
-    """``keys`` and ``args`` of a retry-safe operation with its stored-reply key and lifetime
-    appended (what ``lua/_stored_reply.lua`` takes off again)."""
+    """``keys`` and ``args`` of a retry-safe operation with its stored-reply key, lifetime and
+    ``LOOK_FIRST`` appended (what ``lua/_stored_reply.lua`` takes off again): the script looks
+    for a stored reply before running (``first_send`` turns that off for a first send)."""
     if not keys:
         raise ValueError("a retry-safe script call needs at least one key")
     rid = request_id or new_request_id()
-    return [*keys, reply_key(keys[0], rid)], [*args, STORED_REPLY_TTL_MS]
+    return [*keys, reply_key(keys[0], rid)], [*args, STORED_REPLY_TTL_MS, LOOK_FIRST]
+
+
+#: the last argument of a retry-safe call: look for a stored reply before running — a resend,
+#: or a send redis-py may repeat on its own (its retry policy, a cluster client's redirects)
+LOOK_FIRST = "1"
+#: ... or not: the request's first send, written once onto a connection by
+#: ``coordination.scripts`` itself. Its id is new (``new_request_id``), so nothing can be
+#: stored under it yet, and the script skips one Redis call
+FIRST_SEND = "0"
+
+
+def first_send(args: Sequence[str | int | float]) -> list[str | int | float]:
+    """``args`` of ``with_request`` for the request's first send (``FIRST_SEND``)."""
+    return [*args[:-1], FIRST_SEND]
 
 
 class NotSent(Exception):

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.coordination import lock, subscriptions
+from reactor_app.coordination import live_limits, lock, semaphore, subscriptions
 from reactor_app.coordination.claims import (
     WAITING_PREFIX,
     AdmissionResult,
@@ -41,6 +41,7 @@ from reactor_app.coordination.claims import (
     OrderedLockClaim,
     OrderedPosition,
     Refused,
+    SemaphoreClaim,
     with_positions,
 )
 from reactor_app.coordination.primitives import REGISTRY
@@ -150,6 +151,11 @@ def admit_waiting(
                 pause = remaining
                 if result.retry_after is not None:
                     pause = min(remaining, max(result.retry_after, MIN_PAUSE))
+                if getattr(result.claim, "limit_name", None) is not None:
+                    # a named limit an operator may raise live: no release announces that
+                    # (and a rate limit's exact retry_after assumed the old windows), so try
+                    # again as often as this process's copy of it may change
+                    pause = min(pause, live_limits.REFRESH_SECONDS)
                 _sleep_until_woken(pubsub if subscribed else None, pause, queue_as)
             queued = waiter_id is None
             result = attempt(queue_as)
@@ -183,16 +189,16 @@ def _subscribe(pubsub: Any, channel: str, deadline: float) -> None:
 def _sleep_until_woken(pubsub: Any | None, seconds: float, waiter_id: str | None) -> None:
     """Sleep up to ``seconds``; return early on a wake message that concerns ``waiter_id``.
 
-    A release that frees a lock grants it to the head registered waiter for a moment
-    (``lua/_lock.lua``) and its message names that waiter (``to``). Only the named waiter
-    can take the key then, so a message naming another one does not end the sleep — with
-    several waiters on one key, every one of them would otherwise wake on every release
-    and run an admission only the head could win, competing for the CPU with the winner
-    at the very moment the key is idle. It shortens the sleep to when that grant would
-    lapse unused (``grant_ms``), so a waiter asks again if the named one is gone. A
-    message naming nobody (a semaphore slot, an ordered-lock cursor, a lock nobody was
-    registered for, a forced release) wakes every waiter. A message naming the waiter in its
-    other form (``waiter_forms``) names it: the grant is its grant.
+    A release that frees a lock or a semaphore slot grants it to the head registered waiter
+    for a moment (``lua/_lock.lua``, ``lua/_semaphore.lua``) and its message names that
+    waiter (``to``). Only the named waiter can take the key then, so a message naming
+    another one does not end the sleep — with several waiters on one key, every one of them
+    would otherwise wake on every release and run an admission only the head could win,
+    competing for the CPU with the winner at the very moment the key is idle. It shortens
+    the sleep to when that grant would lapse unused (``grant_ms``), so a waiter asks again if
+    the named one is gone. A message naming nobody (an ordered-lock cursor, a lock or slot
+    nobody was registered for, a forced release) wakes every waiter. A message naming the
+    waiter in its other form (``waiter_forms``) names it: the grant is its grant.
     """
     if pubsub is None:
         time.sleep(seconds)
@@ -247,12 +253,12 @@ def register_waiter(
     name = REGISTRY[claim.primitive].claim_waiters_key(claim, coordinator.prefix)
     if name is None:
         return False
-    score = claim.position.nonce if isinstance(claim, OrderedLockClaim) else None
+    score: float | None = claim.position.nonce if isinstance(claim, OrderedLockClaim) else None
     with unavailable_on_connection_error(key=claim.key, primitive=claim.primitive):
         client = coordinator.client
         if score is None:
             seconds, micros = server_time(client, name)
-            score = seconds * 1000 + micros // 1000
+            score = seconds * 1000 + micros / 1000  # ms to the µs, as lua/_common.lua
         pipe = client.pipeline(transaction=False)
         pipe.zadd(name, {waiter_id: score})
         pipe.pexpire(name, lock.seconds_to_ms(ttl))
@@ -279,9 +285,10 @@ def move_waiter(coordinator: Coordinator, claim: Claim, from_id: str, to_id: str
 def unregister_waiter(coordinator: Coordinator, claim: Claim, waiter_id: str) -> list[str]:
     """Take ``waiter_id`` out of ``claim``'s waiter order (a wait that ended unadmitted, a
     worker delivery that stopped waiting in-process and parked under its own id instead).
-    A lock the last release handed to ``waiter_id``, still unused, goes on to the next
-    waiter (``lua/lock_leave.lua``); returns that waiter's id in a list (else ``[]``):
-    a parked one must be re-enqueued like any woken waiter."""
+    A lock or semaphore slot the last release handed to ``waiter_id``, still unused, goes on
+    to the next waiter (``lua/lock_leave.lua``, ``lua/semaphore_leave.lua``); returns that
+    waiter's id in a list (else ``[]``): a parked one must be re-enqueued like any woken
+    waiter."""
     name = REGISTRY[claim.primitive].claim_waiters_key(claim, coordinator.prefix)
     if name is None:
         return []
@@ -289,6 +296,12 @@ def unregister_waiter(coordinator: Coordinator, claim: Claim, waiter_id: str) ->
         if isinstance(claim, LockClaim):
             keys = lock.release_keys(claim, coordinator.prefix)
             handed_on = scripts_for(coordinator.client).call("lock_leave", keys, [waiter_id])
+            return [handed_on] if handed_on else []
+        if isinstance(claim, SemaphoreClaim):
+            keys = semaphore.release_keys(claim, coordinator.prefix)
+            handed_on = scripts_for(coordinator.client).call(
+                "semaphore_leave", [keys[0], keys[2]], [waiter_id]
+            )
             return [handed_on] if handed_on else []
         coordinator.client.zrem(name, waiter_id)
     return []

@@ -188,15 +188,23 @@ def with_lock(
 
 def with_semaphore(
     key: KeyFunction,
-    limit: int | None = None,
+    limit: int | str | None = None,
     *,
     wait: float = 0,
     ttl: float = 60,
     rollback_wait: float = 60,
     on_contention: str = "queue",
+    fair_by: KeyFunction | None = None,
 ) -> Callable[[T], T]:
     """At most ``limit`` executions inside the decorated work per key (one slot per owner).
-    ``on_contention``: ``"queue"``, ``"skip"`` or ``"cancel_newest"`` (as ``with_lock``)."""
+    ``limit`` is a number, or the name of a limit in ``REACTOR_LIMITS``
+    (``limit="partner_api"``), which an operator can override live from the admin.
+    ``on_contention``: ``"queue"``, ``"skip"`` or ``"cancel_newest"`` (as ``with_lock``).
+
+    ``fair_by``: a function of the arguments (inputs) naming the waiter's group, e.g.
+    ``lambda args: args["tenant"]``; waiters are then admitted round-robin across groups (FIFO
+    inside one), so one group's backlog cannot hold another's work behind it
+    (docs/coordination.md, "Priority and fair sharing")."""
     owner = "with_semaphore"
     if limit is None:
         raise DefinitionError(
@@ -204,9 +212,21 @@ def with_semaphore(
             owner=owner,
             option="limit",
         )
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    if isinstance(limit, str):
+        if not limit.strip():
+            raise DefinitionError(
+                f"{owner}: a named limit must be a non-empty name from REACTOR_LIMITS",
+                owner=owner,
+                option="limit",
+            )
+        # the name is checked against settings when the limit is read (and by manage.py
+        # check): settings may not be loaded when the decorator runs
+    elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise DefinitionError(
-            f"{owner}: limit must be a positive integer, got {limit!r}", owner=owner, option="limit"
+            f"{owner}: limit must be a positive integer or the name of a limit in "
+            f"REACTOR_LIMITS, got {limit!r}",
+            owner=owner,
+            option="limit",
         )
     declaration = SemaphoreDeclaration(
         key_fn=_key_function(owner, key),
@@ -215,8 +235,21 @@ def with_semaphore(
         ttl=_positive_number(owner, "ttl", ttl),
         rollback_wait=_positive_number(owner, "rollback_wait", rollback_wait, allow_zero=True),
         on_contention=_strategy(owner, "semaphore", on_contention),
+        fair_by=None if fair_by is None else _fair_by(owner, fair_by),
     )
     return lambda target: _attach(declaration, target)
+
+
+def _fair_by(owner: str, fair_by: Any) -> KeyFunction:
+    """A ``fair_by`` function, checked now as a key function is (it is called the same way)."""
+    if not callable(fair_by):
+        raise DefinitionError(
+            f"{owner}: fair_by must be a function of the arguments naming the waiter's group, "
+            f"such as lambda args: args['tenant'], got {fair_by!r}",
+            owner=owner,
+            option="fair_by",
+        )
+    return _key_function(owner, fair_by)
 
 
 def with_rate_limit(

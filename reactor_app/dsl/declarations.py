@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from reactor_app.coordination import primitives
+from reactor_app.coordination import live_limits, primitives
 from reactor_app.coordination.claims import (
     Claim,
     LockClaim,
@@ -57,21 +57,33 @@ class Declaration:
 
     def compute_key(self, args: Mapping[str, Any], *, reactor: str | None, step: str | None) -> str:
         """Call the key function; a raise or an empty key is a ``CoordinationKeyError``."""
+        return self._call_key_function(self.key_fn, "key", args, reactor=reactor, step=step)
+
+    def _call_key_function(
+        self,
+        key_fn: KeyFunction | None,
+        what: str,
+        args: Mapping[str, Any],
+        *,
+        reactor: str | None,
+        step: str | None,
+    ) -> str:
+        """Call ``key_fn`` (the key function, or another one of its kind: ``fair_by``)."""
         where = location(reactor, step)
-        if self.key_fn is None:
+        if key_fn is None:
             raise CoordinationKeyError(
-                f"{self.primitive} of {where} has no key function",
+                f"{self.primitive} of {where} has no {what} function",
                 reactor=reactor,
                 step=step,
                 primitive=self.primitive,
             )
         try:
-            key = self.key_fn(args)
+            key = key_fn(args)
         except Exception as exc:
             # A KeyError is nearly always a misspelt name: say which names there are.
             known = f" (it receives {sorted(args)})" if isinstance(exc, KeyError) else ""
             raise CoordinationKeyError(
-                f"the {self.primitive} key function of {where} raised "
+                f"the {self.primitive} {what} function of {where} raised "
                 f"{type(exc).__name__}: {exc}{known}; the work did not run",
                 reactor=reactor,
                 step=step,
@@ -80,7 +92,7 @@ class Declaration:
             ) from exc
         if key is None or (isinstance(key, str) and not key.strip()):
             raise CoordinationKeyError(
-                f"the {self.primitive} key function of {where} returned {key!r}; return a "
+                f"the {self.primitive} {what} function of {where} returned {key!r}; return a "
                 'non-empty string that identifies what to coordinate on (e.g. f"acct:{...}")',
                 reactor=reactor,
                 step=step,
@@ -125,14 +137,54 @@ class LockDeclaration(Declaration):
 @dataclass(frozen=True)
 class SemaphoreDeclaration(Declaration):
     primitive: ClassVar[str] = "semaphore"
-    limit: int = 1
+    #: a number, or the name of a limit in ``REACTOR_LIMITS`` (overridable live)
+    limit: int | str = 1
     wait: float = 0.0
     ttl: float = 60.0
     rollback_wait: float = 60.0
     on_contention: str = "queue"
+    #: the waiter's group for fair sharing (round-robin across groups), from the arguments
+    fair_by: KeyFunction | None = None
 
-    def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
-        return SemaphoreClaim(key=key, limit=self.limit, ttl=self.ttl)
+    def claim(
+        self,
+        key: str,
+        position: OrderedPosition | None = None,
+        *,
+        args: Mapping[str, Any] | None = None,
+        reactor: str | None = None,
+        step: str | None = None,
+    ) -> Claim:
+        """The claim for ``key``; with ``fair_by``, its group is computed from ``args``; a named
+        limit (``REACTOR_LIMITS``) is resolved to its effective value now, and again at every
+        admission (``limit_name``)."""
+        fair = None
+        if self.fair_by is not None:
+            fair = self._call_key_function(
+                self.fair_by, "fair_by", args or {}, reactor=reactor, step=step
+            )
+        if isinstance(self.limit, str):
+            return SemaphoreClaim(
+                key=key,
+                limit=self.effective_limit(),
+                ttl=self.ttl,
+                limit_name=self.limit,
+                fair=fair,
+            )
+        return SemaphoreClaim(key=key, limit=self.limit, ttl=self.ttl, fair=fair)
+
+    def options(self) -> dict[str, Any]:
+        data = super().options()
+        if self.fair_by is not None:
+            data["fair_by"] = f"computed ({getattr(self.fair_by, '__name__', 'function')})"
+        return data
+
+    def effective_limit(self) -> int:
+        """The limit now: a named one from its live override or settings (read at each
+        admission as well, ``coordination.live_limits``), else as declared."""
+        if isinstance(self.limit, str):
+            return live_limits.semaphore_limit(self.limit)
+        return self.limit
 
     def wait_seconds(self) -> float:
         return self.wait
@@ -241,6 +293,7 @@ class RateLimitDeclaration(Declaration):
             windows=windows,
             strategy="fixed" if self.strategy == "fixed" else "sliding",
             cost=cost,
+            limit_name=self.name,
         )
 
 

@@ -93,6 +93,7 @@ class Reactor(Coordinated):
         *,
         idempotency_key: str | None = None,
         debounce: tuple[str, float] | None = None,
+        priority: int | None = None,
         **inputs: Any,
     ) -> Execution:
         """Run the reactor on a Celery worker; returns the (pending) ``Execution`` row.
@@ -109,12 +110,20 @@ class Reactor(Coordinated):
         a burst: the run starts once ``seconds`` pass with no other start of ``key``, with the
         last start's inputs; the earlier starts end ``superseded`` (``wait()`` on one waits
         for the run that replaced it).
+
+        ``priority`` (-100 to 100, default 0): where a contended key has a line of waiters,
+        a higher priority is admitted first — first come, first served within a priority, and
+        never more than a bounded head start over a lower one (docs/coordination.md,
+        "Priority and fair sharing"); also the Celery message's priority, for brokers that
+        order by it.
         """
         # deferred: the DSL hands over to the engine, which imports the models; they cannot
         # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.enqueueing import run_async
 
-        return run_async(cls, inputs, idempotency_key=idempotency_key, debounce=debounce)
+        return run_async(
+            cls, inputs, idempotency_key=idempotency_key, debounce=debounce, priority=priority
+        )
 
     @classmethod
     def resume(cls, execution_id: Any, *, step: str | None = None, payload: Any = None) -> Result:

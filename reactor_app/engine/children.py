@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.engine.async_order import enter_settled, stamp
-from reactor_app.engine.enqueueing import enqueue_on_commit
+from reactor_app.engine.enqueueing import enqueue_on_commit, message_priority
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd, UnitStatus
@@ -189,6 +189,8 @@ def start_worker_child(
     context = ExecutionState()
     context.origin.worker = True
     context.origin.dispatch = marker
+    # a child waits for contended keys with its parent's priority
+    context.origin.priority = run.root.state.origin.priority
     Execution.objects.start(
         id=child_id,
         reactor=reactor_path,
@@ -199,7 +201,7 @@ def start_worker_child(
         heartbeat_at=timezone.now(),
         context=context.to_json(),
     )
-    enqueue_on_commit(child_id)
+    enqueue_on_commit(child_id, priority=message_priority(context.origin.priority))
     return child_id
 
 

@@ -1,9 +1,11 @@
 """The execution claim: one delivery at a time runs one execution (docs/design.md).
 
 A delivery first takes the **execution claim** — a Redis lock on the execution id owned by this
-delivery, with a TTL renewed from a daemon thread while it runs — so two deliveries never run
-one execution at once. Renewal that finds the claim gone marks it lost; the engine checks that
-at every checkpoint (``ExecutionClaim.check`` raises ``ClaimLost``) and stops.
+delivery, with a TTL renewed while it runs — so two deliveries never run one execution at once.
+Renewal that finds the claim gone marks it lost; the engine checks that at every checkpoint
+(``ExecutionClaim.check`` raises ``ClaimLost``) and stops. The renewals are one daemon thread's
+per process (``ClaimRenewer``), not a thread per delivery: a thread started for each delivery
+waited for the OS to schedule it before the delivery could go on.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -46,8 +49,7 @@ class ExecutionClaim:
         self.owner = owner
         self.lost = False
         self._lock = self.client.lock(self.name, timeout=self.ttl, thread_local=False)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewing = False
 
     def acquire(self, wait: float = 0.0) -> bool:
         with unavailable_on_connection_error(key=self.name, primitive="claim"):
@@ -58,21 +60,25 @@ class ExecutionClaim:
             )
 
     def start_renewal(self) -> None:
-        self._thread = threading.Thread(
-            target=self._renew, name=f"reactor-claim-{self.name}", daemon=True
-        )
-        self._thread.start()
+        """Renew the claim every third of its TTL until ``release``: by the process's one
+        claim renewer (``_renewer``), not a thread of this delivery's own — starting a thread
+        waits for the OS to schedule it, which on a loaded machine added milliseconds to every
+        delivery before its body (docs/benchmarks.md, "Wake latency")."""
+        self._renewing = True
+        _renewer().add(self)
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self._lock.reacquire()
-            except LockError:
+    def renew(self) -> bool:
+        """One renewal (the renewer's thread); False when the claim is lost or released."""
+        try:
+            self._lock.reacquire()
+        except LockError:
+            if self._renewing:
                 self.lost = True
                 logger.error("the claim %s was lost; another delivery may run it", self.name)
-                return
-            except Exception:  # Redis briefly unreachable: keep trying until the TTL decides
-                logger.warning("could not renew the claim %s", self.name, exc_info=True)
+            return False
+        except Exception:  # Redis briefly unreachable: keep trying until the TTL decides
+            logger.warning("could not renew the claim %s", self.name, exc_info=True)
+        return True
 
     def check(self) -> None:
         """Raise ``ClaimLost`` if renewal found the claim gone (called at every checkpoint)."""
@@ -80,9 +86,9 @@ class ExecutionClaim:
             raise ClaimLost(f"the claim {self.name} lapsed; stopping this delivery")
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._renewing:
+            self._renewing = False
+            _renewer().remove(self)  # and waits for a renewal of it in flight
         try:
             self._lock.release()
         except Exception:  # lapsed or Redis unreachable: the TTL frees it either way
@@ -98,6 +104,97 @@ class ExecutionClaim:
         client = client or get_client()
         with unavailable_on_connection_error(primitive="claim"):
             return bool(client.exists(redis_key("claim", str(execution_id))))
+
+
+class ClaimRenewer:
+    """One daemon thread per process renewing every claim its deliveries hold, each every
+    third of its TTL (a claim renewed late by a busy process still has two thirds left)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._part_done = threading.Condition(self._lock)
+        #: id() of each registered claim -> [monotonic due time, claim]
+        self._due: dict[int, list[Any]] = {}
+        #: id() of the claim the thread is renewing right now, if any
+        self._in_flight: int | None = None
+        self._thread: threading.Thread | None = None
+        #: the monotonic time the thread sleeps until (0: awake)
+        self._sleeping_until = 0.0
+
+    def add(self, claim: ExecutionClaim) -> None:
+        with self._lock:
+            self._due[id(claim)] = [time.monotonic() + claim.ttl / 3, claim]
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="reactor-claim-renewal", daemon=True
+                )
+                self._thread.start()
+            elif self._due[id(claim)][0] < self._sleeping_until:
+                # Only then: the thread sleeps at most a third of a TTL even with nothing to
+                # renew, so a claim of the usual TTL is never due before it wakes — waking it
+                # for every delivery would cost each one a context switch.
+                self._changed.notify()
+
+    def remove(self, claim: ExecutionClaim, timeout: float = 5.0) -> None:
+        """Stop renewing ``claim``; while the thread is renewing it right now, wait for that
+        renewal, so none runs for it after its release."""
+        with self._lock:
+            self._due.pop(id(claim), None)
+            deadline = time.monotonic() + timeout
+            while self._in_flight == id(claim) and threading.current_thread() is not self._thread:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._part_done.wait(timeout=left)
+
+    def active(self) -> int:
+        with self._lock:
+            return len(self._due)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [entry for entry in self._due.values() if entry[0] <= now]
+                if not due:
+                    idle = now + claim_ttl() / 3
+                    self._sleeping_until = min([idle, *(e[0] for e in self._due.values())])
+                    self._changed.wait(timeout=self._sleeping_until - now)
+                    self._sleeping_until = 0.0
+                    continue
+            for entry in due:
+                claim: ExecutionClaim = entry[1]
+                with self._lock:
+                    if self._due.get(id(claim)) is not entry:
+                        continue  # released meanwhile
+                    self._in_flight = id(claim)
+                try:
+                    kept = claim.renew()
+                finally:
+                    with self._lock:
+                        self._in_flight = None
+                        self._part_done.notify_all()
+                        if self._due.get(id(claim)) is entry:
+                            if kept:
+                                entry[0] = time.monotonic() + claim.ttl / 3
+                            else:
+                                del self._due[id(claim)]
+
+
+_the_renewer: ClaimRenewer | None = None
+_renewer_guard = threading.Lock()
+
+
+def _renewer() -> ClaimRenewer:
+    """This process's claim renewer (a forked child starts its own: threads do not survive a
+    fork)."""
+    global _the_renewer
+    with _renewer_guard:
+        if _the_renewer is None or _the_renewer.pid != os.getpid():
+            _the_renewer = ClaimRenewer()
+        return _the_renewer
 
 
 def delivery_owner(task_id: str | None) -> str:

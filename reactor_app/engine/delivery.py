@@ -3,8 +3,10 @@
 ``deliver`` takes the execution claim (``engine.claim``), runs one pass of the engine and
 follows up once the claim is let go:
 
-1. Load the row; drop the delivery if the execution is finished, or if it is a countdown
-   requeue left over from an earlier park (its ``requeue_token`` names another park).
+1. A countdown requeue (it carries a ``requeue_token``) first reads the row: it is dropped if
+   the execution is finished, or left over from an earlier park (its token names another
+   park). Other deliveries — a new execution, a wake, a sweep — skip that read: the claim
+   statement reads the row, and one round trip less comes before the body.
 2. Take the claim. A delivery that finds it taken exits; if the execution is not finished it
    looks again when the claim would lapse (its holder may have been killed). Holding it, the
    claim statement (``ExecutionManager.claim``: one ``UPDATE ... RETURNING``) reads the row
@@ -35,7 +37,7 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
-from reactor_app.engine.enqueueing import enqueue_quietly
+from reactor_app.engine.enqueueing import enqueue_quietly, message_priority
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
@@ -62,21 +64,33 @@ def deliver(
     pile up into extra contention attempts.
     """
     summary: dict[str, Any] = {"execution_id": execution_id}
-    execution = Execution.objects.filter(pk=execution_id).first()
-    if execution is None:
-        return {**summary, "outcome": "missing"}
-    if execution.status not in RUNNABLE:
-        return {**summary, "outcome": "nothing_to_do", "status": execution.status}
-    if _stale_requeue(execution, requeue_token):
-        return {**summary, "outcome": "stale_requeue", "status": execution.status}
+    execution: Execution | None = None
+    if requeue_token is not None:
+        # A park's countdown requeue is most often stale by the time it is due (the release
+        # that freed the key woke the execution long before): one read drops it without the
+        # claim's round trips. Other deliveries — a new execution, a wake — are nearly always
+        # live work, and the claim statement reads the row anyway: no read first, one round
+        # trip less before their body (docs/benchmarks.md, "Wake latency").
+        execution = Execution.objects.filter(pk=execution_id).first()
+        if execution is None:
+            return {**summary, "outcome": "missing"}
+        if execution.status not in RUNNABLE:
+            return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+        if _stale_requeue(execution, requeue_token):
+            return {**summary, "outcome": "stale_requeue", "status": execution.status}
     try:
         # building the claim may reach Redis already (a cluster client maps its slots)
         claim = ExecutionClaim(execution_id, delivery_owner(task_id))
         claimed = claim.acquire(wait=CLAIM_WAIT)
     except CoordinationUnavailable:
-        return {**summary, **_retry_after_outage(execution)}
+        execution = execution or Execution.objects.filter(pk=execution_id).first()
+        if execution is None or execution.status not in RUNNABLE:
+            return {**summary, **_unrunnable(execution)}
+        return {**summary, **_retry_after_outage(execution.id, execution.status)}
     if not claimed:
-        execution.refresh_from_db()
+        execution = Execution.objects.filter(pk=execution_id).first()
+        if execution is None:
+            return {**summary, "outcome": "missing"}
         if execution.status in RUNNABLE:
             # Running elsewhere — or its delivery was killed and the claim has yet to lapse,
             # even one that had only just taken a parked execution: look again then. A parked
@@ -100,8 +114,8 @@ def deliver(
         # later write of this delivery is conditional on (a terminal status is final)
         claimed_row = Execution.objects.claim(execution_id, RUNNABLE)
         if claimed_row is None:
-            execution.refresh_from_db()  # ended meanwhile: report what it ended as
-            return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+            # gone, or ended (meanwhile): report what it ended as
+            return {**summary, **_unrunnable(Execution.objects.filter(pk=execution_id).first())}
         execution = claimed_row
         if _stale_requeue(execution, requeue_token):
             return {**summary, "outcome": "nothing_to_do", "status": execution.status}
@@ -113,7 +127,7 @@ def deliver(
     except CoordinationUnavailable:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again
-        return {**summary, **_retry_after_outage(execution)}
+        return {**summary, **_retry_after_outage(execution_id, ExecutionStatus.RUNNING)}
     except ClaimLost:
         # Another delivery may run it now, or nobody (the claim vanished with a restarted
         # Redis): look again once a claim would have lapsed; a duplicate is harmless.
@@ -125,15 +139,22 @@ def deliver(
     return {**summary, **_follow_up(run)}
 
 
-def _retry_after_outage(execution: Execution) -> dict[str, Any]:
+def _unrunnable(execution: Execution | None) -> dict[str, Any]:
+    """What a delivery reports for an execution it has nothing to run of."""
+    if execution is None:
+        return {"outcome": "missing"}
+    return {"outcome": "nothing_to_do", "status": execution.status}
+
+
+def _retry_after_outage(execution_id: Any, status: str) -> dict[str, Any]:
     """The coordination Redis is unreachable before this delivery could claim the execution
     (or drop the holds of the dead delivery it takes over from): nothing ran; send it again
     after a backoff. If the broker is unreachable too, the sweeper
     re-enqueues it once the heartbeat is stale (docs/operations.md, "Recovery")."""
     delay = backoff_seconds(1)
-    logger.warning("coordination store unreachable; %s requeued in %.1fs", execution.id, delay)
-    enqueue_quietly(execution.id, countdown=delay)
-    return {"outcome": "coordination_unavailable", "status": execution.status}
+    logger.warning("coordination store unreachable; %s requeued in %.1fs", execution_id, delay)
+    enqueue_quietly(execution_id, countdown=delay)
+    return {"outcome": "coordination_unavailable", "status": status}
 
 
 def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dict[str, Any]:
@@ -227,7 +248,11 @@ def _follow_up(run: ExecutionRun | None) -> dict[str, Any]:
         if delay is None:  # waiting on an async child, which wakes us when it ends
             delay = reactor_settings.CONTENTION_BACKOFF[1]
         enqueue_quietly(
-            execution.id, countdown=delay, requeue_token=run.state.continuation.requeue_token
+            execution.id,
+            countdown=delay,
+            requeue_token=run.state.continuation.requeue_token,
+            # its priority again, so a broker that orders by it serves the requeue so too
+            priority=message_priority(run.priority),
         )
         return {"outcome": "parked", "status": execution.status, "requeue_in": round(delay, 3)}
     marker = run.state.origin.dispatch

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from celery import current_app
 from django.db import IntegrityError, transaction
@@ -39,6 +40,7 @@ from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
     IdempotencyKeyReused,
     InputNotSerializable,
+    InputValidationError,
     ReactorError,
 )
 from reactor_app.models import Execution
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
 
 logger = logging.getLogger(__name__)
+
+#: broker URL schemes of kombu's Redis transport (priority 0 served first)
+REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 
 #: the task a delivery runs (``reactor_app.tasks.run_execution``), found by name in the current
 #: Celery app's registry: the tasks hand back to the engine, so the engine does not import them
@@ -136,10 +141,49 @@ def wake(waiter_ids: Iterable[str]) -> None:
             logger.exception("could not wake %s; its backoff requeue will", waiter)
 
 
-def _worker_context() -> dict[str, Any]:
+def _worker_context(priority: int | None = None) -> dict[str, Any]:
     state = ExecutionState()
     state.origin.worker = True
+    state.origin.priority = priority or None
     return state.to_json()
+
+
+#: the range of ``run_async(priority=...)`` (the ``django.tasks`` API's), higher first
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+
+def checked_priority(reactor: type[Reactor], priority: Any) -> int | None:
+    """``priority`` if it is an int in ``MIN_PRIORITY..MAX_PRIORITY`` (None: the default, 0),
+    else ``InputValidationError`` — raised at the call, before anything is stored."""
+    if priority is None:
+        return None
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        problem = f"must be an int, got {priority!r}"
+    elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        problem = f"must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
+    else:
+        return priority
+    raise InputValidationError(
+        f"run_async of {reactor.__qualname__}: priority {problem}",
+        reactor=reactor.path(),
+        step=None,
+        field_errors={"priority": problem},
+    )
+
+
+def celery_priority(priority: int) -> int:
+    """A priority (-100 lowest to 100 highest) as the Celery message's, on the broker's own 0
+    to 9 scale: 9 is the highest on AMQP, but the Redis transport serves its priority lists
+    from 0 up, so there 0 is the highest."""
+    step = round((priority - MIN_PRIORITY) * 9 / (MAX_PRIORITY - MIN_PRIORITY))
+    scheme = urlsplit(str(current_app.conf.broker_url or "")).scheme
+    return 9 - step if scheme.split("+")[0] in REDIS_SCHEMES else step
+
+
+def message_priority(priority: int | None) -> int | None:
+    """The Celery message priority of an execution of ``priority`` (its state's), or None for
+    the default: such a message is sent as every other execution's is."""
+    return celery_priority(priority) if priority else None
 
 
 def run_async(
@@ -166,9 +210,13 @@ def run_async(
 
     ``run_after`` defers the run (the ``django.tasks`` backend's ``run_after``): the message
     carries the countdown, and the row's heartbeat is the due time, so the sweeper cannot
-    re-send it early. ``priority`` is the message's (``enqueue``). ``debounce`` (or the
-    reactor's ``with_debounce``) makes the start one of a burst (``engine.debounce``).
+    re-send it early. ``priority`` (-100 to 100, higher first; None: 0) orders the execution
+    among the waiters of every key it meets contended (``coordination.waiting``, stored in its
+    state so that each delivery waits with it) and is sent as the message's priority
+    (``celery_priority``) for brokers that order by it. ``debounce`` (or the reactor's
+    ``with_debounce``) makes the start one of a burst (``engine.debounce``).
     """
+    priority = checked_priority(reactor, priority)
     error = input_errors(reactor, inputs)
     if error is not None:
         raise error
@@ -202,7 +250,7 @@ def run_async(
                 inputs=stored_inputs,
                 status=ExecutionStatus.PENDING,
                 heartbeat_at=due,
-                context=_worker_context(),
+                context=_worker_context(priority),
                 idempotency_key=idempotency_key,
             )
             enqueue_new_on_commit(
@@ -210,7 +258,7 @@ def run_async(
                 inputs,
                 execution,
                 countdown=(due - now).total_seconds() or None,
-                priority=priority,
+                priority=message_priority(priority),
             )
             if burst is not None and placed is not None:
                 debounced.settle_on_commit(burst, placed.earlier, str(execution_id))

@@ -98,13 +98,12 @@ from reactor_app.engine.finishing import finish_pass, result_of
 from reactor_app.engine.gate import Gate
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
-from reactor_app.engine.progress import ProgressStore
+from reactor_app.engine.progress import ProgressStore, load_state
 from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback import roll_back
 from reactor_app.engine.runner import StepOutcome
 from reactor_app.engine.settling import settle_children, settle_on_halt
-from reactor_app.engine.state import ExecutionState
 from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
 from reactor_app.engine.worker import ClaimLost, kept_hold_cover
 from reactor_app.exceptions import ExecutionCancelled, ReactorError, StepFailed
@@ -142,7 +141,7 @@ class ExecutionRun:
         self.root: ExecutionRun = parent.root if parent else self
         self.policy = policy
         self.held_keys: HeldKeys = parent.held_keys if parent else self._new_held_keys()
-        self.state = ExecutionState.from_json(execution.context)
+        self.state = load_state(execution)  # the context and its progress rows, read once
         #: what of ``state`` is on the row (``engine.progress``)
         self.store = ProgressStore(execution, self.state)
         self.instance = reactor()
@@ -200,6 +199,12 @@ class ExecutionRun:
         return self.policy.worker_wait
 
     @property
+    def priority(self) -> int:
+        """The place among waiters of this delivery's units (``run_async(priority=...)``,
+        kept in the state of the execution the delivery runs)."""
+        return int(self.root.state.origin.priority or 0)
+
+    @property
     def waiter_id(self) -> str | None:
         """The id a parked unit registers on the contended key: the execution whose task a
         release re-enqueues (the root of this tree). None outside workers."""
@@ -208,10 +213,11 @@ class ExecutionRun:
     # -- persistence ----------------------------------------------------------------------
 
     def persist(self, **fields: Any) -> None:
-        """Write the state and ``fields`` now, waiting for the commit: a pass's start and end,
-        and the writes others rely on at once (a child created, a park). One conditional
-        statement (``engine.progress``): what changed since the last write, never the whole
-        context; ``ClaimLost`` if another delivery claimed the row meanwhile."""
+        """Write the state and ``fields`` now, waiting for the commit: a pass's end (and its
+        start in process), and the writes others rely on at once (a child created, a park).
+        One conditional statement (``engine.progress``): what changed since the last write,
+        never the whole context; ``ClaimLost`` if another delivery claimed the row
+        meanwhile."""
         self._write(fields, durable=True)
 
     def _write(self, fields: dict[str, Any], *, durable: bool) -> None:
@@ -278,10 +284,18 @@ class ExecutionRun:
         if self.inserted_running:
             self.inserted_running = False
         else:
-            self.persist(
-                status=ExecutionStatus.RUNNING,
-                started_at=self.execution.started_at or timezone.now(),
-                current_step=self._resume_point() or self.execution.current_step,
+            # On a worker the start is written like a checkpoint, without waiting for the WAL
+            # flush: the claim statement before it was durable, and a database crash that
+            # loses it leaves the row as that statement left it (pending or parked, sent again
+            # by the sweeper) — what losing a checkpoint does. Waiting for the disk here held
+            # every delivery's body, a woken one's too, behind a flush (docs/operations.md).
+            self._write(
+                {
+                    "status": ExecutionStatus.RUNNING,
+                    "started_at": self.execution.started_at or timezone.now(),
+                    "current_step": self._resume_point() or self.execution.current_step,
+                },
+                durable=not self.policy.persists_each_step,
             )
         emit_engine(
             EngineEvent.EXECUTION_RESUMED if resuming else EngineEvent.EXECUTION_STARTED,

@@ -1,14 +1,20 @@
-"""Finished executions in a lock's waiter line: passed over by the release that frees the key.
+"""Finished executions in a lock's or semaphore's waiter line: passed over by the release that
+frees the key (or the slot).
 
 A worker execution's entry in a key's waiter line can outlive it: an execution cancelled or
 failed while parked, a delivery killed after it registered. A lock's release grants the free
 key to the head of the line for ``HANDOFF_GRANT_MS`` (3 s, ``lua/_common.lua``) and names it to
 be re-enqueued; granted to an execution that has finished, the key sits idle that long, since
 nobody comes to take it — in a run where worker children are killed, release after release.
-``past_finished`` is what the releasing gate does about it: the woken parked waiters' executions
-are looked up in one query, and a finished one leaves the line at once (``lua/lock_leave.lua``),
-which hands the grant on to the next waiter — checked the same way. The line itself stays in
-Redis, where the store of execution statuses is not: the lookup is the engine's.
+``past_finished`` is what the releasing gate does about it, once it has re-enqueued the woken
+waiters (first: the look-up is a database query, and the next holder's delivery need not wait
+for it): the woken parked waiters' executions are looked up in one query, and a finished one
+leaves the line at once (``lua/lock_leave.lua``), which hands the grant on to the next waiter
+— checked the same way — whom the gate re-enqueues in turn. The finished one's own wake
+message finds its execution finished and does nothing. A semaphore's release hands a freed
+slot on the same way (``lua/_semaphore.lua``, ``lua/semaphore_leave.lua``), so its line is
+passed over likewise. The line itself stays in Redis, where the store of execution statuses
+is not: the look-up is the engine's.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import WAITING_PREFIX, Admitted, LockClaim
+from reactor_app.coordination.claims import WAITING_PREFIX, Admitted, LockClaim, SemaphoreClaim
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES
 
@@ -38,7 +44,9 @@ def past_finished(coordinator: Coordinator, admitted: Admitted, woken: list[str]
     way. Best effort: when the lookup fails, the waiters are woken as they are (the grant
     lapses as before).
     """
-    locks = [hold.claim for hold in admitted.holds if isinstance(hold.claim, LockClaim)]
+    locks = [
+        hold.claim for hold in admitted.holds if isinstance(hold.claim, (LockClaim, SemaphoreClaim))
+    ]
     parked = [w for w in woken if not w.startswith(WAITING_PREFIX)]
     if not locks or not parked:
         return woken

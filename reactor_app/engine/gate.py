@@ -66,6 +66,7 @@ from reactor_app.dsl.declarations import (
     Declaration,
     OrderedLockDeclaration,
     RateLimitDeclaration,
+    SemaphoreDeclaration,
 )
 from reactor_app.engine import contention, finished_waiters
 from reactor_app.engine.enqueueing import wake
@@ -128,6 +129,8 @@ class GateScope:
     on_position: Callable[[], None] | None = None
     #: a worker's in-delivery wait before it parks (``REACTOR_WORKER_WAIT``; 0: park at once)
     worker_wait: float = 0.0
+    #: the execution's place among the waiters of a contended key (``run_async(priority=)``)
+    priority: int = 0
 
 
 def get_coordinator() -> Coordinator:
@@ -178,8 +181,9 @@ class Gate:
             position = None
             if isinstance(declaration, OrderedLockDeclaration):
                 position = self._position(declaration, key)
-            if isinstance(declaration, RateLimitDeclaration):
-                # a weighted limit's cost is computed from the same arguments as its key
+            if isinstance(declaration, (RateLimitDeclaration, SemaphoreDeclaration)):
+                # a weighted limit's cost, a fair semaphore's group: computed from the same
+                # arguments as the key
                 claims.append(declaration.claim(key, args=self.args, reactor=reactor, step=step))
                 continue
             claims.append(declaration.claim(key, position))
@@ -238,6 +242,7 @@ class Gate:
             execution_id=self.scope.execution_id,
             step=self.scope.step,
             reactor=self.scope.reactor,
+            priority=self.scope.priority,
         )
 
     def enter(
@@ -680,25 +685,36 @@ class Gate:
         and re-enqueueing the parked executions it let through. A release that could not reach
         the store records ``release_failed`` events: this unit is done with the holds, but
         they stay taken until their leases lapse, and the history must not say otherwise."""
+        # stamped now, recorded after the wake below: the history keeps the release before the
+        # woken waiter's admission
+        at = timezone.now()
         woken = list(released.woken)
-        kind, failure = CoordinationEventKind.RELEASED, {}
+        # Parked executions waited for exactly this release: re-enqueue them first, before
+        # this unit's own bookkeeping (the look-up of finished waiters, the held-key registry,
+        # the events), so the next holder's delivery is on its way while that is done
+        # (docs/benchmarks.md, "Wake latency").
+        _wake(woken)
+        alive = finished_waiters.past_finished(self.coordinator, admitted, woken)
+        _wake([w for w in alive if w not in woken])  # the grants passed over finished ones
+        kind, detail = CoordinationEventKind.RELEASED, dict[str, Any]()
         if released.failed is not None:
-            kind, failure = CoordinationEventKind.RELEASE_FAILED, {"cause": released.failed}
+            kind, detail = CoordinationEventKind.RELEASE_FAILED, {"cause": released.failed}
+        elif alive and len(admitted.holds) == 1:
+            # whom the freed key went to (with several holds the waiters are not told apart by
+            # key): the key's timeline shows each hand-off, the chaos test checks them
+            detail = {"handed_to": alive}
         for hold in reversed(admitted.holds):
             claim = hold.claim
             registered = tracked and primitives.holds(claim.primitive)
             if self.scope.held_keys is not None and registered:
                 self.scope.held_keys.pop(claim.primitive, claim.key)
-            self._event(kind, claim, token=hold.token, outcome=outcome, **failure)
+            self._event(kind, claim, token=hold.token, outcome=outcome, at=at, **detail)
         if not tracked and self.scope.held_keys is not None:
             # kept holds given back before this delivery adopted them: still announced
             self.scope.held_keys.settle([(h.claim.primitive, h.claim.key) for h in admitted.holds])
         if outcome in TERMINAL_OUTCOMES:
             self.forget_position()
-        woken = finished_waiters.past_finished(self.coordinator, admitted, woken)
-        # Parked executions waited for exactly this release: re-enqueue them now.
-        _wake(woken)
-        return woken
+        return alive
 
     # -- helpers --------------------------------------------------------------------------
 

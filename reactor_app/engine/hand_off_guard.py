@@ -32,7 +32,8 @@ def _exclusive(declaration: Declaration) -> bool:
     """Declarations that deadlock when the dispatcher holds their key: locks, limit-1 semaphores."""
     if isinstance(declaration, LockDeclaration):
         return True
-    return isinstance(declaration, SemaphoreDeclaration) and declaration.limit == 1
+    # a named limit counts as it is now (an operator may lower it to 1 live)
+    return isinstance(declaration, SemaphoreDeclaration) and declaration.effective_limit() == 1
 
 
 def _keys(

@@ -78,6 +78,11 @@ class ExecutionHost:
         return self._run.worker_wait
 
     @property
+    def priority(self) -> int:
+        """The execution's place among waiters (``run_async(priority=...)``)."""
+        return self._run.priority
+
+    @property
     def on_position(self) -> Callable[[], None] | None:
         return self._run.persist
 
@@ -108,6 +113,7 @@ class DirectCall:
     positions: dict[str, dict[str, Any]] | None = None  # a fresh ordered position each time
     waiter_id: str | None = None
     worker_wait = 0.0
+    priority = 0
     on_position: Callable[[], None] | None = None
 
     @property
@@ -158,6 +164,7 @@ def gate_scope(
         waiter_id=host.waiter_id if parks else None,
         worker_wait=host.worker_wait if parks else 0.0,
         on_position=host.on_position if parks else None,
+        priority=host.priority,
     )
 
 

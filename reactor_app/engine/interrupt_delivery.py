@@ -24,8 +24,9 @@ from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.outcomes import PassEnd
+from reactor_app.engine.progress import load_state
 from reactor_app.engine.result import Result
-from reactor_app.engine.state import ExecutionState, InterruptEntry
+from reactor_app.engine.state import InterruptEntry
 from reactor_app.exceptions import ExecutionNotResumable
 from reactor_app.models import Execution
 from reactor_app.serialization import to_json
@@ -87,7 +88,7 @@ def _take_interrupt(
                 status=execution.status,
             )
         waiting_at = execution.current_step
-        state = ExecutionState.from_json(execution.context)
+        state = load_state(execution)
         entry = (state.interrupts or {}).get(waiting_at)
         refusal = None
         if execution.status != ExecutionStatus.INTERRUPTED or entry is None:
@@ -154,7 +155,7 @@ def time_out_interrupt(execution_id: Any, now: datetime) -> bool:
         execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
         if execution is None or execution.status != ExecutionStatus.INTERRUPTED:
             return False
-        state = ExecutionState.from_json(execution.context)
+        state = load_state(execution)
         entry = (state.interrupts or {}).get(execution.current_step)
         if not entry or "payload" in entry or not deadline_passed(entry, now):
             return False

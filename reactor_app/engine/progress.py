@@ -1,31 +1,44 @@
-"""Writing an execution's state back to its row: what changed, never the whole context.
+"""Writing an execution's state back: what changed, never the whole of it.
 
 WHY: the state (``engine.state``) holds every result, the rollback log and a sequential map's
 elements so far. Rewriting it at every checkpoint made a run's cost grow with the square of its
-length (a 1,000-element map wrote 263 MB). ``ProgressStore`` remembers what of the state is on
-the row and writes only the difference as a patch of the ``context`` column, computed in the
-database:
+length (a 1,000-element map wrote 263 MB). Patching only the difference into the ``context``
+column fixed what a checkpoint *sends*, but not what PostgreSQL *writes*: it stores a new
+version of the whole (TOASTed) ``context`` value for every patch, so a 1,000-step reactor on a
+worker still wrote ~176 kB of WAL per step. So the state is split in two:
 
-* PostgreSQL: ``jsonb_set`` (an array extended with ``||``) / ``#-`` (remove);
-* SQLite: ``json_set`` / ``json_insert`` with ``[#]`` (append) / ``json_remove``;
-* any other backend: the whole context, as before.
+* **the growing parts** — results, the rollback log, sequential maps' progress — are written
+  as append-only ``ExecutionProgress`` rows: each checkpoint appends the ops that bring them to
+  the state (set a result, extend the log with the new entries, extend a map's elements, ...),
+  so it writes what the step (or the batch of map elements) added, whatever came before it;
+* **the skeleton** — the small fixed rest (ordered positions, counters, notes, the next step)
+  — stays in ``context``, patched in the database where it can be:
 
-So the statement a checkpoint sends carries what the step (or the batch of map elements) added
-— its result, its rollback-log entry, the few engine notes that changed — whatever the number of
-units before it. The row keeps the same JSON layout (``ExecutionState.from_json`` reads it, and
-rows written before this module load as they are); a pass reads it once, when it starts.
+  - PostgreSQL: ``jsonb_set`` / ``#-`` (remove);
+  - SQLite: ``json_set`` / ``json_remove``;
+  - any other backend: the whole skeleton (it is small).
+
+  The context also holds ``ROWS``, the number of progress rows (``engine.state``).
+
+``load_state`` assembles the state once per delivery: the context, then the rows past its
+``FOLDED`` mark up to ``ROWS`` applied in order (``stored_context``). Rows of older versions —
+the growing parts inside the context, no ``ROWS`` — read as they are, with no query; the first
+write of a store on such a row moves those parts into rows (a whole "set" of each) and drops
+them from the context. A whole context written from an assembled state (``state.to_json()``,
+as the interrupt resume does) carries the parts and ``FOLDED = ROWS``, so it reads back right
+too, and its parts move to rows on the next write the same way.
 
 The difference is found without walking the state: results and the rollback log are
 append-only while a pass runs (a step's result is written once; a rollback empties the log),
-so the store keeps their lengths and their last entry, and writes the entries past them. Any
-other change of those (the log emptied, a map's progress replaced) writes that part whole. The
-small rest of the state (ordered positions, contention counters, continuation notes, ...) is
-compared key by key.
+so the store keeps their lengths and their last entry, and appends the entries past them. Any
+other change of those (the log emptied, a map's progress replaced) appends a row that sets that
+part whole. The skeleton is compared key by key.
 
 Every write is conditional on ``claim_generation`` (the value the delivery's claim statement
-set, ``ExecutionManager.claim``): a delivery whose claim was taken over writes nothing and
-stops with ``ClaimLost`` — a terminal status, once written, is not overwritten by a delivery
-that lost its claim (docs/design.md, "The execution claim").
+set, ``ExecutionManager.claim``), the rows' insert included (``ExecutionProgressManager.append``:
+one statement on PostgreSQL): a delivery whose claim was taken over writes nothing and stops
+with ``ClaimLost`` — a terminal status, once written, is not overwritten by a delivery that lost
+its claim (docs/design.md, "The execution claim").
 
 Durability: ``write(durable=False)`` (a progress checkpoint on a worker) does not wait for the
 WAL flush on PostgreSQL (``synchronous_commit`` off for the statement's transaction, set by the
@@ -38,8 +51,8 @@ corrupt it. The start of a pass and its end (status writes) stay synchronous
 
 from __future__ import annotations
 
+import copy
 import json
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -52,27 +65,53 @@ from django.db.models.expressions import Expression, RawSQL
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
-from reactor_app.engine.state import CompletedStep, ExecutionState, MapProgress
+from reactor_app.engine.state import FOLDED, ROWS, CompletedStep, ExecutionState, MapProgress
 from reactor_app.engine.worker import ClaimLost
-from reactor_app.models import Execution
+from reactor_app.models import Execution, ExecutionProgress
 from reactor_app.serialization import encode
 
 OpKind = Literal["set", "extend", "remove"]
-#: one change of the stored context: set a path, append a list of entries to the array at a
-#: path, remove a path
+#: one change of the stored state: set a path, append a list of entries to the array at a
+#: path, remove a path (a progress row; the context itself only sees set and remove)
 Op = tuple[OpKind, tuple[str, ...], Any]
 
 RESULTS, COMPLETED, MAP_PROGRESS = "results", "completed", "map_progress"
-#: the parts written entry by entry; the rest of the state is "the skeleton"
+#: the parts kept in progress rows; the rest of the state is "the skeleton", in the context
 _GROWING = (RESULTS, COMPLETED, MAP_PROGRESS)
+#: what the context holds besides the skeleton: the progress-row marks (``engine.state``)
+_MARKS = (ROWS, FOLDED)
 PATCHING_VENDORS = ("postgresql", "sqlite")
-#: entries appended per SQLite ``json_insert`` call (its argument count is capped)
-SQLITE_PAIRS = 40
-#: a patch nesting deeper than this, or more new results than ``MAX_NEW_RESULTS``, writes the
-#: whole context instead: that happens once per in-process run (its first write is its end),
-#: never per checkpoint of a worker (each carries one step or one batch of elements)
+#: a context patch of more ops than this (its SQL nests one call per op; SQLite's parser
+#: stack is ~100 deep) writes the whole skeleton instead
 MAX_NESTING = 40
+#: more new results than this in one write append one row setting them all (an in-process
+#: run's first write is its end), not a row per result
 MAX_NEW_RESULTS = 20
+
+
+def stored_context(execution: Execution) -> dict[str, Any]:
+    """The execution's context with its progress rows applied: the whole state in its stored
+    (JSON) form — one query when the row has progress rows, none otherwise. The admin shows
+    it; ``load_state`` decodes it."""
+    context = dict(execution.context or {})
+    rows, folded = int(context.get(ROWS, 0) or 0), int(context.get(FOLDED, 0) or 0)
+    if rows <= folded:
+        return context
+    for key in _GROWING:
+        if key in context:  # the row's own copy is not to be changed in place
+            context[key] = copy.deepcopy(context[key])
+    using = execution._state.db or "default"
+    for kind, path, payload in ExecutionProgress.objects.db_manager(using).changes_of(
+        execution.pk, folded, rows
+    ):
+        _apply(context, (kind, tuple(path), payload))
+    context[FOLDED] = rows
+    return context
+
+
+def load_state(execution: Execution) -> ExecutionState:
+    """The state a pass resumes from: the context and the progress rows, assembled once."""
+    return ExecutionState.from_json(stored_context(execution))
 
 
 class ContextPatch(Expression):
@@ -95,40 +134,21 @@ class ContextPatch(Expression):
         sql, params = column, list(column_params)
         postgres = connection.vendor == "postgresql"
         for kind, path, value in self.ops:
+            # (a context patch only sets and removes top-level keys: what grows is in rows)
             if postgres:
                 if kind == "set":
                     sql = f"jsonb_set({sql}, %s::text[], %s::jsonb, true)"
                     params += [list(path), json.dumps(value)]
-                elif kind == "extend":
-                    # the array as the row holds it (no other op of a patch touches it) and
-                    # the new entries: the column is named once more, not the whole patch
-                    sql = (
-                        f"jsonb_set({sql}, %s::text[], "
-                        f"COALESCE({column} #> %s::text[], '[]'::jsonb) || %s::jsonb, true)"
-                    )
-                    params += [list(path), *column_params, list(path), json.dumps(value)]
                 else:
                     sql = f"({sql} #- %s::text[])"
                     params.append(list(path))
             elif kind == "set":
                 sql = f"json_set({sql}, %s, json(%s))"
                 params += [sqlite_path(path), json.dumps(value)]
-            elif kind == "extend":
-                at = sqlite_path(path) + "[#]"
-                for start in range(0, len(value), SQLITE_PAIRS):
-                    chunk = value[start : start + SQLITE_PAIRS]
-                    sql = f"json_insert({sql}{', %s, json(%s)' * len(chunk)})"
-                    for item in chunk:
-                        params += [at, json.dumps(item)]
             else:
                 sql = f"json_remove({sql}, %s)"
                 params.append(sqlite_path(path))
         return sql, tuple(params)
-
-
-def nesting(ops: list[Op]) -> int:
-    """How deep the patch's SQL nests function calls (SQLite's parser stack is ~100 deep)."""
-    return sum(-(-len(value) // SQLITE_PAIRS) if kind == "extend" else 1 for kind, _, value in ops)
 
 
 def sqlite_path(path: tuple[str, ...]) -> str:
@@ -159,19 +179,29 @@ class _MapMark:
 
 
 class ProgressStore:
-    """What of one execution's state is on its row, and the statement that writes the rest."""
+    """What of one execution's state is stored (its context and progress rows), and the
+    statement that writes the rest."""
 
     def __init__(self, execution: Execution, state: ExecutionState) -> None:
         self.execution = execution
         #: the claim generation this pass owns the row with (``ExecutionManager.claim``)
         self.generation = execution.claim_generation
-        self._stored_keys: set[str] = set((execution.context or {}).keys())
+        stored = execution.context if isinstance(execution.context, dict) else {}
+        #: progress rows the execution has (the next one appended is ``_rows + 1``)
+        self._rows = int(stored.get(ROWS, 0) or 0)
+        #: growing parts the context itself still holds (an older row, or a whole context
+        #: written from an assembled state): the next write drops them from the context, and
+        #: appends a row setting each one — but for empty results and log (a new row's ``{}``
+        #: and ``[]``), which read the same absent, so they cost no row (an empty map progress
+        #: does not: ``{}`` and absent are two states)
+        self._in_context = {key for key in _GROWING if key in stored}
+        self._to_move = {key for key in self._in_context if stored[key] or key == MAP_PROGRESS}
         #: sequential map elements completed since the last write (``batch_due``)
         self._unwritten_elements = 0
         self._batch_started = 0.0
         self._mark(state)
 
-    # -- what is on the row ----------------------------------------------------------------
+    # -- what is stored --------------------------------------------------------------------
 
     def _mark(self, state: ExecutionState, skeleton: dict[str, Any] | None = None) -> None:
         self._skeleton = skeleton if skeleton is not None else skeleton_of(state)
@@ -179,6 +209,7 @@ class ProgressStore:
         self._last_result = next(reversed(state.results), None) if state.results else None
         self._completed_written = len(state.completed)
         self._last_record: CompletedStep | None = state.completed[-1] if state.completed else None
+        self._has_maps = state.children.map_progress is not None
         self._maps = {
             name: _MapMark(
                 entry["elements"],
@@ -192,23 +223,27 @@ class ProgressStore:
 
     # -- the difference --------------------------------------------------------------------
 
-    def changes(self, state: ExecutionState) -> tuple[list[Op], dict[str, Any]]:
-        """The ops that bring the row to ``state``, and the new skeleton."""
+    def changes(self, state: ExecutionState) -> tuple[list[Op], list[Op], dict[str, Any]]:
+        """The ops that bring the context to ``state``'s skeleton, those that bring the
+        growing parts to ``state`` (appended as rows), and the new skeleton."""
         skeleton = skeleton_of(state)
         ops: list[Op] = []
         for key, value in skeleton.items():
             if key not in self._skeleton or self._skeleton[key] != value:
                 ops.append(("set", (key,), value))
         ops.extend(("remove", (key,), None) for key in self._skeleton if key not in skeleton)
-        ops.extend(self._result_ops(state.results))
-        ops.extend(self._completed_ops(state.completed))
-        ops.extend(self._map_ops(state.children.map_progress))
-        return ops, skeleton
+        ops.extend(("remove", (key,), None) for key in sorted(self._in_context))
+        rows = [
+            *self._result_ops(state.results),
+            *self._completed_ops(state.completed),
+            *self._map_ops(state.children.map_progress),
+        ]
+        return ops, rows, skeleton
 
     def _result_ops(self, results: dict[str, Any]) -> list[Op]:
         written, count = self._results_written, len(results)
         fresh = count - written
-        if RESULTS not in self._stored_keys or fresh < 0 or fresh > MAX_NEW_RESULTS:
+        if RESULTS in self._to_move or fresh < 0 or fresh > MAX_NEW_RESULTS:
             return [("set", (RESULTS,), _encode(results))]
         if fresh == 0:
             return []
@@ -222,7 +257,7 @@ class ProgressStore:
     def _completed_ops(self, completed: list[CompletedStep]) -> list[Op]:
         written = self._completed_written
         if (
-            COMPLETED not in self._stored_keys
+            COMPLETED in self._to_move
             or len(completed) < written
             or (written and completed[written - 1] is not self._last_record)
         ):
@@ -232,8 +267,9 @@ class ProgressStore:
 
     def _map_ops(self, progress: dict[str, MapProgress] | None) -> list[Op]:
         if progress is None:
-            return [("remove", (MAP_PROGRESS,), None)] if MAP_PROGRESS in self._stored_keys else []
-        if MAP_PROGRESS not in self._stored_keys:
+            # (a copy in the context is dropped with the context's own remove)
+            return [("remove", (MAP_PROGRESS,), None)] if self._has_maps else []
+        if MAP_PROGRESS in self._to_move or not self._has_maps:
             return [("set", (MAP_PROGRESS,), _encode(progress))]
         ops: list[Op] = [
             ("remove", (MAP_PROGRESS, name), None) for name in self._maps if name not in progress
@@ -290,25 +326,31 @@ class ProgressStore:
     # -- writing ---------------------------------------------------------------------------
 
     def write(self, state: ExecutionState, fields: dict[str, Any], *, durable: bool) -> None:
-        """One conditional UPDATE of the row: ``fields``, the heartbeat, and the context
-        patched to ``state``. Raises ``ClaimLost`` when the row's claim generation moved on
-        (another delivery claimed it), ``DatabaseError`` when the row is gone: nothing was
+        """One conditional write of the row: ``fields``, the heartbeat, the context patched to
+        ``state``'s skeleton and the growing parts' changes appended as progress rows (one
+        statement on PostgreSQL). Raises ``ClaimLost`` when the row's claim generation moved
+        on (another delivery claimed it), ``DatabaseError`` when the row is gone: nothing was
         written."""
-        ops, skeleton = self.changes(state)
+        ops, appended, skeleton = self.changes(state)
+        rows_after = self._rows + len(appended)
+        if appended:
+            ops.append(("set", (ROWS,), rows_after))
         execution = self.execution
         using = execution._state.db or "default"
         vendor = connections[using].vendor
         whole = (
             vendor not in PATCHING_VENDORS
-            or (vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 31))  # no ``[#]``
-            or nesting(ops) > MAX_NESTING
+            or len(ops) > MAX_NESTING
             or not all(_patchable(p, vendor) for _, p, _ in ops)
         )
         now = timezone.now()
         values: dict[str, Any] = {"heartbeat_at": now, "updated_at": now, **fields}
         context: dict[str, Any] | None = None
         if whole:
-            context = state.to_json()
+            stored = execution.context if isinstance(execution.context, dict) else {}
+            context = {**skeleton, **{k: stored[k] for k in _MARKS if k in stored}}
+            if appended:
+                context[ROWS] = rows_after
             values["context"] = context
         elif ops:
             values["context"] = ContextPatch(ops)
@@ -317,7 +359,12 @@ class ProgressStore:
         )
         if _async_commit(using, durable=durable):
             rows = rows.filter(_ASYNC_COMMIT)
-        updated = rows.update(**values)
+        if appended:
+            updated = ExecutionProgress.objects.db_manager(using).append(
+                rows, values, execution.pk, self._rows + 1, appended
+            )
+        else:
+            updated = rows.update(**values)
         if not updated:
             if not Execution.objects.using(using).filter(pk=execution.pk).exists():
                 # deleted while it ran (as ``Model.save`` reported it before)
@@ -334,13 +381,14 @@ class ProgressStore:
         execution.heartbeat_at = execution.updated_at = now
         if context is not None:
             execution.context = context
-            self._stored_keys = set(context)
         else:
             stored = execution.context if isinstance(execution.context, dict) else {}
             for op in ops:
                 _apply(stored, op)
             execution.context = stored
-            self._stored_keys = set(stored)
+        self._rows = rows_after
+        self._in_context, self._to_move = set(), set()
+        state.folded = rows_after  # the state now holds every row: a whole write stays right
         self._mark(state, skeleton)
         self._unwritten_elements = 0
 
@@ -354,7 +402,7 @@ def skeleton_of(state: ExecutionState) -> dict[str, Any]:
         children=replace(state.children, map_progress=None),
     )
     data = bare.to_json()
-    for key in _GROWING:
+    for key in (*_GROWING, *_MARKS):
         data.pop(key, None)
     return data
 

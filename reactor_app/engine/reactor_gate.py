@@ -64,6 +64,7 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
             waiter_id=run.waiter_id,
             worker_wait=run.worker_wait,
             on_position=run.persist,
+            priority=run.priority,
         ),
     )
     try:

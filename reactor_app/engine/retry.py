@@ -54,6 +54,7 @@ from reactor_app.dsl.kinds import AsyncReactorSpec, ComposeSpec, InterruptSpec, 
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.enqueueing import enqueue_new_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
+from reactor_app.engine.progress import load_state
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable
 from reactor_app.models import Execution
@@ -84,7 +85,7 @@ def retry_plan(failed: Execution, from_step: str | None = None) -> RetryPlan:
     reactor = lookup(failed.reactor)
     order = list(reactor.plan.order)
     _check(failed)
-    state = ExecutionState.from_json(failed.context)
+    state = load_state(failed)
     start = _start_index(failed, state, order, from_step, reactor)
     return RetryPlan(
         from_step=order[start],
@@ -105,7 +106,7 @@ def retry(
         # under a row lock: of two concurrent retries of one execution, one wins
         failed = Execution.objects.select_for_update().get(pk=failed.pk)
         _check(failed)
-        state = ExecutionState.from_json(failed.context)
+        state = load_state(failed)
         start = _start_index(failed, state, order, from_step, reactor)
         worker = _on_worker(reactor, order, start) if on_worker is None else on_worker
         fresh = ExecutionState(

@@ -1,4 +1,6 @@
-"""The execution state: what the engine keeps in ``Execution.context`` between passes.
+"""The execution state: what the engine keeps between passes — in ``Execution.context``, and
+its growing parts (results, the rollback log, sequential maps' progress) in ``ExecutionProgress``
+rows (``engine.progress`` writes and assembles them; ``ROWS`` / ``FOLDED`` below).
 
 ``ExecutionState`` is the checkpoint a later pass resumes from (a park, an interrupt, a
 hand-off, a redelivery): results, the rollback log (``CompletedStep``), ordered-lock positions,
@@ -46,6 +48,12 @@ WORKER = "worker"
 #: the reactor-level lock/semaphore holds kept across a park (``Gate.suspend``), re-adopted by
 #: the next delivery (``Gate.enter``)
 KEPT_HOLDS = "kept_holds"
+#: the growing parts of the state (results, the rollback log, sequential maps' progress) are
+#: kept in ``ExecutionProgress`` rows, not in the context (``engine.progress``): ``ROWS`` is the
+#: number of those rows, ``FOLDED`` the number already folded into the context's own copy of
+#: the growing parts (a whole context written from an assembled state); a reader applies the
+#: rows past ``FOLDED`` up to ``ROWS``
+ROWS, FOLDED = "progress_rows", "progress_folded"
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,6 +210,10 @@ class Origin:
     dispatch: DispatchMarker | None = field(default=None, metadata={"key": "dispatch"})
     #: a retry: of which execution
     retry: RetryOrigin | None = field(default=None, metadata={"key": "retry"})
+    #: ``run_async(priority=...)``: its place among the waiters of a contended key (and its
+    #: message's priority); kept here so that every later delivery (a park's, a requeue's)
+    #: waits with it
+    priority: int | None = field(default=None, metadata={"key": "priority"})
 
 
 @dataclass
@@ -331,6 +343,10 @@ class ExecutionState:
     ending: Ending = field(default_factory=Ending)
     #: top-level keys this version does not read (a row of another version): kept as they came
     unknown: dict[str, Any] = field(default_factory=dict)
+    #: the progress rows the growing parts above include (``engine.progress.load_state``):
+    #: ``to_json`` writes it as both ``ROWS`` and ``FOLDED``, so a whole context written from
+    #: this state reads back without applying those rows a second time
+    folded: int = 0
 
     def reached_interrupts(self) -> dict[str, InterruptEntry]:
         if self.interrupts is None:
@@ -357,6 +373,8 @@ class ExecutionState:
         if self.ending.halted:
             data[HALT_REASON] = self.ending.halt_reason
         data.update(self.unknown)
+        if self.folded:
+            data[ROWS] = data[FOLDED] = self.folded
         encoded: dict[str, Any] = encode(data, strict=False, where="execution state")
         return encoded
 
@@ -375,6 +393,8 @@ class ExecutionState:
     def _read(cls, data: dict[str, Any]) -> ExecutionState:
         data = dict(data)
         data.pop("version", None)
+        data.pop(ROWS, None)
+        folded = int(data.pop(FOLDED, 0) or 0)
         ending = _load(Ending, data)
         if HALT_REASON in data:
             ending.halted, ending.halt_reason = True, data.pop(HALT_REASON)
@@ -390,4 +410,5 @@ class ExecutionState:
             continuation=_load(Continuation, data),
             ending=ending,
             unknown=data,
+            folded=folded,
         )

@@ -4,7 +4,8 @@
 a restarted broker, a requeue that could not be sent during an outage): worker executions whose
 heartbeat is older than ``REACTOR_SWEEP_AFTER`` and whose claim is free. It also renews the
 holds parked executions keep (``renew_kept_holds``) and times out overdue interrupts
-(``engine.interrupt_delivery.time_out_interrupt``).
+(``engine.interrupt_delivery.time_out_interrupt``), and publishes the operators' live limit
+overrides again if Redis lost them (``coordination.live_limits``).
 
 Deployments used to have to schedule it with Celery beat; forgetting meant executions parked
 forever. Now every worker process starts a ``SweepTimer`` (``reactor_app.tasks`` connects it to
@@ -39,7 +40,7 @@ from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_inte
 from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, kept_hold
 from reactor_app.engine.worker import park_margin
 from reactor_app.exceptions import ReactorError
-from reactor_app.models import Execution
+from reactor_app.models import Execution, LimitOverride
 from reactor_app.status import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,18 @@ def sweep(now: datetime | None = None) -> list[str]:
         overdue = bool(entry and "payload" not in entry and deadline_passed(entry, now))
         if overdue and time_out_interrupt(execution.id, now):
             enqueued.append(str(execution.id))
+    _heal_live_limits()
     return enqueued
+
+
+def _heal_live_limits() -> None:
+    """Publish the operators' limit overrides again if Redis lost them (a restart without
+    persistence) or a publish failed: processes would otherwise obey settings again."""
+    try:
+        if LimitOverride.objects.republish_if_lost():
+            logger.warning("sweep published the live limit overrides again (Redis had lost them)")
+    except Exception:
+        logger.exception("could not check the published live limit overrides")
 
 
 def renew_kept_holds(now: datetime | None = None) -> int:

@@ -141,7 +141,7 @@ def test_api_root_links_every_listing(client: Client, django_user_model: Any) ->
     response = client.get("/api/reactor/")
     assert response.status_code == 200
     links = response.json()
-    assert set(links) == {"executions", "holds", "events", "contention", "schema"}
+    assert set(links) == {"executions", "holds", "events", "contention", "limits", "schema"}
     assert links["executions"] == "http://testserver/api/reactor/executions/"
     assert client.get(links["schema"] + "?format=json").status_code == 200
 

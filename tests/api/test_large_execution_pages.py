@@ -12,7 +12,8 @@ from django.test import Client
 from django.utils import timezone
 
 from reactor_app.api.serializers import DETAIL_STEP_RUNS
-from reactor_app.engine.state import ExecutionState
+from reactor_app.engine.progress import ProgressStore
+from reactor_app.engine.state import CompletedStep, ExecutionState
 from reactor_app.models import Execution, StepRun
 from reactor_app.status import ExecutionStatus, StepRunKind, StepRunStatus
 from tests.api import users
@@ -63,6 +64,26 @@ def test_the_admin_page_shows_the_first_rows_and_how_many_there_are(staff_client
     assert shown == set(range(100))  # step-run rows, not all of them
     assert "sku-00099" in page and "sku-00100" not in page  # result and state cut too
     assert f"{UNITS - 100} more" in page
+
+
+def test_the_admin_engine_state_shows_what_is_kept_in_progress_rows(staff_client: Client) -> None:
+    """A worker's checkpoints append results and rollback-log entries as progress rows, not
+    into the context: the admin's "engine state" shows them (assembled), cut to a page."""
+    execution = Execution.objects.start(
+        reactor="shop.InvoiceReactor", inputs={}, status=ExecutionStatus.RUNNING
+    )
+    state = ExecutionState.from_json(execution.context)
+    store = ProgressStore(execution, state)
+    for n in range(UNITS):
+        state.results[f"line{n:04d}"] = f"sku-{n:05d}"
+        state.completed.append(CompletedStep(f"line{n:04d}", "step"))
+        if n % 50 == 49:
+            store.write(state, {}, durable=False)
+    assert "results" not in Execution.objects.get(pk=execution.pk).context
+    page = staff_client.get(f"/admin/reactor_app/execution/{execution.pk}/change/")
+    text = page.content.decode()
+    assert "sku-00000" in text and "sku-00099" in text and "sku-00100" not in text
+    assert f"{UNITS - 100} more" in text
 
 
 def test_the_api_detail_carries_the_first_step_runs_and_a_count(staff_client: Client) -> None:

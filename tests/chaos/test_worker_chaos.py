@@ -8,7 +8,12 @@ tokens of the completed ones increase in time order, nothing is left ``running``
 ``parked`` or ``pending`` within the recovery bound docs/operations.md states for the settings
 below (claim TTL + sweep interval + sweep-after, plus the backoff), and the key's waiter line is
 empty: no finished execution is left in it, in either of its forms (``<id>``, ``wait:<id>``).
-The release → next acquisition gaps are printed (``-s``) for the record.
+Nor was the key ever handed to one during the run: each release's ``released`` event names the
+waiter the freed key went to (``handed_to``), and every such waiter's execution still had an
+admission to come — a key granted to an execution past its last admission sits idle for the
+whole grant (``HANDOFF_GRANT_MS``, 3 s), nobody coming to take it. The release → next
+acquisition gaps are printed (``-s``) for the record, with the grants that lapsed (a grantee
+killed before it took the key: its redelivery comes only after its claim TTL).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import random
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +83,45 @@ def hand_off_gaps(key: str) -> list[float]:
     return gaps
 
 
+#: how much earlier than the release that named it a grantee's admission may be stamped: the
+#: two stamps are taken in two processes after their scripts returned, so a preempted releaser
+#: can stamp its release after the admission the grant led to (not a hand-off to the past)
+STAMP_SLACK = 0.5
+
+
+def grants_past_last_admission(key: str) -> tuple[list[tuple[str, Any, Any]], int, int]:
+    """The hand-offs of ``key`` to a waiter whose execution had no admission left to come
+    (``(waiter, released at, its last admission)``), the number of hand-offs, and how many of
+    them lapsed (the grantee's next admission not before the next release)."""
+    flush()
+    events = list(
+        CoordinationEvent.objects.filter(
+            key=key,
+            kind__in=[CoordinationEventKind.RELEASED, CoordinationEventKind.ACQUIRED],
+        )
+        .order_by("at")
+        .values_list("kind", "at", "execution_id", "detail")
+    )
+    admissions: dict[str, list[Any]] = {}
+    for kind, at, execution_id, _ in events:
+        if kind == CoordinationEventKind.ACQUIRED:
+            admissions.setdefault(str(execution_id), []).append(at)
+    stranded, handed, lapsed = [], 0, 0
+    for index, (kind, at, _, detail) in enumerate(events):
+        if kind != CoordinationEventKind.RELEASED:
+            continue
+        for waiter in (detail or {}).get("handed_to", []):
+            handed += 1
+            taken = [t for t in admissions.get(waiter.removeprefix("wait:"), []) if t >= at]
+            last = max(admissions.get(waiter.removeprefix("wait:"), []), default=None)
+            if last is None or last < at - timedelta(seconds=STAMP_SLACK):
+                stranded.append((waiter, at, last))
+            following = [e[1] for e in events[index + 1 :] if e[0] == kind]
+            if not taken or (following and min(taken) > following[0]):
+                lapsed += 1
+    return stranded, handed, lapsed
+
+
 def test_killing_worker_children_every_second_strands_nothing_and_never_overlaps(
     worker: Any,
 ) -> None:
@@ -117,5 +162,9 @@ def test_killing_worker_children_every_second_strands_nothing_and_never_overlaps
     assert_not_locked("chaos:one")
     # nobody is left in the key's line (no finished execution, in either of its forms)
     assert Coordinator().waiters(LockClaim("chaos:one")) == []
+    stranded, handed, lapsed = grants_past_last_admission("chaos:one")
+    assert handed > 0  # the releases name whom they handed the key to
+    assert stranded == []
     gaps = hand_off_gaps("chaos:one")
     print(f"\nhand-off gaps, ms: {sorted(round(g * 1000, 1) for g in gaps)}")
+    print(f"hand-offs to a waiter: {handed}, of which lapsed (grantee killed): {lapsed}")

@@ -28,15 +28,11 @@ import redis
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
-from reactor_app.coordination import scripts
+from reactor_app.coordination import function_library, kept_connections
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-from reactor_app.coordination.scripts import (
-    IDLE_CHECK_AFTER,
-    _pack_evalsha,
-    can_keep_connections,
-    scripts_for,
-)
+from reactor_app.coordination.kept_connections import IDLE_CHECK_AFTER, can_keep_connections
+from reactor_app.coordination.scripts import _pack_call, scripts_for
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.servers import StandaloneServer
 
@@ -73,7 +69,7 @@ def admit_and_release(coordinator: Coordinator, owner: str, key: str = "fast:key
 def test_the_request_bytes_are_redis_pys() -> None:
     args = ("ownér ✓", "", "step", 60000, 1.5, -3, "key\r\nwith newline")
     keys = ["k1", "ключ"]
-    ours = _pack_evalsha("0123abcd", keys, args)
+    ours = _pack_call(b"EVALSHA", "0123abcd", keys, args)
     theirs = b"".join(
         PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode).pack(
             "EVALSHA", "0123abcd", len(keys), *keys, *args
@@ -81,7 +77,7 @@ def test_the_request_bytes_are_redis_pys() -> None:
     )
     assert ours == theirs
     with pytest.raises(TypeError):
-        _pack_evalsha("0123abcd", keys, [True])
+        _pack_call(b"EVALSHA", "0123abcd", keys, [True])
 
 
 def test_each_thread_keeps_one_connection_and_gives_it_back_when_it_ends(client: Any) -> None:
@@ -91,14 +87,14 @@ def test_each_thread_keeps_one_connection_and_gives_it_back_when_it_ends(client:
     assert tokens == sorted(tokens) and len(set(tokens)) == 5  # fencing tokens still increase
     # ten script calls, one connection: this thread's, kept between calls
     assert checked_out(client) == 1
-    mine = scripts_for(client)._connection()
+    mine = scripts_for(client)._kept.get()
 
     all_in = threading.Barrier(3)
     seen: list[Any] = []
 
     def caller(n: int) -> None:
         admit_and_release(coordinator, f"t{n}", key=f"fast:key:{n}")  # never refused
-        seen.append(scripts_for(client)._connection())
+        seen.append(scripts_for(client)._kept.get())
         all_in.wait(timeout=10)  # the three are alive (and hold their connections) together
 
     threads = [threading.Thread(target=caller, args=(n,)) for n in range(3)]
@@ -115,7 +111,7 @@ def test_each_thread_keeps_one_connection_and_gives_it_back_when_it_ends(client:
     available = client.connection_pool._available_connections
     assert sum(1 for connection in seen if connection in available) >= 2  # one may be reused
     assert checked_out(client) == 2  # this thread's, and the later one's (it ended last)
-    assert scripts_for(client)._connection() is mine
+    assert scripts_for(client)._kept.get() is mine
 
 
 def test_a_server_that_lost_its_scripts_gets_them_again(client: Any) -> None:
@@ -176,7 +172,7 @@ def test_a_stopped_server_is_an_outage_not_a_hang(client: Any, server: Standalon
 def test_a_connection_the_pool_no_longer_owns_is_replaced(client: Any, monkeypatch: Any) -> None:
     coordinator = Coordinator(client, prefix="fast-test")
     admit_and_release(coordinator, "warm")
-    connection = scripts_for(client)._connection()
+    connection = scripts_for(client)._kept.get()
     before = connection._sock
     # what a Sentinel pool answers for a connection to the master it knew before a failover
     monkeypatch.setattr(client.connection_pool, "owns_connection", lambda _: False)
@@ -188,7 +184,7 @@ def test_a_connection_the_pool_no_longer_owns_is_replaced(client: Any, monkeypat
 def test_an_interrupt_in_the_middle_of_a_reconnect_leaves_no_reply_behind(client: Any) -> None:
     coordinator = Coordinator(client, prefix="fast-test")
     first = admit_and_release(coordinator, "warm")
-    connection = scripts_for(client)._connection()
+    connection = scripts_for(client)._kept.get()
     connection.disconnect()
 
     def interrupted_handshake(conn: Any) -> None:
@@ -210,6 +206,7 @@ def test_threads_keep_at_most_half_of_the_pool(server: StandaloneServer) -> None
     coordinator = Coordinator(bounded, prefix="fast-test")
     for script in scripts_for(bounded)._scripts.values():
         bounded.script_load(script.script)  # no first-call reload taking a connection more
+    function_library.load(bounded)  # nor a first-call load of the library
     calls_done = threading.Barrier(4)
     errors: list[BaseException] = []
 
@@ -271,14 +268,14 @@ def test_a_kept_connection_collected_during_the_interpreters_teardown_raises_not
     the module's globals to None (seen at the end of a benchmark run: "Exception ignored in
     _Pinned.__del__"): nothing needs its connection back then, and nothing may be printed."""
     pool = redis.ConnectionPool.from_url(server.url)
-    pinned = scripts._Pinned(pool, scripts._Allowance(1))
-    monkeypatch.setattr(scripts, "_ended", None)  # what the teardown leaves
+    pinned = kept_connections._Pinned(pool, kept_connections._Allowance(1))
+    monkeypatch.setattr(kept_connections, "_ended", None)  # what the teardown leaves
     pinned.__del__()  # raised AttributeError: 'NoneType' object has no attribute 'append'
     monkeypatch.undo()
-    before = len(scripts._ended)
+    before = len(kept_connections._ended)
     pinned.__del__()  # a thread that ended while the interpreter runs: queued to give back
-    assert len(scripts._ended) == before + 1
-    scripts._give_back_ended()
-    assert not scripts._ended
+    assert len(kept_connections._ended) == before + 1
+    kept_connections._give_back_ended()
+    assert not kept_connections._ended
     pinned.pid = None  # its collection after the test must not queue the connection again
     pool.disconnect()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from reactor_app import Step, Success, with_lock
+from reactor_app import Step, Success, with_lock, with_semaphore
 from reactor_app.coordination import state
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
@@ -37,9 +37,12 @@ from reactor_app.coordination.claims import (
     SemaphoreClaim,
 )
 from reactor_app.dsl.declarations import LockDeclaration
+from reactor_app.engine import enqueueing
 from reactor_app.engine.gate import Gate, GateScope
-from reactor_app.models import Execution
-from reactor_app.status import ExecutionStatus
+from reactor_app.models import CoordinationEvent, Execution
+from reactor_app.signals import coordination_event
+from reactor_app.status import CoordinationEventKind, ExecutionStatus
+from reactor_app.write_behind import flush
 
 
 def _lock_only(key: str, ttl: float) -> list[Claim]:
@@ -190,10 +193,98 @@ def test_a_release_passes_the_key_over_a_waiter_whose_execution_has_finished(
     assert all(isinstance(answer, Refused) for answer in registered)
     # the finished execution's entry is gone; the key is granted to the next waiter
     assert _line(coordinator, key) == []
+    # and the release's event names the waiter the key went to, not the finished one
+    flush()
+    released = CoordinationEvent.objects.get(key=key, kind=CoordinationEventKind.RELEASED)
+    assert released.detail["handed_to"] == [next_waiter]
     other = coordinator.admit([LockClaim(key)], Holder(owner="someone"))
     assert isinstance(other, Refused)
     assert (other.blocker or {}).get("granted_to") == next_waiter
     taken = coordinator.admit([LockClaim(key)], Holder(owner="next"), waiter_id=next_waiter)
+    assert isinstance(taken, Admitted)
+    coordinator.release(taken, "success")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_wakes_the_parked_waiter_before_its_own_bookkeeping(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The releasing gate re-enqueues the parked waiter it handed the key to before anything
+    else it does after the release script (the look-up of finished waiters — a database query
+    —, the held-key registry, the events): the woken delivery's way through the broker starts
+    while that is done. The ``released`` event keeps the time of the release itself, before
+    the wake (the history orders it before the woken waiter's admission)."""
+    parked = Execution.objects.start(reactor="tests.Parked", inputs={}, status="parked")
+    key = "acct:wake-first"
+    order: list[tuple[str, Any]] = []
+
+    def sent(execution_id: Any, **options: Any) -> None:  # the broker message, not sent
+        order.append(("wake", str(execution_id), time.time()))
+
+    def recorded(sender: Any, **event: Any) -> None:
+        if event.get("key") == key and event.get("kind") == CoordinationEventKind.RELEASED:
+            order.append(("event", event["kind"], time.time()))
+
+    def looked_up(ids: Any) -> dict[str, str]:
+        order.append(("lookup", sorted(ids), time.time()))
+        return statuses_of(ids)
+
+    statuses_of = Execution.objects.statuses_of
+    monkeypatch.setattr(enqueueing, "enqueue", sent)
+    monkeypatch.setattr(Execution.objects, "statuses_of", looked_up)
+    coordination_event.connect(recorded, weak=False)
+
+    @with_lock(lambda args: key, ttl=30)
+    class Holding(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            waiter = str(parked.id)
+            refused = coordinator.admit([LockClaim(key)], Holder(owner=waiter), waiter_id=waiter)
+            assert isinstance(refused, Refused)
+            return Success("done")
+
+    try:
+        assert Holding.call().ok
+    finally:
+        coordination_event.disconnect(recorded)
+    assert [entry[:2] for entry in order] == [
+        ("wake", str(parked.id)),
+        ("lookup", [str(parked.id)]),
+        ("event", CoordinationEventKind.RELEASED),
+    ]
+    flush()
+    released = CoordinationEvent.objects.get(key=key, kind=CoordinationEventKind.RELEASED)
+    assert released.at.timestamp() <= order[0][2]
+    assert released.detail["handed_to"] == [str(parked.id)]
+    coordinator.unregister_waiter(LockClaim(key), str(parked.id))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_passes_a_semaphore_slot_over_a_waiter_whose_execution_has_finished(
+    coordinator: Coordinator,
+) -> None:
+    """The same for a semaphore, whose freed slot is handed to the head of its line too."""
+    finished = Execution.objects.start(
+        reactor="tests.Finished", inputs={}, status=ExecutionStatus.SUCCEEDED
+    )
+    next_waiter = f"{WAITING_PREFIX}next-slot"
+    key = "pool:finished"
+    pool = SemaphoreClaim(key, limit=1)
+    registered: list[AdmissionResult] = []
+
+    @with_semaphore(lambda args: key, limit=1)
+    class Holding(Step):
+        def run(self, args: dict[str, Any], context: Any) -> Any:
+            for waiter in (str(finished.id), next_waiter):
+                registered.append(coordinator.admit([pool], Holder(owner=waiter), waiter_id=waiter))
+            return Success("done")
+
+    assert Holding.call().ok
+    assert all(isinstance(answer, Refused) for answer in registered)
+    assert coordinator.waiters(pool) == []
+    other = coordinator.admit([pool], Holder(owner="someone"))
+    assert isinstance(other, Refused)
+    assert (other.blocker or {}).get("granted_to") == next_waiter
+    taken = coordinator.admit([pool], Holder(owner="next"), waiter_id=next_waiter)
     assert isinstance(taken, Admitted)
     coordinator.release(taken, "success")
 

@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app import Reactor, Step, Success, async_step, from_input, step, with_lock
 from reactor_app.engine.dispatch import deliver, sweep
 from reactor_app.exceptions import (
     IdempotencyKeyReused,
@@ -222,3 +222,90 @@ def test_decimal_results_stay_decimal_for_later_steps(nobody_queue: str) -> None
     result = ChargeReactor.run(amount=Decimal("2.50"), day=date(2026, 1, 1))
     assert result.ok
     assert [{"amount": Decimal("2.50"), "day": date(2026, 1, 1)}] == SEEN
+
+
+@pytest.mark.parametrize("priority", [101, -101, True, "high", 1.5])
+def test_a_priority_out_of_range_or_not_an_int_raises_at_the_call(
+    nobody_queue: str, priority: Any
+) -> None:
+    with pytest.raises(InputValidationError, match="priority") as raised:
+        ChargeReactor.run_async(amount=1, day=date(2026, 1, 1), priority=priority)
+    assert "priority" in (raised.value.field_errors or {})
+    assert not Execution.objects.exists()
+
+
+def test_the_priority_is_kept_in_the_state_every_delivery_waits_with(nobody_queue: str) -> None:
+    """Stored with the execution (a park's, a requeue's delivery reads it back), not only on
+    the first message; the default priority stores nothing."""
+    urgent = ChargeReactor.run_async(amount=1, day=date(2026, 1, 1), priority=40)
+    plain = ChargeReactor.run_async(amount=2, day=date(2026, 1, 1))
+    assert Execution.objects.get(pk=urgent.pk).context["priority"] == 40
+    assert "priority" not in Execution.objects.get(pk=plain.pk).context
+    deliver(str(urgent.id))  # a whole pass rewrites the state: the priority stays
+    finished = Execution.objects.get(pk=urgent.pk)
+    assert finished.status == ExecutionStatus.SUCCEEDED
+    assert finished.context["priority"] == 40
+
+
+def _message_priorities(queue: str) -> list[Any]:
+    """The priorities of the messages waiting in ``queue``, consumed (nobody else reads it)."""
+    from celery import current_app
+
+    found = []
+    with current_app.connection_for_read() as connection:
+        channel = connection.default_channel
+        while True:
+            message = channel.basic_get(queue, no_ack=True)
+            if message is None:
+                return found
+            found.append(message.properties.get("priority"))
+
+
+@with_lock(lambda inputs: f"contract:{inputs['amount']}", ttl=30)
+class LockedCharge(Reactor):
+    inputs = ("amount", "day")
+    record = step(Record, amount=from_input("amount"), day=from_input("day"))
+
+
+def test_the_messages_carry_the_priority_on_the_broker_scale(
+    nobody_queue: str, settings: Any
+) -> None:
+    """The first message and a park's requeue carry the execution's priority (on the Redis
+    transport the default is the scale's 0, so the lowest priority shows it)."""
+    from reactor_app.coordination.admission import Coordinator
+    from reactor_app.coordination.claims import Admitted, Holder, LockClaim
+    from reactor_app.engine.enqueueing import celery_priority
+
+    settings.REACTOR_WORKER_WAIT = 0
+    plain = ChargeReactor.run_async(amount=1, day=date(2026, 1, 1))
+    default = _message_priorities(nobody_queue)
+    lowest = celery_priority(-100)
+    assert default != [lowest]
+
+    held = Coordinator().admit([LockClaim("contract:7")], Holder(owner="test"))
+    assert isinstance(held, Admitted)
+    parked = LockedCharge.run_async(amount=7, day=date(2026, 1, 1), priority=-100)
+    assert _message_priorities(nobody_queue) == [lowest]
+    deliver(str(parked.id))  # refused: parks, and its requeue is sent
+    assert Execution.objects.get(pk=parked.pk).status == ExecutionStatus.PARKED
+    assert _message_priorities(nobody_queue) == [lowest]
+    Coordinator().release(held, "success")
+    assert plain.pk != parked.pk
+
+
+class WithChild(Reactor):
+    inputs = ("amount", "day")
+    record = async_step(Record, amount=from_input("amount"), day=from_input("day"))
+
+
+def test_a_dispatched_child_waits_and_is_sent_with_its_parents_priority(
+    nobody_queue: str,
+) -> None:
+    from reactor_app.engine.enqueueing import celery_priority
+
+    parent = WithChild.run_async(amount=3, day=date(2026, 1, 1), priority=-60)
+    assert _message_priorities(nobody_queue) == [celery_priority(-60)]
+    deliver(str(parent.id))  # dispatches the async step to a worker, as a child execution
+    child = Execution.objects.get(parent_id=parent.id)
+    assert child.context["priority"] == -60
+    assert celery_priority(-60) in _message_priorities(nobody_queue)

@@ -1,8 +1,9 @@
 """The statements a worker delivery and an in-process run send (issue 32, item 2).
 
 A delivery runs in this process (``deliver``, the body of the worker task) so that its
-statements can be captured: one read of the row, one claim statement (``UPDATE ... RETURNING``,
-no second ``SELECT``), the start, one checkpoint per step, the history in bulk and one finish.
+statements can be captured: one claim statement (``UPDATE ... RETURNING``: no ``SELECT`` of the
+row, before it or after), the start, one checkpoint per step, the history in bulk and one
+finish. Only a park's countdown requeue reads the row first, to drop itself when stale.
 A sequential map on a worker checkpoints its elements in batches; in process it writes none of
 them before its end. These are behaviour tests of how many statements are sent, not timings.
 """
@@ -17,6 +18,8 @@ from django.test.utils import CaptureQueriesContext
 
 from reactor_app import Reactor, Step, Success, element, from_input, map_step, step
 from reactor_app.engine.dispatch import deliver
+from reactor_app.engine.state import ExecutionState
+from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -46,6 +49,12 @@ class SixSteps(ThreeSteps):
     six = step(Body, n=from_input("n"))
 
 
+class HandedOff(ThreeSteps):
+    """Runs ``one`` in the caller's process, then a worker delivery resumes after it."""
+
+    background = "after:one"
+
+
 class MapOver(Reactor):
     inputs = ("items",)
 
@@ -60,8 +69,20 @@ def statements(captured: CaptureQueriesContext) -> list[str]:
     ]
 
 
+PROGRESS = '"reactor_app_executionprogress"'
+
+
 def on_execution(sqls: list[str], verb: str) -> list[str]:
-    return [sql for sql in sqls if sql.startswith(verb) and TABLE in sql.split(" WHERE ")[0]]
+    """Statements of ``verb`` on the execution row; a write that appends progress rows is one
+    ``WITH claimed AS (UPDATE ...) INSERT ...`` on PostgreSQL, counted as an UPDATE."""
+    verbs = ("UPDATE", "WITH") if verb == "UPDATE" else (verb,)
+    return [sql for sql in sqls if sql.startswith(verbs) and TABLE in sql.split(" WHERE ")[0]]
+
+
+def progress_inserts(sqls: list[str]) -> list[str]:
+    """The progress rows' own INSERTs (SQLite: after the conditional UPDATE, in its
+    transaction; PostgreSQL appends them inside the UPDATE's statement)."""
+    return [sql for sql in sqls if sql.startswith("INSERT") and PROGRESS in sql.split("(")[0]]
 
 
 def deliver_captured(reactor: type[Reactor], **inputs: Any) -> list[str]:
@@ -76,26 +97,47 @@ def test_a_delivery_reads_the_row_once_claims_once_and_writes_once_per_step() ->
     sqls = deliver_captured(ThreeSteps, n=1)
     selects = on_execution(sqls, "SELECT")
     updates = on_execution(sqls, "UPDATE")
-    assert len(selects) == 1, selects  # the look before the claim; the claim returns the row
-    assert sum("RETURNING" in sql and "claim_generation" in sql for sql in updates) == 1
+    assert selects == []  # no look before the claim; the claim returns the row
+    claims = [sql for sql in updates if '"claim_generation" + 1' in sql.split(" WHERE ")[0]]
+    assert len(claims) == 1 and "RETURNING" in claims[0], claims
     # the claim, the start, one checkpoint per step, the finish
     assert len(updates) == 1 + 1 + 3 + 1, updates
     # every write after the claim is conditional on the claim generation
     assert all('"claim_generation" = ' in sql.split(" WHERE ")[1] for sql in updates[1:])
     # the history of the pass: at most one bulk insert per table
-    inserts = [sql for sql in sqls if sql.startswith("INSERT")]
+    appended = progress_inserts(sqls)
+    inserts = [sql for sql in sqls if sql.startswith("INSERT") and sql not in appended]
     assert len(inserts) <= 2, inserts
-    # progress checkpoints skip the WAL-flush wait on PostgreSQL (in the same statement);
-    # the claim, the start and the end do not
-    expected_async = [2, 3, 4] if connection.vendor == "postgresql" else []
+    # what a step adds is appended as rows in its checkpoint's statement (PostgreSQL) or right
+    # after it (SQLite): the three checkpoints (the finish adds nothing after the last one)
+    assert len(appended) == (0 if connection.vendor == "postgresql" else 3), appended
+    # the start and the progress checkpoints skip the WAL-flush wait on PostgreSQL (in the
+    # same statement); the claim and the end do not
+    expected_async = [1, 2, 3, 4] if connection.vendor == "postgresql" else []
     assert [i for i, sql in enumerate(updates) if "synchronous_commit" in sql] == expected_async
-    assert len(sqls) == len(selects) + len(updates) + len(inserts), sqls
+    assert len(sqls) == len(selects) + len(updates) + len(inserts) + len(appended), sqls
 
 
 def test_each_more_step_costs_one_statement() -> None:
     three = deliver_captured(ThreeSteps, n=1)
     six = deliver_captured(SixSteps, n=1)
-    assert len(six) - len(three) == 3, (three, six)
+    per_step = 1 if connection.vendor == "postgresql" else 2  # SQLite: UPDATE, then INSERT
+    assert len(six) - len(three) == 3 * per_step, (three, six)
+
+
+def test_a_delivery_that_resumes_reads_the_progress_rows_once() -> None:
+    started = HandedOff.run(n=7)
+    assert started.status == "handed_off", started
+    with CaptureQueriesContext(connection) as captured:
+        outcome = deliver(str(started.execution_id))
+    assert outcome["status"] == ExecutionStatus.SUCCEEDED, outcome
+    sqls = statements(captured)
+    reads = [sql for sql in sqls if sql.startswith("SELECT") and PROGRESS in sql]
+    assert len(reads) == 1, reads  # the state assembled once, when the delivery starts
+    # the result of the step run before the hand-off came back from the rows
+    row = Execution.objects.get(pk=started.execution_id)
+    assert row.result["one"]["n"] == 7 and set(row.result) == {"one", "two", "three"}
+    assert "results" not in row.context  # kept in the rows, not in the context
 
 
 @pytest.mark.parametrize("count", [10, 250])
@@ -116,3 +158,22 @@ def test_an_in_process_map_writes_no_element_before_its_end(count: int) -> None:
     assert len(result.value["each"]) == count
     updates = on_execution(statements(captured), "UPDATE")
     assert len(updates) == 1, updates  # its end; the start was the row's INSERT
+
+
+def test_a_stale_countdown_requeue_reads_the_row_once_and_writes_nothing() -> None:
+    """A park's countdown requeue (it carries the park's token) reads the row before taking
+    the claim: one that an earlier park left (the execution parked again since, under another
+    token) goes without a claim statement."""
+    execution = ThreeSteps.run_async(n=1)
+    state = ExecutionState.from_json(execution.context)
+    state.continuation.requeue_token = "the-newer-park"
+    Execution.objects.filter(pk=execution.pk).update(
+        status=ExecutionStatus.PARKED, context=state.to_json()
+    )
+    with CaptureQueriesContext(connection) as captured:
+        outcome = deliver(str(execution.id), requeue_token="an-older-park")
+    assert outcome["outcome"] == "stale_requeue"
+    sqls = statements(captured)
+    assert len(on_execution(sqls, "SELECT")) == 1
+    assert on_execution(sqls, "UPDATE") == []
+    assert Execution.objects.get(pk=execution.pk).claim_generation == 0

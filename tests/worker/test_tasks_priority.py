@@ -1,5 +1,5 @@
 """A ``django.tasks`` priority reaches the broker: queued behind busy workers, a higher
-priority call runs first (``reactor_app.tasks_backend.celery_priority``).
+priority call runs first (``reactor_app.engine.enqueueing.celery_priority``).
 
 A module of its own, so a worker of its own: Celery raises a worker's prefetch while it holds
 a countdown message (as ``run_after`` and parks send) and lowers it again only eventually, so a
@@ -46,4 +46,7 @@ def test_a_higher_priority_task_queued_behind_busy_workers_runs_first(worker: An
         "high-1",
         "high-2",
     ], order
-    assert order[-2:] == ["low-1", "low-2"], order
+    # the low calls run last; two processes start them side by side too, so their start
+    # times may cross as well (seen: low-2 before low-0, which one process had reserved)
+    assert sorted(order[-2:]) == sorted(label for label in order[-2:] if label.startswith("low"))
+    assert sorted(order) == sorted([f"{p}-{i}" for p in ("low", "high") for i in range(3)])

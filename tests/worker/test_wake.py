@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from reactor_app.models import ContentionState, CoordinationEvent, StepRun
 from reactor_app.status import CoordinationEventKind, StepRunKind, StepRunStatus
+from reactor_app.write_behind import flush
 from tests.worker.helpers import overlapping, wait_until
 from tests.worker.reactors import PaymentReactor, records
 
@@ -68,3 +69,38 @@ def test_parked_waiters_are_woken_by_the_release(worker: Any) -> None:
         f"{sorted(round(x, 1) for x in latencies_ms)}; median "
         f"{statistics.median(latencies_ms):.1f} ms; chain of 5 in {elapsed:.2f}s"
     )
+
+
+def test_a_release_hands_the_key_past_a_parked_waiter_that_was_cancelled(worker: Any) -> None:
+    """A parked execution cancelled while it waits must not be handed the key when the holder
+    releases it: a grant to it would keep the key idle for ``HANDOFF_GRANT_MS`` (3 s), nobody
+    coming, while the next waiter sleeps until its 10-20 s backoff. Its cancel's delivery
+    leaves the line (``engine.leftovers.leave_lines``); a finished entry left anyway would be
+    passed over by the release (``engine.finished_waiters``, checked at the gate in
+    tests/concurrency/test_waiter_identity.py). The ``released`` event names whom the freed
+    key went to: the second waiter, first in line once the cancelled one is gone."""
+    first = PaymentReactor.run_async(account_id=13, hold=3.0)
+    wait_until(lambda: records("enter:charge"), 20, message="the first never entered charge")
+    gone = PaymentReactor.run_async(account_id=13, hold=0.1)
+    wait_until(
+        lambda: ContentionState.objects.filter(execution=gone).exists(),
+        20,
+        message="the first waiter did not park",
+    )
+    survivor = PaymentReactor.run_async(account_id=13, hold=0.1)
+    wait_until(
+        lambda: ContentionState.objects.filter(execution=survivor).exists(),
+        20,
+        message="the second waiter did not park",
+    )
+    gone.cancel("not needed")
+    assert gone.wait(timeout=30).status == "cancelled"
+    assert not records("charge"), "the first released the key before the cancel ended"
+
+    assert first.wait(timeout=30).ok
+    assert survivor.wait(timeout=60).ok
+    flush()
+    released = CoordinationEvent.objects.get(
+        key="acct:13", kind=CoordinationEventKind.RELEASED, execution_id=first.id
+    )
+    assert released.detail.get("handed_to") == [str(survivor.id)], released.detail

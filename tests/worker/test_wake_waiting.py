@@ -19,8 +19,9 @@ import pytest
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import LockClaim
-from reactor_app.models import ContentionState, StepRun
-from reactor_app.status import StepRunKind, StepRunStatus
+from reactor_app.models import ContentionState, CoordinationEvent, StepRun
+from reactor_app.status import CoordinationEventKind, StepRunKind, StepRunStatus
+from reactor_app.write_behind import flush
 from tests.worker.helpers import overlapping, wait_until
 from tests.worker.reactors import PaymentReactor, records
 
@@ -44,7 +45,7 @@ def test_woken_parked_waiters_run_without_waiting_out_the_in_delivery_wait(worke
     )
     for execution in [first, *waiters]:
         assert execution.wait(timeout=90).ok
-
+    flush()
     charges = sorted(records("charge"), key=lambda r: r["start"])
     assert len(charges) == 4 and overlapping(charges) == []
     latencies_ms = []
@@ -63,6 +64,18 @@ def test_woken_parked_waiters_run_without_waiting_out_the_in_delivery_wait(worke
         latencies_ms.append((mine["start"] - previous["end"]) / 1e6)
     # nobody is left in the key's line
     assert Coordinator().waiters(LockClaim("acct:12")) == []
+    # Each waiter parked once and its woken delivery was admitted on its first ask: a refusal
+    # by its own grant (the key granted to "<id>", asked for as "wait:<id>") would have sent
+    # it into a second wait and a second park.
+    parks = CoordinationEvent.objects.filter(
+        execution__in=waiters, kind=CoordinationEventKind.PARKED
+    )
+    assert sorted(str(e.execution_id) for e in parks) == sorted(str(w.id) for w in waiters)
+    assert [ContentionState.objects.get(execution=w, step="charge").attempts for w in waiters] == [
+        1,
+        1,
+        1,
+    ]
     print(
         f"\nwake on release, in-delivery wait on: release -> next body start, ms: "
         f"{sorted(round(x, 1) for x in latencies_ms)}; median "

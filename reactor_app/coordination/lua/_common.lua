@@ -77,8 +77,22 @@ local function other_form(waiter)
   return WAITING_PREFIX .. waiter
 end
 
+-- Waiter priority (docs/coordination.md, "Priority and fair sharing"): a line is ordered by
+-- score, lowest first; a waiter's score is its registration time in ms (to the µs, so two
+-- registrations in one ms keep their order) less PRIORITY_STEP_MS per priority level (the
+-- holder's `priority`, default 0). So a higher priority is admitted first, FIFO within one
+-- priority — and a priority is worth a bounded head start, never an unbounded one: a waiter
+-- of priority p is passed over only by waiters of priority q > p that registered less than
+-- (q - p) x PRIORITY_STEP_MS after it (the anti-starvation bound).
+local PRIORITY_STEP_MS = 10000
+
+local function waiter_score(now, priority)
+  return now.us / 1000 - (tonumber(priority) or 0) * PRIORITY_STEP_MS
+end
+
 -- Register `waiter` in `waiters` at `score` unless it (in either form) is there already, where
--- it keeps its place, now under the form that asked last. Entries are kept a day.
+-- it keeps its place, now under the form that asked last. Entries are kept a day. `score` may
+-- be a function, called only for a new entry (a fair line's turn is handed out once).
 local function waiter_register(waiters, waiter, score)
   local other = other_form(waiter)
   local earlier = redis.call('ZSCORE', waiters, other)
@@ -87,8 +101,9 @@ local function waiter_register(waiters, waiter, score)
     if own and tonumber(own) < tonumber(earlier) then earlier = own end
     redis.call('ZREM', waiters, other)
     redis.call('ZADD', waiters, earlier, waiter)
-  else
-    redis.call('ZADD', waiters, 'NX', score, waiter)
+  elseif not redis.call('ZSCORE', waiters, waiter) then
+    if type(score) == 'function' then score = score() end
+    redis.call('ZADD', waiters, score, waiter)
   end
   redis.call('PEXPIRE', waiters, 86400000)
 end

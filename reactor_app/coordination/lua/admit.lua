@@ -19,10 +19,11 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     fence (the last token issued, never expires), waiters zset (waiter id ->
                     registered ms; plus at most one "grant:<waiter id>" -> -(grant expiry ms),
                     see release.lua)
-  semaphore  (3+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
+  semaphore  (3+F+I): leases zset (owner -> lease expiry ms), holders hash (owner -> json
                     {count, step, execution, reactor, acquired_at ms, lease = µs text}; and
                     field "\0limit" = the limit of the latest admission, for operators),
-                    waiters zset
+                    waiters zset (plus hand-off grants, see _semaphore.lua), then (F = 1 when
+                    the spec says `fair`) the fair hash (group -> next turn)
   I = 0, or 4 with the live-holds index (see _common.lua): by-time zset, by-key zset, by-expiry
   zset, counts
       hash — then the claim's spec carries `ik`, its user key
@@ -33,14 +34,15 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     operators, then (sliding: T = W) per window the running-total hash
                     {cost = sum of the members' costs, n = members accounted for}
 
-ARGV[1]  holder json: {owner, execution?, step?, reactor?}
+ARGV[1]  holder json: {owner, execution?, step?, reactor?, priority? (a waiter's place in a
+         line: waiter_score in _common.lua)}
 ARGV[2]  claims json, a list in claim order; each {p = primitive, n = key count} plus:
            ordered_lock: nonce, epoch (ms), ppt_ms (poison-pill timeout), strict (bool), ttl_ms;
                          nonce 0: no position yet — one is assigned in this call, before
                          any check, and kept whatever the answer (see `assigned` below)
            period:       every ("second".."year" or seconds as text), ttl_ms (reservation lease)
            lock:         ttl_ms, ik? (user key, when the index keys follow)
-           semaphore:    limit, ttl_ms (lease), ik?
+           semaphore:    limit, ttl_ms (lease), ik?, fair? (the waiter's fair_by group)
            rate_limit:   strategy ("sliding" | "fixed"), windows = [{ms, limit, label}],
                          stored? (true: the windows hash key follows the window keys),
                          cost? (units charged to every window, default 1; never above a
@@ -51,8 +53,9 @@ ARGV[3]  waiter id, or "" — on admission it is removed (in both its forms: "<i
          refusal by a lock, semaphore, ordered lock or period in flight it is added to that
          claim's waiters, in the same atomic step, so a release can never slip between refusal
          and registration (a waiter already registered keeps its place: waiters are served
-         first come, first served). A free lock granted to another waiter by the last release
-         is refused too.
+         in their line's order — first come, first served, within a priority; by turns
+         across fair groups). A free lock or semaphore slot granted to another waiter by the
+         last release is refused too.
 
 Returns {status, json}; every refusal payload has `index` (0-based claim) and `time`; every
 payload has `assigned` = [{index, nonce, epoch}] when ordered positions were assigned in this
@@ -90,20 +93,19 @@ See docs/coordination.md "Guarantees".
 
 -- @include _common.lua
 -- @include _lock.lua
+-- @include _semaphore.lua
 -- @include _calendar.lua
 -- @include _ordered.lua
 
-local now = redis_now()
-local holder = cjson.decode(ARGV[1])
-local claims = cjson.decode(ARGV[2])
-local waiter = ARGV[3] or ''
+-- The call's own values: declared here, before the functions that read them, and set for each
+-- call after the `-- @per_call` line. The Functions library runs everything above that line
+-- once, when it loads (lua/_library.lua); an EVALSHA script runs all of it on every call.
+local now, holder, claims, waiter
 
-split_keys(claims)
-
-local function refusal(status, payload, waiters_key, waiter_score)
+local function refusal(status, payload, waiters_key, score)
   payload.status = status
   payload.waiters_key = waiters_key
-  payload.waiter_score = waiter_score
+  payload.waiter_score = score
   return payload
 end
 
@@ -118,6 +120,13 @@ local PREPARE = {}
 -- @primitives admit
 
 -- ------------------------------------------------------------------ admission
+
+-- @per_call
+now = redis_now()
+holder = cjson.decode(ARGV[1])
+claims = cjson.decode(ARGV[2])
+waiter = ARGV[3] or ''
+split_keys(claims)
 
 local assigned = {} -- {index (0-based claim), ...} of what PREPARE set up, for the reply
 for i, claim in ipairs(claims) do

@@ -31,15 +31,20 @@ Returns {status, json}:
 
 -- @include _common.lua
 
-local now = redis_now()
-local items = cjson.decode(ARGV[1])
-local extended, granted, lost = {}, {}, {}
+-- The call's own values: declared here, before the functions that read them, and set for each
+-- call after the `-- @per_call` line. The Functions library runs everything above that line
+-- once, when it loads (lua/_library.lua); an EVALSHA script runs all of it on every call.
+local now
 
 -- the renewal of each renewed primitive (lua/primitives/<name>.lua), by primitive name
 local EXTEND = {}
 
 -- @primitives extend
 
+-- @per_call
+now = redis_now()
+local items = cjson.decode(ARGV[1])
+local extended, granted, lost = {}, {}, {}
 split_keys(items)
 for i, item in ipairs(items) do
   local keys = item.keys

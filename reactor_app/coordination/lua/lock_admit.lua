@@ -8,7 +8,8 @@ server a handful of commands and the client no JSON (docs/architecture.md, step 
 KEYS  hold hash, fence, waiters zset; then, optionally, the four live-holds index keys
       (by-time zset, by-key zset, by-expiry zset, counts hash; see _common.lua)
 ARGV  owner, step, execution, reactor (each "" when absent), ttl ms, waiter id or "",
-      user key for the index (only read when the index keys are passed)
+      user key for the index (only read when the index keys are passed), priority (the
+      waiter's, default 0: see waiter_score in _common.lua)
 
 Returns a flat list:
   {0, time "s.us", fresh 1|0, token text}                      admitted
@@ -28,7 +29,7 @@ local ttl_ms, waiter = tonumber(ARGV[5]), ARGV[6]
 
 local state, refused = lock_check(hold, waiters, h.owner, waiter, now.ms)
 if refused then
-  if waiter ~= '' then waiter_register(waiters, waiter, now.ms) end
+  if waiter ~= '' then waiter_register(waiters, waiter, waiter_score(now, ARGV[8])) end
   local b = refused.blocker
   return {LOCKED, now.text, refused.retry_after_ms or -1, b.owner or '', b.step or '',
           b.execution or '', b.reactor or '', b.since or -1, b.ttl_ms or -1, b.granted_to or ''}

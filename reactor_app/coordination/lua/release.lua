@@ -16,7 +16,8 @@ Locks, semaphores and period reservations are re-entrant: one release removes on
 level, and the key (or the slot, or the bucket) is freed at zero. Whenever something is actually
 freed a wake message is PUBLISHed on the freed base key's name (used as the channel; for a
 period, the reservations hash) and one parked waiter is popped for it — every waiter of a
-period bucket marked done (they all skip now).
+period bucket marked done (they all skip now). A freed lock or semaphore slot is granted to the
+waiter popped for it (below; the semaphore's line: _semaphore.lua).
 
 A period reservation ends with any outcome at nesting zero: done on "success" (the mark), free
 otherwise, so a failed, halted, parked or retried holder never uses the bucket up.
@@ -55,35 +56,34 @@ Returns {0, json {freed = [base keys], woken = [waiter ids], not_held = [base ke
 
 -- @include _common.lua
 -- @include _lock.lua
+-- @include _semaphore.lua
 -- @include _calendar.lua
 -- @include _ordered.lua
 
+-- The call's own values: declared here, before the functions that read them, and set for each
+-- call after the `-- @per_call` line. The Functions library runs everything above that line
+-- once, when it loads (lua/_library.lua); an EVALSHA script runs all of it on every call.
+local now, outcome, holder, holds, terminal, report
+
+-- each primitive's release (lua/primitives/<name>.lua), by primitive name
+local RELEASE = {}
+
+-- @primitives release
+
+-- @per_call
 local flags = tonumber(ARGV[4] or '0')
 if flags > 0 then
   local raised = raised_flag(flags)
   if raised then return reply(OK, {flagged = raised}) end
 end
 
-local now = redis_now()
-local outcome = ARGV[1]
-local holder = cjson.decode(ARGV[2])
-local holds = cjson.decode(ARGV[3])
-local terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rollback'
+now = redis_now()
+outcome = ARGV[1]
+holder = cjson.decode(ARGV[2])
+holds = cjson.decode(ARGV[3])
+terminal = outcome == 'success' or outcome == 'failure' or outcome == 'rollback'
   or outcome == 'halt'
-
-local report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
-
-local function wake_one(base, waiters, message)
-  redis.call('PUBLISH', base, cjson.encode(message))
-  local popped = redis.call('ZPOPMIN', waiters, 1)
-  if popped[1] then table.insert(report.woken, popped[1]) end
-  table.insert(report.freed, base)
-end
-
--- each primitive's release (lua/primitives/<name>.lua), by primitive name
-local RELEASE = {}
-
--- @primitives release
+report = {freed = {}, woken = {}, not_held = {}, marked = {}, advanced = {}}
 
 split_keys(holds)
 for _, spec in ipairs(holds) do

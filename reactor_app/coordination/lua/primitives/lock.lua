@@ -6,7 +6,9 @@ section may use: docs/architecture.md, "Adding a primitive". ]]
 
 local function check_lock(claim)
   local state, refused = lock_check(claim.keys[1], claim.keys[3], holder.owner, waiter, now.ms)
-  if refused then return nil, refusal(LOCKED, refused, claim.keys[3], now.ms) end
+  if refused then
+    return nil, refusal(LOCKED, refused, claim.keys[3], waiter_score(now, holder.priority))
+  end
   return {state = state}
 end
 

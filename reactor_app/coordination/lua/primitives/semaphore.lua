@@ -4,6 +4,11 @@ what a section may use: docs/architecture.md, "Adding a primitive". ]]
 
 -- @section admit
 
+-- a fair claim's fourth key is its fair hash (_semaphore.lua); the index keys follow
+local function semaphore_index(claim)
+  return index_of(claim.keys, claim.fair and 5 or 4, claim.ik)
+end
+
 local function check_semaphore(claim)
   local leases, holders = claim.keys[1], claim.keys[2]
   -- a crashed holder's slot comes back as soon as its lease lapses
@@ -11,12 +16,28 @@ local function check_semaphore(claim)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', leases, '-inf', now.ms)
     redis.call('HDEL', holders, unpack(expired))
-    local index = index_of(claim.keys, 4, claim.ik)
+    local index = semaphore_index(claim)
     for _, owner in ipairs(expired) do index_remove(index, 'semaphore', owner) end
   end
   if redis.call('ZSCORE', leases, holder.owner) then return {fresh = false} end
   local held = redis.call('ZCARD', leases)
-  if held < claim.limit then return {fresh = true} end
+  local waiters = claim.keys[3]
+  -- a waiter's place: its turn in a fair line (the fair hash is the claim's fourth key), else
+  -- its registration time, both less its priority (_common.lua, _semaphore.lua)
+  local score = waiter_score(now, holder.priority)
+  if claim.fair then
+    score = function() return fair_score(waiters, claim.keys[4], claim.fair,
+      holder.priority) end
+  end
+  if held < claim.limit then
+    -- free slots, less those a release handed to waiters (their grants) unless one is ours
+    local mine, others, soonest = semaphore_grants(waiters, waiter, now.ms)
+    if mine or held + others < claim.limit then return {fresh = true, grant = mine} end
+    return nil, refusal(SEMAPHORE_FULL, {
+      retry_after_ms = math.max(soonest.left_ms, 1), limit = claim.limit, held = held,
+      blocker = {granted_to = soonest.to, ttl_ms = soonest.left_ms},
+    }, waiters, score)
+  end
   local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
   local info = redis.call('HGET', holders, first[1])
   local blocker = info and cjson.decode(info) or {}
@@ -25,13 +46,14 @@ local function check_semaphore(claim)
   return nil, refusal(SEMAPHORE_FULL, {
     retry_after_ms = math.max(tonumber(first[2]) - now.ms, 1),
     limit = claim.limit, held = held, blocker = blocker,
-  }, claim.keys[3], now.ms)
+  }, waiters, score)
 end
 
 local function take_semaphore(claim, plan)
   local leases, holders = claim.keys[1], claim.keys[2]
   local expiry = now.ms + claim.ttl_ms
   local info
+  if plan.grant then redis.call('ZREM', claim.keys[3], plan.grant) end -- the hand-off used up
   if plan.fresh then
     -- `lease` names this acquisition (the Redis clock in µs, as text: cjson keeps only 14
     -- digits of a number), so the release and the renewal of an earlier acquisition by the
@@ -46,7 +68,7 @@ local function take_semaphore(claim, plan)
   redis.call('ZADD', leases, expiry, holder.owner)
   -- the limit travels with every admission; kept beside the holders so operators see it
   redis.call('HSET', holders, holder.owner, cjson.encode(info), '\0limit', claim.limit)
-  local index = index_of(claim.keys, 4, claim.ik)
+  local index = semaphore_index(claim)
   if plan.fresh then index_add(index, 'semaphore', holder.owner, now.ms, expiry)
   else index_renew(index, 'semaphore', holder.owner, expiry) end
   -- the keys live as long as the longest lease
@@ -85,7 +107,10 @@ local function release_semaphore(keys, spec)
   redis.call('ZREM', leases, holder.owner)
   redis.call('HDEL', holders, holder.owner)
   index_remove(index, 'semaphore', holder.owner)
-  wake_one(leases, waiters, {primitive = 'semaphore', freed = true})
+  -- the slot goes to the head waiter (a hand-off grant, _semaphore.lua)
+  local granted = semaphore_hand_on(leases, waiters, now.ms)
+  if granted then table.insert(report.woken, granted) end
+  table.insert(report.freed, leases)
 end
 
 RELEASE['semaphore'] = release_semaphore

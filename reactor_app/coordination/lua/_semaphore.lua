@@ -1,0 +1,81 @@
+-- _semaphore.lua — fragment: the semaphore's waiter line — hand-off grants and fair turns —
+-- shared by the general scripts (admit.lua, release.lua) and semaphore_leave.lua, so the line
+-- has one set of rules whichever script carries it. Needs _common.lua before it.
+--
+-- Hand-off (as a lock's, _lock.lua): a release that frees a slot pops the head waiter and
+-- grants it that slot for HANDOFF_GRANT_MS (WAITING_GRANT_MS for a waiter waiting in-process):
+-- a member "grant:<waiter id>" scored -(grant expiry ms) in the waiters zset. While grants are
+-- live, admission keeps that many free slots for their waiters, so a line is served in its
+-- order (priority, fair turns) instead of by whoever asks first after the release.
+--
+-- Fair turns (`fair_by`, docs/coordination.md "Priority and fair sharing"): a fair line is
+-- ordered by turn, not time. The fair hash (a fair claim's fourth key) maps each group to the next
+-- turn it would get; a new waiter of group g gets turn max(head turn, next[g]) and moves
+-- next[g] one past it, so the line is round-robin across groups and FIFO inside one. Its score
+-- is FAIR_BASE + turn - priority (a priority level is worth one turn). The head turn is read
+-- from the line's head; an empty line starts over (the hash is dropped). Turns and arrival
+-- times do not mix: a key declared fair in one place and not in another serves the fair
+-- waiters first (docs/coordination.md).
+
+local FAIR_BASE = 1000000000
+local SEMAPHORE_FREED_MESSAGE = '{"freed":true,"primitive":"semaphore"}'
+
+-- The live grants of `waiters` (lapsed ones are dropped): `mine` is the member granted to
+-- `waiter` (either form) if any; `others` how many other waiters hold a grant; `soonest` the
+-- other grant that lapses first, {to = waiter id, left_ms}.
+local function semaphore_grants(waiters, waiter, now_ms)
+  local grants = redis.call('ZRANGEBYSCORE', waiters, '-inf', '(0', 'WITHSCORES')
+  local mine, others, soonest = nil, 0, nil
+  for i = 1, #grants, 2 do
+    local name, until_ms = grants[i], -tonumber(grants[i + 1])
+    if until_ms <= now_ms then
+      redis.call('ZREM', waiters, name)
+    elseif waiter ~= '' and (name == GRANT_PREFIX .. waiter
+        or name == GRANT_PREFIX .. other_form(waiter)) then
+      mine = name
+    else
+      others = others + 1
+      if not soonest or until_ms - now_ms < soonest.left_ms then
+        soonest = {to = string.sub(name, #GRANT_PREFIX + 1), left_ms = until_ms - now_ms}
+      end
+    end
+  end
+  return mine, others, soonest
+end
+
+-- A freed slot goes to the head waiter (lowest score): grant it and PUBLISH on the leases key
+-- {primitive, freed, to = that waiter, grant_ms}; without a waiter, a plain "freed" message.
+-- Returns the waiter granted, or nil.
+local function semaphore_hand_on(leases, waiters, now_ms)
+  redis.call('ZREMRANGEBYSCORE', waiters, -now_ms, '(0') -- lapsed grants
+  local head = redis.call('ZRANGEBYSCORE', waiters, 0, '+inf', 'LIMIT', 0, 1)
+  if head[1] then
+    local grant_ms = HANDOFF_GRANT_MS
+    if string.sub(head[1], 1, #WAITING_PREFIX) == WAITING_PREFIX then
+      grant_ms = WAITING_GRANT_MS
+    end
+    redis.call('ZREM', waiters, head[1])
+    redis.call('ZADD', waiters, -(now_ms + grant_ms), GRANT_PREFIX .. head[1])
+    redis.call('PUBLISH', leases, cjson.encode(
+      {primitive = 'semaphore', freed = true, to = head[1], grant_ms = grant_ms}))
+    return head[1]
+  end
+  redis.call('PUBLISH', leases, SEMAPHORE_FREED_MESSAGE)
+  return nil
+end
+
+-- The score of a new waiter of `group` in the fair line `waiters` (see above); called only for
+-- a waiter not in the line yet (waiter_register), so each waiter takes one turn.
+local function fair_score(waiters, fair, group, priority)
+  local head = redis.call('ZRANGEBYSCORE', waiters, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local turn = 0
+  if head[1] then
+    turn = math.max(tonumber(head[2]) - FAIR_BASE, 0)
+    turn = math.max(turn, tonumber(redis.call('HGET', fair, group) or '0'))
+  else
+    redis.call('DEL', fair) -- an empty line starts over
+  end
+  redis.call('HSET', fair, group, turn + 1)
+  redis.call('PEXPIRE', fair, 86400000)
+  return FAIR_BASE + turn - (tonumber(priority) or 0)
+end
