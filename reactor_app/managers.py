@@ -103,18 +103,41 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         """Mark the ``starts`` of a debounce burst that have not run superseded by ``by``, and
         point the starts they had superseded at ``by`` too, so every superseded row names the
         one that runs. A compare-and-set on ``pending``: a start a worker already took runs.
-        Returns how many were marked."""
+        Returns how many were marked.
+
+        Two settles of one burst run concurrently (each start settles its own): one may mark
+        ``by`` superseded while this one points rows at it. So ``by``'s row is locked first and,
+        if it was superseded already, its own replacement is named instead (followed to the
+        end): whichever transaction commits second sees the other's pointers and moves them.
+        Without the lock a start could be left naming a start that never runs."""
         with transaction.atomic():
+            target = self._replacement_of(by)
             won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING).update(
                 status=ExecutionStatus.SUPERSEDED,
-                superseded_by=by,
+                superseded_by=target,
                 finished_at=now,
                 heartbeat_at=now,
             )
             if won:
-                replaced = self.filter(pk__in=starts, superseded_by=by).values("pk")
-                self.filter(superseded_by__in=replaced).update(superseded_by=by)
+                replaced = self.filter(pk__in=starts, superseded_by=target).values("pk")
+                self.filter(superseded_by__in=replaced).update(superseded_by=target)
         return won
+
+    def _replacement_of(self, by: Any) -> Any:
+        """``by``, or the start that replaced it (and so on), its row locked (``supersede``)."""
+        target, seen = by, set()
+        while target not in seen:
+            seen.add(target)
+            row = (
+                self.select_for_update()
+                .filter(pk=target)
+                .values_list("status", "superseded_by")
+                .first()
+            )
+            if row is None or row[0] != ExecutionStatus.SUPERSEDED or row[1] is None:
+                break
+            target = row[1]
+        return target
 
     def start(self, *, reactor: str, inputs: dict[str, Any], **fields: Any) -> Execution:
         """Create the row of a new execution (a root unless ``parent`` is given)."""
