@@ -124,12 +124,18 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         execution.save(force_insert=True)
         return execution
 
-    def claim(self, pk: Any, statuses: tuple[str, ...]) -> Any:
+    def claim(self, pk: Any, statuses: tuple[str, ...], *, start_at: str | None = None) -> Any:
         """A worker delivery's claim on the row: one ``UPDATE ... RETURNING`` that increments
         ``claim_generation``, touches the heartbeat and returns the row — None if it is gone
         or not in ``statuses``. Every later write of the delivery is conditional on the
         generation it returned (``engine.progress``): if another delivery claims the row
-        meanwhile (a claim lost with a restarted Redis), this one writes nothing more."""
+        meanwhile (a claim lost with a restarted Redis), this one writes nothing more.
+
+        ``start_at`` (a step name) folds the start of a first pass into the same statement:
+        status ``running``, ``started_at`` and ``current_step`` — one round trip less per
+        delivery. WHY only then: the pass would otherwise write exactly these three fields
+        first thing, and nothing between the claim and that write decides anything for a
+        pending row that never ran (``engine.delivery``)."""
         model = self.model
         connection = connections[self.db]
         quote = connection.ops.quote_name
@@ -137,14 +143,26 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         generation = quote("claim_generation")
         placeholders = ", ".join(["%s"] * len(statuses))
         heartbeat = model._meta.get_field("heartbeat_at")
+        now = heartbeat.get_db_prep_value(timezone.now(), connection)
+        started = ""
+        start_params: list[Any] = []
+        if start_at is not None:
+            started = (
+                f", {quote('status')} = %s, {quote('started_at')} = %s, "
+                f"{quote('current_step')} = %s"
+            )
+            start_params = [str(ExecutionStatus.RUNNING), now, start_at]
         sql = (
             f"UPDATE {quote(model._meta.db_table)} SET {generation} = {generation} + 1, "
-            f"{quote('heartbeat_at')} = %s "
-            f"WHERE {quote(model._meta.pk.column)} = %s AND {quote('status')} IN ({placeholders}) "
-            f"RETURNING {columns}"
+            f"{quote('heartbeat_at')} = %s{started} "
+            f"WHERE {quote(model._meta.pk.column)} = %s AND {quote('status')} IN ({placeholders})"
+            # a first start only: a row that ran before keeps its started_at
+            + (f" AND {quote('started_at')} IS NULL" if start_at is not None else "")
+            + f" RETURNING {columns}"
         )
         params = [
-            heartbeat.get_db_prep_value(timezone.now(), connection),
+            now,
+            *start_params,
             model._meta.pk.get_db_prep_value(pk, connection),
             *(str(status) for status in statuses),
         ]

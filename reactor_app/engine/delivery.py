@@ -8,7 +8,9 @@ follows up once the claim is let go:
 2. Take the claim. A delivery that finds it taken exits; if the execution is not finished it
    looks again when the claim would lapse (its holder may have been killed). Holding it, the
    claim statement (``ExecutionManager.claim``: one ``UPDATE ... RETURNING``) reads the row
-   back and increments its claim generation; every later write of this delivery is
+   back and increments its claim generation — and, for a pending execution that never ran,
+   writes the pass's start too (status ``running``, ``started_at``, its first step), which
+   the pass then does not write again (``_claim``); every later write of this delivery is
    conditional on that generation, so if the Redis claim is lost (a restarted Redis) and a
    duplicate delivery claims the row, this one writes nothing more (``ClaimLost``) and a
    terminal status it or the duplicate wrote stays final.
@@ -39,6 +41,7 @@ from reactor_app.engine.enqueueing import enqueue_quietly, message_priority
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
+from reactor_app.engine.progress import load_state
 from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
@@ -98,7 +101,7 @@ def deliver(
         claim.start_renewal()
         # The claim statement: the row as it is now, with a new claim generation that every
         # later write of this delivery is conditional on (a terminal status is final)
-        claimed_row = Execution.objects.claim(execution_id, RUNNABLE)
+        claimed_row, start_claimed = _claim(execution)
         if claimed_row is None:
             execution.refresh_from_db()  # ended meanwhile: report what it ended as
             return {**summary, "outcome": "nothing_to_do", "status": execution.status}
@@ -109,7 +112,7 @@ def deliver(
             lookup(execution.reactor)
         except ReactorNotRegistered as missing:
             return {**summary, **_fail_unrunnable(execution, missing)}
-        run = _run_pass(execution, claim)
+        run = _run_pass(execution, claim, start_claimed=start_claimed)
     except CoordinationUnavailable:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again
@@ -123,6 +126,40 @@ def deliver(
     finally:
         claim.release()
     return {**summary, **_follow_up(run)}
+
+
+def _claim(execution: Execution) -> tuple[Execution | None, bool]:
+    """The claim statement, and whether it also wrote the start of the pass.
+
+    A pending execution that never ran (the common ``run_async`` delivery) is claimed with its
+    start folded in (``ExecutionManager.claim(start_at=...)``): the pass skips its own "mark
+    running" write. If the row changed since it was read (it is no longer a first start), that
+    claim matches nothing and the plain claim follows — a second statement on a rare race,
+    never a wrong start."""
+    first_step = _first_step(execution)
+    if first_step is not None:
+        row = Execution.objects.claim(execution.pk, (ExecutionStatus.PENDING,), start_at=first_step)
+        if row is not None:
+            return row, True
+    return Execution.objects.claim(execution.pk, RUNNABLE), False
+
+
+def _first_step(execution: Execution) -> str | None:
+    """The step a first pass of ``execute`` starts at — None when this delivery is not one
+    (it ran before, it is an async step's body, its reactor is not importable here): those
+    keep the pass's own start write, which also records what a resume changes."""
+    if execution.status != ExecutionStatus.PENDING or execution.started_at is not None:
+        return None
+    try:
+        reactor = lookup(execution.reactor)
+    except ReactorNotRegistered:
+        return None
+    state = load_state(execution)  # no query for a row that has no progress rows yet
+    marker = state.origin.dispatch
+    if (marker and marker["kind"] == "async_step") or state.next_index:
+        return None
+    order = reactor.plan.order
+    return order[0] if order else None
 
 
 def _retry_after_outage(execution: Execution) -> dict[str, Any]:
@@ -171,15 +208,19 @@ def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
     return ExecutionState.peek(execution.context).continuation.requeue_token != requeue_token
 
 
-def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
+def _run_pass(
+    execution: Execution, claim: ExecutionClaim, *, start_claimed: bool = False
+) -> ExecutionRun:
     was_parked = execution.status == ExecutionStatus.PARKED
     # Still "running" although this delivery now holds the claim: the delivery that set it
     # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
-    taken_over = execution.status == ExecutionStatus.RUNNING
+    # (a first start folded into the claim reads back "running" too: that one is ours)
+    taken_over = execution.status == ExecutionStatus.RUNNING and not start_claimed
     run = ExecutionRun(
         lookup(execution.reactor), execution, dict(execution.inputs), policy=ON_WORKER
     )
     run.on_persist = claim.check
+    run.start_claimed = start_claimed
     if taken_over:
         drop_stale_holds(run)
     if was_parked:
