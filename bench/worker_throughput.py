@@ -217,6 +217,7 @@ def main() -> None:
             f"{options.executions} executions per workload and run, {options.processes} worker "
             f"processes (db {backend()}, redis {get_client().info('server')['redis_version']})"
         )
+        print(celery_settings())
         # one untimed round first: imports, connections and the first tasks' set-up
         for name in names:
             measure(WORKLOADS[name], min(20, options.executions), options.timeout)
@@ -267,6 +268,30 @@ def main() -> None:
         leftovers = list(client.scan_iter(match=f"{reactor_settings.KEY_PREFIX}:*", count=500))
         if leftovers:
             client.unlink(*leftovers)
+
+
+def celery_settings() -> str:
+    """What decides how the one worker takes and acknowledges each workload's messages: the
+    same prefetch for all, and each task's own ``acks_late`` / ``ignore_result``."""
+    from celery import current_app
+
+    from reactor_app.tasks import run_execution
+
+    module = sys.modules[__name__]
+    conf = current_app.conf
+    tasks = {
+        "reactor_app.run_execution": run_execution,
+        "chain tasks": module.task_first,
+        "one task": module.task_all,
+    }
+    per_task = "; ".join(
+        f"{name}: acks_late={task.acks_late}, ignore_result={task.ignore_result}"
+        for name, task in tasks.items()
+    )
+    return (
+        f"celery: prefetch multiplier {conf.worker_prefetch_multiplier}, result backend "
+        f"{conf.result_backend}, pool prefork; {per_task}"
+    )
 
 
 def share(value: float, peer: float) -> str:

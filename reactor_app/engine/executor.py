@@ -7,6 +7,7 @@ runs: ``IN_PROCESS`` in the caller's process, ``ON_WORKER`` as a Celery delivery
 
     1. Mark the execution running and emit ``execution_started`` — or ``execution_resumed``
        when it ran before (a park, an interrupt, a hand-off, a redelivery after a crash).
+       Not written again when the row's INSERT (``run_reactor``) already marked it.
     2. Enter the reactor-level gate with the reactor's inputs (again on every pass: a resume
        is a coordinated entry point): the ordered-lock position is assigned on the first pass
        and reused; a marked period bucket or a failed strict chain halts the run; contention
@@ -404,7 +405,10 @@ class ExecutionRun:
                     enter_log(self, outcome.record)  # after the async steps that ended
                 self.state.next_index += 1
                 # current_step is where the execution is (or resumes): the next step to run.
-                self.checkpoint(current_step=self._resume_point() or name)
+                if self._finish_carries_checkpoint():
+                    self.execution.current_step = name  # written by the finish
+                else:
+                    self.checkpoint(current_step=self._resume_point() or name)
                 if self._hands_off_after(name):
                     return RunEnd(PassEnd.HANDED_OFF)
                 continue
@@ -436,6 +440,21 @@ class ExecutionRun:
             failures = settle_children(self) + roll_back(self)
             return RunEnd(PassEnd.FAILED, error=awaited.error, rollback_failures=failures)
         return RunEnd(PassEnd.SUCCEEDED, value=self._value())
+
+    def _finish_carries_checkpoint(self) -> bool:
+        """After the last step of a worker delivery's own execution, with no reactor-level
+        gate to leave: the finish's write (``engine.finishing``) follows at once and carries
+        what this checkpoint would (the same conditional statement), so it is not written
+        twice. With a gate the checkpoint stays: leaving the gate decides things in Redis (a
+        period mark, an ordered cursor) that must not happen for a delivery that has lost
+        its claim, which the checkpoint's conditional write finds out first. A crash between
+        the last step and the finish re-runs that step (docs/operations.md, "Checkpoints")."""
+        return (
+            self.policy.persists_each_step
+            and self.parent is None
+            and not self.gates
+            and self.state.next_index == len(self.reactor.plan.order)
+        )
 
     def _resume_point(self) -> str | None:
         order = self.reactor.plan.order

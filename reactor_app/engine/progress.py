@@ -40,6 +40,10 @@ one statement on PostgreSQL): a delivery whose claim was taken over writes nothi
 with ``ClaimLost`` — a terminal status, once written, is not overwritten by a delivery that lost
 its claim (docs/design.md, "The execution claim").
 
+Heartbeat: a progress checkpoint leaves the indexed ``heartbeat_at`` alone until it is due
+(``ProgressStore._heartbeat_due``), so that PostgreSQL can update the row in place (HOT);
+status writes always refresh it.
+
 Durability: ``write(durable=False)`` (a progress checkpoint on a worker) does not wait for the
 WAL flush on PostgreSQL (``synchronous_commit`` off for the statement's transaction, set by the
 statement itself: ``set_config(..., true)``, the function form of ``SET LOCAL``, so the write
@@ -309,6 +313,18 @@ class ProgressStore:
                 "delivery stops without rolling back"
             )
 
+    def _heartbeat_due(self, now: Any) -> bool:
+        """Whether a progress checkpoint refreshes the heartbeat too: once it is a quarter of
+        ``REACTOR_SWEEP_AFTER`` old. WHY not at every checkpoint: ``heartbeat_at`` is indexed
+        (the sweeper's query), so a write that changes it updates every index of the table —
+        PostgreSQL cannot make it a HOT update — while a checkpoint that leaves it alone
+        changes no indexed column. The sweeper never needs it fresher: a live delivery keeps
+        its Redis claim, which the sweeper checks before it re-enqueues anything."""
+        last = self.execution.heartbeat_at
+        if last is None:
+            return True
+        return (now - last).total_seconds() >= reactor_settings.SWEEP_AFTER / 4
+
     # -- batches of map elements --------------------------------------------------------
 
     def batch_due(self) -> bool:
@@ -344,7 +360,10 @@ class ProgressStore:
             or not all(_patchable(p, vendor) for _, p, _ in ops)
         )
         now = timezone.now()
-        values: dict[str, Any] = {"heartbeat_at": now, "updated_at": now, **fields}
+        beat = durable or "status" in fields or self._heartbeat_due(now)
+        values: dict[str, Any] = {"updated_at": now, **fields}
+        if beat:
+            values["heartbeat_at"] = now
         context: dict[str, Any] | None = None
         if whole:
             stored = execution.context if isinstance(execution.context, dict) else {}
@@ -378,7 +397,9 @@ class ProgressStore:
             )
         for name, value in fields.items():
             setattr(execution, name, value)
-        execution.heartbeat_at = execution.updated_at = now
+        execution.updated_at = now
+        if beat:
+            execution.heartbeat_at = now
         if context is not None:
             execution.context = context
         else:

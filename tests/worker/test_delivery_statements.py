@@ -2,8 +2,9 @@
 
 A delivery runs in this process (``deliver``, the body of the worker task) so that its
 statements can be captured: one claim statement (``UPDATE ... RETURNING``: no ``SELECT`` of the
-row, before it or after), the start, one checkpoint per step, the history in bulk and one
-finish. Only a park's countdown requeue reads the row first, to drop itself when stale.
+row, before it or after), the start, one checkpoint per step but the last (the finish carries
+it), the history in bulk and one finish. Only a park's countdown requeue reads the row first,
+to drop itself when stale.
 A sequential map on a worker checkpoints its elements in batches; in process it writes none of
 them before its end. These are behaviour tests of how many statements are sent, not timings.
 """
@@ -16,11 +17,21 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from reactor_app import Reactor, Step, Success, element, from_input, map_step, step
+from reactor_app import (
+    Reactor,
+    Step,
+    Success,
+    element,
+    from_input,
+    map_step,
+    step,
+    with_lock,
+)
 from reactor_app.engine.dispatch import deliver
 from reactor_app.engine.state import ExecutionState
 from reactor_app.models import Execution
-from reactor_app.status import ExecutionStatus
+from reactor_app.signals import engine_event
+from reactor_app.status import EngineEvent, ExecutionStatus
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -53,6 +64,11 @@ class HandedOff(ThreeSteps):
     """Runs ``one`` in the caller's process, then a worker delivery resumes after it."""
 
     background = "after:one"
+
+
+@with_lock(lambda inputs: f"statements:{inputs['n']}", ttl=30)
+class GatedThreeSteps(ThreeSteps):
+    """A reactor-level lock: leaving it decides things in Redis, so its last checkpoint stays."""
 
 
 class MapOver(Reactor):
@@ -100,20 +116,22 @@ def test_a_delivery_reads_the_row_once_claims_once_and_writes_once_per_step() ->
     assert selects == []  # no look before the claim; the claim returns the row
     claims = [sql for sql in updates if '"claim_generation" + 1' in sql.split(" WHERE ")[0]]
     assert len(claims) == 1 and "RETURNING" in claims[0], claims
-    # the claim, the start, one checkpoint per step, the finish
-    assert len(updates) == 1 + 1 + 3 + 1, updates
+    # the claim, the start, a checkpoint after each step but the last, the finish (carrying
+    # the last step's progress)
+    assert len(updates) == 1 + 1 + 2 + 1, updates
+    assert '"started_at"' in updates[1].split(" WHERE ")[0], updates
     # every write after the claim is conditional on the claim generation
     assert all('"claim_generation" = ' in sql.split(" WHERE ")[1] for sql in updates[1:])
     # the history of the pass: at most one bulk insert per table
     appended = progress_inserts(sqls)
     inserts = [sql for sql in sqls if sql.startswith("INSERT") and sql not in appended]
     assert len(inserts) <= 2, inserts
-    # what a step adds is appended as rows in its checkpoint's statement (PostgreSQL) or right
-    # after it (SQLite): the three checkpoints (the finish adds nothing after the last one)
+    # what a step adds is appended as rows in its write's statement (PostgreSQL) or right
+    # after it (SQLite): the two checkpoints and the finish
     assert len(appended) == (0 if connection.vendor == "postgresql" else 3), appended
     # the start and the progress checkpoints skip the WAL-flush wait on PostgreSQL (in the
-    # same statement); the claim and the end do not
-    expected_async = [1, 2, 3, 4] if connection.vendor == "postgresql" else []
+    # same statement); the claim and the end (which carries the last step's checkpoint) do not
+    expected_async = [1, 2, 3] if connection.vendor == "postgresql" else []
     assert [i for i, sql in enumerate(updates) if "synchronous_commit" in sql] == expected_async
     assert len(sqls) == len(selects) + len(updates) + len(inserts) + len(appended), sqls
 
@@ -146,8 +164,9 @@ def test_a_worker_map_writes_its_elements_in_batches(settings: Any, count: int) 
     settings.REACTOR_MAP_CHECKPOINT_SECONDS = 60
     sqls = deliver_captured(MapOver, items=[{"n": i} for i in range(count)])
     updates = on_execution(sqls, "UPDATE")
-    # the claim, the start, one write per full batch of 50, the step's checkpoint, the finish
-    assert len(updates) == 1 + 1 + count // 50 + 1 + 1, len(updates)
+    # the claim, the start, one write per full batch of 50, the finish (carrying the step's
+    # checkpoint: the map is the last step)
+    assert len(updates) == 1 + 1 + count // 50 + 1, len(updates)
 
 
 @pytest.mark.parametrize("count", [10, 250])
@@ -177,3 +196,54 @@ def test_a_stale_countdown_requeue_reads_the_row_once_and_writes_nothing() -> No
     assert len(on_execution(sqls, "SELECT")) == 1
     assert on_execution(sqls, "UPDATE") == []
     assert Execution.objects.get(pk=execution.pk).claim_generation == 0
+
+
+def test_a_reactor_level_gate_keeps_the_last_checkpoint() -> None:
+    sqls = deliver_captured(GatedThreeSteps, n=2)
+    updates = on_execution(sqls, "UPDATE")
+    # the claim, the start, a checkpoint after every step, the finish
+    assert len(updates) == 1 + 1 + 3 + 1, updates
+
+
+def test_the_first_delivery_starts_the_execution_and_a_later_one_resumes_it() -> None:
+    seen: list[str] = []
+
+    def receiver(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
+        seen.append(kind)
+
+    engine_event.connect(receiver, weak=False)
+    try:
+        deliver_captured(ThreeSteps, n=3)
+        first_delivery = list(seen)
+        started = HandedOff.run(n=4)
+        seen.clear()
+        deliver(str(started.execution_id))
+    finally:
+        engine_event.disconnect(receiver)
+    # a first delivery's pass is a start, not a resume
+    assert first_delivery[0] == EngineEvent.EXECUTION_STARTED, first_delivery
+    assert EngineEvent.EXECUTION_RESUMED not in first_delivery, first_delivery
+    assert seen[0] == EngineEvent.EXECUTION_RESUMED, seen  # the hand-off ran before
+    first = Execution.objects.get(reactor=ThreeSteps.path())
+    assert first.started_at is not None and first.current_step == ""
+    # the last step's result, carried by the finish
+    assert first.result["three"]["n"] == 3 and set(first.result) == {"one", "two", "three"}
+
+
+def set_clause(sql: str) -> str:
+    return sql.split(" WHERE ")[0]
+
+
+@pytest.mark.parametrize("sweep_after", [120.0, 1e-6])
+def test_a_progress_checkpoint_refreshes_the_heartbeat_only_when_it_is_due(
+    settings: Any, sweep_after: float
+) -> None:
+    settings.REACTOR_SWEEP_AFTER = sweep_after
+    updates = on_execution(deliver_captured(ThreeSteps, n=8), "UPDATE")
+    claim, checkpoints, finish = updates[0], updates[2:-1], updates[-1]  # [1]: the start
+    assert len(checkpoints) == 2, updates
+    # the heartbeat is indexed (the sweeper's query): a checkpoint that leaves it alone
+    # changes no indexed column; the claim and every status write always refresh it
+    assert '"heartbeat_at"' in set_clause(claim) and '"heartbeat_at"' in set_clause(finish)
+    refreshed = ['"heartbeat_at"' in set_clause(sql) for sql in checkpoints]
+    assert refreshed == ([False, False] if sweep_after == 120.0 else [True, True]), checkpoints
