@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import connections, models, transaction
+from django.db import OperationalError, connections, models, transaction
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -109,19 +110,35 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         ``by`` superseded while this one points rows at it. So ``by``'s row is locked first and,
         if it was superseded already, its own replacement is named instead (followed to the
         end): whichever transaction commits second sees the other's pointers and moves them.
-        Without the lock a start could be left naming a start that never runs."""
-        with transaction.atomic():
-            target = self._replacement_of(by)
-            won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING).update(
-                status=ExecutionStatus.SUPERSEDED,
-                superseded_by=target,
-                finished_at=now,
-                heartbeat_at=now,
-            )
-            if won:
-                replaced = self.filter(pk__in=starts, superseded_by=target).values("pk")
-                self.filter(superseded_by__in=replaced).update(superseded_by=target)
-        return won
+        Without the lock a start could be left naming a start that never runs. The rows are
+        locked in one order (by id), so two settles do not deadlock on each other's rows; a
+        deadlock the database still reports (a chain followed past them, rows another burst's
+        settle holds) is retried, never left to run a start that was replaced."""
+        attempts = 5
+        for attempt in range(attempts):
+            try:
+                with transaction.atomic(using=self.db):
+                    return self._supersede(starts, by, now)
+            except OperationalError as exc:
+                if attempt == attempts - 1 or not _is_deadlock(exc):
+                    raise
+                time.sleep(0.005 * (attempt + 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _supersede(self, starts: Any, by: Any, now: datetime) -> int:
+        ids = sorted({str(pk) for pk in [*starts, by]})
+        list(self.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk"))
+        target = self._replacement_of(by)
+        won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING).update(
+            status=ExecutionStatus.SUPERSEDED,
+            superseded_by=target,
+            finished_at=now,
+            heartbeat_at=now,
+        )
+        if won:
+            replaced = self.filter(pk__in=starts, superseded_by=target).values("pk")
+            self.filter(superseded_by__in=replaced).update(superseded_by=target)
+        return int(won)
 
     def _replacement_of(self, by: Any) -> Any:
         """``by``, or the start that replaced it (and so on), its row locked (``supersede``)."""
@@ -416,3 +433,10 @@ class LimitOverrideQuerySet(models.QuerySet):
     def locked(self, primitive: str, name: str) -> Any:
         """The override row of one limit, locked for the change being made (None: none)."""
         return self.select_for_update().filter(primitive=primitive, name=name).first()
+
+
+def _is_deadlock(error: OperationalError) -> bool:
+    """A deadlock or serialization failure the database resolved by aborting this transaction
+    (PostgreSQL SQLSTATE 40P01 / 40001): safe to run the transaction again."""
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) in ("40P01", "40001") or "deadlock" in str(error)
