@@ -298,6 +298,26 @@ def test_a_group_arriving_later_starts_at_the_current_turn(coordinator: Coordina
     assert positions[-1] <= 10 + 6, granted
 
 
+def test_fair_waiters_behind_a_plain_waiter_are_served_first_turn_by_turn(
+    coordinator: Coordinator,
+) -> None:
+    """A key declared fair in one place and not in another (docs/coordination.md): the fair
+    waiters are served first, turn by turn, even when a plain waiter (an arrival time, not a
+    turn) is already at the head of the line. Found in review: the plain waiter's time was
+    read as the head's turn, so the fair waiters were given arrival-time scores and queued
+    behind (or tied with) it."""
+    key = _fresh_key("fair-mixed")
+    plain: list[Claim] = [SemaphoreClaim(key, limit=1)]
+    holding = _hold(coordinator, plain, 1)
+    _register(coordinator, plain, "plain-000")
+    fair = SemaphoreClaim(key, limit=1, fair="holders")
+    for waiter in ("a-000", "a-001", "b-000"):
+        _register(coordinator, [_as_waiter(fair, waiter)], waiter)
+
+    granted = _drain(coordinator, [fair], holding, fair=True)
+    assert granted == ["a-000", "b-000", "a-001", "plain-000"]
+
+
 # -- in-process waiters (threads waiting on the wake messages) ---------------------------------
 
 
