@@ -240,6 +240,38 @@ def test_a_step_and_a_reactor_obey_the_named_limit_in_process() -> None:
     coordinator.release(held, "success")
 
 
+def test_a_lowered_limit_keeps_the_line_in_order_and_wakes_nobody_for_nothing(
+    redis_topology: str,
+) -> None:
+    """Found in review: lowered from 3 to 1 with three holders and three waiters, each
+    release handed its slot to the head waiter although the slots still held were not under
+    the new limit — the waiter, woken for nothing, was refused and queued again at the back,
+    so the line ended C, A, B. A slot freed over the limit is now granted to nobody: the
+    first grant goes to A once a slot is really free, and the line is served A, B, C."""
+    limits.set_override("semaphore", "live", "3", by="ops")
+    coordinator = Coordinator()
+    claim = _claim("lowered")
+    holding = [coordinator.admit([claim], Holder(owner=f"holder{n}")) for n in range(3)]
+    assert all(isinstance(held, Admitted) for held in holding)
+    limits.set_override("semaphore", "live", "1", by="ops")
+    for waiter in ("A", "B", "C"):
+        answer = coordinator.admit([claim], Holder(owner=waiter), waiter_id=waiter)
+        assert isinstance(answer, Refused), answer
+
+    # two slots still held, then one, the limit is one: nobody is granted a slot
+    assert coordinator.release(holding.pop(0), "success").woken == []
+    assert coordinator.release(holding.pop(0), "success").woken == []
+    assert coordinator.waiters(claim) == ["A", "B", "C"]
+    granted: list[str] = []
+    while holding:
+        for waiter in coordinator.release(holding.pop(0), "success").woken:
+            granted.append(waiter)
+            answer = coordinator.admit([claim], Holder(owner=waiter), waiter_id=waiter)
+            assert isinstance(answer, Admitted), (waiter, answer)
+            holding.append(answer)
+    assert granted == ["A", "B", "C"]
+
+
 def test_an_unknown_named_limit_fails_the_work_and_names_the_setting() -> None:
     @with_semaphore(lambda args: "pool", limit="nowhere")
     class Lost(Step):
