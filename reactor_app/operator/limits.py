@@ -111,6 +111,18 @@ def configured_value(primitive: str, name: str) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k in ("limit", "period", "limits")}
 
 
+def check_named(primitive: str, name: str, *, removing: bool = False) -> None:
+    """``InvalidLimit`` unless settings name the limit — or, ``removing`` its override, one is
+    recorded: a name a deploy dropped from settings keeps its override (listed, "settings:
+    -") until it is removed, and a later deploy that brings the name back must not find a
+    forgotten override in force."""
+    try:
+        configured_value(primitive, name)
+    except InvalidLimit:
+        if not (removing and (primitive, name) in LimitOverride.objects.current()):
+            raise
+
+
 def describe(primitive: str, value: Mapping[str, Any] | None) -> str:
     """``5`` / ``3/second, 100/minute``: a value as an operator types it."""
     if not value:

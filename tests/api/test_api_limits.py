@@ -73,6 +73,25 @@ def test_set_and_remove_an_override(limiter_client: Client) -> None:
     assert live_limits.semaphore_limit("partner") == 2
 
 
+def test_an_override_of_a_name_settings_dropped_can_still_be_removed(
+    limiter_client: Client, settings: Any
+) -> None:
+    """Found in review: the list shows an override whose name settings no longer declare,
+    but removing it was a 400 ("unknown named limit") — and once the name came back to
+    settings, the forgotten override was in force again instead of the settings value."""
+    body = {"primitive": "semaphore", "name": "partner", "value": "5"}
+    assert _post(limiter_client, LIMITS, body).status_code == 200
+    settings.REACTOR_LIMITS = {}  # a deploy drops the name
+    assert _by_name(limiter_client.get(LIMITS))["partner"]["settings"] is None
+
+    removal = {"primitive": "semaphore", "name": "partner"}
+    response = _post(limiter_client, f"{LIMITS}remove/", removal)
+    assert response.status_code == 200, response.content
+    assert not LimitOverride.objects.exists()
+    settings.REACTOR_LIMITS = {"partner": {"limit": 2}}  # and a later one brings it back
+    assert live_limits.semaphore_limit("partner") == 2
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
