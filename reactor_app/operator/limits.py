@@ -6,8 +6,9 @@ every named limit with its effective value and origin (docs/coordination.md, "Li
 commits, the whole set of overrides is published to Redis (``coordination.live_limits``),
 where every process reads it within ``REFRESH_SECONDS``. Executions parked on the limit are
 then woken, once every process has the new value (``WAKE_AFTER``): a raised limit admits
-them then, not when their backoff runs out or a holder releases (a lowered one parks them
-again). Permission checks belong to the callers (the
+them then, not when their backoff runs out or a holder releases. A semaphore limit that is
+not raised wakes nobody (each would only park again, and parks count towards
+``REACTOR_CONTENTION_CEILING``). Permission checks belong to the callers (the
 admin views, the API); nothing here knows about requests.
 """
 
@@ -229,7 +230,8 @@ def set_override(
         row.value, row.reason, row.set_by, row.set_at = parsed, reason, by, timezone.now()
         row.save()
         _audit(primitive, name, "set", old, parsed, by=by, reason=reason)
-    woken = _publish_and_wake(primitive, name)
+    was = old if old is not None else _configured_or_none(primitive, name)
+    woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, was, parsed))
     logger.warning("%s overrode %s limit %r: %s -> %s", by, primitive, name, old, parsed)
     return {"old": old, "new": parsed, "woken": woken}
 
@@ -249,7 +251,7 @@ def remove_override(primitive: str, name: str, *, by: str, reason: str = "") -> 
         except InvalidLimit:
             configured = None
         _audit(primitive, name, "removed", old, configured, by=by, reason=reason)
-    woken = _publish_and_wake(primitive, name)
+    woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, old, configured))
     logger.warning("%s removed the override of %s limit %r (was %s)", by, primitive, name, old)
     return {"old": old, "new": configured, "woken": woken}
 
@@ -287,13 +289,39 @@ def _audit(
     )
 
 
-def _publish_and_wake(primitive: str, name: str) -> list[str]:
-    """Publish the committed overrides, then wake what is parked on the limit."""
+def _configured_or_none(primitive: str, name: str) -> dict[str, Any] | None:
+    try:
+        return configured_value(primitive, name)
+    except InvalidLimit:
+        return None
+
+
+def _may_admit_more(
+    primitive: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+) -> bool:
+    """Whether a change from ``old`` to ``new`` can admit an execution parked on the limit.
+    A semaphore limit that is not raised cannot: its parked executions, woken, would only be
+    refused and parked again — each park counting towards ``REACTOR_CONTENTION_CEILING``. A
+    rate limit's windows do not compare simply: any change wakes them."""
+    if primitive != "semaphore":
+        return True
+    if new is None:
+        return False  # settings no longer name it: nothing is admitted under it
+    try:
+        return old is None or int(new["limit"]) > int(old["limit"])
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+def _publish_and_wake(primitive: str, name: str, *, wake: bool = True) -> list[str]:
+    """Publish the committed overrides, then (``wake``) wake what is parked on the limit."""
     try:
         republish()
     except CoordinationUnavailable:
         logger.exception("limit override of %r saved but not published", name)
         raise
+    if not wake:
+        return []
     parked = parked_on(primitive, name)
     for execution_id in parked:
         # once every process's copy has been read again (a delivery woken at once could

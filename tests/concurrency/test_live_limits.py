@@ -272,6 +272,39 @@ def test_a_lowered_limit_keeps_the_line_in_order_and_wakes_nobody_for_nothing(
     assert granted == ["A", "B", "C"]
 
 
+def test_only_a_raised_semaphore_limit_wakes_the_executions_parked_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found in review: every change woke every execution parked on the limit, a lowered (or
+    unchanged) one too. Woken with no slot for it, each was refused and parked again — and
+    every park counts towards ``REACTOR_CONTENTION_CEILING`` (20), so an operator's changes
+    alone could fail executions that were only waiting. (Who is woken is the subject here;
+    that a woken execution runs on a worker: tests/worker/test_worker_live_limits.py.)"""
+    from reactor_app.models import ContentionState, Execution
+    from reactor_app.status import ExecutionStatus
+
+    sent: list[str] = []
+    monkeypatch.setattr(
+        limits, "enqueue_quietly", lambda execution_id, **_: sent.append(execution_id)
+    )
+    # a reactor this process cannot load counts as using the limit (operator.limits.parked_on)
+    parked = Execution.objects.start(
+        reactor="tests.nowhere.Pooled", inputs={}, status=ExecutionStatus.PARKED
+    )
+    ContentionState.objects.create(
+        execution=parked, step="", primitive="semaphore", key="pool", attempts=1
+    )
+    assert limits.set_override("semaphore", "live", "3", by="ops")["woken"] == [str(parked.pk)]
+    assert sent == [str(parked.pk)]
+    sent.clear()
+    assert limits.set_override("semaphore", "live", "2", by="ops")["woken"] == []  # lowered
+    assert limits.set_override("semaphore", "live", "2", by="ops")["woken"] == []  # the same
+    assert limits.remove_override("semaphore", "live", by="ops")["woken"] == []  # 2 -> 1
+    assert limits.set_override("semaphore", "live", "1", by="ops")["woken"] == []  # 1 -> 1
+    assert sent == []
+    assert limits.set_override("semaphore", "live", "4", by="ops")["woken"] == [str(parked.pk)]
+
+
 def test_an_unknown_named_limit_fails_the_work_and_names_the_setting() -> None:
     @with_semaphore(lambda args: "pool", limit="nowhere")
     class Lost(Step):
