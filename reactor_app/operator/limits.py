@@ -45,6 +45,9 @@ PRIMITIVES = live_limits.PRIMITIVES
 #: seconds after a change that the executions parked on the limit are woken: by then every
 #: process has read the new value (``live_limits.REFRESH_SECONDS``), with a little margin
 WAKE_AFTER = live_limits.REFRESH_SECONDS + 0.05
+#: the largest limit an operator may type: the scripts hold numbers as doubles and write them
+#: back for operators (a semaphore's ``\0limit`` field), where a larger one reads "1e+30"
+MAX_LIMIT = 10**12
 
 
 class InvalidLimit(ValueError):
@@ -65,10 +68,12 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
     configured = configured_value(primitive, name)  # InvalidLimit for an unknown name
     raw = str(text if text is not None else "").strip()
     if primitive == "semaphore":
-        if not raw.isdigit() or int(raw) < 1:
-            raise InvalidLimit(f"a semaphore limit is a positive whole number, got {raw!r}")
+        if not _whole(raw):
+            raise InvalidLimit(
+                f"a semaphore limit is a whole number from 1 to {MAX_LIMIT}, got {raw!r}"
+            )
         return {"limit": int(raw)}
-    if raw.isdigit():
+    if raw.isascii() and raw.isdigit():
         periods = _periods(configured)
         if len(periods) != 1:
             raise InvalidLimit(
@@ -83,6 +88,8 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
                 f"a rate limit is 'limit/period' pairs such as '3/second, 100/minute' "
                 f"(period: second, minute, hour, day or seconds), got {raw!r}"
             )
+        if not _whole(match.group(1)):
+            raise InvalidLimit(f"a rate limit is from 1 to {MAX_LIMIT} per period, got {part!r}")
         count, period = int(match.group(1)), match.group(2)
         if period in limits:
             raise InvalidLimit(f"the period {period!r} is given twice")
@@ -93,6 +100,12 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
     except ValueError as exc:
         raise InvalidLimit(str(exc)) from exc
     return value
+
+
+def _whole(text: str) -> bool:
+    """``text`` is a limit: ASCII digits (``str.isdigit`` also takes "²", which ``int``
+    refuses) of a number from 1 to ``MAX_LIMIT``."""
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_LIMIT
 
 
 def _periods(configured: Mapping[str, Any]) -> list[str]:

@@ -99,6 +99,10 @@ def test_an_override_of_a_name_settings_dropped_can_still_be_removed(
         ({"primitive": "semaphore", "name": "partner", "value": True}, "value"),
         ({"primitive": "semaphore", "name": "partner", "value": ["5"]}, "value"),
         ({"primitive": "semaphore", "name": "partner", "value": "0"}, "value"),
+        # found in review: a digit int() does not read was a 500, a huge limit was taken
+        ({"primitive": "semaphore", "name": "partner", "value": "\u00b2"}, "value"),
+        ({"primitive": "semaphore", "name": "partner", "value": "9" * 30}, "value"),
+        ({"primitive": "rate_limit", "name": "sms", "value": "9" * 30 + "/minute"}, "value"),
         ({"primitive": "semaphore", "name": "nobody", "value": "5"}, "name"),
         ({"primitive": "lock", "name": "partner", "value": "5"}, "primitive"),
         ({"primitive": "semaphore", "name": "partner", "value": "5", "extra": 1}, "extra"),

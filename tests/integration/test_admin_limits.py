@@ -131,6 +131,10 @@ def test_an_override_of_a_name_settings_dropped_can_still_be_removed(
         {"primitive": "semaphore", "name": "partner", "value": "-3"},
         {"primitive": "semaphore", "name": "partner", "value": ""},
         {"primitive": "semaphore", "name": "partner", "value": "9" * 400},
+        # found in review: a digit int() does not read was a 500, a huge limit was taken
+        {"primitive": "semaphore", "name": "partner", "value": "\u00b2"},
+        {"primitive": "semaphore", "name": "partner", "value": "9" * 30},
+        {"primitive": "rate_limit", "name": "sms", "value": "9" * 30 + "/minute"},
         {"primitive": "semaphore", "name": "nobody", "value": "3"},
         {"primitive": "semaphore", "name": "nobody", "action": "remove"},
         {"primitive": "lock", "name": "partner", "value": "3"},
