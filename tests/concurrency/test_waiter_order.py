@@ -217,6 +217,30 @@ def test_a_granted_semaphore_slot_is_kept_for_its_waiter_and_handed_on_when_it_l
     assert _drain(coordinator, claims, holding) == ["third"]
 
 
+def test_a_forced_release_of_a_slot_keeps_the_other_grants_and_hands_its_slot_on(
+    coordinator: Coordinator,
+) -> None:
+    """Found in review: an operator's force-release of one semaphore slot dropped every live
+    grant of the line (the slot a release had just handed to "first" among them) and popped
+    the next waiter without a grant, so a newcomer could take both free slots ahead of the
+    line. Now the other grants stay and the forced slot is handed on like a released one."""
+    key = _fresh_key("forced")
+    claims: list[Claim] = [SemaphoreClaim(key, limit=2)]
+    holding = _hold(coordinator, claims, 2)
+    for waiter in ("first", "second", "third"):
+        _register(coordinator, claims, waiter)
+    assert coordinator.release(holding.pop(0), "success").woken == ["first"]
+
+    forced = coordinator.force_release("semaphore", key, owner="holder1")
+    assert forced.released == ["holder1"] and forced.woken == ["second"]
+    newcomer = coordinator.admit(claims, Holder(owner="newcomer"))
+    assert isinstance(newcomer, Refused), newcomer  # both free slots are granted
+    for waiter in ("first", "second"):
+        answer = coordinator.admit(claims, Holder(owner=waiter), waiter_id=waiter)
+        assert isinstance(answer, Admitted), (waiter, answer)
+    assert coordinator.waiters(claims[0]) == ["third"]
+
+
 # -- fair sharing --------------------------------------------------------------------------------
 
 
