@@ -54,12 +54,13 @@ class LimitOverrideForm(forms.Form):
         primitive, name = data.get("primitive"), data.get("name")
         if not primitive or not name:
             return data
+        setting = (data.get("action") or "set") == "set"
         try:
-            limits.configured_value(primitive, name)
+            limits.check_named(primitive, name, removing=not setting)
         except limits.InvalidLimit as exc:
             self.add_error("name", str(exc))
             return data
-        if (data.get("action") or "set") == "set":
+        if setting:
             try:
                 data["parsed"] = limits.parse_value(primitive, name, data.get("value"))
             except limits.InvalidLimit as exc:

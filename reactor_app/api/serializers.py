@@ -295,7 +295,9 @@ class LimitOverrideSerializer(serializers.Serializer):
                 {name: ["unknown field"] for name in sorted(map(str, unknown))}
             )
         try:
-            limits.configured_value(attrs["primitive"], attrs["name"])
+            limits.check_named(
+                attrs["primitive"], attrs["name"], removing=not self.context.get("setting")
+            )
         except limits.InvalidLimit as exc:
             raise serializers.ValidationError({"name": [str(exc)]}) from exc
         if self.context.get("setting"):

@@ -13,7 +13,7 @@ value every process obeys is published to one Redis hash:
 Why a client-side copy and not a read inside the admission scripts: on a Redis Cluster the
 hash lives in one slot and the scripts of other slots could not read it; and the limit already
 travels with every admission as an argument (``semaphore.admit_spec``, the rate-limit
-windows), so the scripts need no change at all. Each process keeps a copy of the hash and
+windows), so the scripts never read it. Each process keeps a copy of the hash and
 reads it again at most every ``REFRESH_SECONDS`` (0.1) when asked for a limit: one HGETALL
 per process per tenth of a second at most, no database query and no extra round trip on the
 admissions in between, and a change is seen everywhere within ``REFRESH_SECONDS`` (the 1 s

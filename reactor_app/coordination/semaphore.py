@@ -35,6 +35,7 @@ from reactor_app.coordination.redis import (
     unavailable_on_connection_error,
 )
 from reactor_app.coordination.reports import to_datetime
+from reactor_app.exceptions import ConfigurationError, CoordinationUnavailable
 
 # -- the interface's flags (see coordination.primitives.Primitive) ---------------------------
 PRIMITIVE = "semaphore"
@@ -107,7 +108,25 @@ def admit_spec(claim: SemaphoreClaim) -> dict[str, Any]:
 
 def release_spec(hold: Hold) -> dict[str, Any]:
     # only the acquisition admitted (a slot the owner took again since is not this one's)
-    return {"lease": hold.lease} if hold.lease else {}
+    spec: dict[str, Any] = {"lease": hold.lease} if hold.lease else {}
+    limit = release_limit(hold.claim)
+    if limit is not None:
+        spec["limit"] = limit
+    return spec
+
+
+def release_limit(claim: Any) -> int | None:
+    """A named limit as it is now, for the release (None: not a named limit, or not readable
+    now). An operator may lower it below the slots held: a slot freed then is nobody's to take
+    yet, and the release must not hand it to the head waiter (``lua/primitives/semaphore.lua``)
+    — the waiter would be woken only to be refused and queue again at the back of the line.
+    Never a reason not to release: an unreadable limit releases as a number limit does."""
+    if not isinstance(claim, SemaphoreClaim) or claim.limit_name is None:
+        return None
+    try:
+        return live_claim(claim).limit
+    except (CoordinationUnavailable, ConfigurationError):
+        return None
 
 
 def extend_keys(claim: SemaphoreClaim, prefix: str) -> list[str]:

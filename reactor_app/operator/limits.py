@@ -6,8 +6,9 @@ every named limit with its effective value and origin (docs/coordination.md, "Li
 commits, the whole set of overrides is published to Redis (``coordination.live_limits``),
 where every process reads it within ``REFRESH_SECONDS``. Executions parked on the limit are
 then woken, once every process has the new value (``WAKE_AFTER``): a raised limit admits
-them then, not when their backoff runs out or a holder releases (a lowered one parks them
-again). Permission checks belong to the callers (the
+them then, not when their backoff runs out or a holder releases. A semaphore limit that is
+not raised wakes nobody (each would only park again, and parks count towards
+``REACTOR_CONTENTION_CEILING``). Permission checks belong to the callers (the
 admin views, the API); nothing here knows about requests.
 """
 
@@ -44,6 +45,9 @@ PRIMITIVES = live_limits.PRIMITIVES
 #: seconds after a change that the executions parked on the limit are woken: by then every
 #: process has read the new value (``live_limits.REFRESH_SECONDS``), with a little margin
 WAKE_AFTER = live_limits.REFRESH_SECONDS + 0.05
+#: the largest limit an operator may type: the scripts hold numbers as doubles and write them
+#: back for operators (a semaphore's ``\0limit`` field), where a larger one reads "1e+30"
+MAX_LIMIT = 10**12
 
 
 class InvalidLimit(ValueError):
@@ -64,10 +68,12 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
     configured = configured_value(primitive, name)  # InvalidLimit for an unknown name
     raw = str(text if text is not None else "").strip()
     if primitive == "semaphore":
-        if not raw.isdigit() or int(raw) < 1:
-            raise InvalidLimit(f"a semaphore limit is a positive whole number, got {raw!r}")
+        if not _whole(raw):
+            raise InvalidLimit(
+                f"a semaphore limit is a whole number from 1 to {MAX_LIMIT}, got {raw!r}"
+            )
         return {"limit": int(raw)}
-    if raw.isdigit():
+    if raw.isascii() and raw.isdigit():
         periods = _periods(configured)
         if len(periods) != 1:
             raise InvalidLimit(
@@ -82,6 +88,8 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
                 f"a rate limit is 'limit/period' pairs such as '3/second, 100/minute' "
                 f"(period: second, minute, hour, day or seconds), got {raw!r}"
             )
+        if not _whole(match.group(1)):
+            raise InvalidLimit(f"a rate limit is from 1 to {MAX_LIMIT} per period, got {part!r}")
         count, period = int(match.group(1)), match.group(2)
         if period in limits:
             raise InvalidLimit(f"the period {period!r} is given twice")
@@ -92,6 +100,12 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
     except ValueError as exc:
         raise InvalidLimit(str(exc)) from exc
     return value
+
+
+def _whole(text: str) -> bool:
+    """``text`` is a limit: ASCII digits (``str.isdigit`` also takes "²", which ``int``
+    refuses) of a number from 1 to ``MAX_LIMIT``."""
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_LIMIT
 
 
 def _periods(configured: Mapping[str, Any]) -> list[str]:
@@ -109,6 +123,18 @@ def configured_value(primitive: str, name: str) -> dict[str, Any]:
     except ConfigurationError as exc:
         raise InvalidLimit(exc.message) from exc
     return {k: v for k, v in config.items() if k in ("limit", "period", "limits")}
+
+
+def check_named(primitive: str, name: str, *, removing: bool = False) -> None:
+    """``InvalidLimit`` unless settings name the limit — or, ``removing`` its override, one is
+    recorded: a name a deploy dropped from settings keeps its override (listed, "settings:
+    -") until it is removed, and a later deploy that brings the name back must not find a
+    forgotten override in force."""
+    try:
+        configured_value(primitive, name)
+    except InvalidLimit:
+        if not (removing and (primitive, name) in LimitOverride.objects.current()):
+            raise
 
 
 def describe(primitive: str, value: Mapping[str, Any] | None) -> str:
@@ -217,7 +243,8 @@ def set_override(
         row.value, row.reason, row.set_by, row.set_at = parsed, reason, by, timezone.now()
         row.save()
         _audit(primitive, name, "set", old, parsed, by=by, reason=reason)
-    woken = _publish_and_wake(primitive, name)
+    was = old if old is not None else _configured_or_none(primitive, name)
+    woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, was, parsed))
     logger.warning("%s overrode %s limit %r: %s -> %s", by, primitive, name, old, parsed)
     return {"old": old, "new": parsed, "woken": woken}
 
@@ -237,7 +264,7 @@ def remove_override(primitive: str, name: str, *, by: str, reason: str = "") -> 
         except InvalidLimit:
             configured = None
         _audit(primitive, name, "removed", old, configured, by=by, reason=reason)
-    woken = _publish_and_wake(primitive, name)
+    woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, old, configured))
     logger.warning("%s removed the override of %s limit %r (was %s)", by, primitive, name, old)
     return {"old": old, "new": configured, "woken": woken}
 
@@ -275,13 +302,39 @@ def _audit(
     )
 
 
-def _publish_and_wake(primitive: str, name: str) -> list[str]:
-    """Publish the committed overrides, then wake what is parked on the limit."""
+def _configured_or_none(primitive: str, name: str) -> dict[str, Any] | None:
+    try:
+        return configured_value(primitive, name)
+    except InvalidLimit:
+        return None
+
+
+def _may_admit_more(
+    primitive: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+) -> bool:
+    """Whether a change from ``old`` to ``new`` can admit an execution parked on the limit.
+    A semaphore limit that is not raised cannot: its parked executions, woken, would only be
+    refused and parked again — each park counting towards ``REACTOR_CONTENTION_CEILING``. A
+    rate limit's windows do not compare simply: any change wakes them."""
+    if primitive != "semaphore":
+        return True
+    if new is None:
+        return False  # settings no longer name it: nothing is admitted under it
+    try:
+        return old is None or int(new["limit"]) > int(old["limit"])
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+def _publish_and_wake(primitive: str, name: str, *, wake: bool = True) -> list[str]:
+    """Publish the committed overrides, then (``wake``) wake what is parked on the limit."""
     try:
         republish()
     except CoordinationUnavailable:
         logger.exception("limit override of %r saved but not published", name)
         raise
+    if not wake:
+        return []
     parked = parked_on(primitive, name)
     for execution_id in parked:
         # once every process's copy has been read again (a delivery woken at once could

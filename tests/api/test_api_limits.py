@@ -73,6 +73,25 @@ def test_set_and_remove_an_override(limiter_client: Client) -> None:
     assert live_limits.semaphore_limit("partner") == 2
 
 
+def test_an_override_of_a_name_settings_dropped_can_still_be_removed(
+    limiter_client: Client, settings: Any
+) -> None:
+    """Found in review: the list shows an override whose name settings no longer declare,
+    but removing it was a 400 ("unknown named limit") — and once the name came back to
+    settings, the forgotten override was in force again instead of the settings value."""
+    body = {"primitive": "semaphore", "name": "partner", "value": "5"}
+    assert _post(limiter_client, LIMITS, body).status_code == 200
+    settings.REACTOR_LIMITS = {}  # a deploy drops the name
+    assert _by_name(limiter_client.get(LIMITS))["partner"]["settings"] is None
+
+    removal = {"primitive": "semaphore", "name": "partner"}
+    response = _post(limiter_client, f"{LIMITS}remove/", removal)
+    assert response.status_code == 200, response.content
+    assert not LimitOverride.objects.exists()
+    settings.REACTOR_LIMITS = {"partner": {"limit": 2}}  # and a later one brings it back
+    assert live_limits.semaphore_limit("partner") == 2
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -80,6 +99,10 @@ def test_set_and_remove_an_override(limiter_client: Client) -> None:
         ({"primitive": "semaphore", "name": "partner", "value": True}, "value"),
         ({"primitive": "semaphore", "name": "partner", "value": ["5"]}, "value"),
         ({"primitive": "semaphore", "name": "partner", "value": "0"}, "value"),
+        # found in review: a digit int() does not read was a 500, a huge limit was taken
+        ({"primitive": "semaphore", "name": "partner", "value": "\u00b2"}, "value"),
+        ({"primitive": "semaphore", "name": "partner", "value": "9" * 30}, "value"),
+        ({"primitive": "rate_limit", "name": "sms", "value": "9" * 30 + "/minute"}, "value"),
         ({"primitive": "semaphore", "name": "nobody", "value": "5"}, "name"),
         ({"primitive": "lock", "name": "partner", "value": "5"}, "primitive"),
         ({"primitive": "semaphore", "name": "partner", "value": "5", "extra": 1}, "extra"),

@@ -240,6 +240,71 @@ def test_a_step_and_a_reactor_obey_the_named_limit_in_process() -> None:
     coordinator.release(held, "success")
 
 
+def test_a_lowered_limit_keeps_the_line_in_order_and_wakes_nobody_for_nothing(
+    redis_topology: str,
+) -> None:
+    """Found in review: lowered from 3 to 1 with three holders and three waiters, each
+    release handed its slot to the head waiter although the slots still held were not under
+    the new limit — the waiter, woken for nothing, was refused and queued again at the back,
+    so the line ended C, A, B. A slot freed over the limit is now granted to nobody: the
+    first grant goes to A once a slot is really free, and the line is served A, B, C."""
+    limits.set_override("semaphore", "live", "3", by="ops")
+    coordinator = Coordinator()
+    claim = _claim("lowered")
+    holding = [coordinator.admit([claim], Holder(owner=f"holder{n}")) for n in range(3)]
+    assert all(isinstance(held, Admitted) for held in holding)
+    limits.set_override("semaphore", "live", "1", by="ops")
+    for waiter in ("A", "B", "C"):
+        answer = coordinator.admit([claim], Holder(owner=waiter), waiter_id=waiter)
+        assert isinstance(answer, Refused), answer
+
+    # two slots still held, then one, the limit is one: nobody is granted a slot
+    assert coordinator.release(holding.pop(0), "success").woken == []
+    assert coordinator.release(holding.pop(0), "success").woken == []
+    assert coordinator.waiters(claim) == ["A", "B", "C"]
+    granted: list[str] = []
+    while holding:
+        for waiter in coordinator.release(holding.pop(0), "success").woken:
+            granted.append(waiter)
+            answer = coordinator.admit([claim], Holder(owner=waiter), waiter_id=waiter)
+            assert isinstance(answer, Admitted), (waiter, answer)
+            holding.append(answer)
+    assert granted == ["A", "B", "C"]
+
+
+def test_only_a_raised_semaphore_limit_wakes_the_executions_parked_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found in review: every change woke every execution parked on the limit, a lowered (or
+    unchanged) one too. Woken with no slot for it, each was refused and parked again — and
+    every park counts towards ``REACTOR_CONTENTION_CEILING`` (20), so an operator's changes
+    alone could fail executions that were only waiting. (Who is woken is the subject here;
+    that a woken execution runs on a worker: tests/worker/test_worker_live_limits.py.)"""
+    from reactor_app.models import ContentionState, Execution
+    from reactor_app.status import ExecutionStatus
+
+    sent: list[str] = []
+    monkeypatch.setattr(
+        limits, "enqueue_quietly", lambda execution_id, **_: sent.append(execution_id)
+    )
+    # a reactor this process cannot load counts as using the limit (operator.limits.parked_on)
+    parked = Execution.objects.start(
+        reactor="tests.nowhere.Pooled", inputs={}, status=ExecutionStatus.PARKED
+    )
+    ContentionState.objects.create(
+        execution=parked, step="", primitive="semaphore", key="pool", attempts=1
+    )
+    assert limits.set_override("semaphore", "live", "3", by="ops")["woken"] == [str(parked.pk)]
+    assert sent == [str(parked.pk)]
+    sent.clear()
+    assert limits.set_override("semaphore", "live", "2", by="ops")["woken"] == []  # lowered
+    assert limits.set_override("semaphore", "live", "2", by="ops")["woken"] == []  # the same
+    assert limits.remove_override("semaphore", "live", by="ops")["woken"] == []  # 2 -> 1
+    assert limits.set_override("semaphore", "live", "1", by="ops")["woken"] == []  # 1 -> 1
+    assert sent == []
+    assert limits.set_override("semaphore", "live", "4", by="ops")["woken"] == [str(parked.pk)]
+
+
 def test_an_unknown_named_limit_fails_the_work_and_names_the_setting() -> None:
     @with_semaphore(lambda args: "pool", limit="nowhere")
     class Lost(Step):

@@ -217,6 +217,30 @@ def test_a_granted_semaphore_slot_is_kept_for_its_waiter_and_handed_on_when_it_l
     assert _drain(coordinator, claims, holding) == ["third"]
 
 
+def test_a_forced_release_of_a_slot_keeps_the_other_grants_and_hands_its_slot_on(
+    coordinator: Coordinator,
+) -> None:
+    """Found in review: an operator's force-release of one semaphore slot dropped every live
+    grant of the line (the slot a release had just handed to "first" among them) and popped
+    the next waiter without a grant, so a newcomer could take both free slots ahead of the
+    line. Now the other grants stay and the forced slot is handed on like a released one."""
+    key = _fresh_key("forced")
+    claims: list[Claim] = [SemaphoreClaim(key, limit=2)]
+    holding = _hold(coordinator, claims, 2)
+    for waiter in ("first", "second", "third"):
+        _register(coordinator, claims, waiter)
+    assert coordinator.release(holding.pop(0), "success").woken == ["first"]
+
+    forced = coordinator.force_release("semaphore", key, owner="holder1")
+    assert forced.released == ["holder1"] and forced.woken == ["second"]
+    newcomer = coordinator.admit(claims, Holder(owner="newcomer"))
+    assert isinstance(newcomer, Refused), newcomer  # both free slots are granted
+    for waiter in ("first", "second"):
+        answer = coordinator.admit(claims, Holder(owner=waiter), waiter_id=waiter)
+        assert isinstance(answer, Admitted), (waiter, answer)
+    assert coordinator.waiters(claims[0]) == ["third"]
+
+
 # -- fair sharing --------------------------------------------------------------------------------
 
 
@@ -296,6 +320,26 @@ def test_a_group_arriving_later_starts_at_the_current_turn(coordinator: Coordina
     # b's three alternate with a's next turns instead of waiting behind the other ten
     positions = [granted.index(f"b-{index:03d}") for index in range(3)]
     assert positions[-1] <= 10 + 6, granted
+
+
+def test_fair_waiters_behind_a_plain_waiter_are_served_first_turn_by_turn(
+    coordinator: Coordinator,
+) -> None:
+    """A key declared fair in one place and not in another (docs/coordination.md): the fair
+    waiters are served first, turn by turn, even when a plain waiter (an arrival time, not a
+    turn) is already at the head of the line. Found in review: the plain waiter's time was
+    read as the head's turn, so the fair waiters were given arrival-time scores and queued
+    behind (or tied with) it."""
+    key = _fresh_key("fair-mixed")
+    plain: list[Claim] = [SemaphoreClaim(key, limit=1)]
+    holding = _hold(coordinator, plain, 1)
+    _register(coordinator, plain, "plain-000")
+    fair = SemaphoreClaim(key, limit=1, fair="holders")
+    for waiter in ("a-000", "a-001", "b-000"):
+        _register(coordinator, [_as_waiter(fair, waiter)], waiter)
+
+    granted = _drain(coordinator, [fair], holding, fair=True)
+    assert granted == ["a-000", "b-000", "a-001", "plain-000"]
 
 
 # -- in-process waiters (threads waiting on the wake messages) ---------------------------------

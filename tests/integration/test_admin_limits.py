@@ -105,6 +105,24 @@ def test_a_rate_limit_override_changes_the_named_windows(limiter_client: Client)
     assert "4/minute" in row and "10/minute" in row  # effective, and what settings say
 
 
+def test_an_override_of_a_name_settings_dropped_can_still_be_removed(
+    limiter_client: Client, settings: Any
+) -> None:
+    """Found in review: the page lists an override whose name settings no longer declare,
+    but its remove button answered 400 ("unknown named limit"); once the name came back to
+    settings, the forgotten override was in force again instead of the settings value."""
+    form = {"primitive": "semaphore", "name": "partner", "value": "5"}
+    assert limiter_client.post(LIMITS, form).status_code == 302
+    settings.REACTOR_LIMITS = {}  # a deploy drops the name
+    assert 'data-name="partner"' in limiter_client.get(LIMITS).content.decode()
+
+    removal = {"primitive": "semaphore", "name": "partner", "action": "remove"}
+    assert limiter_client.post(LIMITS, removal).status_code == 302
+    assert not LimitOverride.objects.exists()
+    settings.REACTOR_LIMITS = {"partner": {"limit": 2}}  # and a later one brings it back
+    assert live_limits.semaphore_limit("partner") == 2
+
+
 @pytest.mark.parametrize(
     "form",
     [
@@ -113,6 +131,10 @@ def test_a_rate_limit_override_changes_the_named_windows(limiter_client: Client)
         {"primitive": "semaphore", "name": "partner", "value": "-3"},
         {"primitive": "semaphore", "name": "partner", "value": ""},
         {"primitive": "semaphore", "name": "partner", "value": "9" * 400},
+        # found in review: a digit int() does not read was a 500, a huge limit was taken
+        {"primitive": "semaphore", "name": "partner", "value": "\u00b2"},
+        {"primitive": "semaphore", "name": "partner", "value": "9" * 30},
+        {"primitive": "rate_limit", "name": "sms", "value": "9" * 30 + "/minute"},
         {"primitive": "semaphore", "name": "nobody", "value": "3"},
         {"primitive": "semaphore", "name": "nobody", "action": "remove"},
         {"primitive": "lock", "name": "partner", "value": "3"},

@@ -18,6 +18,9 @@
 -- waiters first (docs/coordination.md).
 
 local FAIR_BASE = 1000000000
+-- fair scores stay below this (FAIR_BASE plus the turns handed out, less at most 100 of
+-- priority); plain waiters' scores are epoch milliseconds, far above it
+local FAIR_LIMIT = 2 * FAIR_BASE
 local SEMAPHORE_FREED_MESSAGE = '{"freed":true,"primitive":"semaphore"}'
 
 -- The live grants of `waiters` (lapsed ones are dropped): `mine` is the member granted to
@@ -67,13 +70,16 @@ end
 -- The score of a new waiter of `group` in the fair line `waiters` (see above); called only for
 -- a waiter not in the line yet (waiter_register), so each waiter takes one turn.
 local function fair_score(waiters, fair, group, priority)
-  local head = redis.call('ZRANGEBYSCORE', waiters, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  -- the head is a fair waiter only if the line holds any (a turn scores below every arrival
+  -- time, FAIR_LIMIT): a plain waiter's arrival time is no turn, and the fair waiters go first
+  local head = redis.call('ZRANGEBYSCORE', waiters, 0, '(' .. FAIR_LIMIT, 'WITHSCORES',
+    'LIMIT', 0, 1)
   local turn = 0
   if head[1] then
     turn = math.max(tonumber(head[2]) - FAIR_BASE, 0)
     turn = math.max(turn, tonumber(redis.call('HGET', fair, group) or '0'))
   else
-    redis.call('DEL', fair) -- an empty line starts over
+    redis.call('DEL', fair) -- a line without fair waiters starts over
   end
   redis.call('HSET', fair, group, turn + 1)
   redis.call('PEXPIRE', fair, 86400000)

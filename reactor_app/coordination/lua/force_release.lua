@@ -1,10 +1,11 @@
 --[[ force_release.lua — operator action: free a lock or semaphore whatever its nesting.
 
 The holder is not asked; its next renewal reports the lease lost. One parked waiter is popped
-per freed slot and a wake message is PUBLISHed on the base key's name. A freed lock is handed
-on as a release hands it on (lock_hand_on in _lock.lua): its head waiter is granted the key for
-a moment and the message names it, so the waiters stay served in the order they came (unless
-ARGV[4] says otherwise).
+per freed slot and a wake message is PUBLISHed on the base key's name. A freed lock or slot is
+handed on as a release hands it on (lock_hand_on in _lock.lua, semaphore_hand_on in
+_semaphore.lua): its head waiter is granted it for a moment and the message names it, so the
+waiters stay served in the order they came (unless ARGV[4] says otherwise); the grants other
+waiters of a semaphore hold from earlier releases stay theirs.
 
 KEYS (lock)       KEYS[1] hold hash, KEYS[2] waiters zset, [KEYS[3..6] index]
 KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zset,
@@ -14,9 +15,10 @@ KEYS (semaphore)  KEYS[1] leases zset, KEYS[2] holders hash, KEYS[3] waiters zse
 ARGV[1]  primitive: "lock" | "semaphore"
 ARGV[2]  owner to release, or "" for any owner (every holder of a semaphore)
 ARGV[3]  the user key, when the index keys are passed (else "" or absent)
-ARGV[4]  "0": a freed lock is not handed on (its grant dropped, its head waiter popped and
-         woken to try again) — for a delivery that takes over a dead one's holds and takes
-         them again at once; else (default) it is handed on, as a release hands it on
+ARGV[4]  "0": a freed lock or slot is not handed on (a lock's grant dropped; the head waiter
+         popped and woken to try again) — for a delivery that takes over a dead one's holds
+         and takes them again at once; else (default) it is handed on, as a release hands it
+         on
 
 Returns {status, json}:
   0 OK         {released = [owners], woken = [waiter ids]}
@@ -25,6 +27,7 @@ Returns {status, json}:
 
 -- @include _common.lua
 -- @include _lock.lua
+-- @include _semaphore.lua
 
 local primitive, owner = ARGV[1], ARGV[2]
 local hand_on = ARGV[4] ~= '0'
@@ -67,7 +70,19 @@ elseif primitive == 'semaphore' then
   for _, name in ipairs(owners) do
     index_remove(index, 'semaphore', name)
     table.insert(released, name)
-    pop_waiter(KEYS[3])
+    if hand_on then
+      -- handed on as a release hands a slot on (_semaphore.lua); the grants other waiters
+      -- hold from earlier releases stay theirs
+      local handed = semaphore_hand_on(KEYS[1], KEYS[3], now_ms)
+      if handed then table.insert(woken, handed) end
+    else
+      -- the head waiter (grants, scored below 0, are not waiters), woken to try again
+      local head = redis.call('ZRANGEBYSCORE', KEYS[3], 0, '+inf', 'LIMIT', 0, 1)
+      if head[1] then
+        redis.call('ZREM', KEYS[3], head[1])
+        table.insert(woken, head[1])
+      end
+    end
   end
 else
   return redis.error_reply('force_release: unsupported primitive ' .. tostring(primitive))

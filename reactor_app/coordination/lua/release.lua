@@ -46,7 +46,9 @@ ARGV[3]  holds json, in release order; each {p = primitive, n = key count} plus:
                          cost? (units charged, default 1), w? (window count, default all keys)
            lock, semaphore: ik? (user key, when the index keys follow)
            semaphore:    lease? (the acquisition, as admitted: the owner's slot under another
-                         lease is a later acquisition and is reported not held)
+                         lease is a later acquisition and is reported not held), limit? (a
+                         named limit as it is now: while the live slots left are not under
+                         it, the freed slot is granted to no waiter)
 ARGV[4]  F (optional, default 0): how many flag keys end KEYS, after every group — when one of
          them is set nothing is released and the reply is {0, json {flagged = its value}}
 

@@ -107,9 +107,15 @@ local function release_semaphore(keys, spec)
   redis.call('ZREM', leases, holder.owner)
   redis.call('HDEL', holders, holder.owner)
   index_remove(index, 'semaphore', holder.owner)
-  -- the slot goes to the head waiter (a hand-off grant, _semaphore.lua)
-  local granted = semaphore_hand_on(leases, waiters, now.ms)
-  if granted then table.insert(report.woken, granted) end
+  if spec.limit and redis.call('ZCOUNT', leases, '(' .. int(now.ms), '+inf') >= spec.limit then
+    -- a named limit lowered live below the slots still held: the freed slot is nobody's to
+    -- take yet, so no waiter is granted it (woken only to be refused, it would lose its place)
+    redis.call('PUBLISH', leases, SEMAPHORE_FREED_MESSAGE)
+  else
+    -- the slot goes to the head waiter (a hand-off grant, _semaphore.lua)
+    local granted = semaphore_hand_on(leases, waiters, now.ms)
+    if granted then table.insert(report.woken, granted) end
+  end
   table.insert(report.freed, leases)
 end
 
