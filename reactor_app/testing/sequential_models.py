@@ -75,7 +75,9 @@ class MutexModel:
     """A lock with leases: one holder at a time; a holder's lease lapses no earlier than its
     acquisition's ``call + ttl``; the values of ``order_field`` (fencing ``token``; the ordered
     lock's ``position``) strictly increase in acquisition order, across lost state too (the
-    token floor is Redis ``TIME``).
+    token floor is Redis ``TIME``) — except that the holder itself may take its hold again
+    with the same value while nobody else took it in between (an ordered lock's execution
+    redelivered after a crash resumes its own place in line).
 
     State: ``(holder session | None, lease lower bound ns | None, last order value | None)``.
     """
@@ -115,7 +117,10 @@ class MutexModel:
             seen = op.value.get(self.order_field) if self.order_field else None
             if seen is not None:
                 seen = _comparable(seen)
-                if last is not None and seen <= last:
+                # the holder taking its own hold again (an ordered lock's redelivery resuming
+                # its place in line) keeps its value; anyone else's must be higher
+                again = holder == session and seen == last
+                if last is not None and seen <= last and not again:
                     return []
                 last = seen
             lease = op.call + _ttl_ns(op, self.default_ttl)

@@ -46,6 +46,8 @@ from tests.linearizability.clients import (
 )
 from tests.linearizability.workloads import hold_loop, settled_buckets
 
+#: seconds every schedule runs: a few in ``make test``, long under ``make soak``
+SOAK = float(os.environ.get("REACTOR_FAULT_SOAK_SECONDS", "0") or 0)
 #: lease seconds of the schedules' holds: short, so killed and paused holders are outlived
 LEASE = 0.5
 #: the period's buckets (epoch-aligned seconds): several per run

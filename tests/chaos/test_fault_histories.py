@@ -19,9 +19,8 @@ tested" has the figures).
 * **Step and reactor level** — a locked step writing a fenced row, through restarts, called
   by ``Step.call`` and run as a reactor's step by ``Reactor.run``: the row's history (a fenced
   register) and the lock's.
-* **On real workers** — a locked step run by executions on a real ``celery worker -c 2``, the
-  worker child holding the key SIGKILLed again and again; the killed deliveries are
-  redelivered and take over. The lock's history as the bodies saw it.
+* **On real workers** — in ``test_worker_fault_histories`` (a module of its own: it has the
+  module's worker).
 
 Every schedule prints its counts (operations checked per primitive). The short runs are part
 of ``make test``; ``REACTOR_FAULT_SOAK_SECONDS`` lengthens every schedule (``make soak``).
@@ -29,9 +28,7 @@ of ``make test``; ``REACTOR_FAULT_SOAK_SECONDS`` lengthens every schedule (``mak
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -46,7 +43,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.redis import get_client
 from reactor_app.fencing import fenced_update
 from reactor_app.testing.fault_proxy import FaultProxy, is_script_call
-from reactor_app.testing.history import History, Operation, load, operations
+from reactor_app.testing.history import History, Operation, operations
 from reactor_app.testing.linearizability import check
 from reactor_app.testing.sequential_models import FencedRegisterModel, MutexModel
 from reactor_app.testing.servers import ServerBinaryMissing
@@ -54,6 +51,7 @@ from tests.chaos.fault_histories import (
     LEASE,
     PRIMITIVES,
     ROTATE,
+    SOAK,
     Children,
     ClusterWithReplicas,
     RestartableServer,
@@ -66,9 +64,6 @@ from tests.chaos.fault_histories import (
 from tests.linearizability.workloads import hold_loop, on_threads
 
 pytestmark = [pytest.mark.chaos]
-
-#: seconds every schedule runs: a few in ``make test``, long under ``make soak``
-SOAK = float(os.environ.get("REACTOR_FAULT_SOAK_SECONDS", "0") or 0)
 
 
 def seconds(short: float) -> float:
@@ -425,87 +420,3 @@ def test_locked_step_through_restarts_writes_only_with_the_newest_token(
         assert result.valid, report(f"{entry.__name__} through restarts", results)
     writes = [o for o in ops if o.f == "write"]
     assert len(writes) >= 10 and any(o.value.get("accepted") for o in writes)
-
-
-# -- on real workers ---------------------------------------------------------------------------
-
-#: the real worker of ``test_lock_on_real_workers_with_holders_sigkilled`` (``worker`` fixture,
-#: started only for it): short claims and sweeps, so that killed deliveries come back within
-#: the run (claim TTL 3 s: longer than the lock's lease, see ``worker_lock_reactors.LEASE``)
-WORKER_SETTINGS = {
-    "REACTOR_CONTENTION_CEILING": 1000,
-    "REACTOR_CONTENTION_BACKOFF": [0.2, 1.0],
-    "REACTOR_EXECUTION_CLAIM_TTL": 3,
-    "REACTOR_SWEEP_INTERVAL": 1,
-    "REACTOR_SWEEP_AFTER": 5,
-}
-
-
-@pytest.mark.worker
-@pytest.mark.django_db(transaction=True)
-def test_lock_on_real_workers_with_holders_sigkilled(worker: Any, tmp_path: Path) -> None:
-    """A locked step run by executions on a real ``celery worker -c 2``: 12 executions contend
-    for one key while, every 0.7 s for 5 s, the worker child holding the key is SIGKILLed
-    (mid-body: after its admission, before its release). Killed deliveries are redelivered
-    (``acks_late``), take over and run the step again. The lock's history as the bodies saw it
-    — each admission from its execution's enqueue (before the admission, whenever that was) to
-    its body's start, with its fencing token and the lock's lease; each release invoked at the
-    body's end and left open — is linearizable against the lock with leases and tokens."""
-    from reactor_app.models import Execution
-    from tests.chaos.test_worker_chaos import worker_children
-    from tests.chaos.worker_lock_reactors import LEASE as WORKER_LEASE
-    from tests.chaos.worker_lock_reactors import RecordedHoldReactor, holder_key
-
-    path = tmp_path / "history.jsonl"
-    rng = random.Random(31)
-    enqueued: dict[str, int] = {}
-    for _ in range(12):
-        at = time.monotonic_ns()
-        execution = RecordedHoldReactor.run_async(
-            account=3232, history=str(path), hold=rng.uniform(0.2, 0.5)
-        )
-        enqueued[str(execution.id)] = at
-    client = get_client()
-    kills = 0
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        time.sleep(0.7)
-        pid = client.get(holder_key())
-        if pid and int(pid) in worker_children(worker.process.pid):
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-                kills += 1
-            except ProcessLookupError:
-                pass
-    assert kills >= 2, f"only {kills} holders killed"
-    settled = ("succeeded", "failed", "cancelled")
-    end = time.monotonic() + 60
-    while Execution.objects.filter(pk__in=list(enqueued)).exclude(status__in=settled).exists():
-        assert time.monotonic() < end, "executions still running past the recovery bound"
-        time.sleep(0.2)
-    statuses = set(Execution.objects.filter(pk__in=list(enqueued)).values_list("status", flat=True))
-    assert statuses == {"succeeded"}
-
-    ops = operations(load(path))
-    acquisitions = [
-        Operation(
-            o.id,
-            o.process,
-            "acquire",
-            o.key,
-            "ok",
-            enqueued[o.value["execution"]],
-            o.ret,
-            {"session": o.value["session"], "token": o.value["token"], "ttl": WORKER_LEASE},
-        )
-        for o in ops
-        if o.f == "entered" and o.status == "ok"
-    ]
-    releases = [o for o in ops if o.f == "release"]
-    result = check(acquisitions + releases, MutexModel(name="step lock on workers"))
-    text = report("holders SIGKILLed on real workers", {"lock": result})
-    print(text, f"\n  {kills} holders killed")
-    assert result.valid, text
-    # every execution was admitted (and the killed ones again, by their redeliveries)
-    assert {o.value["execution"] for o in ops if o.f == "entered"} == set(enqueued)
-    assert len(acquisitions) > len(enqueued)

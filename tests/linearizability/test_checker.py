@@ -75,6 +75,26 @@ def test_tokens_must_increase_with_acquisition_order() -> None:
     assert not check(history, MUTEX).valid
 
 
+def test_regression_a_redelivered_ordered_holder_resumes_its_own_place_in_line() -> None:
+    # found on real workers: an execution killed while holding its place is redelivered and
+    # enters again at the same position (its place is kept in its state); nobody else may
+    ordered = MutexModel(order_field="position")
+    again = [
+        op(1, "acquire", "X", 0, 1, ttl=1, position=[7, 1]),
+        op(2, "acquire", "X", 3000, 3001, ttl=1, position=[7, 1]),
+    ]
+    assert check(again, ordered).valid
+    other = [again[0], op(2, "acquire", "Y", 3000, 3001, ttl=1, position=[7, 1])]
+    assert not check(other, ordered).valid
+    # once another holder came in between, the old place is gone for good
+    passed_over = [
+        again[0],
+        op(3, "acquire", "Y", 2000, 2001, ttl=1, position=[7, 2]),
+        again[1],
+    ]
+    assert not check(passed_over, ordered).valid
+
+
 def test_a_lost_state_lets_another_holder_in_but_tokens_still_increase() -> None:
     lose = op(9, "lose", None, 2, 3, key=None)
     after = [op(1, "acquire", "A", 0, 1, ttl=30, token=5), lose]
