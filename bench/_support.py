@@ -19,7 +19,9 @@ Imported by the benchmarks after ``django.setup()``. Not a test: the benchmarks 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import statistics
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,3 +147,38 @@ def human(count: float) -> str:
         if abs(count) >= size:
             return f"{count / size:.1f} {unit}"
     return f"{count:.0f} B"
+
+
+def measure(
+    contenders: list[tuple[str, Callable[[], None]]],
+    iterations: int,
+    block: int = 100,
+    warm_up: int = 200,
+) -> list[dict[str, Any]]:
+    """Latency of each contender, in µs. They run interleaved in blocks of ``block`` so that
+    background load on the machine falls on all of them alike."""
+    for _, iteration in contenders:
+        for _ in range(warm_up):
+            iteration()
+    samples: dict[str, list[int]] = {label: [] for label, _ in contenders}
+    done = 0
+    while done < iterations:
+        size = min(block, iterations - done)
+        for label, iteration in contenders:
+            for _ in range(size):
+                started = time.perf_counter_ns()
+                iteration()
+                samples[label].append(time.perf_counter_ns() - started)
+        done += size
+    rows = []
+    for label, _ in contenders:
+        micros = sorted(ns / 1000 for ns in samples[label])
+        rows.append(
+            {
+                "label": label,
+                "p50": micros[len(micros) // 2],
+                "p99": micros[min(len(micros) - 1, int(len(micros) * 0.99))],
+                "mean": statistics.fmean(micros),
+            }
+        )
+    return rows

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
@@ -40,6 +37,7 @@ django.setup()
 
 import redis  # noqa: E402
 
+from bench._support import measure  # noqa: E402
 from reactor_app.conf import reactor_settings  # noqa: E402
 from reactor_app.coordination import live_limits  # noqa: E402
 from reactor_app.coordination.admission import Coordinator  # noqa: E402
@@ -47,36 +45,6 @@ from reactor_app.coordination.claims import Admitted, Holder, SemaphoreClaim  # 
 from reactor_app.coordination.redis import get_client, redis_url  # noqa: E402
 
 WARM_UP = 200
-
-
-def measure(
-    contenders: list[tuple[str, Callable[[], None]]], iterations: int, block: int = 100
-) -> list[dict[str, Any]]:
-    for _, iteration in contenders:
-        for _ in range(WARM_UP):
-            iteration()
-    samples: dict[str, list[int]] = {label: [] for label, _ in contenders}
-    done = 0
-    while done < iterations:
-        size = min(block, iterations - done)
-        for label, iteration in contenders:
-            for _ in range(size):
-                started = time.perf_counter_ns()
-                iteration()
-                samples[label].append(time.perf_counter_ns() - started)
-        done += size
-    rows = []
-    for label, _ in contenders:
-        micros = sorted(ns / 1000 for ns in samples[label])
-        rows.append(
-            {
-                "label": label,
-                "p50": micros[len(micros) // 2],
-                "p99": micros[min(len(micros) - 1, int(len(micros) * 0.99))],
-                "mean": statistics.fmean(micros),
-            }
-        )
-    return rows
 
 
 def main() -> None:

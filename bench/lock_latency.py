@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ django.setup()
 import redis  # noqa: E402
 import redis_lock  # noqa: E402
 
+from bench._support import measure  # noqa: E402
 from reactor_app.coordination import rate_limit  # noqa: E402
 from reactor_app.coordination.admission import Coordinator  # noqa: E402
 from reactor_app.coordination.claims import (  # noqa: E402
@@ -69,38 +68,6 @@ def server_time_per_call(
     for _ in range(n):
         iteration()
     return (usec() - before) / n
-
-
-def measure(
-    contenders: list[tuple[str, Callable[[], None]]], iterations: int, block: int = 100
-) -> list[dict[str, Any]]:
-    """Latency of each contender, in µs. They run interleaved in blocks of ``block`` so that
-    background load on the machine falls on all of them alike."""
-    for _, iteration in contenders:
-        for _ in range(WARM_UP):
-            iteration()
-    samples: dict[str, list[int]] = {label: [] for label, _ in contenders}
-    done = 0
-    while done < iterations:
-        size = min(block, iterations - done)
-        for label, iteration in contenders:
-            for _ in range(size):
-                started = time.perf_counter_ns()
-                iteration()
-                samples[label].append(time.perf_counter_ns() - started)
-        done += size
-    rows = []
-    for label, _ in contenders:
-        micros = sorted(ns / 1000 for ns in samples[label])
-        rows.append(
-            {
-                "label": label,
-                "p50": micros[len(micros) // 2],
-                "p99": micros[min(len(micros) - 1, int(len(micros) * 0.99))],
-                "mean": statistics.fmean(micros),
-            }
-        )
-    return rows
 
 
 def main() -> None:
