@@ -203,6 +203,29 @@ def test_renewal_keeps_a_live_holders_reservation_past_its_ttl() -> None:
     assert coordination_state().period_marked_by("report:slow", "day") == "slow-exec"
 
 
+def test_a_holder_whose_reservation_is_gone_does_not_mark_a_bucket_another_marked() -> None:
+    """Found by the restart fault schedule (tests/chaos/test_fault_histories.py): a holder's
+    reservation vanished (here its lease lapsed; there a Redis restarted empty), another holder
+    was admitted and marked the bucket, then the first one's body ended in success. Its
+    release used to mark the bucket again and report it marked — two successes of one bucket
+    in the history. It now reports the hold as not held and leaves the mark to the other."""
+    coordinator = Coordinator()
+    claim = PeriodClaim("report:lost", "day", ttl=0.3)
+    first = coordinator.admit([claim], Holder(owner="first", execution_id="first-exec"))
+    assert isinstance(first, Admitted)
+    deadline = time.monotonic() + 5.0
+    while not isinstance(
+        second := coordinator.admit([claim], Holder(owner="second", execution_id="second-exec")),
+        Admitted,
+    ):
+        assert time.monotonic() < deadline, "the lapsed reservation was never freed"
+        time.sleep(0.05)
+    assert coordinator.release(second, "success").marked == [("period", "report:lost")]
+    late = coordinator.release(first, "success")
+    assert late.marked == [] and late.not_held == [("period", "report:lost")]
+    assert coordination_state().period_marked_by("report:lost", "day") == "second-exec"
+
+
 # -- re-entrancy ----------------------------------------------------------------------------
 
 

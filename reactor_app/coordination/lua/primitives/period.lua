@@ -83,10 +83,13 @@ local function release_period(keys, spec)
     table.insert(report.not_held, mark)
   end
   local done = false
-  -- a bucket that is over needs no mark, and a newer bucket's mark must never be replaced
+  -- a bucket that is over needs no mark, and a newer bucket's mark must never be replaced;
+  -- nor this bucket's mark by a holder whose reservation is gone (it lapsed, or a restarted
+  -- Redis lost it) when another holder marked the bucket meanwhile: that one's success is the
+  -- bucket's, and this release reports the hold as not held, not as a second mark
   if outcome == 'success' and now.seconds < finish then
     local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
-    if current <= start then
+    if current < start or (current == start and ours) then
       redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
         'at', now.ms)
       redis.call('PEXPIREAT', mark, int(finish * 1000))
