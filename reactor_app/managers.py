@@ -99,6 +99,10 @@ class ExecutionQuerySet(models.QuerySet):
         ).distinct()
 
 
+#: how many times a debounce settle that lost a deadlock is run again (``supersede``)
+SUPERSEDE_ATTEMPTS = 5
+
+
 class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type: ignore[misc]
     def supersede(self, starts: Any, by: Any, now: datetime) -> int:
         """Mark the ``starts`` of a debounce burst that have not run superseded by ``by``, and
@@ -114,20 +118,20 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         locked in one order (by id), so two settles do not deadlock on each other's rows; a
         deadlock the database still reports (a chain followed past them, rows another burst's
         settle holds) is retried, never left to run a start that was replaced."""
-        attempts = 5
-        for attempt in range(attempts):
+        attempt = 1
+        while True:
             try:
                 with transaction.atomic(using=self.db):
                     return self._supersede(starts, by, now)
             except OperationalError as exc:
-                if attempt == attempts - 1 or not _is_deadlock(exc):
+                if attempt == SUPERSEDE_ATTEMPTS or not _is_deadlock(exc):
                     raise
-                time.sleep(0.005 * (attempt + 1))
-        raise AssertionError("unreachable")  # pragma: no cover
+            time.sleep(0.005 * attempt)
+            attempt += 1
 
     def _supersede(self, starts: Any, by: Any, now: datetime) -> int:
-        ids = sorted({str(pk) for pk in [*starts, by]})
-        list(self.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk"))
+        # one lock order for every settle: by id
+        list(self.select_for_update().filter(pk__in=[*starts, by]).order_by("pk").values_list("pk"))
         target = self._replacement_of(by)
         won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING).update(
             status=ExecutionStatus.SUPERSEDED,

@@ -16,7 +16,9 @@ worker still wrote ~176 kB of WAL per step. So the state is split in two:
 
   - PostgreSQL: ``jsonb_set`` / ``#-`` (remove);
   - SQLite: ``json_set`` / ``json_remove``;
-  - any other backend: the whole skeleton (it is small).
+  - any other backend: the whole skeleton (it is small);
+
+  the patch expression is ``engine.context_patch``.
 
   The context also holds ``ROWS``, the number of progress rows (``engine.state``).
 
@@ -56,38 +58,33 @@ corrupt it. The start of a pass and its end (status writes) stay synchronous
 from __future__ import annotations
 
 import copy
-import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Any, Literal
+from typing import Any
 
 from django.db import DatabaseError, connections, models
-from django.db.models import F
-from django.db.models.expressions import Expression, RawSQL
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
+from reactor_app.engine.context_patch import (
+    MAX_NESTING,
+    PATCHING_VENDORS,
+    ContextPatch,
+    Op,
+    patchable,
+)
 from reactor_app.engine.state import FOLDED, ROWS, CompletedStep, ExecutionState, MapProgress
 from reactor_app.engine.worker import ClaimLost
 from reactor_app.models import Execution, ExecutionProgress
 from reactor_app.serialization import encode
-
-OpKind = Literal["set", "extend", "remove"]
-#: one change of the stored state: set a path, append a list of entries to the array at a
-#: path, remove a path (a progress row; the context itself only sees set and remove)
-Op = tuple[OpKind, tuple[str, ...], Any]
 
 RESULTS, COMPLETED, MAP_PROGRESS = "results", "completed", "map_progress"
 #: the parts kept in progress rows; the rest of the state is "the skeleton", in the context
 _GROWING = (RESULTS, COMPLETED, MAP_PROGRESS)
 #: what the context holds besides the skeleton: the progress-row marks (``engine.state``)
 _MARKS = (ROWS, FOLDED)
-PATCHING_VENDORS = ("postgresql", "sqlite")
-#: a context patch of more ops than this (its SQL nests one call per op; SQLite's parser
-#: stack is ~100 deep) writes the whole skeleton instead
-MAX_NESTING = 40
 #: more new results than this in one write append one row setting them all (an in-process
 #: run's first write is its end), not a row per result
 MAX_NEW_RESULTS = 20
@@ -116,59 +113,6 @@ def stored_context(execution: Execution) -> dict[str, Any]:
 def load_state(execution: Execution) -> ExecutionState:
     """The state a pass resumes from: the context and the progress rows, assembled once."""
     return ExecutionState.from_json(stored_context(execution))
-
-
-class ContextPatch(Expression):
-    """The ``context`` column with ``ops`` applied, as one SQL expression (see the module
-    docstring for the functions per backend)."""
-
-    def __init__(self, ops: list[Op]) -> None:
-        super().__init__(output_field=models.JSONField())
-        self.ops = ops
-        self.source: Any = F("context")
-
-    def get_source_expressions(self) -> list[Any]:
-        return [self.source]
-
-    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
-        (self.source,) = exprs
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        column, column_params = compiler.compile(self.source)
-        sql, params = column, list(column_params)
-        postgres = connection.vendor == "postgresql"
-        for kind, path, value in self.ops:
-            # (a context patch only sets and removes top-level keys: what grows is in rows)
-            if postgres:
-                if kind == "set":
-                    sql = f"jsonb_set({sql}, %s::text[], %s::jsonb, true)"
-                    params += [list(path), json.dumps(value)]
-                else:
-                    sql = f"({sql} #- %s::text[])"
-                    params.append(list(path))
-            elif kind == "set":
-                sql = f"json_set({sql}, %s, json(%s))"
-                params += [sqlite_path(path), json.dumps(value)]
-            else:
-                sql = f"json_remove({sql}, %s)"
-                params.append(sqlite_path(path))
-        return sql, tuple(params)
-
-
-def sqlite_path(path: tuple[str, ...]) -> str:
-    return "$" + "".join(f'."{part}"' for part in path)
-
-
-def _patchable(path: tuple[str, ...], vendor: str) -> bool:
-    """Whether a patch can name ``path``. A SQLite JSON path has no escape for a double quote
-    in a key, and SQLite (3.40) matches a key against its stored text, escapes and all, while
-    a new key is stored as the path spells it: the stored JSON escapes non-ASCII characters
-    (``json.dumps``, as Django's ``JSONField`` writes it), so a key that JSON escapes (``ü`` is
-    stored ``\\u00fc``) can be neither found nor created under its own name — such a write
-    sends the whole context instead (a step named with a non-ASCII character)."""
-    if vendor == "sqlite":
-        return all(json.dumps(part)[1:-1] == part and '"' not in part for part in path)
-    return all('"' not in part and "\\" not in part for part in path)
 
 
 @dataclass
@@ -357,7 +301,7 @@ class ProgressStore:
         whole = (
             vendor not in PATCHING_VENDORS
             or len(ops) > MAX_NESTING
-            or not all(_patchable(p, vendor) for _, p, _ in ops)
+            or not all(patchable(p, vendor) for _, p, _ in ops)
         )
         now = timezone.now()
         beat = durable or "status" in fields or self._heartbeat_due(now)
