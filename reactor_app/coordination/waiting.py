@@ -173,12 +173,25 @@ def admit_waiting(
                 woken.extend(handed_on)
 
 
+#: longest wait for a SUBSCRIBE's confirmation (``_subscribe``), seconds
+CONFIRM_WAIT = 0.5
+
+
 def _subscribe(pubsub: Any, channel: str, deadline: float) -> None:
-    """SUBSCRIBE and wait for the confirmation, so a later PUBLISH cannot be missed."""
+    """SUBSCRIBE and wait for the confirmation, so a later PUBLISH cannot be missed — for at
+    most ``CONFIRM_WAIT``. Waiting for it up to the caller's whole deadline would let a
+    confirmation that never comes hold the caller past the key's own ``retry_after`` (a
+    waiter that sat out its whole 8 s wait while the key had lapsed after 2 s was seen once
+    in the full suite on a loaded machine; this is one way that can happen, not a proven
+    cause). The caller asks again, and its sleeps stay bounded by that ``retry_after``
+    whether or not a PUBLISH reaches it."""
+    confirm_by = min(deadline, time.monotonic() + CONFIRM_WAIT)
     with unavailable_on_connection_error():
         pubsub.subscribe(channel)
         while True:
-            left = max(deadline - time.monotonic(), 0.05)
+            left = confirm_by - time.monotonic()
+            if left <= 0:
+                return
             message = pubsub.get_message(timeout=left)
             if message is None or (
                 message["type"] == "subscribe" and message["channel"] == channel
