@@ -60,3 +60,11 @@ def latest(user_key: str, *, client: Any = None) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def starts(user_key: str, *, client: Any = None) -> list[str]:
+    """The starts of ``user_key``'s current burst, oldest first (empty once Redis let the
+    burst go, some time after its latest start came due)."""
+    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
+        values = (client or get_client()).lrange(key(PRIMITIVE, user_key, "starts"), 0, -1)
+    return [value.decode() if isinstance(value, bytes) else str(value) for value in values]

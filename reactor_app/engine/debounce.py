@@ -16,8 +16,14 @@ ordinary pending execution sent with a countdown; what debounce adds happens at 
    by a later start that replaced it meanwhile (``settle``: concurrent starts commit in any
    order). A superseded start's message still arrives at its due time and finds nothing to do.
 
+4. When a start's message is delivered, the worker asks Redis again (``at_delivery``): a start
+   that is no longer its burst's latest does not run — it is marked superseded by the latest
+   then, whether or not the settle of step 3 got to it first. Step 3 alone races the countdown:
+   on a loaded machine the later starts' commits can come after the first start is due.
+
 A caller whose transaction rolls back leaves its start in Redis as the burst's latest: the start
-it replaced is not marked (that happens on commit), so it still runs when due.
+it replaced is not marked (that happens on commit), and at delivery it waits for the latest's
+row (``WAIT_FOR_LATEST`` at a time) until Redis lets the burst go; then it runs.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
 
 logger = logging.getLogger(__name__)
+
+#: seconds a delivered start waits before it looks again for the row of the start that
+#: replaced it, when that row is not committed yet (``at_delivery``)
+WAIT_FOR_LATEST = 0.2
 
 
 @dataclass(frozen=True)
@@ -115,3 +125,24 @@ def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
         pass  # the later start is not committed yet: its own settle marks this one
     except Exception:
         logger.exception("could not mark %s superseded by %s", execution_id, newest)
+
+
+def at_delivery(execution: Execution, burst_key: str) -> str | None:
+    """What a worker does with a pending start of a burst when its message arrives (step 4):
+    ``None`` to run it; ``"superseded"`` when a later start replaced it (marked now); or
+    ``"wait"`` when the start that replaced it is not committed yet (look again in
+    ``WAIT_FOR_LATEST``). A start that is not in the burst Redis keeps (the burst ended and
+    another began, or Redis let it go) is its burst's last: it runs."""
+    burst = debounce.starts(burst_key)
+    me = str(execution.pk)
+    if me not in burst or burst[-1] == me:
+        return None
+    newest = burst[-1]
+    if not Execution.objects.filter(pk=newest).exists():
+        return "wait"
+    try:
+        Execution.objects.supersede([execution.pk], newest, timezone.now())
+    except IntegrityError:
+        return "wait"
+    # marked now, or by the settle of a later start meanwhile: either way it does not run
+    return "superseded"

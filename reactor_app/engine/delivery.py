@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
+from reactor_app.engine import debounce
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly, message_priority
 from reactor_app.engine.executor import ExecutionRun
@@ -119,6 +120,9 @@ def deliver(
         execution = claimed_row
         if _stale_requeue(execution, requeue_token):
             return {**summary, "outcome": "nothing_to_do", "status": execution.status}
+        replaced = _debounced(execution)
+        if replaced is not None:
+            return {**summary, **replaced}
         try:
             lookup(execution.reactor)
         except ReactorNotRegistered as missing:
@@ -184,6 +188,21 @@ def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dic
     ):
         enqueue_quietly(execution.parent_id)  # a parent waiting on this child sees it ended
     return {"outcome": "failed", "status": execution.status, "error": missing.message}
+
+
+def _debounced(execution: Execution) -> dict[str, Any] | None:
+    """A pending start of a debounce burst that a later start replaced does not run
+    (``engine.debounce.at_delivery``): what the delivery reports instead, or None to run it."""
+    burst = (execution.context or {}).get("debounce")
+    if execution.status != ExecutionStatus.PENDING or not burst:
+        return None
+    decision = debounce.at_delivery(execution, str(burst))
+    if decision == "wait":
+        enqueue_quietly(execution.pk, countdown=debounce.WAIT_FOR_LATEST)
+        return {"outcome": "debounce_wait", "status": execution.status}
+    if decision == "superseded":
+        return {"outcome": "superseded", "status": ExecutionStatus.SUPERSEDED}
+    return None
 
 
 def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:

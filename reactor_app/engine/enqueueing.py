@@ -141,10 +141,11 @@ def wake(waiter_ids: Iterable[str]) -> None:
             logger.exception("could not wake %s; its backoff requeue will", waiter)
 
 
-def _worker_context(priority: int | None = None) -> dict[str, Any]:
+def _worker_context(priority: int | None = None, burst: str | None = None) -> dict[str, Any]:
     state = ExecutionState()
     state.origin.worker = True
     state.origin.priority = priority or None
+    state.origin.debounce = burst
     return state.to_json()
 
 
@@ -250,7 +251,7 @@ def run_async(
                 inputs=stored_inputs,
                 status=ExecutionStatus.PENDING,
                 heartbeat_at=due,
-                context=_worker_context(priority),
+                context=_worker_context(priority, burst.key if burst else None),
                 idempotency_key=idempotency_key,
             )
             enqueue_new_on_commit(

@@ -214,6 +214,8 @@ class Origin:
     #: message's priority); kept here so that every later delivery (a park's, a requeue's)
     #: waits with it
     priority: int | None = field(default=None, metadata={"key": "priority"})
+    #: a debounced start: its burst's key (``engine.debounce``), looked up again at delivery
+    debounce: str | None = field(default=None, metadata={"key": "debounce"})
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 
 from reactor_app.exceptions import CoordinationKeyError, InputValidationError
 from reactor_app.models import Execution
@@ -118,6 +118,30 @@ def test_a_per_call_debounce_and_concurrent_starts_from_threads(worker: Any) -> 
     superseded = [row for row in rows if row.status == ExecutionStatus.SUPERSEDED]
     assert len(superseded) == 5
     assert {str(row.superseded_by_id) for row in superseded} == {ran["execution"]}
+
+
+def test_a_start_due_before_its_replacement_commits_does_not_run(worker: Any) -> None:
+    # The second start's transaction stays open past the first one's due time, so the settle
+    # on commit comes too late to stop the first: the worker asks Redis at delivery instead.
+    first = PlainRecompute.run_async(account_id=6, version=1, debounce=("acct6", 0.5))
+    with transaction.atomic():
+        second = PlainRecompute.run_async(account_id=6, version=2, debounce=("acct6", 0.5))
+        time.sleep(1.5)
+    assert second.wait(timeout=60).value == {"account_id": 6, "version": 2}
+    assert first.wait(timeout=60).execution_id == str(second.id)
+    assert [(r["account_id"], r["version"]) for r in runs()] == [(6, 2)]
+    first.refresh_from_db()
+    assert first.status == ExecutionStatus.SUPERSEDED and first.superseded_by_id == second.id
+
+
+def test_a_start_whose_replacement_rolled_back_runs_once_the_burst_lapses(worker: Any) -> None:
+    first = PlainRecompute.run_async(account_id=7, version=1, debounce=("acct7", 0.5))
+    with pytest.raises(RuntimeError), transaction.atomic():
+        PlainRecompute.run_async(account_id=7, version=2, debounce=("acct7", 0.5))
+        raise RuntimeError("the caller's transaction rolls back")
+    assert first.wait(timeout=60).value == {"account_id": 7, "version": 1}
+    assert [(r["account_id"], r["version"]) for r in runs()] == [(7, 1)]
+    assert Execution.objects.count() == 1
 
 
 def test_bad_debounce_options_fail_at_the_call_and_store_nothing(worker: Any) -> None:
