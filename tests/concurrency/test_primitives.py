@@ -472,6 +472,24 @@ def test_a_killed_lock_holder_frees_the_key_when_its_ttl_lapses(
     coordinator.release(admitted, "success")
 
 
+def test_a_lock_refused_in_its_last_millisecond_still_says_when_to_retry(
+    coordinator: Coordinator,
+) -> None:
+    # Regression (CI, embedded): a waiter retries exactly when the holder's lease ends, so its
+    # admission can run in the hold's last millisecond, when Redis still has the key but PTTL
+    # answers 0. That refusal said "no retry_after" and the waiter slept out its whole wait
+    # (8 s) on a key that had lapsed. Leases of 1 ms put every refusal near that edge.
+    refusals = []
+    for attempt in range(400):
+        held = coordinator.admit([LockClaim(f"edge:{attempt}", ttl=0.001)], holder("brief"))
+        assert isinstance(held, Admitted)
+        answer = coordinator.admit([LockClaim(f"edge:{attempt}")], holder("next"))
+        if isinstance(answer, Refused):
+            refusals.append(answer.retry_after)
+    assert refusals, "no admission came while the 1 ms lease was held"
+    assert all(retry is not None and retry > 0 for retry in refusals), refusals
+
+
 def test_admit_waiting_is_woken_by_the_release(
     url: str, prefix: str, coordinator: Coordinator
 ) -> None:

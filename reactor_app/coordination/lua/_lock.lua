@@ -36,12 +36,15 @@ local function lock_check(hold, waiters, owner, waiter, now_ms)
     return 'fresh'
   end
   if current[1] == owner then return 'again' end
+  -- In the hold's last millisecond Redis still has the key while PTTL answers 0: that is
+  -- "retry in a moment" (1 ms), not "no lease" — a waiter told nothing would sleep out its
+  -- whole wait. Only a hold without an expiry (-1) gives no hint.
   local ttl = redis.call('PTTL', hold)
+  local left = ttl ~= -1 and math.max(ttl, 1) or nil
   return nil, {
-    retry_after_ms = ttl > 0 and ttl or nil,
+    retry_after_ms = left,
     blocker = {owner = current[1], step = current[2] or nil, execution = current[3] or nil,
-               reactor = current[4] or nil, since = tonumber(current[5]),
-               ttl_ms = ttl > 0 and ttl or nil},
+               reactor = current[4] or nil, since = tonumber(current[5]), ttl_ms = left},
   }
 end
 
