@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,10 +191,13 @@ class Children:
 class RestartableServer(StandaloneServer):
     """A plain server that can be SIGKILLed and started again, empty, on the same port."""
 
-    def restart_empty(self) -> None:
+    def restart_empty(self, down: float = 0.0) -> None:
+        """SIGKILL the server and start an empty one on its port, ``down`` seconds later (a
+        window in which every client call meets a refused connection)."""
         port = self.port
         self.servers[0].kill()
         self.servers.pop(0)
+        time.sleep(down)
         self._await_ping(self._spawn(port, self._common(port), f"standalone-{port}-again"))
 
 
