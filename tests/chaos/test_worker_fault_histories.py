@@ -62,7 +62,7 @@ WORKER_PLAN = {
     "period": (9, 3),
     "ordered": (6, 1),
     "reactor_lock": (5, 1),
-    "reactor_semaphore": (6, 1),
+    "reactor_semaphore": (8, 1),
     "reactor_rate_limit": (6, 1),
     "reactor_period": (6, 2),
     "reactor_ordered": (5, 1),

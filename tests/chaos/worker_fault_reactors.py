@@ -61,8 +61,9 @@ from reactor_app.testing.history import History
 LEASE = 1.0
 #: the semaphore's slots
 SLOTS = 2
-#: the rate limit: RATE admissions per WINDOW seconds (sliding)
-RATE, WINDOW = 3, 1
+#: the rate limit: RATE admissions per WINDOW seconds (sliding) — a window long enough that a
+#: round's executions meet the limit, so a fourth admission a broken window let in is seen
+RATE, WINDOW = 3, 2
 #: the period's buckets: epoch-aligned and long, so a run stays in one bucket (recorded anyway)
 EVERY = 1_000_000
 

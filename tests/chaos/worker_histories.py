@@ -49,6 +49,10 @@ WORKER_SETTINGS = {
 #: the row the fenced lock's holders write
 FENCED_ACCOUNT = 3131
 
+#: seconds a body holds its key (below every lease); a semaphore's longer, so that a third
+#: holder a broken limit let in overlaps two others often enough for the check to see it
+HOLDS = {"semaphore": (0.3, 0.6)}
+
 SETTLED = ("succeeded", "failed", "cancelled", "halted")
 
 
@@ -99,7 +103,8 @@ def enqueue(
     enqueued: dict[str, tuple[str, int]] = {}
     for name, key in runs:
         at = time.monotonic_ns()
-        inputs: dict[str, Any] = {"key": key, "history": str(path), "hold": rng.uniform(0.1, 0.3)}
+        hold = rng.uniform(*HOLDS.get(primitive_of(name), (0.1, 0.3)))
+        inputs: dict[str, Any] = {"key": key, "history": str(path), "hold": hold}
         if name == "fenced_lock":
             inputs["account"] = FENCED_ACCOUNT
         execution = REACTORS[name].run_async(**inputs)
