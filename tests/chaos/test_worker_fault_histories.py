@@ -6,9 +6,9 @@ step level and at reactor level — run interleaved by one real ``celery worker 
 the pool process holding something is SIGKILLed again and again; the killed deliveries are
 redelivered and take over. Each key's history as the bodies saw it
 (``worker_histories.worker_histories``) is checked against its primitive's model, and the
-operations checked per primitive and level are printed (``report``). A module of its own: it
-configures the module's worker. ``REACTOR_FAULT_SOAK_SECONDS`` (``make soak``) runs more
-rounds.
+operations checked per primitive and level are printed (``report``; one run's figures are in
+docs/operations.md "How coordination is tested"). A module of its own: it configures the
+module's worker. ``REACTOR_FAULT_SOAK_SECONDS`` (``make soak``) runs more rounds.
 """
 
 from __future__ import annotations
