@@ -104,10 +104,13 @@ FAULT_SOAK_SECONDS ?= 300
 FAIR_BACKLOG ?= 200
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
 	tests/chaos/test_fault_histories.py tests/chaos/test_worker_fault_histories.py \
-	tests/chaos/test_worker_restart_histories.py tests/worker/test_fair_priority.py
+	tests/chaos/test_worker_restart_histories.py tests/worker/test_fair_priority.py \
+	tests/linearizability/test_checker_properties.py tests/unit/test_undo_order.py \
+	tests/unit/test_codec_round_trip.py tests/unit/test_stored_replies.py
 
 soak: install
-	REACTOR_SAGA_PROFILE=soak REACTOR_SAGA_SOAK_SECONDS=$(SOAK_SECONDS) \
+	REACTOR_SAGA_PROFILE=soak REACTOR_HYPOTHESIS_PROFILE=reactor-explore \
+		REACTOR_SAGA_SOAK_SECONDS=$(SOAK_SECONDS) \
 		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) REACTOR_FAIR_BACKLOG=$(FAIR_BACKLOG) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 

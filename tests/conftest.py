@@ -15,6 +15,11 @@
   bookkeeping, so a child's own connections could skip the file locks they need (lost
   commits, ``database is locked``). Before every fork the writer thread lets go of its
   connection (``_release_writer_before_fork``); the forking thread closes its own.
+* **Generated cases are the same on every run.** Hypothesis runs derandomized (profile
+  ``reactor``): ``make test`` and CI try the same cases each time, so a run fails because the
+  code changed, never by the luck of a seed. ``make soak`` explores with random seeds instead
+  (``REACTOR_HYPOTHESIS_PROFILE=reactor-explore``); what it finds is kept as a named
+  regression test (docs/testing.md, "Generated cases").
 * **Child processes see what the test sees.** ``subprocess_env()`` is the environment for a
   ``python``/``celery`` process started by a test: same test database, same Redis, same key
   prefix. Such tests need ``transactional_db`` (a child cannot see a test's open transaction).
@@ -32,8 +37,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+
+hypothesis_settings.register_profile("reactor", derandomize=True)
+hypothesis_settings.register_profile("reactor-explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("REACTOR_HYPOTHESIS_PROFILE", "reactor"))
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: seconds a service gets to answer the session-start check

@@ -307,9 +307,15 @@ class PeriodModel:
             return [("reserved", session, op.call + _ttl_ns(op, self.default_ttl))]
         # complete
         if op.status == "info":
+            # It may not have happened; or, if it came to Redis, a success marked the bucket
+            # and a failure freed the holder's reservation. The invocation's ``outcome`` says
+            # which it was asked to do; without one, either.
+            outcome = op.value.get("outcome")
             options: list[Hashable] = [state]
-            if phase != "done":
+            if phase != "done" and outcome != "failure":
                 options.append(("done", None, None))
+            if phase == "reserved" and holder == session and outcome != "success":
+                options.append(("free", None, None))
             return options
         if op.value.get("marked", False):
             return [] if phase == "done" else [("done", None, None)]

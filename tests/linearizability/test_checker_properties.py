@@ -169,5 +169,37 @@ def test_regression_an_open_acquire_may_never_have_happened() -> None:
     assert linearizable(history, MODELS["mutex"])
 
 
+def test_regression_an_open_complete_that_did_not_mark_may_have_freed_the_bucket() -> None:
+    # Found by the widening property: B reserves the bucket, its completion without a mark is
+    # cut short (info), then A is admitted while B's lease still runs. Legal: B's completion
+    # may have freed its reservation. The model only let an open completion mark or do nothing.
+    history = [
+        op(0, "admit", "B", 2.5, 2.5, ttl=0.002, admitted=True),
+        op(1, "complete", "B", 3.5, None, status="info", marked=False),
+        op(2, "admit", "A", 4.0, 4.0, ttl=0.002, admitted=True),
+    ]
+    assert linearizable(history, MODELS["period"])
+    assert brute_force_linearizable(history, MODELS["period"])
+    # asked to mark (a success), it could not have freed the bucket for A
+    history[1] = op(1, "complete", "B", 3.5, None, status="info", outcome="success")
+    assert not linearizable(history, MODELS["period"])
+
+
+def test_regression_an_open_acquisition_alone_does_not_explain_a_release_that_found_nothing() -> (
+    None
+):
+    # Found by the brute-force comparison: B holds until 2 ms and its release at 1 ms finds
+    # nothing. A's acquisition, cut short at 0 ms, cannot have taken a hold leased until 2 ms
+    # before 1 ms, so it explains nothing: not linearizable — and the brute force agrees now
+    # that it leaves out such lone open acquisitions as the search does.
+    history = [
+        op(0, "acquire", "B", 0, 0, ttl=0.002, admitted=True, token=1),
+        op(1, "release", "B", 1, 1, released=False, ttl=0.002),
+        op(2, "acquire", "A", 0, None, status="info", ttl=0.002, admitted=False, token=2),
+    ]
+    assert not linearizable(history, MODELS["mutex"])
+    assert not brute_force_linearizable(history, MODELS["mutex"])
+
+
 def test_times_are_nanoseconds() -> None:
     assert op(0, "acquire", "A", 1.5, 2.0).call == int(1.5 * MS)
