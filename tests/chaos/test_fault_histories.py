@@ -20,8 +20,9 @@ tested" has the figures).
   by ``Step.call`` and run as a reactor's step by ``Reactor.run``: the row's history (a fenced
   register) and the lock's.
 * **On real workers** — holders SIGKILLed in ``test_worker_fault_histories``, the worker's
-  coordination Redis restarted empty in ``test_worker_restart_histories`` (modules of their
-  own: each has its module's worker).
+  coordination Redis restarted empty in ``test_worker_restart_histories``, script replies
+  lost behind a proxy in ``test_worker_lost_replies`` (modules of their own: each has its
+  module's worker).
 
 Every schedule prints its counts (operations checked per primitive). The short runs are part
 of ``make test``; ``REACTOR_FAULT_SOAK_SECONDS`` lengthens every schedule (``make soak``).
