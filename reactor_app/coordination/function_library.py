@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any
 
 from reactor_app.coordination.script_sources import includes, lua_parts, without_includes
-from reactor_app.coordination.stored_replies import RETRY_SAFE
+from reactor_app.coordination.stored_replies import STORES_ITS_REPLY
 
 #: the frame the library is assembled in
 LIBRARY_FRAME = "_library.lua"
@@ -73,8 +73,9 @@ def library() -> Library:
     the part of its text before a ``-- @per_call`` line (the general scripts' helpers and
     dispatch tables; the call's own values are locals they declare there and set after the
     line) runs once, at load; the rest, or the whole text, is the body run per call. A
-    retry-safe one (``stored_replies.RETRY_SAFE``) runs inside the frame's ``stored_reply``;
-    the flags of a ``#!lua flags=`` line become the function's flags.
+    retry-safe one that stores its reply (``stored_replies.STORES_ITS_REPLY``) runs inside
+    the frame's ``stored_reply``; the flags of a ``#!lua flags=`` line become the function's
+    flags.
     """
     parts = lua_parts()
     operations = {
@@ -111,7 +112,7 @@ def _function_block(operation: str, text: str) -> str:
         text = text[shebang.end() :]
         if shebang.group(1):
             flags = ", flags = {" + ", ".join(f"'{f}'" for f in shebang.group(1).split(",")) + "}"
-    run = "stored_reply(body)" if operation in RETRY_SAFE else "body()"
+    run = "stored_reply(body)" if operation in STORES_ITS_REPLY else "body()"
     once, per_call = "", without_includes(text)
     marker = _PER_CALL.search(per_call)
     if marker:

@@ -16,7 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from reactor_app.coordination.stored_replies import RETRY_SAFE, wrap_source
+from reactor_app.coordination.stored_replies import STORES_ITS_REPLY, wrap_source
 
 LUA_PACKAGE = "reactor_app.coordination"
 LUA_FOLDER = "lua"
@@ -132,6 +132,8 @@ def script_sources() -> dict[str, str]:
     spliced = {name: _INCLUDE.sub(splice, text) for name, text in parts.operations.items()}
     # a retry-safe operation runs inside the stored-reply wrapper (coordination.stored_replies)
     return {
-        name: wrap_source(fragments[STORED_REPLY_WRAPPER], text) if name in RETRY_SAFE else text
+        name: wrap_source(fragments[STORED_REPLY_WRAPPER], text)
+        if name in STORES_ITS_REPLY
+        else text
         for name, text in spliced.items()
     }

@@ -41,7 +41,7 @@ from reactor_app.coordination.stored_replies import (
     NotSent,
     first_send,
     retrying,
-    with_request,
+    with_retry_safety,
 )
 
 __all__ = [
@@ -111,7 +111,7 @@ class Scripts:
         caller learns what it took (``coordination.stored_replies``).
         """
         if operation in RETRY_SAFE:
-            keys, args = with_request(keys, args)
+            keys, args = with_retry_safety(operation, keys, args)
             sends = itertools.count()
             return retrying(lambda: self._send(operation, keys, args, first=next(sends) == 0))
         try:
@@ -257,7 +257,7 @@ class Scripts:
         """Queue ``operation`` on a pipeline of this client; decode its answer with
         ``decode_reply``."""
         if operation in RETRY_SAFE:
-            keys, args = with_request(keys, args)
+            keys, args = with_retry_safety(operation, keys, args)
         self._scripts[operation](keys=keys, args=args, client=pipeline)
 
 

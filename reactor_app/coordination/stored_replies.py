@@ -23,6 +23,14 @@ its id is new), which was one Redis call of every admission and release.
 
 The stored-reply key carries the hash tag of the call's first key (every key of one call shares
 one cluster slot), so the call stays legal on a Redis Cluster.
+
+One operation keeps its request id itself instead (``KEEPS_ITS_REQUEST``): the single-lock
+admission (``lua/lock_admit.lua``) writes the id, with its answer's time and freshness, into the
+hold it takes, and a resend that finds its own id on the hold is answered from it. A refusal
+took nothing but a waiter's place, which a resend keeps (``waiter_register``), so a resend
+after a lost refusal is simply answered anew. That saves the most frequent call of all a
+``SET`` of a packed reply and a key left behind for 30 s (docs/benchmarks.md, "Coordination
+hot path").
 """
 
 from __future__ import annotations
@@ -39,6 +47,14 @@ import redis as redis_py
 RETRY_SAFE = frozenset(
     {"admit", "lock_admit", "release", "lock_release", "extend", "ordered_position"}
 )
+
+#: retry-safe operations that keep their request id in what they write, not under a stored-reply
+#: key: their calls carry the id and the ``LOOK_FIRST`` flag as their last two arguments
+#: (``with_request_id``), and they are not wrapped in ``lua/_stored_reply.lua``
+KEEPS_ITS_REQUEST = frozenset({"lock_admit"})
+
+#: the retry-safe operations wrapped in ``lua/_stored_reply.lua``
+STORES_ITS_REPLY = RETRY_SAFE - KEEPS_ITS_REQUEST
 
 #: how long a script keeps its reply for a retry of the same request, ms. Long enough to cover
 #: RETRY_WINDOW with room to spare (the server's clock starts it when the script ran, which is
@@ -116,6 +132,25 @@ def with_request(
         raise ValueError("a retry-safe script call needs at least one key")
     rid = request_id or new_request_id()
     return [*keys, reply_key(keys[0], rid)], [*args, STORED_REPLY_TTL_MS, LOOK_FIRST]
+
+
+def with_request_id(
+    args: Sequence[str | int | float], request_id: str | None = None
+) -> list[str | int | float]:
+    """``args`` of a ``KEEPS_ITS_REQUEST`` operation with its request id and ``LOOK_FIRST``
+    appended (the operation reads them as its last two arguments)."""
+    return [*args, request_id or new_request_id(), LOOK_FIRST]
+
+
+def with_retry_safety(
+    operation: str, keys: Sequence[str], args: Sequence[str | int | float]
+) -> tuple[Sequence[str], Sequence[str | int | float]]:
+    """``keys`` and ``args`` of one call of the ``RETRY_SAFE`` ``operation``, as it takes them:
+    a stored-reply key and its lifetime (``with_request``), or its request id
+    (``with_request_id``); either way ``LOOK_FIRST`` last."""
+    if operation in KEEPS_ITS_REQUEST:
+        return keys, with_request_id(args)
+    return with_request(keys, args)
 
 
 #: the last argument of a retry-safe call: look for a stored reply before running — a resend,

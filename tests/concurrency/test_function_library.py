@@ -35,7 +35,7 @@ from reactor_app.coordination.keys import hash_slot
 from reactor_app.coordination.leases import extend
 from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.scripts import Scripts, scripts_for
-from reactor_app.coordination.stored_replies import with_request
+from reactor_app.coordination.stored_replies import with_request, with_retry_safety
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys
 from reactor_app.testing.redis_processes import ServerBinaryMissing
 from reactor_app.testing.servers import StandaloneServer
@@ -351,12 +351,51 @@ def test_a_first_send_skips_the_look_for_a_stored_reply_and_a_resend_looks(
     assert calls(client).get("cmdstat_get", 0) == before.get("cmdstat_get", 0)
 
     keys, args = with_request(
-        ["lib-test:{k}:hold", "lib-test:{k}:fence", "lib-test:{k}:w"],
-        ["resent", "", "", "", 30_000, ""],
+        ["lib-test:{r}:hold", "lib-test:{r}:waiters"], ["resent-release", "", 0, ""]
+    )
+    registry._send("lock_release", keys, args, first=True)
+    gets = calls(client).get("cmdstat_get", 0)
+    registry._send("lock_release", keys, args)  # as retrying sends it again
+    assert calls(client).get("cmdstat_get", 0) == gets + 1
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["library", "scripts"])
+def test_a_resent_lock_admission_is_answered_from_its_hold_and_leaves_no_reply_key(
+    server: RestartableServer, functions: bool
+) -> None:
+    """The single-lock admission keeps its request id in the hold it takes
+    (``stored_replies.KEEPS_ITS_REQUEST``): a resend of an admitted call gets the first
+    answer again — same time, same token, not entered one level deeper — and no stored-reply
+    key is written. A resend whose hold is gone, or another owner's, is answered anew."""
+    client = redis.Redis.from_url(server.url)
+    if functions and not has_functions(client):
+        pytest.skip("the machine's redis-server has no Functions (Redis < 7)")
+    registry = scripts_for(client)
+    registry.uses_functions = functions
+    client.flushdb()
+    hold, fence, waiters = "lib-test:{k}:hold", "lib-test:{k}:fence", "lib-test:{k}:w"
+    keys, args = with_retry_safety(
+        "lock_admit", [hold, fence, waiters], ["a", "", "", "", 30_000, ""]
     )
     first = registry._send("lock_admit", keys, args, first=True)
-    gets = calls(client).get("cmdstat_get", 0)
+    assert int(first[0]) == 0 and int(first[2]) == 1
     resent = registry._send("lock_admit", keys, args)  # as retrying sends it again
-    assert resent == first  # the stored reply: same time, same token, not re-entered
-    assert calls(client).get("cmdstat_get", 0) == gets + 1
-    assert client.hget("lib-test:{k}:hold", "count") in (b"1", "1")
+    assert resent == first
+    assert client.hget(hold, "count") in (b"1", "1")
+    assert sorted(client.keys("*")) == sorted(k.encode() for k in (hold, fence))
+
+    # a re-entry, resent: still one level deeper, not two
+    keys, args = with_retry_safety(
+        "lock_admit", [hold, fence, waiters], ["a", "", "", "", 30_000, ""]
+    )
+    again = registry._send("lock_admit", keys, args, first=True)
+    assert int(again[2]) == 0 and again[3] == first[3]
+    assert registry._send("lock_admit", keys, args) == again
+    assert client.hget(hold, "count") in (b"2", "2")
+
+    # the hold is gone and another owner took the key: the resend is answered anew (refused)
+    client.delete(hold)
+    registry.call("lock_admit", [hold, fence, waiters], ["b", "", "", "", 30_000, ""])
+    refused = registry._send("lock_admit", keys, args)
+    assert int(refused[0]) == 1 and refused[3] in (b"b", "b")
+    assert client.hget(hold, "owner") in (b"b", "b")

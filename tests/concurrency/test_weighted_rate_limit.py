@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from reactor_app import Reactor, Step, Success, from_input, step, with_rate_limit
 from reactor_app.coordination import rate_limit
@@ -233,6 +235,92 @@ def test_a_lost_running_total_is_rebuilt_from_the_members(coordinator: Coordinat
     assert isinstance(over, Refused) and over.detail.count == 8
     fits = coordinator.admit([RateLimitClaim("rebuild", (window,), cost=2)], holder("fits"))
     assert isinstance(fits, Admitted)
+
+
+def stored_total(coordinator: Coordinator, key: str, seconds: float) -> tuple[int, int] | None:
+    """The running total a sliding window keeps (cost, members), or None when it has none."""
+    stored = coordinator.client.hmget(
+        rate_limit.cost_key(key, seconds, coordinator.prefix), "cost", "n"
+    )
+    return None if stored[0] is None else (int(stored[0]), int(stored[1]))
+
+
+def members_total(coordinator: Coordinator, key: str, seconds: float) -> tuple[int, int]:
+    """What the window's members add up to (cost, members): what the running total must be."""
+    members = coordinator.client.zrange(
+        rate_limit.window_key(key, seconds, prefix=coordinator.prefix), 0, -1
+    )
+    return sum(rate_limit.member_cost(m) for m in members), len(members)
+
+
+def expired_charge(coordinator: Coordinator, key: str, seconds: float, cost: int) -> None:
+    """A charge as it stands once it has left the window: a member older than the window, and
+    in the running total (as the admission that made it left it). No sleep: a test on a loaded
+    machine must not depend on how long one takes."""
+    window = rate_limit.window_key(key, seconds, prefix=coordinator.prefix)
+    total = rate_limit.cost_key(key, seconds, coordinator.prefix)
+    old_us = (time.time() - seconds - 5) * 1_000_000
+    coordinator.client.zadd(window, {f"{int(old_us)}-0*{cost}": old_us})
+    coordinator.client.hincrby(total, "cost", cost)
+    coordinator.client.hincrby(total, "n", 1)
+
+
+def test_a_purge_is_written_back_when_a_later_claim_refuses_the_admission(
+    coordinator: Coordinator,
+) -> None:
+    """A window's running total brought up to date by a purge is written with the charge when
+    the claim is admitted — and, when a later claim of the same admission refuses it, written
+    then, so the next check need not rebuild it from every member."""
+    window = RateWindow(seconds=60.0, limit=100, label="minute")
+    assert isinstance(
+        coordinator.admit([RateLimitClaim("a-purged", (window,))], holder("1")), Admitted
+    )
+    expired_charge(coordinator, "a-purged", 60.0, 3)
+    assert stored_total(coordinator, "a-purged", 60.0) == (4, 2)
+    full = RateWindow(seconds=60.0, limit=1, label="minute")
+    assert isinstance(coordinator.admit([RateLimitClaim("z-full", (full,))], holder("f")), Admitted)
+    # checked in the order given (within one primitive): "a-purged" passes (and purges), then
+    # "z-full" refuses
+    both = [RateLimitClaim("a-purged", (window,)), RateLimitClaim("z-full", (full,))]
+    refused = coordinator.admit(both, holder("both"))
+    assert isinstance(refused, Refused) and refused.claim.key == "z-full"
+    assert members_total(coordinator, "a-purged", 60.0) == (1, 1)
+    assert stored_total(coordinator, "a-purged", 60.0) == (1, 1)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    admissions=st.lists(
+        st.tuples(st.integers(1, 4), st.booleans(), st.integers(0, 3)), min_size=1, max_size=12
+    )
+)
+def test_the_running_total_stays_what_the_members_add_up_to(
+    coordinator: Coordinator, admissions: list[tuple[int, bool, int]]
+) -> None:
+    """Whatever the admissions — charged, refused by the window, refused by a later claim of
+    the same admission, with charges that left a window since — each window's stored running
+    total is what its members add up to."""
+    key = f"a-{uuid.uuid4().hex[:8]}"
+    windows = (RateWindow(10.0, 8, "short"), RateWindow(60.0, 20, "minute"))
+    blocker = RateWindow(60.0, 1, "blocker")
+    blocker_key = f"z-{key}"
+    assert isinstance(
+        coordinator.admit([RateLimitClaim(blocker_key, (blocker,))], holder("b")), Admitted
+    )
+    for n, (cost, blocked, left) in enumerate(admissions):
+        if left:
+            expired_charge(coordinator, key, 10.0, left)
+        claims = [RateLimitClaim(key, windows, cost=cost)]
+        if blocked:  # checked after the key's claim (the order given, within one primitive)
+            claims.append(RateLimitClaim(blocker_key, (blocker,)))
+        coordinator.admit(claims, holder(f"{n}"))
+        for window in windows:
+            assert stored_total(coordinator, key, window.seconds) in (
+                members_total(coordinator, key, window.seconds),
+                None,  # (no member yet: the first charges were all refused)
+            ), (n, window)
 
 
 # -- impossible costs -------------------------------------------------------------------------

@@ -49,7 +49,9 @@ local function lock_check(hold, waiters, owner, waiter, now_ms)
 end
 
 -- Take the lock checked by lock_check (`state` is its answer); returns the fencing token
--- (text). `h` is the holder {owner, step?, execution?, reactor?}; `index` from index_of.
+-- (text). `h` is the holder {owner, step?, execution?, reactor?, request?}; `index` from
+-- index_of. `h.request` (lock_admit.lua: the call's request id, time and freshness) is written
+-- into the hold's `request` field, where a resend of the same call finds it.
 local function lock_take(hold, fence, waiters, h, ttl_ms, now, state, index)
   if state ~= 'again' then
     -- the hand-off grant (ours, or lapsed) is used up
@@ -65,13 +67,14 @@ local function lock_take(hold, fence, waiters, h, ttl_ms, now, state, index)
     end
     redis.call('HSET', hold, 'owner', h.owner, 'count', 1, 'step', h.step or '',
       'execution', h.execution or '', 'reactor', h.reactor or '',
-      'acquired_at', now.ms, 'token', token)
+      'acquired_at', now.ms, 'token', token, 'request', h.request or '')
     redis.call('PEXPIRE', hold, ttl_ms)
     index_add(index, 'lock', h.owner, now.ms, now.ms + ttl_ms)
     return token
   end
   -- re-entry by the same owner: one more nesting level, same token; never shorten the lease
   redis.call('HINCRBY', hold, 'count', 1)
+  if h.request then redis.call('HSET', hold, 'request', h.request) end
   if redis.call('PTTL', hold) < ttl_ms then
     redis.call('PEXPIRE', hold, ttl_ms)
     index_renew(index, 'lock', h.owner, now.ms + ttl_ms)
@@ -102,6 +105,12 @@ local function lock_hand_on(hold, waiters, now_ms)
   redis.call('PUBLISH', hold, LOCK_FREED_MESSAGE)
   return nil
 end
+
+-- lock_release's answer codes, by lock_release's state
+local RELEASE_CODES = {freed = 0, kept = 1, not_held = 2}
+
+-- The Redis clock in ms, as lock_release and lock_hand_on take it (a TIME only when called).
+local function redis_now_ms() return redis_now().ms end
 
 -- Release one nesting level of `owner`'s hold; `now_ms` is a function, called (a TIME) only
 -- when a waiter is granted the key. `token` (text, or nil/"" to skip the check) is the

@@ -144,6 +144,10 @@ local gate = nil -- the ordered position that passed its gate in this call
 for i, claim in ipairs(claims) do
   local plan, refused = CHECK[claim.p](claim)
   if refused then
+    -- what the claims that passed left to their take (a rate limit's running totals)
+    for j = 1, i - 1 do
+      if plans[j].on_refused then plans[j].on_refused() end
+    end
     if refused.status == PERIOD_MARKED and gate then
       local _, woken = ordered_complete(ordered_keys(gate.keys), gate.nonce)
       refused.woken = woken

@@ -27,7 +27,5 @@ if flags > 0 then
 end
 local index = nil
 if #KEYS - flags >= 6 then index = index_of(KEYS, 3, ARGV[2]) end
-local function now_ms() return redis_now().ms end
-local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], now_ms, index, ARGV[4])
-local code = ({freed = 0, kept = 1, not_held = 2})[state]
-return {code, popped or ''}
+local state, popped = lock_release(KEYS[1], KEYS[2], ARGV[1], redis_now_ms, index, ARGV[4])
+return {RELEASE_CODES[state], popped or ''}

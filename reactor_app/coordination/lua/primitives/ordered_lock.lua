@@ -6,19 +6,24 @@ use: docs/architecture.md, "Adding a primitive". ]]
 
 local function check_ordered(claim)
   local k = ordered_keys(claim.keys)
-  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
+  -- the line's state in one read (nothing below writes it before the last of them is used)
+  local state = redis.call('HMGET', k.state, 'epoch', 'cursor', 'first_failed')
+  local epoch = tonumber(state[1] or '0')
   if epoch ~= claim.epoch then
     return nil, refusal(ORDERED_STALE, {nonce = claim.nonce, epoch = epoch, reason = 'epoch'})
   end
-  local cursor = ordered_cursor(k)
+  local cursor = tonumber(state[2] or '0')
   if claim.nonce <= cursor then
     return nil, refusal(ORDERED_STALE, {nonce = claim.nonce, epoch = epoch, reason = 'passed'})
   end
-  -- every attempt is a sign of life of a waiting position
-  redis.call('ZADD', k.positions, now.ms, claim.nonce)
-  ordered_touch(k, claim.ttl_ms)
+  if not claim.assigned_now then
+    -- every attempt is a sign of life of a waiting position (a position assigned by this
+    -- call was registered, heartbeat and keys' lifetimes included, by ordered_assign)
+    redis.call('ZADD', k.positions, now.ms, claim.nonce)
+    ordered_touch(k, claim.ttl_ms)
+  end
 
-  local first_failed = tonumber(redis.call('HGET', k.state, 'first_failed') or 'nil')
+  local first_failed = tonumber(state[3] or 'nil')
   if claim.strict and first_failed and first_failed < claim.nonce then
     local _, woken = ordered_complete(k, claim.nonce)
     return nil, refusal(CHAIN_FAILED,
@@ -69,6 +74,7 @@ end
 local function prepare_ordered(claim)
   if claim.nonce ~= 0 then return nil end
   claim.nonce, claim.epoch = ordered_assign(ordered_keys(claim.keys), holder, claim.ttl_ms, now)
+  claim.assigned_now = true
   return {nonce = claim.nonce, epoch = claim.epoch}
 end
 

@@ -12,13 +12,18 @@ end
 
 -- the running total of a sliding window after purging its expired members, O(expired); the
 -- total is rebuilt from the members (O(n), once) when its member count disagrees with the
--- zset's: the total key expired, or an admission was made without it
+-- zset's: the total key expired, or an admission was made without it. Returns the total and the
+-- window's state: its total and member count, and whether the stored total is behind them (a
+-- purge or a rebuild). It is written once: by the take when the claim is admitted, folded into
+-- the charge's own write, else by store_totals when the admission is refused.
 local function window_total(name, total_key, cutoff_us, window_ms)
   local stored = redis.call('HMGET', total_key, 'cost', 'n')
   local total, n = tonumber(stored[1]), tonumber(stored[2])
+  local behind = false
   local expired = redis.call('ZRANGEBYSCORE', name, '-inf', cutoff_us)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', name, '-inf', cutoff_us)
+    behind = true
     if total then
       for _, member in ipairs(expired) do total = total - member_cost(member) end
       n = n - #expired
@@ -30,15 +35,23 @@ local function window_total(name, total_key, cutoff_us, window_ms)
     for _, member in ipairs(redis.call('ZRANGE', name, 0, -1)) do
       total = total + member_cost(member)
     end
-    n = card
+    n, behind = card, true
   end
-  if card == 0 then
-    redis.call('DEL', total_key)
-  else
-    redis.call('HSET', total_key, 'cost', total, 'n', n)
-    redis.call('PEXPIRE', total_key, math.ceil(window_ms) + 1)
+  return total, {key = total_key, total = total, n = n, behind = behind, ms = window_ms}
+end
+
+-- write the running totals a refused admission's checks brought up to date (window_total)
+local function store_totals(windows)
+  for _, w in ipairs(windows) do
+    if w.behind then
+      if w.n == 0 then
+        redis.call('DEL', w.key)
+      else
+        redis.call('HSET', w.key, 'cost', w.total, 'n', w.n)
+        redis.call('PEXPIRE', w.key, math.ceil(w.ms) + 1)
+      end
+    end
   end
-  return total
 end
 
 -- when enough cost has left the window for `need` more units: the oldest members leave first,
@@ -60,6 +73,7 @@ local function check_rate_limit(claim)
   local worst = nil
   local cost = claim.cost or 1
   local totals = 1 + #claim.windows + (claim.stored and 1 or 0)
+  local states = {} -- a sliding window's running total (window_total), for the take
   for i, window in ipairs(claim.windows) do
     local name = claim.keys[i + 1]
     local count, retry_us
@@ -72,7 +86,8 @@ local function check_rate_limit(claim)
     else
       local window_us = window.ms * 1000
       -- an entry admitted at t counts while now < t + window
-      count = window_total(name, claim.keys[totals + i], int(now.us - window_us), window.ms)
+      count, states[i] = window_total(name, claim.keys[totals + i], int(now.us - window_us),
+        window.ms)
       if count + cost > window.limit then
         -- the entry whose departure leaves room for this cost
         local at = departure_us(name, count + cost - window.limit)
@@ -85,12 +100,14 @@ local function check_rate_limit(claim)
     end
   end
   if worst then
+    store_totals(states)
     return nil, refusal(RATE_LIMITED, {
       retry_after_ms = worst.retry_us / 1000, limit = worst.limit, label = worst.label,
       window_ms = worst.window_ms, count = worst.count, cost = cost,
     })
   end
-  return {}
+  -- a later claim's refusal writes them instead (admit.lua)
+  return {windows = states, on_refused = function() store_totals(states) end}
 end
 
 -- the limits travel with each admission; keep them beside the counts so operators see them
@@ -125,17 +142,16 @@ local function take_rate_limit(claim, plan)
   local member = int(now.us) .. '-' .. seq
   -- the cost travels in the member, so a purge knows what leaves with it
   if cost ~= 1 then member = member .. '*' .. cost end
-  local totals = 1 + #claim.windows + (claim.stored and 1 or 0)
   local longest = 0
   for i, window in ipairs(claim.windows) do
     local name = claim.keys[i + 1]
     redis.call('ZADD', name, int(now.us), member)
     redis.call('PEXPIRE', name, math.ceil(window.ms) + 1)
-    -- the check just brought the total up to date (window_total), so it stays exact
-    local total_key = claim.keys[totals + i]
-    redis.call('HINCRBY', total_key, 'cost', cost)
-    redis.call('HINCRBY', total_key, 'n', 1)
-    redis.call('PEXPIRE', total_key, math.ceil(window.ms) + 1)
+    -- the check just brought the total up to date (window_total): it is written once, with
+    -- this charge in it, so it stays exact
+    local w = plan.windows[i]
+    redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1)
+    redis.call('PEXPIRE', w.key, math.ceil(window.ms) + 1)
     longest = math.max(longest, window.ms)
   end
   redis.call('PEXPIRE', claim.keys[1], math.ceil(longest) + 1)
