@@ -8,9 +8,10 @@ reads each request (RESP bytes) and decides:
 
 * only script calls (``FCALL`` / ``EVALSHA`` / ``EVAL``);
 * a retry-safe call's request (``stored_replies.RETRY_SAFE``: it carries a request id, the
-  last key) loses at most ``stored_replies.RETRIES`` replies, the first send's and then each
-  resend's with even odds — the documented bound (docs/coordination.md, "A lost reply is asked
-  again, not redone"): a call is retried that many times, so its last retry gets through and
+  last key — or, for ``KEEPS_ITS_REQUEST``, the argument before ``LOOK_FIRST``) loses at
+  most ``stored_replies.RETRIES`` replies, the first send's and then each resend's with even
+  odds — the documented bound (docs/coordination.md, "A lost reply is asked again, not
+  redone"): a call is retried that many times, so its last retry gets through and
   its caller learns what the first send took. Past the bound the caller gets
   ``CoordinationUnavailable`` and what the call took lapses with its lease: that is not the
   case under test;
@@ -29,7 +30,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from reactor_app.coordination.stored_replies import LOOK_FIRST, RETRIES, RETRY_SAFE
+from reactor_app.coordination.stored_replies import (
+    KEEPS_ITS_REQUEST,
+    LOOK_FIRST,
+    RETRIES,
+    RETRY_SAFE,
+)
 from reactor_app.testing.redis_processes import wait_until
 
 #: the operations that admit (their reply lost: the holder must still learn it holds)
@@ -110,7 +116,11 @@ class ReplyLoser:
         except ValueError:
             return False
         keys, args = parts[3 : 3 + count], parts[3 + count :]
-        request_id = keys[-1].decode() if operation in RETRY_SAFE and keys else None
+        request_id = None
+        if operation in KEEPS_ITS_REQUEST and len(args) >= 2:
+            request_id = args[-2].decode()  # its id travels among its arguments
+        elif operation in RETRY_SAFE and keys:
+            request_id = keys[-1].decode()  # its stored reply's key, the last key
         resend = bool(request_id) and bool(args) and args[-1] == LOOK_FIRST.encode()
         now = time.monotonic()
         if request_id is not None and self._per_request[request_id] >= RETRIES:
@@ -159,12 +169,16 @@ class Monitor:
         return self.path.read_text(errors="replace").splitlines()
 
     def rate_limit_charges(self) -> Counter[str]:
-        """User key -> rate-limit charges the server made (``rate_limit.lua`` counts each
-        charge with ``HINCRBY <…:cost> n 1``, once per window; these limits have one)."""
+        """User key -> rate-limit charges the server made: ``rate_limit.lua`` adds each charge
+        to the window's zset (``ZADD <…:rate_limit:{key}:<window>> <µs> <member>``, once per
+        window; these limits have one), and nothing else ZADDs to a rate limit's keys."""
         charges: Counter[str] = Counter()
         for line in self.lines():
-            if '"HINCRBY"' in line and line.endswith('"n" "1"') and ':cost"' in line:
-                user_key = user_key_of(line.split('"HINCRBY"', 1)[1])
+            if '"ZADD"' not in line:
+                continue
+            target = line.split('"ZADD"', 1)[1].strip().split(" ", 1)[0]
+            if ":rate_limit:{" in target:
+                user_key = user_key_of(target)
                 if user_key:
                     charges[user_key] += 1
         return charges
