@@ -236,12 +236,10 @@ def set_override(
     text = describe(primitive, value) if isinstance(value, Mapping) else value
     parsed = parse_value(primitive, name, text)
     with transaction.atomic():
-        row = LimitOverride.objects.locked(primitive, name)
-        old = row.value if row else None
-        if row is None:
-            row = LimitOverride(primitive=primitive, name=name)
-        row.value, row.reason, row.set_by, row.set_at = parsed, reason, by, timezone.now()
-        row.save()
+        # an upsert: concurrent first overrides of one name both succeed, the last one wins
+        old = LimitOverride.objects.put(
+            primitive, name, value=parsed, reason=reason, set_by=by, set_at=timezone.now()
+        )
         _audit(primitive, name, "set", old, parsed, by=by, reason=reason)
     was = old if old is not None else _configured_or_none(primitive, name)
     woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, was, parsed))
