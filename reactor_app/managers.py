@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import OperationalError, connections, models, transaction
+from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -421,8 +421,9 @@ class LimitOverrideQuerySet(models.QuerySet):
 
     def publish(self) -> None:
         """Publish every override to Redis (``coordination.live_limits``), replacing what
-        was there."""
-        live_limits.publish(self.published())
+        was there — read after the publish took its ticket, so a concurrent change's publish
+        never lands a set older than this one over it (``live_limits.publish``)."""
+        live_limits.publish(self.published)
 
     def republish_if_lost(self) -> bool:
         """Publish again when Redis disagrees with the database (a publish that failed, a
@@ -431,12 +432,39 @@ class LimitOverrideQuerySet(models.QuerySet):
         seen = live_limits.read_published()
         if {k: v.value for k, v in seen.items()} == {k: v.value for k, v in expected.items()}:
             return False
-        live_limits.publish(expected)
+        live_limits.publish(self.published)  # read again, after its ticket
         return True
 
     def locked(self, primitive: str, name: str) -> Any:
         """The override row of one limit, locked for the change being made (None: none)."""
         return self.select_for_update().filter(primitive=primitive, name=name).first()
+
+    def put(self, primitive: str, name: str, **fields: Any) -> Any:
+        """Write the override of one limit, created or updated, inside the caller's
+        transaction; returns the value it replaced (None: there was no override). The row
+        stays locked until the caller commits, so concurrent changes of one limit are
+        serialized and each one learns the value it really replaced (its audit's ``old``).
+
+        The first override of a name has no row to lock: two concurrent firsts both find none
+        and both insert, and the unique constraint refuses the later insert (PostgreSQL makes
+        it wait for the earlier transaction, then raises). That insert is undone alone (its
+        savepoint) and the change is made to the row the other one committed, now locked:
+        the last write wins and both are changes, never a server error."""
+        row = self.locked(primitive, name)
+        if row is None:
+            try:
+                with transaction.atomic(using=self.db):
+                    self.create(primitive=primitive, name=name, **fields)
+                return None
+            except IntegrityError:
+                row = self.locked(primitive, name)
+                if row is None:  # pragma: no cover - inserted, then removed before our read
+                    raise
+        old = row.value
+        for field, value in fields.items():
+            setattr(row, field, value)
+        row.save()
+        return old
 
 
 def _is_deadlock(error: OperationalError) -> bool:

@@ -131,6 +131,9 @@ class Admitted:
     sent_at: float = 0.0
     #: ordered positions this admission assigned (user key -> position; see ``UNASSIGNED``)
     assigned: dict[str, OrderedPosition] = field(default_factory=dict)
+    #: waiters this admission granted a semaphore's free slots to (a limit raised live: the
+    #: line is served first, ``lua/_semaphore.lua``): parked ones must be re-enqueued
+    woken: list[str] = field(default_factory=list)
 
     def token_for(self, key: str | None = None) -> int | None:
         for hold in self.holds:
@@ -176,7 +179,8 @@ class Refused:
     detail: RefusalDetail
     retry_after: float | None = None
     blocker: dict[str, Any] | None = None  # holder snapshot: owner, step, execution, since, ttl
-    #: waiters a wait that gave up handed its keys on to (``Coordinator.admit_waiting``):
+    #: waiters a wait that gave up handed its keys on to (``Coordinator.admit_waiting``), or
+    #: that the refused admission granted a semaphore's free slots to (the line first):
     #: parked ones must be re-enqueued like any woken waiter
     woken: list[str] = field(default_factory=list)
     #: ordered positions the refused admission assigned all the same (``UNASSIGNED``): the

@@ -8,7 +8,8 @@ value every process obeys is published to one Redis hash:
 
 * ``{prefix}:limits`` — hash ``"<primitive>:<name>" -> json {"value": {...}, "by", "at",
   "reason"}``; ``value`` is ``{"limit": n}`` for a semaphore and a ``REACTOR_RATE_LIMITS``
-  entry (``{"limit", "period"}`` or ``{"limits"}``) for a rate limit.
+  entry (``{"limit", "period"}`` or ``{"limits"}``) for a rate limit. Two more fields order
+  the publishers (``SEQUENCE_FIELD``, ``PUBLISHED_FIELD``: see ``publish``).
 
 Why a client-side copy and not a read inside the admission scripts: on a Redis Cluster the
 hash lives in one slot and the scripts of other slots could not read it; and the limit already
@@ -25,8 +26,9 @@ deployment, not of one client).
 
 A copy that cannot be refreshed (Redis unreachable) keeps its last values: the admission that
 asked will meet the same outage and report it itself. The hash is rewritten whole by every
-change (``publish``), so a lost hash (a restarted Redis without persistence) is healed by the
-next change or by the workers' periodic ``republish`` from the database (``engine.sweeper``).
+change (``publish``, ordered by tickets so that a set read earlier never lands over one read
+later), so a lost hash (a restarted Redis without persistence) is healed by the next change
+or by the workers' periodic ``republish`` from the database (``engine.sweeper``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +46,17 @@ import redis as redis_py
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.keys import current_prefix
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
+from reactor_app.coordination.scripts import scripts_for
 from reactor_app.exceptions import ConfigurationError
 
 #: the primitives whose named limits can be overridden
 PRIMITIVES = ("semaphore", "rate_limit")
 #: how stale a process's copy of the overrides may be, in seconds
 REFRESH_SECONDS = 0.1
+#: fields of the hash that are no override (``lua/limits_publish.lua``): the last ticket
+#: handed to a publisher, and the ticket of the set published
+SEQUENCE_FIELD = "\0sequence"
+PUBLISHED_FIELD = "\0published"
 
 
 def hash_key(prefix: str | None = None) -> str:
@@ -131,6 +138,8 @@ def _text(value: Any) -> str:
 def _parse(raw: Mapping[Any, Any]) -> dict[str, Override]:
     overrides = {}
     for field, payload in raw.items():
+        if _text(field).startswith("\0"):
+            continue  # the publishers' tickets (SEQUENCE_FIELD, PUBLISHED_FIELD)
         primitive, _, name = _text(field).partition(":")
         try:
             data = json.loads(_text(payload))
@@ -179,25 +188,37 @@ def forget_copy() -> None:
 
 
 def publish(
-    current: Mapping[str, Override], *, client: Any = None, prefix: str | None = None
-) -> None:
-    """Replace the published overrides with ``current`` (one MULTI: readers see the old set
-    or the new one, never a mix)."""
+    current: Mapping[str, Override] | Callable[[], Mapping[str, Override]],
+    *,
+    client: Any = None,
+    prefix: str | None = None,
+) -> bool:
+    """Replace the published overrides with ``current`` — or with what ``current()`` returns,
+    read after this publish took its ticket (``lua/limits_publish.lua``) — in one script:
+    readers see the old set or the new one, never a mix. False when a set read under a later
+    ticket was published already (this one is older, and dropped).
+
+    Pass the reader, not what it read: concurrent changes publish concurrently, and only a set
+    read *after* the ticket is known to hold every change whose publisher took an earlier one
+    (the database's rows: ``LimitOverride.objects.publish``). So the set published last is
+    never older than one it replaced, whatever order the publishers' writes arrive in."""
     client = client if client is not None else get_client()
     name = hash_key(prefix)
+    with unavailable_on_connection_error(key=name):
+        ticket = int(client.hincrby(name, SEQUENCE_FIELD, 1))
+    found = current() if callable(current) else current
     mapping = {
         field_name(o.primitive, o.name): json.dumps(
             {"value": o.value, "by": o.by, "at": o.at, "reason": o.reason}, sort_keys=True
         )
-        for o in current.values()
+        for o in found.values()
     }
     with unavailable_on_connection_error(key=name):
-        pipe = client.pipeline(transaction=True)
-        pipe.delete(name)
-        if mapping:
-            pipe.hset(name, mapping=mapping)
-        pipe.execute()
+        written = scripts_for(client).call(
+            "limits_publish", [name], [ticket, json.dumps(mapping, sort_keys=True)]
+        )
     forget_copy()
+    return bool(int(written))
 
 
 # -- the values settings give ----------------------------------------------------------------

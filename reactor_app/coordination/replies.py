@@ -64,7 +64,7 @@ def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) ->
                     detail=detail,
                 )
             )
-        return Admitted(holds=holds, holder=holder, assigned=assigned)
+        return Admitted(holds=holds, holder=holder, assigned=assigned, woken=_ids(data))
     claim = claims[int(data.get("index", 0))]
     if reply.status is Status.PERIOD_MARKED:
         assert isinstance(claim, PeriodClaim)
@@ -104,6 +104,7 @@ def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) ->
         blocker=_blocker(data.get("blocker")),
         detail=refusal,
         assigned=assigned,
+        woken=_ids(data),
     )
 
 

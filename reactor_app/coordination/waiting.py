@@ -111,6 +111,10 @@ def admit_waiting(
     #: keeps that place in the line, and the answer reports it, whichever attempt it is
     assigned: dict[str, OrderedPosition] = {}
 
+    #: waiters any attempt granted a semaphore's free slots to (``lua/_semaphore.lua``): the
+    #: answer reports them all, whichever attempt it is, so the parked ones are re-enqueued
+    granted: list[str] = []
+
     def attempt(queue: str | None) -> AdmissionResult:
         nonlocal wanted
         answer = coordinator.admit(wanted, holder, waiter_id=queue)
@@ -118,6 +122,9 @@ def admit_waiting(
             assigned.update(answer.assigned)
             wanted = with_positions(wanted, answer.assigned)
         answer.assigned = dict(assigned)
+        if isinstance(answer, (Admitted, Refused)):
+            granted.extend(w for w in answer.woken if w not in granted)
+            answer.woken = list(granted)
         return answer
 
     if refused is not None:

@@ -75,17 +75,21 @@ class Reactor(Coordinated):
         return registry.path_of(cls)
 
     @classmethod
-    def run(cls, **inputs: Any) -> Result:
+    def run(cls, *, priority: int | None = None, **inputs: Any) -> Result:
         """Run the reactor in this process and return its ``Result``.
 
         A ``background = True`` reactor is handed to a worker at once (``status ==
         "handed_off"``); ``background = "after:<step>"`` runs up to that step here.
+
+        ``priority`` (-100 to 100, default 0) is ``run_async``'s: where a unit of this run
+        waits in a contended key's line (``wait=``), a higher priority is admitted first,
+        first come, first served within one, within the same bounded head start.
         """
         # deferred: the DSL hands over to the engine, which imports the models; they cannot
         # load while Django reads INSTALLED_APPS, which imports this package
         from reactor_app.engine.in_process import run_reactor
 
-        return run_reactor(cls, inputs)
+        return run_reactor(cls, inputs, priority=priority)
 
     @classmethod
     def run_async(

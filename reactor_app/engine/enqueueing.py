@@ -149,13 +149,23 @@ def _worker_context(priority: int | None = None, burst: str | None = None) -> di
     return state.to_json()
 
 
+def in_process_context(priority: int) -> dict[str, Any]:
+    """The starting state of a ``run(priority=...)`` in the caller's process: the priority
+    its units wait with (``ExecutionRun.priority``), and every child it dispatches."""
+    state = ExecutionState()
+    state.origin.priority = priority
+    return state.to_json()
+
+
 #: the range of ``run_async(priority=...)`` (the ``django.tasks`` API's), higher first
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
-def checked_priority(reactor: type[Reactor], priority: Any) -> int | None:
+def checked_priority(
+    reactor: type[Reactor], priority: Any, *, call: str = "run_async"
+) -> int | None:
     """``priority`` if it is an int in ``MIN_PRIORITY..MAX_PRIORITY`` (None: the default, 0),
-    else ``InputValidationError`` — raised at the call, before anything is stored."""
+    else ``InputValidationError`` — raised at the ``call``, before anything is stored."""
     if priority is None:
         return None
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -165,7 +175,7 @@ def checked_priority(reactor: type[Reactor], priority: Any) -> int | None:
     else:
         return priority
     raise InputValidationError(
-        f"run_async of {reactor.__qualname__}: priority {problem}",
+        f"{call} of {reactor.__qualname__}: priority {problem}",
         reactor=reactor.path(),
         step=None,
         field_errors={"priority": problem},
@@ -412,8 +422,11 @@ def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Exec
     execution.context = context
 
 
-def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
-    """``run()`` of a ``background = True`` reactor: the whole run goes to a worker.
+def hand_off_new(
+    reactor: type[Reactor], inputs: dict[str, Any], *, priority: int | None = None
+) -> Result:
+    """``run()`` of a ``background = True`` reactor: the whole run goes to a worker (with
+    ``run(priority=...)``'s priority).
 
     Invalid inputs give a ``failed`` result (``run()`` returns failures rather than raising);
     inputs a worker could not read back raise, as for ``run_async``.
@@ -421,7 +434,7 @@ def hand_off_new(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
     error = input_errors(reactor, inputs)
     if error is not None:
         return _failed_call(reactor, inputs, error)
-    execution = run_async(reactor, inputs)
+    execution = run_async(reactor, inputs, priority=priority)
     return Result(status=PassEnd.HANDED_OFF.value, execution_id=str(execution.id))
 
 

@@ -270,6 +270,7 @@ class Gate:
                 park=park,
             )
             if isinstance(answer, Admitted):
+                _wake(answer.woken)  # waiters ahead of this one granted free slots with it
                 holds = sorted(
                     [*answer.holds, *adopted],
                     key=lambda hold: ADMISSION_ORDER.index(hold.claim.primitive),
@@ -282,6 +283,7 @@ class Gate:
         else:
             answer = self._admit_by_strategy(holder, wait=wait, park=park)
         if isinstance(answer, Admitted):
+            _wake(answer.woken)  # waiters ahead of this one granted free slots with it
             self._admitted(answer)
             return None
         if isinstance(answer, (PeriodHit, ChainFailed)):
@@ -761,8 +763,8 @@ def _worth_waiting(refused: Refused, budget: float) -> bool:
 
 
 def _wake(woken: Sequence[str]) -> None:
-    """Re-enqueue parked executions a release (or a skip) let through: at once, not at their
-    backoff requeue."""
+    """Re-enqueue parked executions a release (or a skip, or an admission that served the
+    line its free slots) let through: at once, not at their backoff requeue."""
     if woken:
         wake(list(woken))
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.engine.cancel_flag import note_clear
-from reactor_app.engine.enqueueing import hand_off_new
+from reactor_app.engine.enqueueing import checked_priority, hand_off_new, in_process_context
 from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.result import Result
@@ -24,11 +24,16 @@ if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
 
 
-def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
+def run_reactor(
+    reactor: type[Reactor], inputs: dict[str, Any], *, priority: int | None = None
+) -> Result:
     """``Reactor.run``: create the execution row and run it to the end in this process (or, for
-    ``background = True``, hand the whole run to a worker)."""
+    ``background = True``, hand the whole run to a worker). ``priority`` places its waiting
+    units in the lines of contended keys, as ``run_async``'s does (``InputValidationError``
+    at the call when it is not an int from -100 to 100)."""
+    priority = checked_priority(reactor, priority, call="run")
     if reactor.background is True:
-        return hand_off_new(reactor, inputs)
+        return hand_off_new(reactor, inputs, priority=priority)
     error = input_errors(reactor, inputs)
     now = timezone.now()
     if error is not None:
@@ -49,6 +54,7 @@ def run_reactor(reactor: type[Reactor], inputs: dict[str, Any]) -> Result:
         started_at=now,
         heartbeat_at=now,
         current_step=order[0] if order else "",
+        **({"context": in_process_context(priority)} if priority else {}),
     )
     run = ExecutionRun(reactor, execution, inputs)
     run.inserted_running = True

@@ -8,8 +8,11 @@ where every process reads it within ``REFRESH_SECONDS``. Executions parked on th
 then woken, once every process has the new value (``WAKE_AFTER``): a raised limit admits
 them then, not when their backoff runs out or a holder releases. A semaphore limit that is
 not raised wakes nobody (each would only park again, and parks count towards
-``REACTOR_CONTENTION_CEILING``). Permission checks belong to the callers (the
-admin views, the API); nothing here knows about requests.
+``REACTOR_CONTENTION_CEILING``); one raised by n slots wakes the parked among the first n of
+each key's line, head first — the admission scripts give the new slots to the line's head
+in its order whoever asks (``lua/_semaphore.lua``), so the rest would only park again.
+Permission checks belong to the callers (the admin views, the API); nothing here knows about
+requests.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import live_limits
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import WAITING_PREFIX, SemaphoreClaim
 from reactor_app.coordination.rate_limit import named_config, windows_from
 from reactor_app.dsl.declarations import SemaphoreDeclaration
 from reactor_app.dsl.registry import lookup
@@ -236,15 +241,18 @@ def set_override(
     text = describe(primitive, value) if isinstance(value, Mapping) else value
     parsed = parse_value(primitive, name, text)
     with transaction.atomic():
-        row = LimitOverride.objects.locked(primitive, name)
-        old = row.value if row else None
-        if row is None:
-            row = LimitOverride(primitive=primitive, name=name)
-        row.value, row.reason, row.set_by, row.set_at = parsed, reason, by, timezone.now()
-        row.save()
+        # an upsert: concurrent first overrides of one name both succeed, the last one wins
+        old = LimitOverride.objects.put(
+            primitive, name, value=parsed, reason=reason, set_by=by, set_at=timezone.now()
+        )
         _audit(primitive, name, "set", old, parsed, by=by, reason=reason)
     was = old if old is not None else _configured_or_none(primitive, name)
-    woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, was, parsed))
+    woken = _publish_and_wake(
+        primitive,
+        name,
+        wake=_may_admit_more(primitive, was, parsed),
+        raised_by=_raised_by(primitive, was, parsed),
+    )
     logger.warning("%s overrode %s limit %r: %s -> %s", by, primitive, name, old, parsed)
     return {"old": old, "new": parsed, "woken": woken}
 
@@ -264,7 +272,12 @@ def remove_override(primitive: str, name: str, *, by: str, reason: str = "") -> 
         except InvalidLimit:
             configured = None
         _audit(primitive, name, "removed", old, configured, by=by, reason=reason)
-    woken = _publish_and_wake(primitive, name, wake=_may_admit_more(primitive, old, configured))
+    woken = _publish_and_wake(
+        primitive,
+        name,
+        wake=_may_admit_more(primitive, old, configured),
+        raised_by=_raised_by(primitive, old, configured),
+    )
     logger.warning("%s removed the override of %s limit %r (was %s)", by, primitive, name, old)
     return {"old": old, "new": configured, "woken": woken}
 
@@ -326,8 +339,28 @@ def _may_admit_more(
         return True
 
 
-def _publish_and_wake(primitive: str, name: str, *, wake: bool = True) -> list[str]:
-    """Publish the committed overrides, then (``wake``) wake what is parked on the limit."""
+def _raised_by(
+    primitive: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+) -> int | None:
+    """How many slots a semaphore limit gained (None: unknown — a rate limit, no old value)."""
+    if primitive != "semaphore" or old is None or new is None:
+        return None
+    try:
+        return max(int(new["limit"]) - int(old["limit"]), 0)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _publish_and_wake(
+    primitive: str, name: str, *, wake: bool = True, raised_by: int | None = None
+) -> list[str]:
+    """Publish the committed overrides, then (``wake``) wake what is parked on the limit:
+    every execution parked on a rate limit; on a semaphore raised by ``raised_by`` slots,
+    those parked among the first ``raised_by`` of each key's line, head first (and any not in
+    a line at all). The first of them to ask grants the new slots to the head of the line —
+    itself, and whoever else is there — and re-enqueues the others it granted
+    (``lua/_semaphore.lua``, ``semaphore_fill``): waking the whole line would crowd the
+    workers with deliveries that can only park again, ahead of the heads' own."""
     try:
         republish()
     except CoordinationUnavailable:
@@ -335,7 +368,10 @@ def _publish_and_wake(primitive: str, name: str, *, wake: bool = True) -> list[s
         raise
     if not wake:
         return []
-    parked = parked_on(primitive, name)
+    if primitive == "semaphore":
+        parked = _heads_first(_parked_by_key(primitive, name), raised_by)
+    else:
+        parked = parked_on(primitive, name)
     for execution_id in parked:
         # once every process's copy has been read again (a delivery woken at once could
         # still be refused by a worker's old copy, and park again for its whole backoff)
@@ -347,9 +383,14 @@ def parked_on(primitive: str, name: str) -> list[str]:
     """Ids of the executions parked on the named limit: on a rate limit, those parked on its
     key (the name); on a semaphore, those parked on a semaphore declared with the name (or
     whose reactor this process cannot load: waking one too many only parks it again)."""
+    return [execution_id for _, execution_id in _parked_by_key(primitive, name)]
+
+
+def _parked_by_key(primitive: str, name: str) -> list[tuple[str, str]]:
+    """``(key, execution id)`` of what ``parked_on`` lists."""
     if primitive == "rate_limit":
         rows = ContentionState.objects.active().matching(primitive=primitive, key=name)
-        return [str(row.execution_id) for row in rows]
+        return [(row.key, str(row.execution_id)) for row in rows]
     uses: dict[str, bool | set[str]] = {}
     found = []
     for row in ContentionState.objects.active().matching(primitive="semaphore"):
@@ -358,7 +399,34 @@ def parked_on(primitive: str, name: str) -> list[str]:
             uses[path] = _steps_using(path, name)
         steps = uses[path]
         if steps is True or (isinstance(steps, set) and (row.step or "") in steps):
-            found.append(str(row.execution_id))
+            found.append((row.key, str(row.execution_id)))
+    return found
+
+
+def _heads_first(parked: list[tuple[str, str]], raised_by: int | None) -> list[str]:
+    """The parked executions to wake for a raised semaphore, in line order (see
+    ``_publish_and_wake``): the parked among the first ``raised_by`` waiters of each key's
+    line (every parked one in line order when ``raised_by`` is unknown), then those in no
+    line at all (a lost registration: woken, each asks again). A line that cannot be read
+    wakes all of its key's."""
+    by_key: dict[str, list[str]] = {}
+    for key, execution_id in parked:
+        by_key.setdefault(key, []).append(execution_id)
+    coordinator = Coordinator()
+    found: list[str] = []
+    for key, ids in by_key.items():
+        try:
+            line = coordinator.waiters(SemaphoreClaim(key, limit=1))
+        except CoordinationUnavailable:
+            found += ids
+            continue
+        if raised_by is None:
+            found += [w for w in line if w in ids]
+        else:
+            # a parked-form entry is an execution id: one still parking (its row not written
+            # yet) is woken too, so the head of the line is never left to its backoff
+            found += [w for w in line[:raised_by] if not w.startswith(WAITING_PREFIX)]
+        found += [w for w in ids if w not in line and w not in found]
     return found
 
 

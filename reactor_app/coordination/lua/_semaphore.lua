@@ -46,25 +46,56 @@ local function semaphore_grants(waiters, waiter, now_ms)
   return mine, others, soonest
 end
 
--- A freed slot goes to the head waiter (lowest score): grant it and PUBLISH on the leases key
--- {primitive, freed, to = that waiter, grant_ms}; without a waiter, a plain "freed" message.
--- Returns the waiter granted, or nil.
+-- Grant `to` (a waiter of the line `waiters`) a free slot: its entry becomes the grant
+-- "grant:<to>" scored -(grant expiry ms), and a PUBLISH on the leases key names it
+-- {primitive, freed, to, grant_ms}, waking it if it waits in-process.
+local function semaphore_grant(leases, waiters, to, now_ms)
+  local grant_ms = HANDOFF_GRANT_MS
+  if string.sub(to, 1, #WAITING_PREFIX) == WAITING_PREFIX then
+    grant_ms = WAITING_GRANT_MS
+  end
+  redis.call('ZREM', waiters, to)
+  redis.call('ZADD', waiters, -(now_ms + grant_ms), GRANT_PREFIX .. to)
+  redis.call('PUBLISH', leases, cjson.encode(
+    {primitive = 'semaphore', freed = true, to = to, grant_ms = grant_ms}))
+end
+
+-- A freed slot goes to the head waiter (lowest score): grant it (semaphore_grant); without a
+-- waiter, a plain "freed" message. Returns the waiter granted, or nil.
 local function semaphore_hand_on(leases, waiters, now_ms)
   redis.call('ZREMRANGEBYSCORE', waiters, -now_ms, '(0') -- lapsed grants
   local head = redis.call('ZRANGEBYSCORE', waiters, 0, '+inf', 'LIMIT', 0, 1)
   if head[1] then
-    local grant_ms = HANDOFF_GRANT_MS
-    if string.sub(head[1], 1, #WAITING_PREFIX) == WAITING_PREFIX then
-      grant_ms = WAITING_GRANT_MS
-    end
-    redis.call('ZREM', waiters, head[1])
-    redis.call('ZADD', waiters, -(now_ms + grant_ms), GRANT_PREFIX .. head[1])
-    redis.call('PUBLISH', leases, cjson.encode(
-      {primitive = 'semaphore', freed = true, to = head[1], grant_ms = grant_ms}))
+    semaphore_grant(leases, waiters, head[1], now_ms)
     return head[1]
   end
   redis.call('PUBLISH', leases, SEMAPHORE_FREED_MESSAGE)
   return nil
+end
+
+-- Free slots that no release handed on — a limit an operator raised live (no release
+-- announces it), a crashed holder's lease that lapsed, a grant left unused — go to the line
+-- first, in its order (priority, fair turns), as releases would have handed them: the first
+-- `free` waiters are each granted one (semaphore_grant), and whoever asked is admitted only
+-- if it is one of them or if slots are left once the line is served. Without this, the
+-- first to ask after a raise took the slot: a newcomer, or whichever waiter's retry came
+-- first, not the head of the line.
+-- `waiter` (the caller, either form) among those first ones is not granted (it takes its slot
+-- in this admission, and keeps its place if a later claim refuses it); the others granted are
+-- appended to `granted` (parked ones must be re-enqueued by the caller). Returns whether the
+-- caller's turn came, and the slots left over after the line.
+local function semaphore_fill(leases, waiters, free, waiter, now_ms, granted)
+  local heads = redis.call('ZRANGEBYSCORE', waiters, 0, '+inf', 'LIMIT', 0, free)
+  local my_turn = false
+  for _, head in ipairs(heads) do
+    if waiter ~= '' and (head == waiter or head == other_form(waiter)) then
+      my_turn = true
+    else
+      semaphore_grant(leases, waiters, head, now_ms)
+      granted[#granted + 1] = head
+    end
+  end
+  return my_turn, free - #heads
 end
 
 -- The score of a new waiter of `group` in the fair line `waiters` (see above); called only for

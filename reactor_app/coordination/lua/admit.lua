@@ -61,7 +61,9 @@ Returns {status, json}; every refusal payload has `index` (0-based claim) and `t
 payload has `assigned` = [{index, nonce, epoch}] when ordered positions were assigned in this
 call (nonce 0 in the spec), so one round trip both takes a place in the line and tries it:
   0 OK             {time = "s.us", holds = [{fresh, token? (text: µs-sized), bucket?,
-                    bucket_end?, member?, lease? (a semaphore's acquisition, text)}]}
+                    bucket_end?, member?, lease? (a semaphore's acquisition, text)}],
+                    woken? (waiters granted a semaphore's free slots, _semaphore.lua's
+                    semaphore_fill: also on a refusal, where the call made any grants)}
   1 LOCKED         {retry_after_ms = lock PTTL, blocker = {owner, step, execution, reactor,
                     since = acquired ms, ttl_ms}}; or, for a free key granted to its head
                     waiter, {retry_after_ms = grant left, blocker = {granted_to, ttl_ms}}
@@ -101,6 +103,9 @@ See docs/coordination.md "Guarantees".
 -- call after the `-- @per_call` line. The Functions library runs everything above that line
 -- once, when it loads (lua/_library.lua); an EVALSHA script runs all of it on every call.
 local now, holder, claims, waiter
+-- waiters a semaphore's free slots were granted to in this call (semaphore_fill): reported as
+-- `woken`, so the caller re-enqueues the parked ones
+local filled
 
 local function refusal(status, payload, waiters_key, score)
   payload.status = status
@@ -126,6 +131,7 @@ now = redis_now()
 holder = cjson.decode(ARGV[1])
 claims = cjson.decode(ARGV[2])
 waiter = ARGV[3] or ''
+filled = {}
 split_keys(claims)
 
 local assigned = {} -- {index (0-based claim), ...} of what PREPARE set up, for the reply
@@ -156,6 +162,7 @@ for i, claim in ipairs(claims) do
       -- a waiter refused again keeps its place in the order (FIFO), in either form
       waiter_register(refused.waiters_key, waiter, refused.waiter_score)
     end
+    if #filled > 0 and not refused.woken then refused.woken = filled end
     local status = refused.status
     refused.status, refused.waiters_key, refused.waiter_score = nil, nil, nil
     refused.index = i - 1
@@ -176,4 +183,5 @@ for i, claim in ipairs(claims) do
     waiter_remove(claim.keys[waiters_index], waiter)
   end
 end
-return reply(OK, {time = now.text, holds = holds, assigned = assigned})
+if #filled == 0 then filled = nil end -- absent from the reply (cjson: {} is not a list)
+return reply(OK, {time = now.text, holds = holds, assigned = assigned, woken = filled})

@@ -32,7 +32,19 @@ local function check_semaphore(claim)
   if held < claim.limit then
     -- free slots, less those a release handed to waiters (their grants) unless one is ours
     local mine, others, soonest = semaphore_grants(waiters, waiter, now.ms)
-    if mine or held + others < claim.limit then return {fresh = true, grant = mine} end
+    local free = claim.limit - held - others
+    if mine then
+      -- a granted waiter coming in: slots still free beyond its own (a limit raised since the
+      -- release granted it) go on to the next in line
+      if free > 1 then semaphore_fill(leases, waiters, free - 1, waiter, now.ms, filled) end
+      return {fresh = true, grant = mine}
+    end
+    if free > 0 then
+      -- slots nobody was handed (a raised limit...): the line's first waiters get them
+      local my_turn, spare = semaphore_fill(leases, waiters, free, waiter, now.ms, filled)
+      if my_turn or spare > 0 then return {fresh = true} end
+      mine, others, soonest = semaphore_grants(waiters, waiter, now.ms)
+    end
     return nil, refusal(SEMAPHORE_FULL, {
       retry_after_ms = math.max(soonest.left_ms, 1), limit = claim.limit, held = held,
       blocker = {granted_to = soonest.to, ttl_ms = soonest.left_ms},
@@ -107,10 +119,19 @@ local function release_semaphore(keys, spec)
   redis.call('ZREM', leases, holder.owner)
   redis.call('HDEL', holders, holder.owner)
   index_remove(index, 'semaphore', holder.owner)
-  if spec.limit and redis.call('ZCOUNT', leases, '(' .. int(now.ms), '+inf') >= spec.limit then
-    -- a named limit lowered live below the slots still held: the freed slot is nobody's to
-    -- take yet, so no waiter is granted it (woken only to be refused, it would lose its place)
-    redis.call('PUBLISH', leases, SEMAPHORE_FREED_MESSAGE)
+  if spec.limit then
+    -- a named limit, as it is now: the line gets every slot free under it, in its order (one
+    -- raised live frees more than this one); none when it was lowered below the slots still
+    -- held — the freed slot is nobody's to take yet, and a waiter woken only to be refused
+    -- would lose its place
+    local _, grants = semaphore_grants(waiters, '', now.ms)
+    local live = redis.call('ZCOUNT', leases, '(' .. int(now.ms), '+inf')
+    local granted = {}
+    if spec.limit - live - grants > 0 then
+      semaphore_fill(leases, waiters, spec.limit - live - grants, '', now.ms, granted)
+    end
+    if #granted == 0 then redis.call('PUBLISH', leases, SEMAPHORE_FREED_MESSAGE) end
+    for _, to in ipairs(granted) do table.insert(report.woken, to) end
   else
     -- the slot goes to the head waiter (a hand-off grant, _semaphore.lua)
     local granted = semaphore_hand_on(leases, waiters, now.ms)
