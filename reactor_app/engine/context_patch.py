@@ -46,8 +46,14 @@ class ContextPatch(Expression):
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         column, column_params = compiler.compile(self.source)
-        sql, params = column, list(column_params)
-        postgres = connection.vendor == "postgresql"
+        sql, params = self.sql_on(column, connection.vendor)
+        return sql, (*column_params, *params)
+
+    def sql_on(self, column: str, vendor: str) -> tuple[str, list[Any]]:
+        """The patched value of ``column`` (its SQL) on ``vendor``, with its params: what a
+        delivery's statement carries (``row_statements.conditional_update``)."""
+        sql, params = column, []
+        postgres = vendor == "postgresql"
         for kind, path, value in self.ops:
             # (a context patch only sets and removes top-level keys: what grows is in rows)
             if postgres:
@@ -63,7 +69,7 @@ class ContextPatch(Expression):
             else:
                 sql = f"json_remove({sql}, %s)"
                 params.append(sqlite_path(path))
-        return sql, tuple(params)
+        return sql, params
 
 
 def sqlite_path(path: tuple[str, ...]) -> str:

@@ -56,13 +56,19 @@ RUNNABLE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING, ExecutionStatus.PA
 
 
 def deliver(
-    execution_id: str, *, task_id: str | None = None, requeue_token: str | None = None
+    execution_id: str,
+    *,
+    task_id: str | None = None,
+    requeue_token: str | None = None,
+    start: str | None = None,
 ) -> dict[str, Any]:
     """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
 
     ``requeue_token`` marks the countdown requeue of one park; it is dropped when the execution
     has parked again since (that newer park has its own requeue), so leftover requeues never
-    pile up into extra contention attempts.
+    pile up into extra contention attempts. ``start`` (a new execution's message names its
+    first step, ``engine.enqueueing.run_async``): the claim statement also writes the pass's
+    start when the row is still pending and never started — one statement fewer.
     """
     summary: dict[str, Any] = {"execution_id": execution_id}
     execution: Execution | None = None
@@ -113,7 +119,9 @@ def deliver(
         claim.start_renewal()
         # The claim statement: the row as it is now, with a new claim generation that every
         # later write of this delivery is conditional on (a terminal status is final)
-        claimed_row = Execution.objects.claim(execution_id, RUNNABLE)
+        claimed_row = Execution.objects.claim(
+            execution_id, RUNNABLE, start=start if requeue_token is None else None
+        )
         if claimed_row is None:
             # gone, or ended (meanwhile): report what it ended as
             return {**summary, **_unrunnable(Execution.objects.filter(pk=execution_id).first())}
@@ -215,10 +223,12 @@ def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
     was_parked = execution.status == ExecutionStatus.PARKED
     # Still "running" although this delivery now holds the claim: the delivery that set it
     # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
-    taken_over = execution.status == ExecutionStatus.RUNNING
+    # (unless the claim statement itself just started it)
+    taken_over = execution.status == ExecutionStatus.RUNNING and not execution.claimed_start
     run = ExecutionRun(
         lookup(execution.reactor), execution, dict(execution.inputs), policy=ON_WORKER
     )
+    run.started_by_claim = execution.claimed_start
     run.on_persist = claim.check
     if taken_over:
         drop_stale_holds(run)

@@ -59,6 +59,10 @@ REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 #: Celery app's registry: the tasks hand back to the engine, so the engine does not import them
 #: (``ReactorAppConfig.ready`` imports the tasks module, which registers them)
 RUN_EXECUTION = "reactor_app.run_execution"
+#: the message header naming a new execution's first step: its delivery's claim statement then
+#: writes the pass's start too (``engine.delivery.deliver``). A header, not an argument, so a
+#: message sent by this version to a worker of an earlier one still runs there.
+START_HEADER = "reactor_start"
 
 
 def enqueue(
@@ -67,11 +71,12 @@ def enqueue(
     countdown: float | None = None,
     requeue_token: str | None = None,
     priority: int | None = None,
+    start: str | None = None,
 ) -> None:
     """Send the execution's task (identities only: the execution id, and for a park's own
     requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
     queue when that is not set. ``priority`` is the message's (Celery's 0 to 9 scale), for brokers
-    that order by it."""
+    that order by it. ``start``: a new execution's first step (``START_HEADER``)."""
     options: dict[str, Any] = {}
     queue = reactor_settings.CELERY_QUEUE
     if queue:
@@ -81,12 +86,18 @@ def enqueue(
     if priority is not None:
         options["priority"] = priority
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
+    if start:
+        options["headers"] = {START_HEADER: start}
     current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
     note_sent(execution_id)
 
 
 def enqueue_on_commit(
-    execution_id: Any, *, countdown: float | None = None, priority: int | None = None
+    execution_id: Any,
+    *,
+    countdown: float | None = None,
+    priority: int | None = None,
+    start: str | None = None,
 ) -> None:
     """Enqueue once the current transaction commits, so a worker always finds the row.
 
@@ -94,14 +105,19 @@ def enqueue_on_commit(
     take the message is logged, not raised — raising would invite the caller to retry a call
     that already succeeded (and run twice). The sweeper (``sweep``) enqueues the row later.
     """
-    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown, priority))
+    transaction.on_commit(
+        lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown, priority, start)
+    )
 
 
 def _enqueue_or_leave_to_sweeper(
-    execution_id: Any, countdown: float | None, priority: int | None = None
+    execution_id: Any,
+    countdown: float | None,
+    priority: int | None = None,
+    start: str | None = None,
 ) -> None:
     try:
-        enqueue(execution_id, countdown=countdown, priority=priority)
+        enqueue(execution_id, countdown=countdown, priority=priority, start=start)
     except Exception as exc:
         note_unsent(execution_id, exc)  # what a wait() on it is told
         logger.warning(
@@ -260,6 +276,8 @@ def run_async(
                 execution,
                 countdown=(due - now).total_seconds() or None,
                 priority=message_priority(priority),
+                # a burst's start is decided at delivery (engine.debounce): no start at claim
+                start=reactor.plan.order[0] if burst is None and reactor.plan.order else None,
             )
             if burst is not None and placed is not None:
                 debounced.settle_on_commit(burst, placed.earlier, str(execution_id))
@@ -305,6 +323,7 @@ def enqueue_new_on_commit(
     *,
     countdown: float | None = None,
     priority: int | None = None,
+    start: str | None = None,
 ) -> None:
     """A new execution's task, sent once the current transaction commits — for a reactor with
     an ordered lock, after taking its position in the line (``_take_position_then_enqueue``).
@@ -314,7 +333,7 @@ def enqueue_new_on_commit(
     are at the call."""
     line = _ordered_line(reactor, inputs)
     if line is None:
-        enqueue_on_commit(execution.id, countdown=countdown, priority=priority)
+        enqueue_on_commit(execution.id, countdown=countdown, priority=priority, start=start)
         return
     transaction.on_commit(
         functools.partial(
