@@ -17,6 +17,11 @@ one after another, in an order that rotates from one repetition to the next, so 
 in the machine's load falls on each of them alike; the ratios are taken within a repetition.
 
     python bench/worker_throughput.py [--executions 200] [--repetitions 5] [--processes 2]
+                                      [--store-delivery-results]
+
+``reactor_app.run_execution`` stores no result (``ignore_result=True``: the execution row is
+its result); ``--store-delivery-results`` has it store its summary in the result backend as
+the Celery tasks store theirs, the setting every run before that change measured.
 
 It uses the demo project's settings: ``DATABASE_URL`` / ``REDIS_URL`` when set, else SQLite
 and the embedded Redis (the Celery result backend is the demo's: ``django-db``). It migrates
@@ -62,6 +67,13 @@ from celery import chain, shared_task  # noqa: E402
 from reactor_app import Reactor, Step, Success, from_input, from_result, step  # noqa: E402
 from reactor_app.conf import reactor_settings  # noqa: E402
 from reactor_app.coordination.redis import get_client  # noqa: E402
+
+if os.environ.get("BENCH_STORE_DELIVERY_RESULTS") == "1":
+    # --store-delivery-results: the delivery task's summary stored in the result backend, as
+    # before run_execution's ignore_result=True (this module is imported by the worker too)
+    from reactor_app.tasks import run_execution
+
+    run_execution.ignore_result = False
 
 FILLER = "x" * 150
 
@@ -194,6 +206,12 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0, help="per workload and run")
+    parser.add_argument(
+        "--store-delivery-results",
+        action="store_true",
+        help="store reactor_app.run_execution's return value in the result backend too "
+        "(its ignore_result is True by default), like the Celery tasks' results",
+    )
     options = parser.parse_args()
     if min(options.executions, options.repetitions, options.processes) < 1:
         parser.error("--executions, --repetitions and --processes must be at least 1")
@@ -203,6 +221,13 @@ def main() -> None:
     from bench._support import BenchWorker, backend
     from reactor_app.models import Execution
 
+    if options.store_delivery_results:
+        # read by this module at import, in this process (already imported: set it here too)
+        # and in the worker, which inherits the environment
+        os.environ["BENCH_STORE_DELIVERY_RESULTS"] = "1"
+        from reactor_app.tasks import run_execution
+
+        run_execution.ignore_result = False
     call_command("migrate", verbosity=0)
     worker = BenchWorker(
         "bench.worker_throughput",

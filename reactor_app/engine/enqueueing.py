@@ -259,8 +259,13 @@ def run_async(
     due = max(now, run_after) if run_after is not None else now
     if placed is not None:
         due = max(due, now + timedelta(seconds=placed.due_in))
+    # Outside a caller's transaction and with no burst to settle, the row's INSERT is the whole
+    # write and the message follows it: in autocommit that is one round trip, where a
+    # transaction of its own added a BEGIN and a COMMIT to every call. Inside one, a savepoint
+    # keeps a lost idempotency race (IntegrityError) from breaking the caller's transaction.
+    alone = burst is None and not transaction.get_connection().in_atomic_block
     try:
-        with transaction.atomic():
+        with contextlib.nullcontext() if alone else transaction.atomic():
             execution = Execution.objects.start(
                 id=execution_id,
                 reactor=reactor.path(),

@@ -315,3 +315,20 @@ def test_a_new_execution_s_message_names_its_first_step(settings: Any) -> None:
     assert len(sent) == 2, sent
     assert sent[0].get("headers") == {START_HEADER: "one"}, sent[0]
     assert "headers" not in sent[1], sent[1]
+
+
+def test_run_async_outside_a_transaction_is_one_insert() -> None:
+    """The row's INSERT alone, in autocommit (a transaction of its own added BEGIN and COMMIT
+    to every call); inside a caller's transaction, a savepoint keeps a lost idempotency race
+    from breaking it."""
+    from django.db import transaction
+
+    with CaptureQueriesContext(connection) as captured:
+        ThreeSteps.run_async(n=10)
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert len(sqls) == 1 and sqls[0].startswith("INSERT") and TABLE in sqls[0], sqls
+    with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+        ThreeSteps.run_async(n=11)
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert [sql.split()[0] for sql in sqls] == ["SAVEPOINT", "INSERT", "RELEASE"], sqls
+    assert Execution.objects.filter(reactor=ThreeSteps.path()).count() == 2
