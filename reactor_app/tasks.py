@@ -72,12 +72,6 @@ SWEEP_SCHEDULE: dict[str, Any] = sweep_schedule()
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
-    # The execution row is the result (written by the delivery's end); the summary this
-    # returns is for logs. Stored in a result backend it cost every delivery that backend's
-    # writes — with django-celery-results a SELECT, then BEGIN, INSERT and a synchronous
-    # COMMIT — for a value nobody waits on (docs/operations.md, "Celery workers"). Celery's
-    # ``task_annotations`` turn it back on.
-    ignore_result=True,
 )
 def run_execution(self: Any, execution_id: str, requeue_token: str | None = None) -> dict[str, Any]:
     """Run (or continue) one execution on this worker. ``requeue_token`` names the park a

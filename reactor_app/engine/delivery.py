@@ -37,6 +37,7 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine import debounce
+from reactor_app.engine.cancel_flag import flag_keys, note_read
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly, message_priority
 from reactor_app.engine.executor import ExecutionRun
@@ -88,7 +89,10 @@ def deliver(
     try:
         # building the claim may reach Redis already (a cluster client maps its slots)
         claim = ExecutionClaim(execution_id, delivery_owner(task_id))
-        claimed = claim.acquire(wait=CLAIM_WAIT)
+        # the cancel flag in the claim's round trip: the pass's start reads it from there
+        claimed = claim.acquire(wait=CLAIM_WAIT, read_with=tuple(flag_keys(execution_id)))
+        if claim.read is not None:
+            note_read(execution_id, claim.read[0])
     except CoordinationUnavailable:
         execution = execution or Execution.objects.filter(pk=execution_id).first()
         if execution is None or execution.status not in RUNNABLE:
