@@ -51,8 +51,9 @@ WAL flush on PostgreSQL (``synchronous_commit`` off for the statement's transact
 statement itself: ``set_config(..., true)``, the function form of ``SET LOCAL``, so the write
 stays one statement): a database crash may lose the
 last fraction of a second of progress — those units re-run, as after a worker crash — never
-corrupt it. The start of a pass and its end (status writes) stay synchronous
-(docs/operations.md, "Checkpoints").
+corrupt it. The claim (with a new execution's start, ``ExecutionManager.claim``) and a pass's
+end (status writes) stay synchronous (docs/operations.md, "Checkpoints"). The statements are
+spelled by ``row_statements`` (SQL built per write, not the ORM's update compiler).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 A delivery runs in this process (``deliver``, the body of the worker task) so that its
 statements can be captured: one claim statement (``UPDATE ... RETURNING``: no ``SELECT`` of the
-row, before it or after), the start, one checkpoint per step but the last (the finish carries
-it), the history in bulk and one finish. Only a park's countdown requeue reads the row first,
-to drop itself when stale.
+row, before it or after) that also writes the start when the message names the first step (as
+``run_async``'s does), one checkpoint per step but the last (the finish carries it), the
+history in bulk and one finish. Only a park's countdown requeue reads the row first, to drop
+itself when stale. (The count went from six to five statements when the start rode with the
+claim: the row the claim returns already says ``running``.)
 A sequential map on a worker checkpoints its elements in batches; in process it writes none of
 them before its end. These are behaviour tests of how many statements are sent, not timings.
 """
