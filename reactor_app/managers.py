@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from django.db import OperationalError, connections, models, transaction
 from django.utils import timezone
 
 from reactor_app.coordination import live_limits
-from reactor_app.row_statements import claim_sql
+from reactor_app.row_statements import claim_sql, progress_append_sql
 from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind, ExecutionStatus
 
 if TYPE_CHECKING:
@@ -277,22 +276,10 @@ class ExecutionProgressManager(models.Manager):
         first_seq: int,
         changes: Sequence[tuple[str, Any, Any]],
     ) -> int:
-        connection = connections[self.db]
-        quote = connection.ops.quote_name
-        target = self.model._meta.get_field("execution").target_field  # type: ignore[union-attr]
-        pk = quote(str(target.column))
-        table = quote(self.model._meta.db_table)
-        tuples = ", ".join(["(%s, %s, %s, %s)"] * len(changes))
-        params: list[Any] = list(update_params)
-        for n, (kind, path, payload) in enumerate(changes):
-            params += [first_seq + n, kind, json.dumps(list(path)), json.dumps(payload)]
-        sql = (
-            f"WITH claimed AS ({update_sql} RETURNING {pk}) "
-            f"INSERT INTO {table} (execution_id, seq, kind, path, payload) "
-            f"SELECT claimed.{pk}, v.seq, v.kind, v.path::jsonb, v.payload::jsonb "
-            f"FROM claimed CROSS JOIN (VALUES {tuples}) AS v (seq, kind, path, payload)"
+        sql, params = progress_append_sql(
+            self.model, self.db, update_sql, update_params, first_seq, changes
         )
-        with connection.cursor() as cursor:
+        with connections[self.db].cursor() as cursor:
             cursor.execute(sql, params)
             return 1 if cursor.rowcount else 0
 

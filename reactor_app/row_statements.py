@@ -13,6 +13,8 @@ columns, without the rest.
   the pass's start in the same statement;
 * ``conditional_update`` — ``UPDATE ... WHERE id = ... AND claim_generation = ...`` (every
   write after the claim), optionally without waiting for the WAL flush on PostgreSQL;
+* ``progress_append_sql`` — such an update and the progress rows it appends as one statement
+  (PostgreSQL);
 * ``ASYNC_COMMIT`` — that condition: ``synchronous_commit`` off for the statement's own
   transaction (``set_config(..., true)``, the function form of ``SET LOCAL``), so the write
   stays one statement.
@@ -23,6 +25,8 @@ The callers (``ExecutionManager.claim``, ``ExecutionProgressManager.append``,
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from django.db import connections, models
@@ -121,4 +125,32 @@ def claim_sql(
         f"RETURNING {columns}"
     )
     params += [meta.pk.get_db_prep_value(pk, connection), *(str(s) for s in statuses)]
+    return sql, params
+
+
+def progress_append_sql(
+    progress_model: type[models.Model],
+    using: str,
+    update_sql: str,
+    update_params: list[Any],
+    first_seq: int,
+    changes: Sequence[tuple[str, Any, Any]],
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: ``WITH claimed AS (<update> RETURNING id) INSERT INTO <progress> ... SELECT
+    ... FROM claimed``, the rows ``first_seq, first_seq+1, ...`` of ``changes`` appended
+    exactly when the conditional update matched (``ExecutionProgressManager.append``)."""
+    quote = connections[using].ops.quote_name
+    target = progress_model._meta.get_field("execution").target_field  # type: ignore[union-attr]
+    pk = quote(str(target.column))
+    table = quote(progress_model._meta.db_table)
+    tuples = ", ".join(["(%s, %s, %s, %s)"] * len(changes))
+    params: list[Any] = list(update_params)
+    for n, (kind, path, payload) in enumerate(changes):
+        params += [first_seq + n, kind, json.dumps(list(path)), json.dumps(payload)]
+    sql = (
+        f"WITH claimed AS ({update_sql} RETURNING {pk}) "
+        f"INSERT INTO {table} (execution_id, seq, kind, path, payload) "
+        f"SELECT claimed.{pk}, v.seq, v.kind, v.path::jsonb, v.payload::jsonb "
+        f"FROM claimed CROSS JOIN (VALUES {tuples}) AS v (seq, kind, path, payload)"
+    )
     return sql, params

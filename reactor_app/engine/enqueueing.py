@@ -92,32 +92,20 @@ def enqueue(
     note_sent(execution_id)
 
 
-def enqueue_on_commit(
-    execution_id: Any,
-    *,
-    countdown: float | None = None,
-    priority: int | None = None,
-    start: str | None = None,
-) -> None:
-    """Enqueue once the current transaction commits, so a worker always finds the row.
+def enqueue_on_commit(execution_id: Any, **options: Any) -> None:
+    """Enqueue once the current transaction commits, so a worker always finds the row
+    (``options``: ``enqueue``'s ``countdown``, ``priority``, ``start``).
 
     The row is the outbox: once it is committed the work will run, so a broker that cannot
     take the message is logged, not raised — raising would invite the caller to retry a call
     that already succeeded (and run twice). The sweeper (``sweep``) enqueues the row later.
     """
-    transaction.on_commit(
-        lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown, priority, start)
-    )
+    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, **options))
 
 
-def _enqueue_or_leave_to_sweeper(
-    execution_id: Any,
-    countdown: float | None,
-    priority: int | None = None,
-    start: str | None = None,
-) -> None:
+def _enqueue_or_leave_to_sweeper(execution_id: Any, **options: Any) -> None:
     try:
-        enqueue(execution_id, countdown=countdown, priority=priority, start=start)
+        enqueue(execution_id, **options)
     except Exception as exc:
         note_unsent(execution_id, exc)  # what a wait() on it is told
         logger.warning(
@@ -259,10 +247,8 @@ def run_async(
     due = max(now, run_after) if run_after is not None else now
     if placed is not None:
         due = max(due, now + timedelta(seconds=placed.due_in))
-    # Outside a caller's transaction and with no burst to settle, the row's INSERT is the whole
-    # write and the message follows it: in autocommit that is one round trip, where a
-    # transaction of its own added a BEGIN and a COMMIT to every call. Inside one, a savepoint
-    # keeps a lost idempotency race (IntegrityError) from breaking the caller's transaction.
+    # No burst to settle, outside a transaction: the INSERT alone (autocommit), not BEGIN, INSERT,
+    # COMMIT. Inside one, a savepoint keeps a lost idempotency race from breaking it.
     alone = burst is None and not transaction.get_connection().in_atomic_block
     try:
         with contextlib.nullcontext() if alone else transaction.atomic():
@@ -390,7 +376,7 @@ def _take_position_then_enqueue(
         logger.exception("could not take execution %s to enqueue it", execution.id)
         return  # the sweeper enqueues it
     _take_position_at_enqueue(reactor, line, execution)
-    _enqueue_or_leave_to_sweeper(execution.id, countdown, priority)
+    _enqueue_or_leave_to_sweeper(execution.id, countdown=countdown, priority=priority)
 
 
 def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Execution) -> None:
