@@ -17,6 +17,12 @@ one after another, in an order that rotates from one repetition to the next, so 
 in the machine's load falls on each of them alike; the ratios are taken within a repetition.
 
     python bench/worker_throughput.py [--executions 200] [--repetitions 5] [--processes 2]
+                                      [--ignore-delivery-results]
+
+``reactor_app.run_execution`` stores its summary in the result backend as the Celery tasks
+store their results (the default); ``--ignore-delivery-results`` measures a deployment that
+turns that off (``ignore_result=True`` through ``task_annotations``, docs/operations.md): the
+execution row is its result, and nothing in reactor_app reads the stored summary.
 
 It uses the demo project's settings: ``DATABASE_URL`` / ``REDIS_URL`` when set, else SQLite
 and the embedded Redis (the Celery result backend is the demo's: ``django-db``). It migrates
@@ -62,6 +68,13 @@ from celery import chain, shared_task  # noqa: E402
 from reactor_app import Reactor, Step, Success, from_input, from_result, step  # noqa: E402
 from reactor_app.conf import reactor_settings  # noqa: E402
 from reactor_app.coordination.redis import get_client  # noqa: E402
+
+if os.environ.get("BENCH_IGNORE_DELIVERY_RESULTS") == "1":
+    # --ignore-delivery-results: the delivery task's summary not stored in the result backend
+    # (this module is imported by the worker too)
+    from reactor_app.tasks import run_execution
+
+    run_execution.ignore_result = True
 
 FILLER = "x" * 150
 
@@ -194,6 +207,12 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0, help="per workload and run")
+    parser.add_argument(
+        "--ignore-delivery-results",
+        action="store_true",
+        help="do not store reactor_app.run_execution's return value in the result backend "
+        "(ignore_result=True), while the Celery tasks' results still are",
+    )
     options = parser.parse_args()
     if min(options.executions, options.repetitions, options.processes) < 1:
         parser.error("--executions, --repetitions and --processes must be at least 1")
@@ -203,6 +222,13 @@ def main() -> None:
     from bench._support import BenchWorker, backend
     from reactor_app.models import Execution
 
+    if options.ignore_delivery_results:
+        # read by this module at import, in this process (already imported: set it here too)
+        # and in the worker, which inherits the environment
+        os.environ["BENCH_IGNORE_DELIVERY_RESULTS"] = "1"
+        from reactor_app.tasks import run_execution
+
+        run_execution.ignore_result = True
     call_command("migrate", verbosity=0)
     worker = BenchWorker(
         "bench.worker_throughput",

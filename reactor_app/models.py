@@ -94,6 +94,10 @@ class Execution(models.Model):
 
     objects = ExecutionManager()
 
+    #: not a column: True on a row returned by a delivery's claim statement that also wrote
+    #: the pass's start (``ExecutionManager.claim``)
+    claimed_start = False
+
     class Meta:
         ordering = ("-created_at",)
         indexes = [

@@ -80,7 +80,18 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
     # beat_schedule()), and the engine imports the models
     from reactor_app.engine.delivery import deliver
 
-    return deliver(execution_id, task_id=self.request.id, requeue_token=requeue_token)
+    # a new execution's first step, in a message header rather than an argument: a worker of
+    # an earlier version ignores a header it does not know (engine.enqueueing.START_HEADER)
+    # (a worker's request carries custom headers as attributes, an eager ``apply`` in .headers)
+    start = getattr(self.request, "reactor_start", None) or (self.request.headers or {}).get(
+        "reactor_start"
+    )
+    return deliver(
+        execution_id,
+        task_id=self.request.id,
+        requeue_token=requeue_token,
+        start=start if isinstance(start, str) and start else None,
+    )
 
 
 @shared_task(name="reactor_app.sweep", acks_late=True)

@@ -24,7 +24,7 @@ How a task becomes a reactor (docs/tasks.md has the user's view):
   is stored with its heartbeat at the due time, so the sweeper (which re-sends pending rows
   whose heartbeat is older than ``REACTOR_SWEEP_AFTER``) can only re-send it after it is due.
 * ``priority`` is ``run_async``'s (the same -100 to 100): the Celery message's priority
-  (``engine.enqueueing.celery_priority`` maps it onto the broker's 0 to 9; brokers that order
+  (``engine.priority.celery_priority`` maps it onto the broker's 0 to 9; brokers that order
   by priority honour it, others ignore it) and the execution's place among the waiters of a
   contended key.
 * ``get_result`` reads the execution row: its status, timestamps, the error, and one attempt

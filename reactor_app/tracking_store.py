@@ -17,6 +17,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from reactor_app.models import CoordinationEvent, Execution, StepRun
+from reactor_app.row_statements import ASYNC_COMMIT
 from reactor_app.serialization import _Encoder, to_json
 from reactor_app.status import ExecutionStatus
 
@@ -72,13 +73,20 @@ def write_rows(
         for _, pk, fields in snapshot
         if pk is not None
     ]
+    behind = _commits_behind()
     try:
-        with _flush_transaction(raw_events, new_steps, updates, progress):
+        transaction_of_its_own = _flush_transaction(raw_events, new_steps, updates, progress)
+        with transaction_of_its_own or nullcontext():
+            if behind and transaction_of_its_own:
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            # one statement outside any transaction: the setting rides in the statement
+            alone = behind and not transaction_of_its_own
             if raw_events:
-                _insert(CoordinationEvent, raw_events, returning=False)
+                _insert(CoordinationEvent, raw_events, returning=False, commit_behind=alone)
             if new_steps:
                 step_rows = [_step_values(fields) for _, fields in new_steps]
-                pks = _insert(StepRun, step_rows, returning=True)
+                pks = _insert(StepRun, step_rows, returning=True, commit_behind=alone)
             if updates:
                 StepRun.objects.bulk_update(updates, STEP_CLOSING_FIELDS)
             for pk, fields in progress.items():
@@ -98,10 +106,23 @@ def write_rows(
     return len(raw_events) + len(new_steps) + len(updates) + len(progress)
 
 
+def _commits_behind() -> bool:
+    """Whether this flush commits without waiting for the WAL flush: on PostgreSQL, outside a
+    caller's transaction (there the setting would change the caller's whole commit).
+
+    WHY: these rows are written behind the work already — a hard crash of the process loses
+    its buffer — and a database crash may now lose their last fraction of a second too, never
+    corrupt them. A worker delivery's history is followed at once by its end, a synchronous
+    commit that flushes the WAL up to and past it; an in-process run's by its final write,
+    likewise (docs/operations.md, "Checkpoints")."""
+    connection = connections["default"]
+    return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+
 def _flush_transaction(
     raw_events: list[Row], new_steps: list[Any], updates: list[Any], progress: dict[Any, Any]
 ) -> Any:
-    """The transaction around one flush — none when the flush is one statement outside any
+    """The transaction around one flush — None when the flush is one statement outside any
     transaction (one table's rows, few enough for one INSERT: a worker delivery's step runs,
     a ``Step.call``'s events): a statement is atomic on its own, and the ``BEGIN`` and
     ``COMMIT`` were two of the few round trips a delivery makes (docs/benchmarks.md, "Growth
@@ -114,7 +135,7 @@ def _flush_transaction(
         and rows < min(COPY_FROM, INSERT_BATCH)
     )
     if one_statement and not connections["default"].in_atomic_block:
-        return nullcontext()
+        return None
     return transaction.atomic()
 
 
@@ -188,11 +209,17 @@ def _step_values(fields: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(fields.get(name, _MISSING.get(name)) for name in _COLUMNS[StepRun])
 
 
-def _insert(model: type[Any], rows: list[Row], *, returning: bool) -> list[Any]:
+def _insert(
+    model: type[Any], rows: list[Row], *, returning: bool, commit_behind: bool = False
+) -> list[Any]:
     """Multi-row INSERTs of ``rows`` (each its values in ``_COLUMNS`` order, JSON fields not
     yet JSON) on the default connection; the new pks when ``returning``. On PostgreSQL the
     rows go through ``COPY`` instead (``_copy``), with pks taken from the table's sequence
-    first when they are needed.
+    first when they are needed. ``commit_behind`` (PostgreSQL, one statement outside any
+    transaction): ``INSERT ... SELECT ... FROM (VALUES ...) WHERE`` the condition that turns
+    ``synchronous_commit`` off for the statement's own transaction
+    (``row_statements.ASYNC_COMMIT``), each value cast to its column's type, as a literal in
+    an ``INSERT ... VALUES`` would be.
 
     Not ``bulk_create``: its per-field preparation made writing a step run cost the writer
     (and, at the end of a run, the caller) more than running the step. Values are adapted here
@@ -223,6 +250,11 @@ def _insert(model: type[Any], rows: list[Row], *, returning: bool) -> list[Any]:
             adapters.append(None)
     names = ", ".join(quote(field.column) for field in fields)
     one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    typed_row = (
+        "(" + ", ".join(f"%s::{field.cast_db_type(connection)}" for field in fields) + ")"
+        if commit_behind
+        else one_row
+    )
     pks: list[Any] = []
     with connection.cursor() as cursor:
         raw: Any = getattr(cursor, "cursor", None)
@@ -254,9 +286,16 @@ def _insert(model: type[Any], rows: list[Row], *, returning: bool) -> list[Any]:
             for row in batch:
                 for value, adapt in zip(row, adapters, strict=True):
                     params.append(adapt(value) if adapt is not None else value)
-            sql = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES " + ", ".join(
-                [one_row] * len(batch)
-            )
+            if commit_behind:
+                sql = (
+                    f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM (VALUES "
+                    + ", ".join([typed_row] * len(batch))
+                    + f") AS v WHERE {ASYNC_COMMIT}"
+                )
+            else:
+                sql = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES " + ", ".join(
+                    [one_row] * len(batch)
+                )
             if returning:
                 sql += f" RETURNING {quote(meta.pk.column)}"
             cursor.execute(sql, params)

@@ -9,8 +9,9 @@ boundaries and checkpoints read it at most every ``REACTOR_CANCEL_POLL`` seconds
 0.05) per run; a cancel requested by the very process running the execution is seen at its
 next boundary. After a body that holds coordination the flag is not read on its own: the
 step's release reads it in the same round trip (``flag_keys``, ``Gate.exit_unless``) and
-counts as a read (``note_clear``). What a cancel does with the flag is told in
-``engine.cancel``.
+counts as a read (``note_clear``). A worker delivery reads its execution's flag in the round
+trip of its claim (``note_read``), and the start of its pass uses that read. What a cancel does
+with the flag is told in ``engine.cancel``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ _checked: OrderedDict[tuple[str, ...], float] = OrderedDict()
 _CHECKED_KEPT = 4096
 #: executions cancelled by this very process: its own runs see them at the next boundary
 _requested_here: set[str] = set()
+#: flags read in the round trip of a delivery's claim (``note_read``): execution id -> (the
+#: raw value, monotonic time of the read), used once by the start of that delivery's pass
+_read_with_claim: dict[str, tuple[Any, float]] = {}
 _guard = threading.Lock()
 
 
@@ -93,6 +97,14 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
     now = time.monotonic()
     if not ids or (now < _rest[1] and _rest[0] == reactor_settings.version()):
         return None
+    if fresh and len(ids) == 1 and _read_with_claim:
+        with _guard:
+            read = _read_with_claim.pop(ids[0], None)
+        if read is not None and now - read[1] < reactor_settings.CANCEL_POLL:
+            if read[0]:
+                return request_from(read[0])
+            _note_checked(ids, read[1])
+            return None
     if not fresh and not _requested_here.intersection(ids):
         with _guard:
             last = _checked.get(ids)
@@ -133,6 +145,17 @@ def note_clear(*execution_ids: Any) -> None:
     (``flag_keys``). Step boundaries poll from here on (at most ``REACTOR_CANCEL_POLL``
     later, as after any read)."""
     _note_checked(_ids(execution_ids), time.monotonic())
+
+
+def note_read(execution_id: Any, raw: Any) -> None:
+    """The flag of ``execution_id`` as a delivery's claim read it, in the claim's own round
+    trip (``engine.claim.ExecutionClaim.acquire``). The start of that delivery's pass — a
+    fresh read of this one flag — takes it instead of reading again, if it is younger than
+    ``REACTOR_CANCEL_POLL``: the guarantee every boundary's poll gives. Used once."""
+    with _guard:
+        if len(_read_with_claim) >= _CHECKED_KEPT:
+            _read_with_claim.clear()  # only a shortcut: an unused read means one more read
+        _read_with_claim[str(execution_id)] = (raw, time.monotonic())
 
 
 def flag_keys(*execution_ids: Any) -> list[str]:

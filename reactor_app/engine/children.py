@@ -30,10 +30,11 @@ from django.utils import timezone
 
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.engine.async_order import enter_settled, stamp
-from reactor_app.engine.enqueueing import enqueue_on_commit, message_priority
+from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.hand_off_guard import guard_hand_off
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd, UnitStatus
+from reactor_app.engine.priority import message_priority
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.runner import StepOutcome, validate_arguments
 from reactor_app.engine.state import (

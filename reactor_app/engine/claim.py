@@ -51,8 +51,26 @@ class ExecutionClaim:
         self._lock = self.client.lock(self.name, timeout=self.ttl, thread_local=False)
         self._renewing = False
 
-    def acquire(self, wait: float = 0.0) -> bool:
+    def acquire(self, wait: float = 0.0, *, read_with: tuple[str, ...] = ()) -> bool:
+        """Take the claim, waiting up to ``wait`` seconds for another delivery's to go.
+        ``read_with``: keys read in the same round trip as the first attempt (a pipeline: one
+        round trip, not a transaction), their values left in ``self.read`` — the delivery
+        reads its cancel flag so (``engine.cancel_flag.note_read``). A claim taken elsewhere
+        waits as before, and leaves ``read`` None."""
+        self.read: list[Any] | None = None
         with unavailable_on_connection_error(key=self.name, primitive="claim"):
+            if read_with:
+                token = self.client.get_encoder().encode(self.owner)
+                pipe = self.client.pipeline(transaction=False)
+                # what redis-py's Lock.acquire sends (SET NX PX with the owner's token)
+                pipe.set(self.name, token, nx=True, px=int(self.ttl * 1000))
+                for name in read_with:
+                    pipe.get(name)
+                taken, *values = pipe.execute()
+                if taken:
+                    self._lock.local.token = token  # the Lock's own record of its token
+                    self.read = values
+                    return True
             return bool(
                 self._lock.acquire(
                     blocking=wait > 0, blocking_timeout=wait or None, token=self.owner

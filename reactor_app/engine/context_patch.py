@@ -10,12 +10,7 @@ store then writes the whole skeleton instead (docs/operations.md, "Checkpoints")
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any, Literal
-
-from django.db import models
-from django.db.models import F
-from django.db.models.expressions import Expression
 
 OpKind = Literal["set", "extend", "remove"]
 #: one change of the stored state: set a path, append a list of entries to the array at a
@@ -29,25 +24,20 @@ PATCHING_VENDORS = ("postgresql", "sqlite")
 MAX_NESTING = 40
 
 
-class ContextPatch(Expression):
+class ContextPatch:
     """The ``context`` column with ``ops`` applied, as one SQL expression (see the module
-    docstring for the functions per backend)."""
+    docstring for the functions per backend). Not a Django ``Expression``: a delivery's
+    statements are built without the ORM's compiler (``row_statements.conditional_update``
+    calls ``sql_on``), and an expression built a ``JSONField`` per write."""
 
     def __init__(self, ops: list[Op]) -> None:
-        super().__init__(output_field=models.JSONField())
         self.ops = ops
-        self.source: Any = F("context")
 
-    def get_source_expressions(self) -> list[Any]:
-        return [self.source]
-
-    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
-        (self.source,) = exprs
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        column, column_params = compiler.compile(self.source)
-        sql, params = column, list(column_params)
-        postgres = connection.vendor == "postgresql"
+    def sql_on(self, column: str, vendor: str) -> tuple[str, list[Any]]:
+        """The patched value of ``column`` (its SQL) on ``vendor``, with its params: what a
+        delivery's statement carries (``row_statements.conditional_update``)."""
+        sql, params = column, []
+        postgres = vendor == "postgresql"
         for kind, path, value in self.ops:
             # (a context patch only sets and removes top-level keys: what grows is in rows)
             if postgres:
@@ -63,7 +53,7 @@ class ContextPatch(Expression):
             else:
                 sql = f"json_remove({sql}, %s)"
                 params.append(sqlite_path(path))
-        return sql, tuple(params)
+        return sql, params
 
 
 def sqlite_path(path: tuple[str, ...]) -> str:

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from reactor_app.coordination import debounce
@@ -138,11 +138,15 @@ def at_delivery(execution: Execution, burst_key: str) -> str | None:
     if me not in burst or burst[-1] == me:
         return None
     newest = burst[-1]
-    if not Execution.objects.filter(pk=newest).exists():
-        return "wait"
     try:
+        if not Execution.objects.filter(pk=newest).exists():
+            return "wait"
         Execution.objects.supersede([execution.pk], newest, timezone.now())
-    except IntegrityError:
+    except DatabaseError:
+        # the latest's row went missing meanwhile (IntegrityError), or the database gave up
+        # on a contended settle: look again shortly rather than fail the delivery (a failed
+        # delivery would leave the start pending until the sweeper)
+        logger.warning("debounced start %s: could not settle at delivery", me, exc_info=True)
         return "wait"
     # marked now, or by the settle of a later start meanwhile: either way it does not run
     return "superseded"

@@ -37,11 +37,13 @@ from django.utils import timezone
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine import debounce
+from reactor_app.engine.cancel_flag import flag_keys, note_read
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
-from reactor_app.engine.enqueueing import enqueue_quietly, message_priority
+from reactor_app.engine.enqueueing import enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
+from reactor_app.engine.priority import message_priority
 from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
@@ -56,13 +58,19 @@ RUNNABLE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING, ExecutionStatus.PA
 
 
 def deliver(
-    execution_id: str, *, task_id: str | None = None, requeue_token: str | None = None
+    execution_id: str,
+    *,
+    task_id: str | None = None,
+    requeue_token: str | None = None,
+    start: str | None = None,
 ) -> dict[str, Any]:
     """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
 
     ``requeue_token`` marks the countdown requeue of one park; it is dropped when the execution
     has parked again since (that newer park has its own requeue), so leftover requeues never
-    pile up into extra contention attempts.
+    pile up into extra contention attempts. ``start`` (a new execution's message names its
+    first step, ``engine.enqueueing.run_async``): the claim statement also writes the pass's
+    start when the row is still pending and never started — one statement fewer.
     """
     summary: dict[str, Any] = {"execution_id": execution_id}
     execution: Execution | None = None
@@ -82,7 +90,10 @@ def deliver(
     try:
         # building the claim may reach Redis already (a cluster client maps its slots)
         claim = ExecutionClaim(execution_id, delivery_owner(task_id))
-        claimed = claim.acquire(wait=CLAIM_WAIT)
+        # the cancel flag in the claim's round trip: the pass's start reads it from there
+        claimed = claim.acquire(wait=CLAIM_WAIT, read_with=tuple(flag_keys(execution_id)))
+        if claim.read is not None:
+            note_read(execution_id, claim.read[0])
     except CoordinationUnavailable:
         execution = execution or Execution.objects.filter(pk=execution_id).first()
         if execution is None or execution.status not in RUNNABLE:
@@ -113,7 +124,9 @@ def deliver(
         claim.start_renewal()
         # The claim statement: the row as it is now, with a new claim generation that every
         # later write of this delivery is conditional on (a terminal status is final)
-        claimed_row = Execution.objects.claim(execution_id, RUNNABLE)
+        claimed_row = Execution.objects.claim(
+            execution_id, RUNNABLE, start=start if requeue_token is None else None
+        )
         if claimed_row is None:
             # gone, or ended (meanwhile): report what it ended as
             return {**summary, **_unrunnable(Execution.objects.filter(pk=execution_id).first())}
@@ -215,10 +228,12 @@ def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
     was_parked = execution.status == ExecutionStatus.PARKED
     # Still "running" although this delivery now holds the claim: the delivery that set it
     # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
-    taken_over = execution.status == ExecutionStatus.RUNNING
+    # (unless the claim statement itself just started it)
+    taken_over = execution.status == ExecutionStatus.RUNNING and not execution.claimed_start
     run = ExecutionRun(
         lookup(execution.reactor), execution, dict(execution.inputs), policy=ON_WORKER
     )
+    run.started_by_claim = execution.claimed_start
     run.on_persist = claim.check
     if taken_over:
         drop_stale_holds(run)

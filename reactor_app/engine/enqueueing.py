@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from celery import current_app
 from django.db import IntegrityError, transaction
@@ -35,12 +34,12 @@ from reactor_app.coordination.claims import (
 from reactor_app.engine import debounce as debounced
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.outcomes import PassEnd
+from reactor_app.engine.priority import checked_priority, message_priority
 from reactor_app.engine.result import Result, note_sent, note_unsent
 from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
     IdempotencyKeyReused,
     InputNotSerializable,
-    InputValidationError,
     ReactorError,
 )
 from reactor_app.models import Execution
@@ -52,13 +51,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: broker URL schemes of kombu's Redis transport (priority 0 served first)
-REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 
 #: the task a delivery runs (``reactor_app.tasks.run_execution``), found by name in the current
 #: Celery app's registry: the tasks hand back to the engine, so the engine does not import them
 #: (``ReactorAppConfig.ready`` imports the tasks module, which registers them)
 RUN_EXECUTION = "reactor_app.run_execution"
+#: the message header naming a new execution's first step: its delivery's claim statement then
+#: writes the pass's start too (``engine.delivery.deliver``). A header, not an argument, so a
+#: message sent by this version to a worker of an earlier one still runs there.
+START_HEADER = "reactor_start"
 
 
 def enqueue(
@@ -67,11 +68,12 @@ def enqueue(
     countdown: float | None = None,
     requeue_token: str | None = None,
     priority: int | None = None,
+    start: str | None = None,
 ) -> None:
     """Send the execution's task (identities only: the execution id, and for a park's own
     requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
     queue when that is not set. ``priority`` is the message's (Celery's 0 to 9 scale), for brokers
-    that order by it."""
+    that order by it. ``start``: a new execution's first step (``START_HEADER``)."""
     options: dict[str, Any] = {}
     queue = reactor_settings.CELERY_QUEUE
     if queue:
@@ -81,27 +83,26 @@ def enqueue(
     if priority is not None:
         options["priority"] = priority
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
+    if start:
+        options["headers"] = {START_HEADER: start}
     current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
     note_sent(execution_id)
 
 
-def enqueue_on_commit(
-    execution_id: Any, *, countdown: float | None = None, priority: int | None = None
-) -> None:
-    """Enqueue once the current transaction commits, so a worker always finds the row.
+def enqueue_on_commit(execution_id: Any, **options: Any) -> None:
+    """Enqueue once the current transaction commits, so a worker always finds the row
+    (``options``: ``enqueue``'s ``countdown``, ``priority``, ``start``).
 
     The row is the outbox: once it is committed the work will run, so a broker that cannot
     take the message is logged, not raised — raising would invite the caller to retry a call
     that already succeeded (and run twice). The sweeper (``sweep``) enqueues the row later.
     """
-    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, countdown, priority))
+    transaction.on_commit(lambda: _enqueue_or_leave_to_sweeper(execution_id, **options))
 
 
-def _enqueue_or_leave_to_sweeper(
-    execution_id: Any, countdown: float | None, priority: int | None = None
-) -> None:
+def _enqueue_or_leave_to_sweeper(execution_id: Any, **options: Any) -> None:
     try:
-        enqueue(execution_id, countdown=countdown, priority=priority)
+        enqueue(execution_id, **options)
     except Exception as exc:
         note_unsent(execution_id, exc)  # what a wait() on it is told
         logger.warning(
@@ -147,54 +148,6 @@ def _worker_context(priority: int | None = None, burst: str | None = None) -> di
     state.origin.priority = priority or None
     state.origin.debounce = burst
     return state.to_json()
-
-
-def in_process_context(priority: int) -> dict[str, Any]:
-    """The starting state of a ``run(priority=...)`` in the caller's process: the priority
-    its units wait with (``ExecutionRun.priority``), and every child it dispatches."""
-    state = ExecutionState()
-    state.origin.priority = priority
-    return state.to_json()
-
-
-#: the range of ``run_async(priority=...)`` (the ``django.tasks`` API's), higher first
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
-
-
-def checked_priority(
-    reactor: type[Reactor], priority: Any, *, call: str = "run_async"
-) -> int | None:
-    """``priority`` if it is an int in ``MIN_PRIORITY..MAX_PRIORITY`` (None: the default, 0),
-    else ``InputValidationError`` — raised at the ``call``, before anything is stored."""
-    if priority is None:
-        return None
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        problem = f"must be an int, got {priority!r}"
-    elif not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        problem = f"must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
-    else:
-        return priority
-    raise InputValidationError(
-        f"{call} of {reactor.__qualname__}: priority {problem}",
-        reactor=reactor.path(),
-        step=None,
-        field_errors={"priority": problem},
-    )
-
-
-def celery_priority(priority: int) -> int:
-    """A priority (-100 lowest to 100 highest) as the Celery message's, on the broker's own 0
-    to 9 scale: 9 is the highest on AMQP, but the Redis transport serves its priority lists
-    from 0 up, so there 0 is the highest."""
-    step = round((priority - MIN_PRIORITY) * 9 / (MAX_PRIORITY - MIN_PRIORITY))
-    scheme = urlsplit(str(current_app.conf.broker_url or "")).scheme
-    return 9 - step if scheme.split("+")[0] in REDIS_SCHEMES else step
-
-
-def message_priority(priority: int | None) -> int | None:
-    """The Celery message priority of an execution of ``priority`` (its state's), or None for
-    the default: such a message is sent as every other execution's is."""
-    return celery_priority(priority) if priority else None
 
 
 def run_async(
@@ -253,8 +206,11 @@ def run_async(
     due = max(now, run_after) if run_after is not None else now
     if placed is not None:
         due = max(due, now + timedelta(seconds=placed.due_in))
+    # No burst to settle, outside a transaction: the INSERT alone (autocommit), not BEGIN, INSERT,
+    # COMMIT. Inside one, a savepoint keeps a lost idempotency race from breaking it.
+    alone = burst is None and not transaction.get_connection().in_atomic_block
     try:
-        with transaction.atomic():
+        with contextlib.nullcontext() if alone else transaction.atomic():
             execution = Execution.objects.start(
                 id=execution_id,
                 reactor=reactor.path(),
@@ -270,6 +226,8 @@ def run_async(
                 execution,
                 countdown=(due - now).total_seconds() or None,
                 priority=message_priority(priority),
+                # a burst's start is decided at delivery (engine.debounce): no start at claim
+                start=reactor.plan.order[0] if burst is None and reactor.plan.order else None,
             )
             if burst is not None and placed is not None:
                 debounced.settle_on_commit(burst, placed.earlier, str(execution_id))
@@ -315,6 +273,7 @@ def enqueue_new_on_commit(
     *,
     countdown: float | None = None,
     priority: int | None = None,
+    start: str | None = None,
 ) -> None:
     """A new execution's task, sent once the current transaction commits — for a reactor with
     an ordered lock, after taking its position in the line (``_take_position_then_enqueue``).
@@ -324,7 +283,7 @@ def enqueue_new_on_commit(
     are at the call."""
     line = _ordered_line(reactor, inputs)
     if line is None:
-        enqueue_on_commit(execution.id, countdown=countdown, priority=priority)
+        enqueue_on_commit(execution.id, countdown=countdown, priority=priority, start=start)
         return
     transaction.on_commit(
         functools.partial(
@@ -376,7 +335,7 @@ def _take_position_then_enqueue(
         logger.exception("could not take execution %s to enqueue it", execution.id)
         return  # the sweeper enqueues it
     _take_position_at_enqueue(reactor, line, execution)
-    _enqueue_or_leave_to_sweeper(execution.id, countdown, priority)
+    _enqueue_or_leave_to_sweeper(execution.id, countdown=countdown, priority=priority)
 
 
 def _take_position_at_enqueue(reactor: type[Reactor], line: str, execution: Execution) -> None:

@@ -160,6 +160,9 @@ class ExecutionRun:
         #: the row was inserted already running (``run_reactor``): the first pass's "mark
         #: running" write is that INSERT, so a caller waits for one statement less
         self.inserted_running = False
+        #: a worker delivery's claim statement started this pass (``engine.delivery``): the
+        #: start is not written again
+        self.started_by_claim = False
 
     def _new_held_keys(self) -> HeldKeys:
         # A worker delivery mirrors what it holds in Redis, so that the delivery taking over
@@ -279,11 +282,19 @@ class ExecutionRun:
     # -- the main loop --------------------------------------------------------------------
 
     def execute(self) -> RunEnd:
-        resuming = self.execution.started_at is not None and not self.inserted_running
+        resuming = (
+            self.execution.started_at is not None
+            and not self.inserted_running
+            and not self.started_by_claim
+        )
         # created by this very call: nobody could have cancelled it yet (cancel_flag.note_clear)
         created_here = self.inserted_running
         if self.inserted_running:
             self.inserted_running = False
+        elif self.started_by_claim:
+            # the delivery's claim statement wrote this start (``ExecutionManager.claim``):
+            # status, ``started_at`` and the first step, durable with the claim
+            self.started_by_claim = False
         else:
             # On a worker the start is written like a checkpoint, without waiting for the WAL
             # flush: the claim statement before it was durable, and a database crash that

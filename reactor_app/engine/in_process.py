@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from reactor_app.engine.cancel_flag import note_clear
-from reactor_app.engine.enqueueing import checked_priority, hand_off_new, in_process_context
+from reactor_app.engine.enqueueing import hand_off_new
 from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.inputs import input_errors
+from reactor_app.engine.priority import checked_priority, in_process_context
 from reactor_app.engine.result import Result
 from reactor_app.models import Execution
 from reactor_app.serialization import encode

@@ -51,8 +51,9 @@ WAL flush on PostgreSQL (``synchronous_commit`` off for the statement's transact
 statement itself: ``set_config(..., true)``, the function form of ``SET LOCAL``, so the write
 stays one statement): a database crash may lose the
 last fraction of a second of progress — those units re-run, as after a worker crash — never
-corrupt it. The start of a pass and its end (status writes) stay synchronous
-(docs/operations.md, "Checkpoints").
+corrupt it. The claim (with a new execution's start, ``ExecutionManager.claim``) and a pass's
+end (status writes) stay synchronous (docs/operations.md, "Checkpoints"). The statements are
+spelled by ``row_statements`` (SQL built per write, not the ORM's update compiler).
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
-from django.db import DatabaseError, connections, models
-from django.db.models.expressions import RawSQL
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
@@ -78,6 +78,7 @@ from reactor_app.engine.context_patch import (
 from reactor_app.engine.state import FOLDED, ROWS, CompletedStep, ExecutionState, MapProgress
 from reactor_app.engine.worker import ClaimLost
 from reactor_app.models import Execution, ExecutionProgress
+from reactor_app.row_statements import conditional_update
 from reactor_app.serialization import encode
 
 RESULTS, COMPLETED, MAP_PROGRESS = "results", "completed", "map_progress"
@@ -317,17 +318,20 @@ class ProgressStore:
             values["context"] = context
         elif ops:
             values["context"] = ContextPatch(ops)
-        rows = Execution.objects.using(using).filter(
-            pk=execution.pk, claim_generation=self.generation
+        update = conditional_update(
+            Execution,
+            using,
+            execution.pk,
+            self.generation,
+            values,
+            async_commit=_async_commit(using, durable=durable),
         )
-        if _async_commit(using, durable=durable):
-            rows = rows.filter(_ASYNC_COMMIT)
         if appended:
             updated = ExecutionProgress.objects.db_manager(using).append(
-                rows, values, execution.pk, self._rows + 1, appended
+                update, execution.pk, self._rows + 1, appended
             )
         else:
-            updated = rows.update(**values)
+            updated = Execution.objects.db_manager(using).write_conditional(update)
         if not updated:
             if not Execution.objects.using(using).filter(pk=execution.pk).exists():
                 # deleted while it ran (as ``Model.save`` reported it before)
@@ -389,14 +393,6 @@ def _apply(data: dict[str, Any], op: Op) -> None:
         parent.setdefault(last, []).extend(value)
     else:
         parent.pop(last, None)
-
-
-#: ``SET LOCAL synchronous_commit TO OFF`` as a condition of the UPDATE itself: the setting
-#: lasts for the statement's own transaction (autocommit), and a commit reads it when it
-#: happens — one statement, no transaction of its own around it
-_ASYNC_COMMIT = RawSQL(
-    "set_config('synchronous_commit', 'off', true) = 'off'", (), output_field=models.BooleanField()
-)
 
 
 def _async_commit(using: str, *, durable: bool) -> bool:

@@ -307,11 +307,23 @@ _Part = TypeVar("_Part", Origin, Children, Continuation, Ending)
 
 def _dump(part: Origin | Children | Continuation | Ending) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    for f in fields(part):
-        value = getattr(part, f.name)
-        if "key" in f.metadata and value is not None:
-            data[f.metadata["key"]] = value
+    for name, key in _STORED_FIELDS.get(type(part)) or _stored_fields(type(part)):
+        value = getattr(part, name)
+        if value is not None:
+            data[key] = value
     return data
+
+
+def _stored_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    """``(attribute, key)`` of each stored field of a part, worked out once per class
+    (``dataclasses.fields`` builds its tuple anew at every call, and every write of a
+    delivery dumps the state)."""
+    stored = tuple((f.name, f.metadata["key"]) for f in fields(cls) if "key" in f.metadata)
+    _STORED_FIELDS[cls] = stored
+    return stored
+
+
+_STORED_FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}
 
 
 def _load(cls: type[_Part], data: dict[str, Any]) -> _Part:

@@ -274,7 +274,7 @@ def test_the_messages_carry_the_priority_on_the_broker_scale(
     transport the default is the scale's 0, so the lowest priority shows it)."""
     from reactor_app.coordination.admission import Coordinator
     from reactor_app.coordination.claims import Admitted, Holder, LockClaim
-    from reactor_app.engine.enqueueing import celery_priority
+    from reactor_app.engine.priority import celery_priority
 
     settings.REACTOR_WORKER_WAIT = 0
     plain = ChargeReactor.run_async(amount=1, day=date(2026, 1, 1))
@@ -301,7 +301,7 @@ class WithChild(Reactor):
 def test_a_dispatched_child_waits_and_is_sent_with_its_parents_priority(
     nobody_queue: str,
 ) -> None:
-    from reactor_app.engine.enqueueing import celery_priority
+    from reactor_app.engine.priority import celery_priority
 
     parent = WithChild.run_async(amount=3, day=date(2026, 1, 1), priority=-60)
     assert _message_priorities(nobody_queue) == [celery_priority(-60)]

@@ -2,9 +2,11 @@
 
 A delivery runs in this process (``deliver``, the body of the worker task) so that its
 statements can be captured: one claim statement (``UPDATE ... RETURNING``: no ``SELECT`` of the
-row, before it or after), the start, one checkpoint per step but the last (the finish carries
-it), the history in bulk and one finish. Only a park's countdown requeue reads the row first,
-to drop itself when stale.
+row, before it or after) that also writes the start when the message names the first step (as
+``run_async``'s does), one checkpoint per step but the last (the finish carries it), the
+history in bulk and one finish. Only a park's countdown requeue reads the row first, to drop
+itself when stale. (The count went from six to five statements when the start rode with the
+claim: the row the claim returns already says ``running``.)
 A sequential map on a worker checkpoints its elements in batches; in process it writes none of
 them before its end. These are behaviour tests of how many statements are sent, not timings.
 """
@@ -104,7 +106,8 @@ def progress_inserts(sqls: list[str]) -> list[str]:
 def deliver_captured(reactor: type[Reactor], **inputs: Any) -> list[str]:
     execution = reactor.run_async(**inputs)
     with CaptureQueriesContext(connection) as captured:
-        outcome = deliver(str(execution.id))
+        # what the task passes from a new execution's message (its START_HEADER)
+        outcome = deliver(str(execution.id), start=reactor.plan.order[0])
     assert outcome["status"] == ExecutionStatus.SUCCEEDED, outcome
     return statements(captured)
 
@@ -116,10 +119,10 @@ def test_a_delivery_reads_the_row_once_claims_once_and_writes_once_per_step() ->
     assert selects == []  # no look before the claim; the claim returns the row
     claims = [sql for sql in updates if '"claim_generation" + 1' in sql.split(" WHERE ")[0]]
     assert len(claims) == 1 and "RETURNING" in claims[0], claims
-    # the claim, the start, a checkpoint after each step but the last, the finish (carrying
-    # the last step's progress)
-    assert len(updates) == 1 + 1 + 2 + 1, updates
-    assert '"started_at"' in updates[1].split(" WHERE ")[0], updates
+    # the claim with the start (the message named the first step), a checkpoint after each
+    # step but the last, the finish (carrying the last step's progress)
+    assert len(updates) == 1 + 2 + 1, updates
+    assert '"started_at"' in updates[0].split(" WHERE ")[0], updates
     # every write after the claim is conditional on the claim generation
     assert all('"claim_generation" = ' in sql.split(" WHERE ")[1] for sql in updates[1:])
     # the history of the pass: at most one bulk insert per table
@@ -129,10 +132,13 @@ def test_a_delivery_reads_the_row_once_claims_once_and_writes_once_per_step() ->
     # what a step adds is appended as rows in its write's statement (PostgreSQL) or right
     # after it (SQLite): the two checkpoints and the finish
     assert len(appended) == (0 if connection.vendor == "postgresql" else 3), appended
-    # the start and the progress checkpoints skip the WAL-flush wait on PostgreSQL (in the
-    # same statement); the claim and the end (which carries the last step's checkpoint) do not
-    expected_async = [1, 2, 3] if connection.vendor == "postgresql" else []
+    # the progress checkpoints and the history skip the WAL-flush wait on PostgreSQL (in the
+    # same statement); the claim with the start and the end (which carries the last step's
+    # checkpoint, and flushes the history's WAL with its own commit) do not
+    expected_async = [1, 2] if connection.vendor == "postgresql" else []
     assert [i for i, sql in enumerate(updates) if "synchronous_commit" in sql] == expected_async
+    history_async = ["synchronous_commit" in sql for sql in inserts]
+    assert history_async == [connection.vendor == "postgresql"] * len(inserts), inserts
     assert len(sqls) == len(selects) + len(updates) + len(inserts) + len(appended), sqls
 
 
@@ -164,9 +170,9 @@ def test_a_worker_map_writes_its_elements_in_batches(settings: Any, count: int) 
     settings.REACTOR_MAP_CHECKPOINT_SECONDS = 60
     sqls = deliver_captured(MapOver, items=[{"n": i} for i in range(count)])
     updates = on_execution(sqls, "UPDATE")
-    # the claim, the start, one write per full batch of 50, the finish (carrying the step's
-    # checkpoint: the map is the last step)
-    assert len(updates) == 1 + 1 + count // 50 + 1, len(updates)
+    # the claim with the start, one write per full batch of 50, the finish (carrying the
+    # step's checkpoint: the map is the last step)
+    assert len(updates) == 1 + count // 50 + 1, len(updates)
 
 
 @pytest.mark.parametrize("count", [10, 250])
@@ -201,8 +207,8 @@ def test_a_stale_countdown_requeue_reads_the_row_once_and_writes_nothing() -> No
 def test_a_reactor_level_gate_keeps_the_last_checkpoint() -> None:
     sqls = deliver_captured(GatedThreeSteps, n=2)
     updates = on_execution(sqls, "UPDATE")
-    # the claim, the start, a checkpoint after every step, the finish
-    assert len(updates) == 1 + 1 + 3 + 1, updates
+    # the claim with the start, a checkpoint after every step, the finish
+    assert len(updates) == 1 + 3 + 1, updates
 
 
 def test_the_first_delivery_starts_the_execution_and_a_later_one_resumes_it() -> None:
@@ -240,10 +246,91 @@ def test_a_progress_checkpoint_refreshes_the_heartbeat_only_when_it_is_due(
 ) -> None:
     settings.REACTOR_SWEEP_AFTER = sweep_after
     updates = on_execution(deliver_captured(ThreeSteps, n=8), "UPDATE")
-    claim, checkpoints, finish = updates[0], updates[2:-1], updates[-1]  # [1]: the start
+    claim, checkpoints, finish = updates[0], updates[1:-1], updates[-1]  # [0]: with the start
     assert len(checkpoints) == 2, updates
     # the heartbeat is indexed (the sweeper's query): a checkpoint that leaves it alone
     # changes no indexed column; the claim and every status write always refresh it
     assert '"heartbeat_at"' in set_clause(claim) and '"heartbeat_at"' in set_clause(finish)
     refreshed = ['"heartbeat_at"' in set_clause(sql) for sql in checkpoints]
     assert refreshed == ([False, False] if sweep_after == 120.0 else [True, True]), checkpoints
+
+
+def test_a_delivery_whose_message_names_no_first_step_writes_the_start_itself() -> None:
+    """A message without the start header (a sweeper's re-send, one sent by an earlier
+    version): the claim, then the start as its own statement — the same pass."""
+    execution = ThreeSteps.run_async(n=5)
+    with CaptureQueriesContext(connection) as captured:
+        outcome = deliver(str(execution.id))
+    assert outcome["status"] == ExecutionStatus.SUCCEEDED, outcome
+    updates = on_execution(statements(captured), "UPDATE")
+    assert len(updates) == 1 + 1 + 2 + 1, updates
+    assert '"started_at"' not in set_clause(updates[0]) and '"started_at"' in set_clause(updates[1])
+    row = Execution.objects.get(pk=execution.pk)
+    assert row.started_at is not None and row.result["three"]["n"] == 5
+
+
+def test_the_claim_starts_only_a_pending_execution_that_never_started() -> None:
+    """A start named by a message is not applied to an execution that started before (one
+    handed off after its first step): the pass resumes it, from its second step."""
+    seen: list[str] = []
+
+    def receiver(sender: Any, kind: str, execution: Any, **payload: Any) -> None:
+        seen.append(kind)
+
+    started = HandedOff.run(n=6)
+    before = Execution.objects.get(pk=started.execution_id)
+    engine_event.connect(receiver, weak=False)
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            outcome = deliver(str(started.execution_id), start="one")
+    finally:
+        engine_event.disconnect(receiver)
+    assert outcome["status"] == ExecutionStatus.SUCCEEDED, outcome
+    assert seen[0] == EngineEvent.EXECUTION_RESUMED, seen
+    updates = on_execution(statements(captured), "UPDATE")
+    assert '"started_at"' in set_clause(updates[1]), updates  # its own start write
+    row = Execution.objects.get(pk=started.execution_id)
+    assert row.started_at == before.started_at  # not restamped by the claim
+    assert row.result["one"]["n"] == 6 and set(row.result) == {"one", "two", "three"}
+
+
+def test_a_new_execution_s_message_names_its_first_step(settings: Any) -> None:
+    """``run_async`` sends the first step in the message's headers (a worker of an earlier
+    version ignores them); a debounced start is decided at delivery and names none."""
+    from celery import current_app
+
+    from reactor_app.engine.enqueueing import RUN_EXECUTION, START_HEADER
+
+    sent: list[dict[str, Any]] = []
+    task = current_app.tasks[RUN_EXECUTION]
+    original = task.apply_async
+
+    def capture(*args: Any, **options: Any) -> Any:
+        sent.append(options)
+
+    task.apply_async = capture
+    try:
+        ThreeSteps.run_async(n=9)
+        ThreeSteps.run_async(n=9, debounce=("statements-burst", 0.01))
+    finally:
+        task.apply_async = original
+    assert len(sent) == 2, sent
+    assert sent[0].get("headers") == {START_HEADER: "one"}, sent[0]
+    assert "headers" not in sent[1], sent[1]
+
+
+def test_run_async_outside_a_transaction_is_one_insert() -> None:
+    """The row's INSERT alone, in autocommit (a transaction of its own added BEGIN and COMMIT
+    to every call); inside a caller's transaction, a savepoint keeps a lost idempotency race
+    from breaking it."""
+    from django.db import transaction
+
+    with CaptureQueriesContext(connection) as captured:
+        ThreeSteps.run_async(n=10)
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert len(sqls) == 1 and sqls[0].startswith("INSERT") and TABLE in sqls[0], sqls
+    with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+        ThreeSteps.run_async(n=11)
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert [sql.split()[0] for sql in sqls] == ["SAVEPOINT", "INSERT", "RELEASE"], sqls
+    assert Execution.objects.filter(reactor=ThreeSteps.path()).count() == 2

@@ -1,5 +1,5 @@
 """A ``django.tasks`` priority reaches the broker: queued behind busy workers, a higher
-priority call runs first (``reactor_app.engine.enqueueing.celery_priority``).
+priority call runs first (``reactor_app.engine.priority.celery_priority``).
 
 A module of its own, so a worker of its own: Celery raises a worker's prefetch while it holds
 a countdown message (as ``run_after`` and parks send) and lowers it again only eventually, so a
