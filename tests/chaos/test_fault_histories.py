@@ -21,7 +21,8 @@ tested" has the figures).
   register) and the lock's.
 * **On real workers** — holders SIGKILLed in ``test_worker_fault_histories``, the worker's
   coordination Redis restarted empty in ``test_worker_restart_histories``, script replies
-  lost behind a proxy in ``test_worker_lost_replies`` (modules of their own: each has its
+  lost behind a proxy in ``test_worker_lost_replies``, a Sentinel failover (the master
+  SIGKILLed) in ``test_worker_failover_histories`` (modules of their own: each has its
   module's worker).
 
 Every schedule prints its counts (operations checked per primitive). The short runs are part

@@ -1,0 +1,288 @@
+"""A Sentinel failover under real workers (issue 31 item 2; the same fault on threads is
+``test_fault_histories::test_sentinel_failover``): executions of the small reactors of
+``worker_fault_reactors`` — every primitive at step and reactor level, and a step lock whose
+holder writes a row through ``fenced_update`` — run on one real ``celery worker -c 4`` whose
+``REACTOR_REDIS_URL`` is a ``redis+sentinel://`` URL of a master + replica + sentinel set of
+this module's own (not the plugin's ``reactor_redis_sentinel``, which is per test: the
+worker's URL is fixed when it starts). Once bodies run, the master is SIGKILLed and the
+sentinel promotes the replica; the worker follows it (docs/operations.md "Sentinel: failover
+and what it can lose").
+
+Replication is asynchronous, so the replica may lack the master's last writes: the failover is
+a ``lose`` fault, and what is checked is what docs/coordination.md "Guarantees" promises across
+lost state — the same as for a restart (``test_worker_restart_histories``), no more:
+
+* each key's history as the bodies saw it, with the failover a ``lose`` fault — a lost hold
+  may be taken again at once (a lock's or semaphore's exclusion is **not** promised across
+  it), a window or a mark may be forgotten, a line numbers its positions again; but
+  **fencing tokens never go backwards** per key;
+* the fenced row: ``fenced_update`` never accepts a write below an accepted token;
+* **nothing strands**: every execution ends terminal within the recovery bound without an
+  operator, and once they have, no hold is left (after at most a lease) and no ordered line
+  has anyone in flight. A run whose hold was lost under its body (the master gone for longer
+  than the 1 s leases: docs/operations.md sizes lock TTLs above the failover time, these are
+  not) fails with ``LeaseLost``; no other failure is accepted.
+
+That the failover met a running body is made certain, not left to luck: an *anchor* — a step
+lock on a key of its own whose body holds for ``ANCHOR_HOLD`` seconds — is enqueued with the
+rest, and the master is killed as soon as the anchor has entered its body.
+
+A module of its own: its worker points at its sentinel. ``REACTOR_FAULT_SOAK_SECONDS``
+(``make soak``) runs more rounds and failovers, the killed master started again as a replica of
+the new one between them. The operations checked per primitive and level are printed
+(``report``); one run's figures are in docs/operations.md "How coordination is tested".
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reactor_app.testing.history import History, load, operations
+from reactor_app.testing.linearizability import check
+from reactor_app.testing.redis_processes import START_TIMEOUT, client, wait_until
+from reactor_app.testing.servers import SentinelServers, ServerBinaryMissing
+from tests.chaos.fault_histories import SOAK, report
+from tests.chaos.worker_histories import (
+    FENCED_ACCOUNT,
+    SETTLED,
+    enqueue,
+    is_ordered,
+    is_period,
+    models_for,
+    worker_histories,
+    worker_settings,
+)
+
+pytestmark = [pytest.mark.chaos, pytest.mark.sentinel]
+
+#: executions per recorded name (and keys) of one round; ``make soak`` runs one round (and one
+#: failover) per 15 s of ``REACTOR_FAULT_SOAK_SECONDS``, each on keys of its own
+FAILOVER_PLAN = {
+    "lock": (5, 1),
+    "semaphore": (5, 1),
+    "rate_limit": (6, 1),
+    "period": (6, 2),
+    "ordered": (5, 1),
+    "reactor_lock": (4, 1),
+    "reactor_semaphore": (5, 1),
+    "reactor_rate_limit": (5, 1),
+    "reactor_period": (4, 2),
+    "reactor_ordered": (4, 1),
+    "fenced_lock": (6, 1),
+}
+#: seconds the anchor's body holds its lock: the master is killed once it has entered, so the
+#: kill lands inside it unless the machine stalls this long between two looks at the history
+ANCHOR_HOLD = 6.0
+#: seconds every execution gets to end, per round: failover, claim TTL, sweep, backoffs — with
+#: margin for a loaded machine
+SETTLED_WITHIN = 90.0
+
+
+class FailingOverSentinel(SentinelServers):
+    """``SentinelServers`` whose killed master can come back as the new master's replica, so a
+    long run fails over again and again."""
+
+    def rejoin(self, old_port: int) -> None:
+        """Start a server on ``old_port`` replicating the current master; return once it has
+        synced and the sentinel counts it as a healthy replica again."""
+        master = self.master_port()
+        self.servers = [s for s in self.servers if s.port != old_port]
+        args = [*self._common(old_port), "--replicaof", "127.0.0.1", str(master)]
+        self._await_ping(self._spawn(old_port, args, f"rejoined-{old_port}-{secrets.token_hex(2)}"))
+
+        def healthy() -> bool:
+            if client(old_port).info("replication").get("master_link_status") != "up":
+                return False
+            replicas = self.sentinel().execute_command("SENTINEL", "REPLICAS", self.service_name)
+            for entry in replicas:
+                fields = dict(zip(entry[::2], entry[1::2], strict=False))
+                if int(fields.get("port", 0)) == old_port:
+                    return "down" not in str(fields.get("flags", "down"))
+            return False
+
+        wait_until(healthy, START_TIMEOUT * 2, "the killed master to rejoin as a replica")
+
+
+@pytest.fixture(scope="module")
+def sentinel_set() -> Iterator[FailingOverSentinel]:
+    """The worker's coordination Redis: a master + replica + sentinel of this module's own."""
+    try:
+        servers = FailingOverSentinel().start()
+    except ServerBinaryMissing as missing:
+        pytest.skip(str(missing))
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="module")
+def celery_worker_settings(
+    sentinel_set: FailingOverSentinel, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The worker (and the test) coordinate through ``sentinel_set``."""
+    return worker_settings(
+        tmp_path_factory.mktemp("worker-failover-deliveries"), REACTOR_REDIS_URL=sentinel_set.url
+    )
+
+
+@pytest.fixture(scope="module")
+def celery_worker_concurrency() -> int:
+    """More pool processes than the semaphore's slots."""
+    return 4
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_all_primitives_on_real_workers_through_a_sentinel_failover(
+    worker: Any, sentinel_set: FailingOverSentinel, tmp_path: Path
+) -> None:
+    from demo_project.shop.models import Account
+    from reactor_app.models import Execution
+    from reactor_app.testing import coordination_state
+    from tests.chaos.worker_fault_reactors import REACTORS, deliveries
+
+    Account.objects.create(number=FENCED_ACCOUNT, balance=0)
+    path = tmp_path / "history.jsonl"
+    history = History(path)
+    rng = random.Random(31)
+    rounds = 1 + int(SOAK // 15)
+    plan: list[tuple[str, str]] = []
+    enqueued: dict[str, tuple[str, int]] = {}
+    anchors: list[str] = []
+    for _ in range(rounds):
+        # each round's anchor ahead of the round (the queue is first in, first out), so that
+        # the failover meets the round's executions running: a step lock on a key of its own
+        key = f"lock:anchor:{secrets.token_hex(3)}"
+        at = time.monotonic_ns()
+        run = REACTORS["lock"].run_async(key=key, history=str(path), hold=ANCHOR_HOLD)
+        enqueued[str(run.id)] = ("lock", at)
+        anchors.append(str(run.id))
+        batch, more = enqueue(FAILOVER_PLAN, 1, path, rng)
+        plan, enqueued = plan + batch, {**enqueued, **more}
+
+    def entered(execution: str) -> bool:
+        return any(
+            e.f == "entered" and e.type == "ok" and e.process.startswith(f"{execution}:")
+            for e in load(path)
+        )
+
+    failovers: list[tuple[int, int]] = []  # (killed port, promoted port)
+    stop = threading.Event()
+
+    def fail_over_now_and_then() -> None:
+        for anchor in anchors:
+            while not entered(anchor):
+                if stop.wait(0.02):
+                    return
+            fault = history.nemesis("lose", what="sentinel failover: master SIGKILLed")
+            old = sentinel_set.kill_master()
+            new = sentinel_set.wait_for_failover(old)
+            fault.ok()
+            failovers.append((old, new))
+            if len(failovers) < len(anchors):
+                sentinel_set.rejoin(old)
+
+    nemesis = threading.Thread(target=fail_over_now_and_then)
+    nemesis.start()
+    try:
+        end = time.monotonic() + SETTLED_WITHIN * rounds
+        pending = Execution.objects.filter(pk__in=list(enqueued)).exclude(status__in=SETTLED)
+        while pending.exists():
+            assert time.monotonic() < end, (
+                "executions still running past the recovery bound: "
+                f"{list(pending.values_list('status', 'current_step'))}"
+            )
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        nemesis.join(120)
+    assert len(failovers) == rounds, f"{len(failovers)} failovers of {rounds}"
+
+    # every execution ended; a failure only where its step's hold was lost under its body
+    runs = Execution.objects.filter(pk__in=list(enqueued))
+    outcomes = Counter(run.status for run in runs)
+    for run in runs:
+        name = enqueued[str(run.pk)][0]
+        if run.status == "failed":
+            assert "LeaseLost" in str(run.error), (name, run.error)
+        else:
+            allowed = ("succeeded", "halted") if name == "reactor_period" else ("succeeded",)
+            assert run.status in allowed, (name, run.status, run.error)
+
+    # nothing is left held: every hold was released, or lapses with its lease
+    state = coordination_state()
+    deadline = time.monotonic() + 10
+    while state.holds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert state.holds() == [], state.holds()
+    for key in {key for name, key in plan if is_ordered(name)}:
+        line = state.ordered_lock(key)
+        assert line.in_flight is None and not line.positions, (key, line)
+
+    ops = operations(load(path))
+    started = deliveries()
+    assert {o.value["pid"] for o in ops if o.f == "entered"} <= set(started)
+    histories = worker_histories(ops, enqueued, started)
+    models = models_for(histories, lost_state=True)
+    results = {
+        name: check(histories[name], models[name]) for name in [*FAILOVER_PLAN, "fenced row"]
+    }
+    text = report(f"Sentinel failover ({len(failovers)}) on real workers", results)
+    print(text)
+    faults = [o for o in ops if o.f == "lose"]
+    # what the failover met: bodies entered while the master was down or being replaced
+    during = [
+        o
+        for o in ops
+        if o.f == "entered"
+        and any(f.call <= (o.ret or 0) <= (f.ret or 2**63) for f in ops if f.f == "lose")
+    ]
+    ends_at = {o.value["session"]: o.call for o in ops if o.f in ("release", "complete")}
+    holding = [
+        o
+        for o in ops
+        if o.f == "entered"
+        and any((o.ret or 2**63) < f.call < ends_at.get(o.value["session"], 0) for f in faults)
+    ]
+    print(
+        f"  executions: {dict(outcomes)}; failovers (killed, promoted): {failovers}, "
+        f"{sum((f.ret or f.call) - f.call for f in ops if f.f == 'lose') / 1e9:.1f} s in all; "
+        f"bodies holding at a kill: {len(holding)}, entered meanwhile: {len(during)}"
+    )
+    for result in results.values():
+        assert result.valid, text
+
+    # every failover landed while its anchor's body held its key (the anchor made it so)
+    assert len(faults) == rounds
+    for fault, anchor in zip(faults, anchors, strict=True):
+        bodies = [o for o in ops if o.f == "entered" and o.value["execution"] == anchor]
+        assert any(
+            o.ret is not None and o.ret < fault.call < ends_at.get(o.value["session"], 2**63)
+            for o in bodies
+        ), f"the failover did not land inside the anchor's body: {fault.describe()}"
+
+    # the row counts exactly the writes it accepted; some were made, and a write was refused
+    # only after one with a higher token had begun (a stale holder's, not a current one's)
+    writes = [o for o in ops if o.f == "write" and o.status == "ok"]
+    accepted = [o for o in writes if o.value["accepted"]]
+    assert accepted
+    assert Account.objects.get(number=FENCED_ACCOUNT).balance == len(accepted)
+    for refused in (o for o in writes if not o.value["accepted"]):
+        assert any(
+            a.value["token"] > refused.value["token"] and a.call < (refused.ret or 2**63)
+            for a in accepted
+        ), refused
+    # every execution that succeeded, but a period's (whose bucket may be done), ran its body
+    ran = {o.value["execution"] for o in ops if o.f == "entered"}
+    succeeded = {str(pk) for pk in runs.filter(status="succeeded").values_list("pk", flat=True)}
+    assert {e for e in succeeded if not is_period(enqueued[e][0])} <= ran
