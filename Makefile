@@ -93,8 +93,9 @@ pytest: install
 # * the saga model (tests/sagas, docs/testing.md) runs its `soak` Hypothesis profile: batches of
 #   generated workflows until SOAK_SECONDS are spent;
 # * the coordination fault schedules (tests/chaos/test_fault_histories.py,
-#   test_worker_fault_histories.py, test_worker_restart_histories.py and
-#   test_worker_lost_replies.py, docs/operations.md
+#   test_worker_fault_histories.py, test_worker_restart_histories.py,
+#   test_worker_lost_replies.py, test_worker_failover_histories.py and
+#   test_worker_cluster_failover_histories.py (run by make soak only), docs/operations.md
 #   "How coordination is tested") run each fault for FAULT_SOAK_SECONDS instead of a few seconds,
 #   every operation recorded and checked for linearizability;
 # * the fair-sharing test on real workers (tests/worker/test_fair_priority.py) with the issue's
@@ -108,7 +109,8 @@ FAIR_BACKLOG ?= 200
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
 	tests/chaos/test_fault_histories.py tests/chaos/test_worker_fault_histories.py \
 	tests/chaos/test_worker_restart_histories.py tests/chaos/test_worker_lost_replies.py \
-	tests/worker/test_fair_priority.py \
+	tests/chaos/test_worker_failover_histories.py \
+	tests/chaos/test_worker_cluster_failover_histories.py tests/worker/test_fair_priority.py \
 	tests/linearizability/test_checker_properties.py tests/unit/test_undo_order.py \
 	tests/unit/test_codec_round_trip.py tests/unit/test_stored_replies.py
 

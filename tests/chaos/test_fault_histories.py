@@ -21,8 +21,10 @@ tested" has the figures).
   register) and the lock's.
 * **On real workers** — holders SIGKILLed in ``test_worker_fault_histories``, the worker's
   coordination Redis restarted empty in ``test_worker_restart_histories``, script replies
-  lost behind a proxy in ``test_worker_lost_replies`` (modules of their own: each has its
-  module's worker).
+  lost behind a proxy in ``test_worker_lost_replies``, a Sentinel failover (the master
+  SIGKILLed) in ``test_worker_failover_histories``, a cluster master killed in
+  ``test_worker_cluster_failover_histories`` (``make soak`` only) — modules of their own:
+  each has its module's worker.
 
 Every schedule prints its counts (operations checked per primitive). The short runs are part
 of ``make test``; ``REACTOR_FAULT_SOAK_SECONDS`` lengthens every schedule (``make soak``).

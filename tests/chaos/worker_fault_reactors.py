@@ -1,8 +1,9 @@
 """Small reactors recording their holds, one per primitive and level (step-level and
 reactor-level lock, semaphore, rate limit, period and ordered lock), for the fault schedules
 on real workers (tests/chaos/test_worker_fault_histories.py: holders SIGKILLed;
-tests/chaos/test_worker_restart_histories.py: the coordination Redis restarted empty), in a
-module of its own so that Celery worker processes import them by their registered path.
+tests/chaos/test_worker_restart_histories.py: the coordination Redis restarted empty; and
+the lost-reply and Sentinel-failover schedules beside them), in a module of its own so that
+Celery worker processes import them by their registered path.
 
 Every coordinated body records into the schedule's history file (``reactor_app.testing.
 history``: one ``O_APPEND`` write per event, so the worker processes and the test share it):

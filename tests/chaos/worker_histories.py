@@ -1,7 +1,9 @@
 """Helpers of the fault schedules on real workers (``test_worker_fault_histories``: holders
-SIGKILLed; ``test_worker_restart_histories``: the coordination Redis restarted empty): the
-plan of executions, the settings their worker and the test share, and each key's history as
-the bodies of ``worker_fault_reactors`` saw it, with the model it is checked against.
+SIGKILLed; ``test_worker_restart_histories``: the coordination Redis restarted empty;
+``test_worker_lost_replies``: script replies lost; ``test_worker_failover_histories``: a
+Sentinel failover): the plan of executions, the settings their worker and the test share,
+and each key's history as the bodies of ``worker_fault_reactors`` saw it, with the model it is
+checked against.
 
 A recorded name is a primitive at a level: ``lock`` … ``ordered`` are step-level,
 ``reactor_lock`` … ``reactor_ordered`` reactor-level, ``fenced_lock`` a step lock whose holder
