@@ -23,9 +23,12 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
 
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.testing.history import History, Operation, load, operations
@@ -37,7 +40,12 @@ from reactor_app.testing.sequential_models import (
     RateLimitModel,
     SemaphoreModel,
 )
-from reactor_app.testing.servers import RedisClusterServers, StandaloneServer, free_port
+from reactor_app.testing.servers import (
+    RedisClusterServers,
+    ServerBinaryMissing,
+    StandaloneServer,
+    free_port,
+)
 from tests.linearizability.clients import (
     CoordinatorLock,
     CoordinatorOrderedLock,
@@ -186,6 +194,24 @@ class Children:
 
 
 # -- servers the schedules break ------------------------------------------------------------
+
+#: servers of any kind (``StandaloneServer``, ``SentinelServers``, a cluster)
+S = TypeVar("S")
+
+
+@contextmanager
+def running(make: Callable[[], S]) -> Iterator[S]:
+    """Servers the schedule breaks, started here (``make()``: not started yet) on free
+    loopback ports and stopped by their pids afterwards; a machine without ``redis-server``
+    skips the test with the reason."""
+    try:
+        servers = make().start()
+    except ServerBinaryMissing as missing:
+        pytest.skip(str(missing))
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
 class RestartableServer(StandaloneServer):

@@ -50,7 +50,6 @@ from reactor_app.testing.fault_proxy import FaultProxy, is_script_call
 from reactor_app.testing.history import NEMESIS, History, Operation, operations
 from reactor_app.testing.linearizability import check
 from reactor_app.testing.sequential_models import FencedRegisterModel, MutexModel
-from reactor_app.testing.servers import ServerBinaryMissing
 from tests.chaos.fault_histories import (
     LEASE,
     PRIMITIVES,
@@ -63,6 +62,7 @@ from tests.chaos.fault_histories import (
     clients,
     key_for,
     report,
+    running,
     verdicts,
 )
 from tests.linearizability.workloads import hold_loop, on_threads
@@ -76,14 +76,8 @@ def seconds(short: float) -> float:
 
 @pytest.fixture
 def private_server() -> Iterator[RestartableServer]:
-    try:
-        server = RestartableServer().start()
-    except ServerBinaryMissing as missing:
-        pytest.skip(str(missing))
-    try:
+    with running(RestartableServer) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def on_server(port: int, prefix: str) -> Coordinator:
@@ -252,14 +246,8 @@ def test_sentinel_failover(reactor_redis_sentinel: Any, settings: Any) -> None:
 
 @pytest.fixture
 def cluster_with_replicas() -> Iterator[ClusterWithReplicas]:
-    try:
-        cluster = ClusterWithReplicas(masters=3).start()
-    except ServerBinaryMissing as missing:
-        pytest.skip(str(missing))
-    try:
+    with running(lambda: ClusterWithReplicas(masters=3)) as cluster:
         yield cluster.add_replicas()
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.cluster

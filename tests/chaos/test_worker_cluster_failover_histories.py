@@ -26,8 +26,7 @@ from typing import Any
 
 import pytest
 
-from reactor_app.testing.servers import ServerBinaryMissing
-from tests.chaos.fault_histories import SOAK, ClusterWithReplicas
+from tests.chaos.fault_histories import SOAK, ClusterWithReplicas, running
 from tests.chaos.test_worker_failover_histories import failover_schedule
 from tests.chaos.worker_histories import worker_settings
 
@@ -40,14 +39,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cluster_with_replicas() -> Iterator[ClusterWithReplicas]:
-    try:
-        cluster = ClusterWithReplicas(masters=3).start()
-    except ServerBinaryMissing as missing:
-        pytest.skip(str(missing))
-    try:
+    with running(lambda: ClusterWithReplicas(masters=3)) as cluster:
         yield cluster.add_replicas()
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

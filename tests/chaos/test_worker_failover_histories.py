@@ -56,10 +56,11 @@ import pytest
 from reactor_app.testing.history import History, load, operations
 from reactor_app.testing.linearizability import check
 from reactor_app.testing.redis_processes import START_TIMEOUT, client, wait_until
-from reactor_app.testing.servers import SentinelServers, ServerBinaryMissing
-from tests.chaos.fault_histories import SOAK, report
+from reactor_app.testing.servers import SentinelServers
+from tests.chaos.fault_histories import SOAK, report, running
 from tests.chaos.worker_histories import (
     FENCED_ACCOUNT,
+    LOST_STATE_PLAN,
     SETTLED,
     enqueue,
     is_ordered,
@@ -73,19 +74,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.sentinel]
 
 #: executions per recorded name (and keys) of one round; ``make soak`` runs one round (and one
 #: failover) per 15 s of ``REACTOR_FAULT_SOAK_SECONDS``, each on keys of its own
-FAILOVER_PLAN = {
-    "lock": (5, 1),
-    "semaphore": (5, 1),
-    "rate_limit": (6, 1),
-    "period": (6, 2),
-    "ordered": (5, 1),
-    "reactor_lock": (4, 1),
-    "reactor_semaphore": (5, 1),
-    "reactor_rate_limit": (5, 1),
-    "reactor_period": (4, 2),
-    "reactor_ordered": (4, 1),
-    "fenced_lock": (6, 1),
-}
+FAILOVER_PLAN = LOST_STATE_PLAN
 #: seconds the anchor's body holds its slot: the master is killed once it has entered, so the
 #: kill lands inside it unless the machine stalls this long between two looks at the history
 ANCHOR_HOLD = 6.0
@@ -128,14 +117,8 @@ class FailingOverSentinel(SentinelServers):
 @pytest.fixture(scope="module")
 def sentinel_set() -> Iterator[FailingOverSentinel]:
     """The worker's coordination Redis: a master + replica + sentinel of this module's own."""
-    try:
-        servers = FailingOverSentinel().start()
-    except ServerBinaryMissing as missing:
-        pytest.skip(str(missing))
-    try:
+    with running(FailingOverSentinel) as servers:
         yield servers
-    finally:
-        servers.stop()
 
 
 @pytest.fixture(scope="module")

@@ -46,8 +46,8 @@ import pytest
 from reactor_app.testing.fault_proxy import FaultProxy
 from reactor_app.testing.history import load, operations
 from reactor_app.testing.linearizability import check
-from reactor_app.testing.servers import ServerBinaryMissing, StandaloneServer
-from tests.chaos.fault_histories import SOAK, report
+from reactor_app.testing.servers import StandaloneServer
+from tests.chaos.fault_histories import SOAK, report, running
 from tests.chaos.lost_replies import Monitor, ReplyLoser
 from tests.chaos.worker_fault_reactors import primitive_of
 from tests.chaos.worker_histories import (
@@ -90,14 +90,8 @@ SETTLED_WITHIN = 90.0
 @pytest.fixture(scope="module")
 def coordination_server() -> Iterator[StandaloneServer]:
     """The Redis behind the proxy: the test's own, on a free loopback port."""
-    try:
-        server = StandaloneServer().start()
-    except ServerBinaryMissing as missing:
-        pytest.skip(str(missing))
-    try:
+    with running(StandaloneServer) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

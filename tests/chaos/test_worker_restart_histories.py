@@ -42,10 +42,10 @@ import pytest
 
 from reactor_app.testing.history import History, load, operations
 from reactor_app.testing.linearizability import check
-from reactor_app.testing.servers import ServerBinaryMissing
-from tests.chaos.fault_histories import SOAK, RestartableServer, report
+from tests.chaos.fault_histories import SOAK, RestartableServer, report, running
 from tests.chaos.worker_histories import (
     FENCED_ACCOUNT,
+    LOST_STATE_PLAN,
     SETTLED,
     enqueue,
     is_ordered,
@@ -59,19 +59,7 @@ pytestmark = [pytest.mark.chaos]
 
 #: executions per recorded name (and keys) of one round; ``make soak`` runs one round per
 #: 15 s of ``REACTOR_FAULT_SOAK_SECONDS``, each on keys of its own
-RESTART_PLAN = {
-    "lock": (5, 1),
-    "semaphore": (5, 1),
-    "rate_limit": (6, 1),
-    "period": (6, 2),
-    "ordered": (5, 1),
-    "reactor_lock": (4, 1),
-    "reactor_semaphore": (5, 1),
-    "reactor_rate_limit": (5, 1),
-    "reactor_period": (4, 2),
-    "reactor_ordered": (4, 1),
-    "fenced_lock": (6, 1),
-}
+RESTART_PLAN = LOST_STATE_PLAN
 #: restarts per round, RESTART_EVERY seconds apart (the first once bodies are running)
 RESTARTS_PER_ROUND = 5
 RESTART_EVERY = 0.8
@@ -83,14 +71,8 @@ SETTLED_WITHIN = 90.0
 @pytest.fixture(scope="module")
 def coordination_server() -> Iterator[RestartableServer]:
     """The worker's coordination Redis: the test's own, on a free loopback port."""
-    try:
-        server = RestartableServer().start()
-    except ServerBinaryMissing as missing:
-        pytest.skip(str(missing))
-    try:
+    with running(RestartableServer) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

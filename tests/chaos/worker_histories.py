@@ -57,6 +57,23 @@ HOLDS = {"semaphore": (0.3, 0.6)}
 
 SETTLED = ("succeeded", "failed", "cancelled", "halted")
 
+#: executions per recorded name (and keys) of one round of a schedule that loses the
+#: coordination state (a restart, a failover): every primitive at step and reactor level, and
+#: a fenced step lock
+LOST_STATE_PLAN = {
+    "lock": (5, 1),
+    "semaphore": (5, 1),
+    "rate_limit": (6, 1),
+    "period": (6, 2),
+    "ordered": (5, 1),
+    "reactor_lock": (4, 1),
+    "reactor_semaphore": (5, 1),
+    "reactor_rate_limit": (5, 1),
+    "reactor_period": (4, 2),
+    "reactor_ordered": (4, 1),
+    "fenced_lock": (6, 1),
+}
+
 
 def worker_settings(directory: Path, **more: Any) -> dict[str, Any]:
     """``WORKER_SETTINGS`` plus the file the workers append delivery starts to."""
