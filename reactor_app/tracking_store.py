@@ -251,7 +251,7 @@ def _insert(
     names = ", ".join(quote(field.column) for field in fields)
     one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
     typed_row = (
-        "(" + ", ".join(f"%s::{field.cast_db_type(connection)}" for field in fields) + ")"
+        "(" + ", ".join(f"%s::{_value_type(field, connection)}" for field in fields) + ")"
         if commit_behind
         else one_row
     )
@@ -373,3 +373,11 @@ def _jsonable(fields: dict[str, Any]) -> dict[str, Any]:
         if name in converted:
             converted[name] = to_json(converted[name])
     return converted
+
+
+def _value_type(field: Any, connection: Any) -> str:
+    """The type a ``VALUES`` row states for ``field``'s column: its own, but plain ``text`` for
+    a ``varchar(n)`` — an explicit cast to ``varchar(n)`` would cut an over-long value short
+    silently, where the INSERT's own assignment refuses it as a plain ``VALUES`` insert does."""
+    db_type = str(field.cast_db_type(connection))
+    return "text" if db_type.startswith("varchar") else db_type

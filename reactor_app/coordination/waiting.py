@@ -130,6 +130,7 @@ def admit_waiting(
     if refused is not None:
         assigned.update(refused.assigned)
         wanted = with_positions(wanted, refused.assigned)
+        granted.extend(refused.woken)  # the caller's own attempt may have granted some
         result: AdmissionResult = refused
     else:
         result = attempt(waiter_id)

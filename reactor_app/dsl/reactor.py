@@ -35,6 +35,7 @@ class Reactor(Coordinated):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.inputs = declared_inputs(cls)
+        cls._check_input_names()
         specs: dict[str, StepSpec] = {}
         for base in reversed(cls.__mro__[1:]):
             specs.update(getattr(base, "steps", {}) if base is not Reactor else {})
@@ -47,6 +48,23 @@ class Reactor(Coordinated):
         cls.plan = build_plan(cls, specs)
         cls._check_background()
         registry.register(cls)
+
+    #: keyword arguments of ``run`` / ``run_async`` themselves, so never an input's name
+    RESERVED_INPUTS: ClassVar[frozenset[str]] = frozenset(
+        {"priority", "idempotency_key", "debounce"}
+    )
+
+    @classmethod
+    def _check_input_names(cls) -> None:
+        taken = sorted(cls.RESERVED_INPUTS.intersection(cls.inputs or ()))
+        if taken:
+            raise DefinitionError(
+                f"{cls.__qualname__}.inputs names {', '.join(map(repr, taken))}, which "
+                "run() and run_async() take as their own options; rename the input "
+                f"(reserved: {', '.join(sorted(cls.RESERVED_INPUTS))})",
+                owner=cls.__qualname__,
+                option="inputs",
+            )
 
     @classmethod
     def _check_background(cls) -> None:

@@ -7,8 +7,10 @@ worker, a web process running ``Reactor.run``) is inside the run. Reading the fl
 round trip, the largest cost of an uncoordinated step, so step boundaries and checkpoints read
 it at most every ``REACTOR_CANCEL_POLL`` seconds (default 0.05) per run: a run stops at the
 first boundary after that much time has passed since the request, at the latest. A cancel
-requested by the very process running the execution is seen at its next boundary, and the start
-of a pass and the decision whether a failure was a cancel always read the flag. Then:
+requested by the very process running the execution is seen at its next boundary; the decision
+whether a failure was a cancel always reads the flag, and so does the start of a pass — from the
+read the delivery's claim made in its own round trip when that read is younger than
+``REACTOR_CANCEL_POLL`` and this process has requested no cancel of the run since. Then:
 
 * **Not running on a worker** (pending, parked, interrupted, with ``state.origin.worker``): the
   canceller records the request and returns at once — the rollback is a worker's job, never the

@@ -100,7 +100,12 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
     if fresh and len(ids) == 1 and _read_with_claim:
         with _guard:
             read = _read_with_claim.pop(ids[0], None)
-        if read is not None and now - read[1] < reactor_settings.CANCEL_POLL:
+        # a cancel this process requested since that read is not in it: read again then
+        if (
+            read is not None
+            and ids[0] not in _requested_here
+            and now - read[1] < reactor_settings.CANCEL_POLL
+        ):
             if read[0]:
                 return request_from(read[0])
             _note_checked(ids, read[1])

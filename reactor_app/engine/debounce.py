@@ -38,6 +38,7 @@ from django.utils import timezone
 from reactor_app.coordination import debounce
 from reactor_app.exceptions import InputValidationError
 from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -131,7 +132,8 @@ def at_delivery(execution: Execution, burst_key: str) -> str | None:
     """What a worker does with a pending start of a burst when its message arrives (step 4):
     ``None`` to run it; ``"superseded"`` when a later start replaced it (marked now); or
     ``"wait"`` when the start that replaced it is not committed yet (look again in
-    ``WAIT_FOR_LATEST``). A start that is not in the burst Redis keeps (the burst ended and
+    ``WAIT_FOR_LATEST``); ``"ended"`` when the row stopped being pending meanwhile. A start
+    that is not in the burst Redis keeps (the burst ended and
     another began, or Redis let it go) is its burst's last: it runs."""
     burst = debounce.starts(burst_key)
     me = str(execution.pk)
@@ -148,5 +150,9 @@ def at_delivery(execution: Execution, burst_key: str) -> str | None:
         # delivery would leave the start pending until the sweeper)
         logger.warning("debounced start %s: could not settle at delivery", me, exc_info=True)
         return "wait"
-    # marked now, or by the settle of a later start meanwhile: either way it does not run
-    return "superseded"
+    # marked now, or by the settle of a later start meanwhile: either way it does not run;
+    # a row no longer pending for another reason (ended meanwhile) does not run either
+    status = Execution.objects.filter(pk=execution.pk).values_list("status", flat=True).first()
+    if status == ExecutionStatus.SUPERSEDED:
+        return "superseded"
+    return None if status == ExecutionStatus.PENDING else "ended"

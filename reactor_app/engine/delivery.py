@@ -207,14 +207,21 @@ def _debounced(execution: Execution) -> dict[str, Any] | None:
     """A pending start of a debounce burst that a later start replaced does not run
     (``engine.debounce.at_delivery``): what the delivery reports instead, or None to run it."""
     burst = (execution.context or {}).get("debounce")
-    if execution.status != ExecutionStatus.PENDING or not burst:
+    # only a start that never ran: a resumed or cancelled run is pending again, and keeps
+    # its burst key, but is past its burst
+    if execution.status != ExecutionStatus.PENDING or not burst or execution.started_at:
         return None
-    decision = debounce.at_delivery(execution, str(burst))
+    try:
+        decision = debounce.at_delivery(execution, str(burst))
+    except CoordinationUnavailable:
+        return _retry_after_outage(execution.pk, execution.status)
     if decision == "wait":
         enqueue_quietly(execution.pk, countdown=debounce.WAIT_FOR_LATEST)
         return {"outcome": "debounce_wait", "status": execution.status}
     if decision == "superseded":
         return {"outcome": "superseded", "status": ExecutionStatus.SUPERSEDED}
+    if decision == "ended":
+        return _unrunnable(Execution.objects.filter(pk=execution.pk).first())
     return None
 
 

@@ -409,18 +409,31 @@ class Gate:
         if not budget or parked_id is None:
             return self.coordinator.admit(claims, holder, waiter_id=parked_id)
         waiting_id = f"{WAITING_PREFIX}{parked_id}"
-        answer = self.coordinator.admit(claims, holder, waiter_id=waiting_id)
+        # Any of the admissions below may grant a semaphore's free slots to the heads of its
+        # line (lua/_semaphore.lua) and name them in ``woken``, even when it refuses this
+        # one: the answer returned reports them all, so the parked ones are re-enqueued.
+        granted: list[str] = []
+
+        def reporting(answer: Any) -> Any:
+            if isinstance(answer, (Admitted, Refused)):
+                granted.extend(w for w in answer.woken if w not in granted)
+                answer.woken = list(granted)
+            return answer
+
+        answer = reporting(self.coordinator.admit(claims, holder, waiter_id=waiting_id))
         if isinstance(answer, Refused) and _worth_waiting(answer, budget):
             # woken only when the release names this waiter, or names nobody
-            answer = self.coordinator.admit_waiting(
-                claims, holder, budget, waiter_id=waiting_id, refused=answer
+            answer = reporting(
+                self.coordinator.admit_waiting(
+                    claims, holder, budget, waiter_id=waiting_id, refused=answer
+                )
             )
         if not isinstance(answer, Refused) or answer.detail.stale:
             return answer
-        answer = self.coordinator.admit(claims, holder, waiter_id=parked_id)
+        answer = reporting(self.coordinator.admit(claims, holder, waiter_id=parked_id))
         if isinstance(answer, Refused) and (answer.blocker or {}).get("granted_to") == waiting_id:
             # a release handed the key to the wait just as its budget ran out: take it
-            answer = self.coordinator.admit(claims, holder, waiter_id=waiting_id)
+            answer = reporting(self.coordinator.admit(claims, holder, waiter_id=waiting_id))
             if not isinstance(answer, Refused):
                 for claim in claims:  # the parking refusal registered the parked id
                     _wake(self.coordinator.unregister_waiter(claim, parked_id))

@@ -490,6 +490,23 @@ def test_a_lock_refused_in_its_last_millisecond_still_says_when_to_retry(
     assert all(retry is not None and retry > 0 for retry in refusals), refusals
 
 
+def test_a_wait_reports_the_waiters_its_first_refusal_granted(
+    coordinator: Coordinator,
+) -> None:
+    # Review finding: the caller's own first admission may grant free semaphore slots to the
+    # heads of the line while refusing the caller (its ``woken``); a wait that went on from
+    # that refusal reported only its own attempts' grants, so a granted parked head was never
+    # re-enqueued and its grant lapsed unused.
+    claim = LockClaim("wake-report", ttl=30)
+    assert isinstance(coordinator.admit([claim], holder("first")), Admitted)
+    refused = coordinator.admit([claim], holder("second"))
+    assert isinstance(refused, Refused)
+    refused.woken = ["parked-head"]
+    answer = coordinator.admit_waiting([claim], holder("second"), 0.3, refused=refused)
+    assert isinstance(answer, Refused)
+    assert answer.woken == ["parked-head"]
+
+
 def test_admit_waiting_is_woken_by_the_release(
     url: str, prefix: str, coordinator: Coordinator
 ) -> None:

@@ -88,3 +88,11 @@ def test_map_over_errors_name_the_argument_and_its_source(items: Any, problem: s
     over = "from_input('items', 'names')"
     assert str(error).startswith(f"map_step 'each' of {EchoEach.path()}: over={over}{problem}")
     assert (error.step, error.argument, error.source) == ("each", "over", over)
+
+
+@pytest.mark.parametrize("name", ["priority", "idempotency_key", "debounce"])
+def test_an_input_named_like_a_run_option_fails_at_definition(name: str) -> None:
+    # run(priority=...) and run_async(...) take these themselves: such an input could never
+    # be given, and a caller's value would silently become the option
+    with pytest.raises(DefinitionError, match=f"names '{name}', which run\\(\\) and run_async"):
+        type("Ticket", (Reactor,), {"inputs": ("ticket", name)})
