@@ -136,7 +136,7 @@ def linearizable(ops: Sequence[Operation], model: Model, budget: int = DEFAULT_B
     Raises ``CheckerGaveUp`` after ``budget`` search steps, or when the model could be in
     more than ``MAX_STATES`` states at once.
     """
-    ops = _searched(ops, model)
+    ops = searched_operations(ops, model)
     n = len(ops)
     if n == 0:
         return True
@@ -205,7 +205,7 @@ def linearizable(ops: Sequence[Operation], model: Model, budget: int = DEFAULT_B
     return True
 
 
-def _searched(ops: Sequence[Operation], model: Model) -> list[Operation]:
+def searched_operations(ops: Sequence[Operation], model: Model) -> list[Operation]:
     """The operations the search places: not failed, relevant to the model — and not an open
     acquisition that is its hold's only operation.
 

@@ -61,11 +61,11 @@ from tests.chaos.fault_histories import SOAK, report, running
 from tests.chaos.worker_histories import (
     FENCED_ACCOUNT,
     LOST_STATE_PLAN,
-    SETTLED,
     enqueue,
     is_ordered,
     is_period,
     models_for,
+    wait_settled,
     worker_histories,
     worker_settings,
 )
@@ -238,17 +238,7 @@ def failover_schedule(
             assert rejoin is not None, "a second failover needs the killed master back"
             rejoin(failovers[-1])
 
-    def settle(executions: dict[str, tuple[str, int]]) -> None:
-        end = time.monotonic() + SETTLED_WITHIN
-        pending = Execution.objects.filter(pk__in=list(executions)).exclude(status__in=SETTLED)
-        while pending.exists():
-            assert time.monotonic() < end, (
-                "executions still running past the recovery bound: "
-                f"{list(pending.values_list('status', 'current_step'))}"
-            )
-            time.sleep(0.2)
-
-    settle(enqueued)
+    wait_settled(enqueued, SETTLED_WITHIN)
     # A completion the failover lost (sent while the master was down, or not yet replicated)
     # leaves its position in flight on the promoted replica, its execution done: what bounds
     # it is the poison pill (docs/operations.md, "Sentinel: failover and what it can lose"),
@@ -268,7 +258,7 @@ def failover_schedule(
         at = time.monotonic_ns()
         run = REACTORS[name].run_async(key=key, history=str(path), hold=0.1)
         followers[str(run.id)] = (name, at)
-    settle(followers)
+    wait_settled(followers, SETTLED_WITHIN)
     plan, enqueued = plan + sorted(stuck), {**enqueued, **followers}
 
     # every execution ended; a failure only where its step's hold was lost under its body

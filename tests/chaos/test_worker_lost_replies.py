@@ -52,11 +52,11 @@ from tests.chaos.lost_replies import Monitor, ReplyLoser
 from tests.chaos.worker_fault_reactors import primitive_of
 from tests.chaos.worker_histories import (
     FENCED_ACCOUNT,
-    SETTLED,
     enqueue,
     is_ordered,
     is_period,
     models_for,
+    wait_settled,
     worker_histories,
     worker_settings,
 )
@@ -118,19 +118,6 @@ def celery_worker_settings(
 def celery_worker_concurrency() -> int:
     """More pool processes than the semaphore's slots."""
     return 4
-
-
-def wait_settled(enqueued: dict[str, tuple[str, int]], within: float) -> None:
-    from reactor_app.models import Execution
-
-    end = time.monotonic() + within
-    pending = Execution.objects.filter(pk__in=list(enqueued)).exclude(status__in=SETTLED)
-    while pending.exists():
-        assert time.monotonic() < end, (
-            "executions still running past the recovery bound: "
-            f"{list(pending.values_list('status', 'current_step'))}"
-        )
-        time.sleep(0.2)
 
 
 @pytest.mark.worker

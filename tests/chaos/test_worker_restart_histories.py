@@ -46,11 +46,11 @@ from tests.chaos.fault_histories import SOAK, RestartableServer, report, running
 from tests.chaos.worker_histories import (
     FENCED_ACCOUNT,
     LOST_STATE_PLAN,
-    SETTLED,
     enqueue,
     is_ordered,
     is_period,
     models_for,
+    wait_settled,
     worker_histories,
     worker_settings,
 )
@@ -129,14 +129,7 @@ def test_all_primitives_on_real_workers_with_redis_restarted_empty(
     nemesis = threading.Thread(target=restart_now_and_then)
     nemesis.start()
     try:
-        end = time.monotonic() + SETTLED_WITHIN * rounds
-        pending = Execution.objects.filter(pk__in=list(enqueued)).exclude(status__in=SETTLED)
-        while pending.exists():
-            assert time.monotonic() < end, (
-                "executions still running past the recovery bound: "
-                f"{list(pending.values_list('status', 'current_step'))}"
-            )
-            time.sleep(0.2)
+        wait_settled(enqueued, SETTLED_WITHIN * rounds)
     finally:
         stop.set()
         nemesis.join(60)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,21 @@ LOST_STATE_PLAN = {
     "reactor_ordered": (4, 1),
     "fenced_lock": (6, 1),
 }
+
+
+def wait_settled(enqueued: Iterable[str], within: float) -> None:
+    """Wait until every execution of ``enqueued`` ended; fail past ``within`` seconds (the
+    recovery bound), naming what is still running."""
+    from reactor_app.models import Execution
+
+    end = time.monotonic() + within
+    pending = Execution.objects.filter(pk__in=list(enqueued)).exclude(status__in=SETTLED)
+    while pending.exists():
+        assert time.monotonic() < end, (
+            "executions still running past the recovery bound: "
+            f"{list(pending.values_list('status', 'current_step'))}"
+        )
+        time.sleep(0.2)
 
 
 def worker_settings(directory: Path, **more: Any) -> dict[str, Any]:

@@ -8,13 +8,12 @@ the reference the Wing-Gong-Lowe search is compared with.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable, Sequence
 from itertools import combinations, permutations
 from typing import Any
 
 from reactor_app.testing.history import Operation
-from reactor_app.testing.linearizability import Model
+from reactor_app.testing.linearizability import Model, searched_operations
 
 MS = 1_000_000
 
@@ -48,26 +47,16 @@ def brute_force_linearizable(ops: Sequence[Operation], model: Model) -> bool:
     """Whether some order of the operations (every completed one, any subset of the open
     ones) respects real time and is legal for ``model`` — tried one by one.
 
-    An open acquisition that is its hold's only operation is left out, as the search leaves
-    it out: its effect can only take the key from whoever holds it, which is legal only once
-    that holder's lease may have lapsed — and then the holder's own later operations were
+    It tries the operations the search places (``searched_operations``), so an open
+    acquisition that is its hold's only operation is left out here too: its effect can only
+    take the key from whoever holds it, which is legal only once that holder's lease may have
+    lapsed — and then the holder's own later operations were
     legal without it. The models cannot see that (an open operation has no return time to
     test a lease against, so they let it take any key), and placing it before the holder's
     "not held" would explain a release that no lapse explains (Hypothesis found that: an
     acquisition cut short at 0 ms "freeing" a hold leased until 2 ms for its release at 1 ms).
     """
-    ops = [o for o in ops if o.status != "fail" and model.relevant(o)]
-    per_hold = Counter(o.value.get("session", o.id) for o in ops)
-    ops = [
-        o
-        for o in ops
-        if not (
-            o.ret is None
-            and o.key is not None
-            and per_hold[o.value.get("session", o.id)] == 1
-            and model.only_constrains(o)
-        )
-    ]
+    ops = searched_operations(ops, model)  # the same operations the search places
     known = [o for o in ops if o.ret is not None]
     unknown = [o for o in ops if o.ret is None]
     for size in range(len(unknown) + 1):
