@@ -17,12 +17,13 @@ one after another, in an order that rotates from one repetition to the next, so 
 in the machine's load falls on each of them alike; the ratios are taken within a repetition.
 
     python bench/worker_throughput.py [--executions 200] [--repetitions 5] [--processes 2]
-                                      [--ignore-delivery-results]
+                                      [--store-delivery-results]
 
-``reactor_app.run_execution`` stores its summary in the result backend as the Celery tasks
-store their results (the default); ``--ignore-delivery-results`` measures a deployment that
-turns that off (``ignore_result=True`` through ``task_annotations``, docs/operations.md): the
-execution row is its result, and nothing in reactor_app reads the stored summary.
+The Celery tasks store their results in the result backend (Celery's default, and how a Celery
+user gets a task's value); ``reactor_app.run_execution`` does not (its default: the execution
+row is its result, which the delivery writes anyway). ``--store-delivery-results`` measures a
+deployment that stores the delivery's summary too (``ignore_result=False`` through
+``task_annotations``, docs/operations.md).
 
 It uses the demo project's settings: ``DATABASE_URL`` / ``REDIS_URL`` when set, else SQLite
 and the embedded Redis (the Celery result backend is the demo's: ``django-db``). It migrates
@@ -69,12 +70,12 @@ from reactor_app import Reactor, Step, Success, from_input, from_result, step  #
 from reactor_app.conf import reactor_settings  # noqa: E402
 from reactor_app.coordination.redis import get_client  # noqa: E402
 
-if os.environ.get("BENCH_IGNORE_DELIVERY_RESULTS") == "1":
-    # --ignore-delivery-results: the delivery task's summary not stored in the result backend
+if os.environ.get("BENCH_STORE_DELIVERY_RESULTS") == "1":
+    # --store-delivery-results: the delivery task's summary stored in the result backend too
     # (this module is imported by the worker too)
     from reactor_app.tasks import run_execution
 
-    run_execution.ignore_result = True
+    run_execution.ignore_result = False
 
 FILLER = "x" * 150
 
@@ -208,10 +209,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0, help="per workload and run")
     parser.add_argument(
-        "--ignore-delivery-results",
+        "--store-delivery-results",
         action="store_true",
-        help="do not store reactor_app.run_execution's return value in the result backend "
-        "(ignore_result=True), while the Celery tasks' results still are",
+        help="store reactor_app.run_execution's return value in the result backend too "
+        "(ignore_result=False), as the Celery tasks' results are",
     )
     options = parser.parse_args()
     if min(options.executions, options.repetitions, options.processes) < 1:
@@ -222,13 +223,13 @@ def main() -> None:
     from bench._support import BenchWorker, backend
     from reactor_app.models import Execution
 
-    if options.ignore_delivery_results:
+    if options.store_delivery_results:
         # read by this module at import, in this process (already imported: set it here too)
         # and in the worker, which inherits the environment
-        os.environ["BENCH_IGNORE_DELIVERY_RESULTS"] = "1"
+        os.environ["BENCH_STORE_DELIVERY_RESULTS"] = "1"
         from reactor_app.tasks import run_execution
 
-        run_execution.ignore_result = True
+        run_execution.ignore_result = False
     call_command("migrate", verbosity=0)
     worker = BenchWorker(
         "bench.worker_throughput",

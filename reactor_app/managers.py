@@ -18,7 +18,12 @@ from django.db import IntegrityError, OperationalError, connections, models, tra
 from django.utils import timezone
 
 from reactor_app.coordination import live_limits
-from reactor_app.row_statements import claim_sql, progress_append_sql
+from reactor_app.row_statements import (
+    LeadingInserts,
+    claim_sql,
+    execute_led,
+    progress_append_sql,
+)
 from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind, ExecutionStatus
 
 if TYPE_CHECKING:
@@ -214,12 +219,15 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
             )
         return row
 
-    def write_conditional(self, update: tuple[str, list[Any]]) -> int:
+    def write_conditional(
+        self, update: tuple[str, list[Any]], leading: LeadingInserts | None = None
+    ) -> int:
         """A delivery's conditional update of its execution row (SQL and params, from
         ``row_statements.conditional_update``); the number of rows updated (0: the row is gone
-        or another delivery claimed it)."""
+        or another delivery claimed it). ``leading``: inserts written in the same statement
+        (PostgreSQL)."""
         with connections[self.db].cursor() as cursor:
-            cursor.execute(*update)
+            execute_led(cursor, *update, leading)
             return int(cursor.rowcount)
 
 
@@ -240,6 +248,7 @@ class ExecutionProgressManager(models.Manager):
         execution_id: Any,
         first_seq: int,
         changes: Sequence[tuple[str, Any, Any]],
+        leading: LeadingInserts | None = None,
     ) -> int:
         """The conditional ``update`` of one execution row (SQL and params, from
         ``row_statements.conditional_update``) and, only if it updated the row, ``changes``
@@ -251,13 +260,16 @@ class ExecutionProgressManager(models.Manager):
         under the row lock the update took (a claim that moved on meanwhile is seen by the
         update's re-check, so a delivery that lost its claim inserts nothing). Elsewhere: the
         update, then the insert if it matched, in one transaction (SQLite has one writer at a
-        time, so nothing claims the row between the two)."""
+        time, so nothing claims the row between the two). ``leading``: inserts written in the
+        same statement (PostgreSQL only)."""
         connection = connections[self.db]
         update_sql, update_params = update
         if connection.vendor == "postgresql":
             return self._append_in_one_statement(
-                update_sql, update_params, execution_id, first_seq, changes
+                update_sql, update_params, execution_id, first_seq, changes, leading
             )
+        if leading is not None:
+            raise ValueError("leading inserts ride only in PostgreSQL's one-statement append")
         with transaction.atomic(using=self.db), connection.cursor() as cursor:
             cursor.execute(update_sql, update_params)
             updated = int(cursor.rowcount)
@@ -281,12 +293,13 @@ class ExecutionProgressManager(models.Manager):
         execution_id: Any,
         first_seq: int,
         changes: Sequence[tuple[str, Any, Any]],
+        leading: LeadingInserts | None,
     ) -> int:
         sql, params = progress_append_sql(
             self.model, self.db, update_sql, update_params, first_seq, changes
         )
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql, params)
+            execute_led(cursor, sql, params, leading)
             return 1 if cursor.rowcount else 0
 
 

@@ -154,3 +154,43 @@ def progress_append_sql(
         f"FROM claimed CROSS JOIN (VALUES {tuples}) AS v (seq, kind, path, payload)"
     )
     return sql, params
+
+
+class LeadingInserts:
+    """``INSERT`` statements that ride in front of a write as data-modifying ``WITH`` clauses
+    (PostgreSQL): a pass's buffered history carried by its end (``write_behind.TrackingWriter.
+    flush_into``), so the two share one round trip and one synchronous commit, and whoever
+    sees the end sees the history (the statement is atomic).
+
+    ``written`` is set by whoever executes the statement, right after it returned: a write
+    that then raises (``ClaimLost``: the update matched no row) has still written these rows;
+    one whose statement failed has written none of them.
+    """
+
+    __slots__ = ("params", "rows", "statements", "written")
+
+    def __init__(self, statements: list[tuple[str, list[Any]]], rows: int) -> None:
+        self.statements = statements
+        self.rows = rows
+        self.written = False
+
+    def lead(self, sql: str, params: list[Any]) -> tuple[str, list[Any]]:
+        """``sql`` (a plain statement, or one that starts with its own ``WITH``) with these
+        inserts in front; the inserts' params first, as their text comes first."""
+        clauses = ", ".join(
+            f"leading_{n} AS ({text})" for n, (text, _) in enumerate(self.statements)
+        )
+        leading_params = [p for _, values in self.statements for p in values]
+        if sql.startswith("WITH "):
+            return f"WITH {clauses}, {sql[5:]}", leading_params + params
+        return f"WITH {clauses} {sql}", leading_params + params
+
+
+def execute_led(cursor: Any, sql: str, params: list[Any], leading: LeadingInserts | None) -> None:
+    """Execute ``sql`` on ``cursor``, with ``leading`` in front when given (and marked
+    written once the statement returned)."""
+    if leading is None:
+        cursor.execute(sql, params)
+        return
+    cursor.execute(*leading.lead(sql, params))
+    leading.written = True

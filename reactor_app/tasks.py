@@ -72,6 +72,11 @@ SWEEP_SCHEDULE: dict[str, Any] = sweep_schedule()
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
+    # The execution row is the result (``Execution.wait()``, the admin, the API): storing the
+    # delivery's summary in a result backend too cost every delivery that backend's round
+    # trips and a synchronous commit, for a value nothing reads (docs/operations.md, "Celery
+    # workers", says how to store it anyway).
+    ignore_result=True,
 )
 def run_execution(self: Any, execution_id: str, requeue_token: str | None = None) -> dict[str, Any]:
     """Run (or continue) one execution on this worker. ``requeue_token`` names the park a

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from reactor_app.models import CoordinationEvent, Execution, StepRun
-from reactor_app.row_statements import ASYNC_COMMIT
+from reactor_app.row_statements import ASYNC_COMMIT, LeadingInserts
 from reactor_app.serialization import _Encoder, to_json
 from reactor_app.status import ExecutionStatus
 
@@ -227,38 +227,14 @@ def _insert(
     these two tables hold.
     """
     connection = connections["default"]
-    ops = connection.ops
-    quote = ops.quote_name
+    quote = connection.ops.quote_name
     meta = model._meta
-    columns = list(_COLUMNS[model])
-    fields = [meta.get_field(name.removesuffix("_id")) for name in columns]
-    adapters: list[Any] = []
-    for field in fields:
-        kind = field.get_internal_type()
-        if kind == "JSONField":
-            adapters.append(
-                lambda v, ops=ops: None if v is None else ops.adapt_json_value(v, _Encoder)
-            )
-        elif kind == "DateTimeField":
-            adapters.append(ops.adapt_datetimefield_value)
-        elif field.is_relation:
-            target = field.target_field  # type: ignore[union-attr]
-            adapters.append(
-                lambda v, t=target, c=connection: None if v is None else t.get_db_prep_value(v, c)
-            )
-        else:
-            adapters.append(None)
-    names = ", ".join(quote(field.column) for field in fields)
-    one_row = "(" + ", ".join(["%s"] * len(columns)) + ")"
-    typed_row = (
-        "(" + ", ".join(f"%s::{_value_type(field, connection)}" for field in fields) + ")"
-        if commit_behind
-        else one_row
-    )
     pks: list[Any] = []
     with connection.cursor() as cursor:
         raw: Any = getattr(cursor, "cursor", None)
         if connection.vendor == "postgresql" and hasattr(raw, "copy") and len(rows) >= COPY_FROM:
+            fields = _fields(model)
+            names = ", ".join(quote(field.column) for field in fields)
             table = quote(meta.db_table)
             json_at = [
                 i for i, field in enumerate(fields) if field.get_internal_type() == "JSONField"
@@ -281,27 +257,94 @@ def _insert(
             )
             return pks
         for start in range(0, len(rows), INSERT_BATCH):
-            batch = rows[start : start + INSERT_BATCH]
-            params: list[Any] = []
-            for row in batch:
-                for value, adapt in zip(row, adapters, strict=True):
-                    params.append(adapt(value) if adapt is not None else value)
-            if commit_behind:
-                sql = (
-                    f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM (VALUES "
-                    + ", ".join([typed_row] * len(batch))
-                    + f") AS v WHERE {ASYNC_COMMIT}"
-                )
-            else:
-                sql = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES " + ", ".join(
-                    [one_row] * len(batch)
-                )
+            sql, params = _insert_sql(
+                model, rows[start : start + INSERT_BATCH], commit_behind=commit_behind
+            )
             if returning:
                 sql += f" RETURNING {quote(meta.pk.column)}"
             cursor.execute(sql, params)
             if returning:
                 pks.extend(row[0] for row in cursor.fetchall())
     return pks
+
+
+def leading_inserts(
+    raw_events: list[Row],
+    snapshot: list[tuple[PendingStepRun, int | None, dict[str, Any]]],
+    progress: dict[Any, dict[str, Any]],
+) -> LeadingInserts | None:
+    """One flush's rows as ``INSERT`` statements to carry in front of an execution's final
+    write (``write_behind.TrackingWriter.flush_into``) — or None when they cannot ride there:
+    not PostgreSQL, or inside a transaction, or progress or closing writes to make (UPDATEs),
+    a step run still open (its closing write would need the pk an INSERT here does not hand
+    back), or more rows than one plain INSERT carries (those go through ``COPY``)."""
+    connection = connections["default"]
+    if connection.vendor != "postgresql" or connection.in_atomic_block or progress:
+        return None
+    rows = len(raw_events) + len(snapshot)
+    if rows >= min(COPY_FROM, INSERT_BATCH):
+        return None
+    steps: list[Row] = []
+    for _, pk, fields in snapshot:
+        if pk is not None or fields.get("finished_at") is None:
+            return None
+        steps.append(_step_values(fields))
+    statements = [
+        _insert_sql(model, batch)
+        for model, batch in ((CoordinationEvent, raw_events), (StepRun, steps))
+        if batch
+    ]
+    return LeadingInserts(statements, rows)
+
+
+def _fields(model: type[Any]) -> list[Any]:
+    meta = model._meta
+    return [meta.get_field(name.removesuffix("_id")) for name in _COLUMNS[model]]
+
+
+def _insert_sql(
+    model: type[Any], batch: list[Row], *, commit_behind: bool = False
+) -> tuple[str, list[Any]]:
+    """One multi-row ``INSERT`` of ``batch`` on the default connection, each value adapted to
+    its column (``_insert``)."""
+    connection = connections["default"]
+    ops = connection.ops
+    quote = ops.quote_name
+    fields = _fields(model)
+    adapters: list[Any] = []
+    for field in fields:
+        kind = field.get_internal_type()
+        if kind == "JSONField":
+            adapters.append(
+                lambda v, ops=ops: None if v is None else ops.adapt_json_value(v, _Encoder)
+            )
+        elif kind == "DateTimeField":
+            adapters.append(ops.adapt_datetimefield_value)
+        elif field.is_relation:
+            target = field.target_field
+            adapters.append(
+                lambda v, t=target, c=connection: None if v is None else t.get_db_prep_value(v, c)
+            )
+        else:
+            adapters.append(None)
+    names = ", ".join(quote(field.column) for field in fields)
+    params: list[Any] = []
+    for row in batch:
+        for value, adapt in zip(row, adapters, strict=True):
+            params.append(adapt(value) if adapt is not None else value)
+    table = quote(model._meta.db_table)
+    if commit_behind:
+        typed_row = (
+            "(" + ", ".join(f"%s::{_value_type(field, connection)}" for field in fields) + ")"
+        )
+        sql = (
+            f"INSERT INTO {table} ({names}) SELECT * FROM (VALUES "
+            + ", ".join([typed_row] * len(batch))
+            + f") AS v WHERE {ASYNC_COMMIT}"
+        )
+        return sql, params
+    one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    return f"INSERT INTO {table} ({names}) VALUES " + ", ".join([one_row] * len(batch)), params
 
 
 def _copy(cursor: Any, sql: str, rows: list[Row], json_at: list[int]) -> None:

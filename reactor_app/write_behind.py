@@ -48,14 +48,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery import signals as celery_signals
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
 from reactor_app.conf import reactor_settings
-from reactor_app.tracking_store import PendingStepRun, Row, write_rows
+from reactor_app.row_statements import LeadingInserts
+from reactor_app.tracking_store import PendingStepRun, Row, leading_inserts, write_rows
 
 logger = logging.getLogger(__name__)
 
@@ -218,8 +219,58 @@ class TrackingWriter:
             self._oldest = None
             return dropped
 
+    def flush_into(
+        self, finishing: Any, final_write: Callable[[LeadingInserts | None], None]
+    ) -> None:
+        """Write every buffered row and then ``final_write`` — the final write of execution
+        ``finishing``'s row — in one statement where they fit (PostgreSQL: the rows as
+        ``INSERT``s in front of that write, ``tracking_store.leading_inserts``), else as
+        ``flush`` then ``final_write(None)``.
+
+        WHY: at the end of a pass its history (step runs, events) must be written before, or
+        with, the row's final status; as two statements that was two round trips, the
+        final one waiting for the WAL flush (docs/operations.md, "Checkpoints"). Riding
+        together they share one round trip and one synchronous commit, and they are atomic.
+        If that statement fails, nothing of it was written: the rows are written on their own
+        (each one alone if need be, as any flush), then ``final_write`` alone, whose error is
+        the caller's. Inside a transaction this writes no buffered row (``flush``)."""
+        if _in_transaction():
+            final_write(None)
+            return
+        with self._flushing:
+            events, snapshot, progress = self._take(finishing)
+            if not events and not snapshot and not progress:
+                final_write(None)
+                return
+            leading = leading_inserts(events, snapshot, progress)
+            if leading is not None:
+                try:
+                    final_write(leading)
+                except Exception:
+                    if leading.written:
+                        self._count(leading.rows)
+                        raise
+                    logger.warning("history carried by an execution's final write failed")
+                else:
+                    self._count(leading.rows)
+                    return
+            self._count(write_rows(events, snapshot, progress))
+        final_write(None)
+
     def _write_buffer(self, finishing: Any) -> int:
         """Write what is buffered; the caller holds ``_flushing``."""
+        events, snapshot, progress = self._take(finishing)
+        if not events and not snapshot and not progress:
+            return 0
+        written = write_rows(events, snapshot, progress)
+        self._count(written)
+        return written
+
+    def _take(
+        self, finishing: Any
+    ) -> tuple[list[Row], list[tuple[PendingStepRun, Any, dict[str, Any]]], dict[Any, Any]]:
+        """Empty the buffer; what it held. ``finishing``'s progress is dropped (the final
+        write that follows supersedes it). The caller holds ``_flushing``."""
         with self._lock:
             events, self._events = self._events, []
             steps, self._steps = self._steps, []
@@ -230,11 +281,7 @@ class TrackingWriter:
             snapshot = [(pending, pending.pk, dict(pending.fields)) for pending in steps]
             for pending in steps:
                 pending.queued = False
-        if not events and not snapshot and not progress:
-            return 0
-        written = write_rows(events, snapshot, progress)
-        self._count(written)
-        return written
+        return events, snapshot, progress
 
     def release_connection(self, timeout: float = 5.0) -> bool:
         """Have the writer thread write what is buffered and close its database connection now,

@@ -112,7 +112,6 @@ from reactor_app.models import Execution
 from reactor_app.serialization import decode
 from reactor_app.status import EngineEvent, ExecutionStatus
 from reactor_app.tracking import emit_engine
-from reactor_app.tracking import flush as flush_tracking
 from reactor_app.write_behind import get_writer
 
 if TYPE_CHECKING:
@@ -228,12 +227,19 @@ class ExecutionRun:
         if self.on_persist is not None:
             self.on_persist()
         if self.history_first:
-            # The end of a pass: its buffered step runs and events, then the row's new status
-            # — whoever sees the status finds the history written. The buffer commits on its
-            # own (write_behind): it also holds other threads' rows, which a failed final
-            # write must not roll back with it.
+            # The end of a pass: its buffered step runs and events with (or else just before)
+            # the row's new status — whoever sees the status finds the history written. They
+            # ride in the same statement where they can (write_behind.flush_into: one round
+            # trip, one synchronous commit); a failed final write never costs the buffer's
+            # rows, which may be other threads' too.
             self.history_first = False
-            flush_tracking(finishing=self.execution.pk)
+            get_writer().flush_into(
+                self.execution.pk,
+                lambda leading: self.store.write(
+                    self.state, fields, durable=durable, leading=leading
+                ),
+            )
+            return
         self.store.write(self.state, fields, durable=durable)
 
     def checkpoint(self, **fields: Any) -> None:

@@ -78,7 +78,7 @@ from reactor_app.engine.context_patch import (
 from reactor_app.engine.state import FOLDED, ROWS, CompletedStep, ExecutionState, MapProgress
 from reactor_app.engine.worker import ClaimLost
 from reactor_app.models import Execution, ExecutionProgress
-from reactor_app.row_statements import conditional_update
+from reactor_app.row_statements import LeadingInserts, conditional_update
 from reactor_app.serialization import encode
 
 RESULTS, COMPLETED, MAP_PROGRESS = "results", "completed", "map_progress"
@@ -286,12 +286,21 @@ class ProgressStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(self, state: ExecutionState, fields: dict[str, Any], *, durable: bool) -> None:
+    def write(
+        self,
+        state: ExecutionState,
+        fields: dict[str, Any],
+        *,
+        durable: bool,
+        leading: LeadingInserts | None = None,
+    ) -> None:
         """One conditional write of the row: ``fields``, the heartbeat, the context patched to
         ``state``'s skeleton and the growing parts' changes appended as progress rows (one
         statement on PostgreSQL). Raises ``ClaimLost`` when the row's claim generation moved
-        on (another delivery claimed it), ``DatabaseError`` when the row is gone: nothing was
-        written."""
+        on (another delivery claimed it), ``DatabaseError`` when the row is gone: nothing of
+        the row was written. ``leading``: inserts carried in front of the same statement (a
+        pass's history, PostgreSQL; they are written even when the row's update matched
+        nothing)."""
         ops, appended, skeleton = self.changes(state)
         rows_after = self._rows + len(appended)
         if appended:
@@ -328,10 +337,10 @@ class ProgressStore:
         )
         if appended:
             updated = ExecutionProgress.objects.db_manager(using).append(
-                update, execution.pk, self._rows + 1, appended
+                update, execution.pk, self._rows + 1, appended, leading
             )
         else:
-            updated = Execution.objects.db_manager(using).write_conditional(update)
+            updated = Execution.objects.db_manager(using).write_conditional(update, leading)
         if not updated:
             if not Execution.objects.using(using).filter(pk=execution.pk).exists():
                 # deleted while it ran (as ``Model.save`` reported it before)

@@ -44,10 +44,12 @@ def without_transaction_control(captured: CaptureQueriesContext) -> list[str]:
 
 
 #: a write of the execution row: an UPDATE, or (appending progress rows on PostgreSQL) one
-#: ``WITH claimed AS (UPDATE ...) INSERT ...``
+#: ``WITH claimed AS (UPDATE ...) INSERT ...``, or (a final write carrying the pass's history
+#: on PostgreSQL) one ``WITH leading_0 AS (INSERT ...), ... UPDATE ...``
 EXECUTION_UPDATES = (
     'UPDATE "reactor_app_execution"',
     'WITH claimed AS (UPDATE "reactor_app_execution"',
+    "WITH leading_0 AS (INSERT INTO ",
 )
 
 API = "/api/reactor"
