@@ -443,6 +443,26 @@ def test_events_written_in_bulk_keep_every_character_and_value(bulk_path: str) -
     assert second.token is None and second.owner == "" and second.detail == {}
 
 
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite does not enforce a column's length"
+)
+@pytest.mark.parametrize("commit_behind", [False, True])
+def test_a_key_too_long_for_its_column_is_refused_never_cut_short(commit_behind: bool) -> None:
+    """The statement that commits behind (``INSERT ... SELECT ... FROM (VALUES ...)``) states
+    each value's type; a ``varchar(n)`` stated there would cut a longer key to ``n``
+    characters without a word, where a plain ``INSERT ... VALUES`` refuses it. Both refuse."""
+    from django.db import DataError
+    from django.utils import timezone
+
+    from reactor_app.tracking_store import _insert
+
+    too_long = "k" * 600  # CoordinationEvent.key holds 512
+    row = (None, "", "", "lock", too_long, "acquired", "", None, timezone.now(), {})
+    with pytest.raises(DataError):
+        _insert(CoordinationEvent, [row], returning=False, commit_behind=commit_behind)
+    assert not CoordinationEvent.objects.filter(key__startswith="kkkk").exists()
+
+
 def test_small_details_that_compare_equal_keep_their_own_json(bulk_path: str) -> None:
     """The writer keeps the JSON text of the small details that recur in nearly every row;
     details equal as Python keys but not as JSON (``1`` and ``True``, ``1`` and ``1.0``) or
