@@ -57,6 +57,9 @@ if __name__ == "__main__":
     sys.exit(0)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
+# as in production: DEBUG off (Django's debug cursor logs and formats every statement, the
+# result backend's as the deliveries'); the worker inherits it through the environment
+os.environ.setdefault("DJANGO_DEBUG", "0")
 # one key prefix for this run, shared with the worker through the environment
 os.environ.setdefault("REACTOR_KEY_PREFIX", f"bench-{uuid.uuid4().hex[:8]}")
 
@@ -65,6 +68,7 @@ import django  # noqa: E402
 django.setup()
 
 from celery import chain, shared_task  # noqa: E402
+from django.conf import settings as django_settings  # noqa: E402
 
 from reactor_app import Reactor, Step, Success, from_input, from_result, step  # noqa: E402
 from reactor_app.conf import reactor_settings  # noqa: E402
@@ -245,6 +249,7 @@ def main() -> None:
             f"processes (db {backend()}, redis {get_client().info('server')['redis_version']})"
         )
         print(celery_settings())
+        print(f"DEBUG={django_settings.DEBUG} (the worker inherits it)")
         # one untimed round first: imports, connections and the first tasks' set-up
         for name in names:
             measure(WORKLOADS[name], min(20, options.executions), options.timeout)
