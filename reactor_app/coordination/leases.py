@@ -12,6 +12,7 @@ they are its methods (``Coordinator.extend``, ...).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -126,8 +127,27 @@ def keep_alive(
     )
 
 
-#: ``renewal.start_renewal``, once ``keep_alive`` has imported it
+#: ``renewal.start_renewal``, once ``keep_alive`` (or a fork) has imported it
 _start_renewal: Any = None
+
+
+def _import_renewal_before_fork() -> None:
+    """Import the renewal module in a process about to fork, so that its children inherit it:
+    imported on first use instead, it was compiled and run in every forked worker on the way
+    to its first critical section (docs/benchmarks.md, "Step-level versus reactor-level
+    lock"). Before-fork hooks run before the interpreter takes its import lock for the
+    fork; a fork from inside an import that cannot finish this one leaves it to first use."""
+    global _start_renewal
+    if _start_renewal is None:
+        try:
+            from reactor_app.coordination.renewal import start_renewal
+        except Exception:  # pragma: no cover - a fork in the middle of an import: first use
+            return
+        _start_renewal = start_renewal
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_import_renewal_before_fork)
 
 
 def _renewable(holds: Sequence[Hold]) -> list[Hold]:

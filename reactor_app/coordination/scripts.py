@@ -336,5 +336,22 @@ def _forget_scripts_after_fork() -> None:
     _scripts_by_client.clear()
 
 
+def _prepare_before_fork() -> None:
+    """Assemble the sources and the Functions library in the process that forks, once.
+
+    Both are cached per process (``script_sources``, ``function_library.library``), but a
+    process that forks its workers before any coordination (a Celery prefork parent, a
+    ``multiprocessing`` pool) has not built them, so every child read the ``lua/`` files and
+    spliced them again before its first admission: 20-30 ms of CPU per child on the 2-core
+    benchmark machine (docs/benchmarks.md, "Step-level versus reactor-level lock"), on the way
+    to the first critical section. Built here, the children inherit them. A failure is left
+    to the child's first use, which raises where the caller can see it."""
+    try:
+        script_sources()
+        function_library.library()
+    except Exception:  # pragma: no cover - reported by the first use in the child
+        pass
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_scripts_after_fork)
+    os.register_at_fork(before=_prepare_before_fork, after_in_child=_forget_scripts_after_fork)

@@ -77,6 +77,7 @@ def admit_waiting(
     waiter_id: str | None = None,
     waits: Mapping[str, float] | None = None,
     refused: Refused | None = None,
+    settle_later: bool = False,
 ) -> AdmissionResult:
     """Admit, waiting up to ``wait_seconds`` for contention to clear (0 = one try).
 
@@ -95,7 +96,9 @@ def admit_waiting(
     every waiter order when it ends unadmitted (``leave``) — a key handed to it meanwhile
     goes on to the next waiter at once, and a parked one that gets it is listed in the
     answer's ``woken``. ``refused`` is the answer of an admission the caller already made,
-    so the first attempt is not repeated.
+    so the first attempt is not repeated. ``settle_later``: a wait that ends admitted leaves
+    its UNSUBSCRIBE out of the critical section it admits to: the caller calls
+    ``subscriptions.settle()`` once it has released (``coordination.subscriptions``).
     """
     wanted: list[Claim] = list(claims)
     started = time.monotonic()
@@ -173,7 +176,13 @@ def admit_waiting(
     finally:
         # kept for this thread's next wait: closing it would disconnect a pooled connection
         # that the next command pays to reopen (coordination.subscriptions)
-        subscriptions.give_back(pubsub, coordinator.client, subscribed, reusable=ended_cleanly)
+        subscriptions.give_back(
+            pubsub,
+            coordinator.client,
+            subscribed,
+            reusable=ended_cleanly,
+            defer=settle_later and isinstance(result, Admitted),
+        )
         if queued and not isinstance(result, Admitted):
             handed_on = leave(coordinator, wanted, queue_as)
             woken = getattr(result, "woken", None)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from reactor_app.coordination import primitives
+from reactor_app.coordination import primitives, subscriptions
 from reactor_app.coordination.admission import Coordinator, Released
 from reactor_app.coordination.claims import (
     ADMISSION_ORDER,
@@ -378,7 +378,9 @@ class Gate:
                 elif not wait:
                     answer = self.coordinator.admit(claims, holder)
                 else:
-                    answer = self.coordinator.admit_waiting(claims, holder, wait, waits=self.waits)
+                    answer = self.coordinator.admit_waiting(
+                        claims, holder, wait, waits=self.waits, settle_later=True
+                    )
             except CoordinationUnavailable as exc:
                 raise self._unavailable(exc) from exc
             self._take_positions(answer)
@@ -425,7 +427,7 @@ class Gate:
             # woken only when the release names this waiter, or names nobody
             answer = reporting(
                 self.coordinator.admit_waiting(
-                    claims, holder, budget, waiter_id=waiting_id, refused=answer
+                    claims, holder, budget, waiter_id=waiting_id, refused=answer, settle_later=True
                 )
             )
         if not isinstance(answer, Refused) or answer.detail.stale:
@@ -599,10 +601,14 @@ class Gate:
 
     def exit(self, outcome: Outcome) -> list[str]:
         """Release what was admitted (one call, reverse order). Returns woken waiter ids."""
-        admitted = self._stop()
-        if admitted is None:
-            return []
-        return self._release(admitted, outcome)
+        try:
+            admitted = self._stop()
+            if admitted is None:
+                return []
+            return self._release(admitted, outcome)
+        finally:
+            # the UNSUBSCRIBE an admitted wait left out of the critical section
+            subscriptions.settle()
 
     def exit_unless(self, outcome: Outcome, flags: Sequence[str]) -> str | None:
         """``exit`` — unless one of the Redis keys ``flags`` (the execution's cancel request)
@@ -613,13 +619,16 @@ class Gate:
         admitted = self._stop()
         if admitted is None:
             return None
-        released = self._give_back(admitted, outcome, unless=flags)
-        if released.flagged is not None:
-            self.admitted = admitted
-            self.keep_alive = renewal.restart() if renewal is not None else None
-            return released.flagged
-        self._released(admitted, outcome, released)
-        return None
+        try:
+            released = self._give_back(admitted, outcome, unless=flags)
+            if released.flagged is not None:
+                self.admitted = admitted
+                self.keep_alive = renewal.restart() if renewal is not None else None
+                return released.flagged
+            self._released(admitted, outcome, released)
+            return None
+        finally:
+            subscriptions.settle()  # as in ``exit``
 
     def suspend(self, hold_for: float | None = None) -> list[KeptHold]:
         """A reactor-level gate whose execution parks on a worker (docs/design.md §2.8): keep
@@ -632,6 +641,7 @@ class Gate:
         longer than a lock's ``ttl`` does not let another execution into the workflow; the
         sweeper keeps them alive if the execution is due back later than that.
         """
+        subscriptions.settle()  # as in ``exit`` (a park, not a hand-off: sent first)
         admitted = self._stop()
         if admitted is None:
             return []

@@ -768,3 +768,33 @@ def test_the_lua_waiting_prefix_is_pythons() -> None:
     folder = resources.files("reactor_app.coordination").joinpath("lua")
     text = folder.joinpath("_common.lua").read_text(encoding="utf-8")
     assert re.findall(r"^local WAITING_PREFIX = '([^']*)'$", text, re.MULTILINE) == [WAITING_PREFIX]
+
+
+def test_a_forked_child_inherits_the_assembled_scripts_and_the_renewal_module() -> None:
+    """A process that forks its workers before any coordination (a prefork pool) prepares
+    what each child would otherwise build again before its first admission: the assembled
+    sources, the Functions library and the renewal module (``scripts._prepare_before_fork``,
+    ``leases._import_renewal_before_fork``). A fresh interpreter, so nothing is built yet."""
+    probe = (
+        "import json, os, sys\n"
+        "from reactor_app.coordination import function_library, leases, script_sources\n"
+        "def state():\n"
+        "    return [script_sources.script_sources.cache_info().currsize,\n"
+        "            function_library.library.cache_info().currsize,\n"
+        "            'reactor_app.coordination.renewal' in sys.modules,\n"
+        "            leases._start_renewal is not None]\n"
+        "before = state()\n"
+        "read, write = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(write, json.dumps(state()).encode())\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(json.dumps([before, json.loads(os.read(read, 1000))]))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    before, in_child = json.loads(completed.stdout)
+    assert before == [0, 0, False, False]
+    assert in_child == [1, 1, True, True]
