@@ -7,6 +7,8 @@ forced by making ``runner.lone_lock`` answer None, as it does for any other step
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,7 +30,7 @@ from reactor_app.exceptions import ReactorError
 from reactor_app.models import CoordinationEvent
 from reactor_app.testing import coordination_state
 from reactor_app.write_behind import flush
-from tests.concurrency.harness import held_elsewhere
+from tests.concurrency.harness import held_elsewhere, now_ns, overlaps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -316,3 +318,48 @@ def test_the_lean_path_is_taken_only_for_one_queueing_lock_called_directly(
     assert taken == []
     assert Locked.call(n=7, mode="success").ok
     assert taken == ["Locked"]
+
+
+# -- real concurrency -----------------------------------------------------------------------
+
+INTERVALS: list[tuple[str, int, int, int]] = []  # (caller, start ns, end ns, fencing token)
+
+
+@with_lock(lambda args: "lean:crowd", ttl=30, wait=10)
+class Crowded(Step):
+    inputs = ("caller",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        start = now_ns()
+        time.sleep(0.01)
+        INTERVALS.append((args["caller"], start, now_ns(), context.fencing_token()))
+        return Success(args["caller"])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_callers_of_one_key_wait_their_turn_on_both_paths(
+    path: str, monkeypatch: pytest.MonkeyPatch, taken: list[str]
+) -> None:
+    """Eight threads call the same locked step at once: each waits (FIFO hand-off, woken by
+    the release), none overlaps another, and the fencing tokens grow in the order of entry."""
+    if path == "general":
+        monkeypatch.setattr(runner, "lone_lock", lambda step_class: None)
+    INTERVALS.clear()
+    outcomes: dict[str, Any] = {}
+    start = threading.Barrier(8)
+
+    def caller(name: str) -> None:
+        start.wait()
+        outcomes[name] = Crowded.call(caller=name)
+
+    threads = [threading.Thread(target=caller, args=(f"c{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert {name: o.value for name, o in outcomes.items()} == {f"c{i}": f"c{i}" for i in range(8)}
+    assert overlaps([(name, begin, end) for name, begin, end, _ in INTERVALS]) == []
+    tokens = [token for *_, token in sorted(INTERVALS, key=lambda i: i[1])]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 8
+    assert len(taken) == (8 if path == "lean" else 0)
+    assert coordination_state().holds() == []
