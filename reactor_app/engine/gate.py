@@ -323,6 +323,36 @@ class Gate:
         self.abandon_position()
         raise error
 
+    def enter_lock(self, wait: float) -> None:
+        """``enter(wait=wait, park=False)`` for a gate whose one declaration is a lock that
+        queues on contention (``engine.locked_call``): the same admission, registrations and
+        events, without the general selection of claims, strategies and re-assigned ordered
+        positions, none of which such a gate has. Raises as ``enter`` does."""
+        (declaration,) = self.declarations
+        key = declaration.compute_key(self.args, reactor=self.scope.reactor, step=self.scope.step)
+        claims = self.claims = [declaration.claim(key)]
+        holder = self._holder()
+        try:
+            if not wait:
+                answer = self.coordinator.admit(claims, holder)
+            else:
+                answer = self.coordinator.admit_waiting(claims, holder, wait, waits=self.waits)
+        except CoordinationUnavailable as exc:
+            raise self._unavailable(exc) from exc
+        _wake(answer.woken)
+        if isinstance(answer, Admitted):
+            self._admitted(answer)
+            return
+        assert isinstance(answer, Refused)  # a lock answers nothing else
+        error = self.coordinator.refusal_error(answer, self.scope.reactor, self.scope.step)
+        self._event(
+            CoordinationEventKind.ACQUISITION_FAILED,
+            answer.claim,
+            retry_after=answer.retry_after,
+            blocker=answer.blocker,
+        )
+        raise error
+
     def _strategy(self, claim: Claim) -> str:
         """The refused claim's ``on_contention`` (``engine.contention``)."""
         for declaration in self.declarations:

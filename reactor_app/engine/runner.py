@@ -25,6 +25,7 @@ from reactor_app.engine.clock import current_clock
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
 from reactor_app.engine.host import gate_scope, host_of, step_context
+from reactor_app.engine.locked_call import call_locked, lone_lock
 from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
 from reactor_app.engine.rollback import run_rollback_hook
 from reactor_app.engine.worker import outage_delay
@@ -443,6 +444,11 @@ def call_step(
         validate_arguments(step_class, args, None, name)
     except InputValidationError as exc:
         return Failure(exc, retryable=False)
+    if parent is None:
+        lock = lone_lock(step_class)
+        if lock is not None:
+            # one lock and nothing else: the same steps without the general set-up
+            return call_locked(step_class, lock, dict(args), name)
     owner = parent.owner if parent is not None else fresh_owner()
     runner = UnitRunner(
         None,
