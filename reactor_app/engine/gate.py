@@ -336,7 +336,10 @@ class Gate:
             if not wait:
                 answer = self.coordinator.admit(claims, holder)
             else:
-                answer = self.coordinator.admit_waiting(claims, holder, wait, waits=self.waits)
+                # as in ``enter``: the wait's UNSUBSCRIBE is sent after the release (``exit``)
+                answer = self.coordinator.admit_waiting(
+                    claims, holder, wait, waits=self.waits, settle_later=True
+                )
         except CoordinationUnavailable as exc:
             raise self._unavailable(exc) from exc
         _wake(answer.woken)
