@@ -333,13 +333,7 @@ class Gate:
         claims = self.claims = [declaration.claim(key)]
         holder = self._holder()
         try:
-            if not wait:
-                answer = self.coordinator.admit(claims, holder)
-            else:
-                # as in ``enter``: the wait's UNSUBSCRIBE is sent after the release (``exit``)
-                answer = self.coordinator.admit_waiting(
-                    claims, holder, wait, waits=self.waits, settle_later=True
-                )
+            answer = self._ask(claims, holder, wait)
         except CoordinationUnavailable as exc:
             raise self._unavailable(exc) from exc
         _wake(answer.woken)
@@ -355,6 +349,16 @@ class Gate:
             blocker=answer.blocker,
         )
         raise error
+
+    def _ask(self, claims: list[Claim], holder: Holder, wait: float | None) -> AdmissionResult:
+        """One admission, or one that waits up to ``wait`` seconds. A wait that ends admitted
+        sends its UNSUBSCRIBE after the release (``exit``), not inside the critical section
+        (``coordination.subscriptions``)."""
+        if not wait:
+            return self.coordinator.admit(claims, holder)
+        return self.coordinator.admit_waiting(
+            claims, holder, wait, waits=self.waits, settle_later=True
+        )
 
     def _strategy(self, claim: Claim) -> str:
         """The refused claim's ``on_contention`` (``engine.contention``)."""
@@ -408,12 +412,8 @@ class Gate:
                     held_keys.announce(registered, self.scope.step)
                 if park:
                     answer = self._admit_or_park(claims, holder)
-                elif not wait:
-                    answer = self.coordinator.admit(claims, holder)
                 else:
-                    answer = self.coordinator.admit_waiting(
-                        claims, holder, wait, waits=self.waits, settle_later=True
-                    )
+                    answer = self._ask(claims, holder, wait)
             except CoordinationUnavailable as exc:
                 raise self._unavailable(exc) from exc
             self._take_positions(answer)
