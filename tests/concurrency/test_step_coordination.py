@@ -286,13 +286,13 @@ def test_sc003_key_is_free_at_once_after_every_outcome(form: str, ending: str) -
     assert holder_box["result"].ok is (ending == "success")
     assert waiter_box["result"].ok, waiter_box["result"].error
     gap_ms = (stamps["waiter_enter"] - stamps["holder_exit"]) / 1e6
-    # The waiter is woken by the release, not by polling (it would otherwise wait out its 10 s
-    # wait): it enters a few ms after the body. On the cluster the wake-up crosses the cluster
-    # bus and a busy 2-core machine has been seen to take a quarter of a second: still woken.
-    from reactor_app.coordination.redis import get_client, is_cluster
-
-    bound_ms = 1000 if is_cluster(get_client()) else 150
-    assert 0 <= gap_ms < bound_ms, gap_ms
+    # The waiter is woken by the release, not by polling: not woken, its next attempt would
+    # come when its 10 s wait ends (the lock's retry hint is its 30 s lease). Woken, it enters a
+    # few ms after the body on a quiet machine; a 2-core machine running two test suites has
+    # been seen to take a fifth of a second on one server and a quarter on the cluster (the
+    # wake-up crosses the cluster bus) — still ten times below the first poll. The bound
+    # separates the two, not fast from slow: speed is the benchmarks' (bench/wake_latency.py).
+    assert 0 <= gap_ms < 1000, gap_ms
     assert_not_locked("acct:7")
 
 
