@@ -158,6 +158,23 @@ def heartbeat(claim: OrderedLockClaim, *, client: Any = None, prefix: str | None
     return reply.status is Status.OK
 
 
+def vouch(
+    user_key: str, position: OrderedPosition, *, client: Any = None, prefix: str | None = None
+) -> bool:
+    """Say a waiting position is alive on its execution's behalf, the line's lifetime left as
+    it is (the sweep, for an execution queued or parked in the database:
+    ``engine.waiting_positions``). False when it was reset, completed or passed over."""
+    client = client or get_client()
+    reply = scripts_for(client).run(
+        "heartbeat",
+        line_keys(user_key, current_prefix(prefix)),
+        [position.nonce, position.epoch, 0],
+        key=user_key,
+        primitive=PRIMITIVE,
+    )
+    return reply.status is Status.OK
+
+
 @dataclass(frozen=True)
 class Position:
     """One waiting (or running) position; ``heartbeat_age`` in seconds."""

@@ -420,6 +420,16 @@ class Gate:
             if held_keys is not None and not isinstance(answer, Admitted):
                 held_keys.settle(registered)
             if isinstance(answer, Refused) and answer.detail.stale:
+                # The place this unit kept is gone: passed over by a later position after
+                # poison_pill_timeout of silence, or the line was reset. It takes a new place
+                # at the back, and says so (docs/coordination.md, "Losing a place in line").
+                self._event(
+                    CoordinationEventKind.ORDERED_SKIPPED,
+                    answer.claim,
+                    by="poison_pill" if answer.detail.reason == "passed" else "reset",
+                    nonce=answer.detail.nonce,
+                    reason="this unit's kept position was found stale; it takes a new one",
+                )
                 self.forget_position()
                 self.claims = []
                 claims = [c for c in self.compute_claims() if wanted(c)]

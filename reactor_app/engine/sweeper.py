@@ -3,8 +3,9 @@
 ``sweep`` re-enqueues executions whose delivery vanished (a killed worker, a message lost with
 a restarted broker, a requeue that could not be sent during an outage): worker executions whose
 heartbeat is older than ``REACTOR_SWEEP_AFTER`` and whose claim is free. It also renews the
-holds parked executions keep (``renew_kept_holds``), completes the heads of ordered lines left
-by executions that ended (``engine.stranded_positions``), and times out overdue interrupts
+holds parked executions keep (``renew_kept_holds``), keeps the places in line of executions
+queued or parked (``engine.waiting_positions``), completes the heads of ordered lines left by
+executions that ended (``engine.stranded_positions``), and times out overdue interrupts
 (``engine.interrupt_delivery.time_out_interrupt``), and publishes the operators' live limit
 overrides again if Redis lost them (``coordination.live_limits``).
 
@@ -40,6 +41,7 @@ from reactor_app.engine.enqueueing import enqueue
 from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_interrupt
 from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, kept_hold
 from reactor_app.engine.stranded_positions import complete_stranded_heads
+from reactor_app.engine.waiting_positions import keep_waiting_positions
 from reactor_app.engine.worker import park_margin
 from reactor_app.exceptions import ReactorError
 from reactor_app.models import Execution, LimitOverride
@@ -79,6 +81,7 @@ def sweep(now: datetime | None = None) -> list[str]:
             enqueue(execution.id)
             enqueued.append(str(execution.id))
     renew_kept_holds(now)
+    keep_waiting_positions(now)
     complete_stranded_heads()
     interrupted = Execution.objects.filter(status=ExecutionStatus.INTERRUPTED).only(
         "id", "context", "current_step"

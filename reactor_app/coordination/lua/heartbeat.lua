@@ -9,7 +9,9 @@ KEYS[3]  holders hash (nonce -> holder json)
 KEYS[4]  waiters zset (waiter id -> nonce)
 ARGV[1]  nonce
 ARGV[2]  epoch (ms, as assigned)
-ARGV[3]  ttl_ms — lifetime of the ordered-lock state after this activity
+ARGV[3]  ttl_ms — lifetime of the ordered-lock state after this activity; 0 keeps the
+         lifetime it has (the sweep vouching for a queued or parked execution, which does not
+         know the declaration's ttl)
 
 Returns {status, json}:
   0 OK    {nonce, last_completed}
@@ -30,5 +32,5 @@ if not redis.call('ZSCORE', k.positions, nonce) then
   return reply(LOST, {nonce = nonce, reason = 'passed'})
 end
 redis.call('ZADD', k.positions, 'XX', now.ms, nonce)
-ordered_touch(k, ttl_ms)
+if ttl_ms > 0 then ordered_touch(k, ttl_ms) end
 return reply(OK, {nonce = nonce, last_completed = ordered_cursor(k)})
