@@ -147,28 +147,27 @@ def assign_position(
 
 def heartbeat(claim: OrderedLockClaim, *, client: Any = None, prefix: str | None = None) -> bool:
     """Say the position is alive; False when it was reset, completed, skipped or passed over."""
-    client = client or get_client()
-    reply = scripts_for(client).run(
-        "heartbeat",
-        line_keys(claim.key, current_prefix(prefix)),
-        [claim.position.nonce, claim.position.epoch, seconds_to_ms(claim.ttl)],
-        key=claim.key,
-        primitive=PRIMITIVE,
-    )
-    return reply.status is Status.OK
+    return _beat(claim.key, claim.position, seconds_to_ms(claim.ttl), client, prefix)
 
 
 def vouch(
     user_key: str, position: OrderedPosition, *, client: Any = None, prefix: str | None = None
 ) -> bool:
-    """Say a waiting position is alive on its execution's behalf, the line's lifetime left as
-    it is (the sweep, for an execution queued or parked in the database:
-    ``engine.waiting_positions``). False when it was reset, completed or passed over."""
+    """``heartbeat`` on a waiting execution's behalf, the line's lifetime left as it is (the
+    sweep, for an execution queued or parked in the database: ``engine.waiting_positions``,
+    which does not know the declaration's ttl)."""
+    return _beat(user_key, position, 0, client, prefix)
+
+
+def _beat(
+    user_key: str, position: OrderedPosition, ttl_ms: int, client: Any, prefix: str | None
+) -> bool:
+    """One ``heartbeat.lua`` call (``ttl_ms`` 0: keep the line's lifetime)."""
     client = client or get_client()
     reply = scripts_for(client).run(
         "heartbeat",
         line_keys(user_key, current_prefix(prefix)),
-        [position.nonce, position.epoch, 0],
+        [position.nonce, position.epoch, ttl_ms],
         key=user_key,
         primitive=PRIMITIVE,
     )

@@ -24,7 +24,13 @@ from django.utils import timezone
 
 from reactor_app.coordination import ordered_lock
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Admitted, Holder, OrderedLockClaim, Refused
+from reactor_app.coordination.claims import (
+    Admitted,
+    Holder,
+    OrderedLockClaim,
+    OrderedPosition,
+    Refused,
+)
 from reactor_app.dsl.declarations import OrderedLockDeclaration
 from reactor_app.engine.gate import Gate, GateScope
 from reactor_app.engine.state import REACTOR_SLOT
@@ -49,13 +55,13 @@ FATES = {
 }
 
 
-def claim(key: str, position: ordered_lock.OrderedPosition) -> OrderedLockClaim:
+def claim(key: str, position: OrderedPosition) -> OrderedLockClaim:
     return OrderedLockClaim(
         key=key, position=position, ttl=LINE_TTL, poison_pill_timeout=PILL, strict=False
     )
 
 
-def waiting_row(fate: str, slot: str, key: str, position: Any) -> Execution:
+def waiting_row(fate: str, slot: str, key: str, position: OrderedPosition) -> Execution:
     status = {"queued": "pending", "deferred": "pending"}.get(fate, fate)
     due = timezone.now() + (timedelta(hours=1) if fate == "deferred" else timedelta(0))
     return Execution.objects.create(
