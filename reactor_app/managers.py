@@ -8,11 +8,12 @@ managers on incremental runs (a warm ``.mypy_cache`` reported ``django-manager-m
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.utils import timezone
@@ -28,6 +29,10 @@ from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind, Executi
 
 if TYPE_CHECKING:
     from reactor_app.models import Execution
+
+_T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
 
 
 class ExecutionQuerySet(models.QuerySet):
@@ -109,8 +114,9 @@ class ExecutionQuerySet(models.QuerySet):
         ).distinct()
 
 
-#: how many times a debounce settle that lost a deadlock is run again (``supersede``)
-SUPERSEDE_ATTEMPTS = 5
+#: how many times a statement or transaction the database aborted as a deadlock's victim is
+#: run (``supersede``, ``claim``: ``_again_on_deadlock``)
+DEADLOCK_ATTEMPTS = 5
 
 
 class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type: ignore[misc]
@@ -128,16 +134,12 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         locked in one order (by id), so two settles do not deadlock on each other's rows; a
         deadlock the database still reports (a chain followed past them, rows another burst's
         settle holds) is retried, never left to run a start that was replaced."""
-        attempt = 1
-        while True:
-            try:
-                with transaction.atomic(using=self.db):
-                    return self._supersede(starts, by, now)
-            except OperationalError as exc:
-                if attempt == SUPERSEDE_ATTEMPTS or not _is_deadlock(exc):
-                    raise
-            time.sleep(0.005 * attempt)
-            attempt += 1
+
+        def once() -> int:
+            with transaction.atomic(using=self.db):
+                return self._supersede(starts, by, now)
+
+        return _again_on_deadlock(once)
 
     def _supersede(self, starts: Any, by: Any, now: datetime) -> int:
         # one lock order for every settle: by id
@@ -188,7 +190,12 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         ``start`` (the first step, named by a new execution's message): a row still pending
         that never started is marked running at that step by the same statement — the pass's
         start, one round trip fewer (``row_statements.claim_sql``). The returned row then has
-        ``claimed_start`` True (a row started before, or only claimed, has it False)."""
+        ``claimed_start`` True (a row started before, or only claimed, has it False).
+
+        The statement is its own transaction on a worker (autocommit), so one the database
+        aborted as a deadlock's victim wrote nothing and is sent again: concurrent debounce
+        settles lock the rows of a burst (``supersede``), and a claim queued on one of them
+        was caught in their cycle — the delivery failed and the start waited for the sweep."""
         model = self.model
         connection = connections[self.db]
         now = timezone.now()
@@ -201,17 +208,20 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
             now,
             start=(ExecutionStatus.PENDING, ExecutionStatus.RUNNING, str(start)) if folds else None,
         )
-        if not connection.features.can_return_columns_from_insert:
-            # a database without RETURNING (SQLite before 3.35): the update, then the read
-            sql = sql[: sql.index(" RETURNING ")]
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                claimed = cursor.rowcount
-            row = self.filter(pk=pk).first() if claimed else None
-        else:
+
+        def once() -> Any:
+            if not connection.features.can_return_columns_from_insert:
+                # a database without RETURNING (SQLite before 3.35): the update, then the read
+                with connection.cursor() as cursor:
+                    cursor.execute(sql[: sql.index(" RETURNING ")], params)
+                    claimed = cursor.rowcount
+                return self.filter(pk=pk).first() if claimed else None
             # all rows fetched at once: SQLite ends an UPDATE ... RETURNING only then
             rows = list(self.raw(sql, params).using(self.db))
-            row = rows[0] if rows else None
+            return rows[0] if rows else None
+
+        # inside a caller's transaction a failed statement aborts the whole of it: not again
+        row = once() if connection.in_atomic_block else _again_on_deadlock(once)
         if row is not None:
             # the start was this statement's when the row now carries its very timestamp
             row.claimed_start = bool(
@@ -487,6 +497,22 @@ class LimitOverrideQuerySet(models.QuerySet):
             setattr(row, field, value)
         row.save()
         return old
+
+
+def _again_on_deadlock(once: Callable[[], _T]) -> _T:
+    """``once()``, run again (after a short pause, up to ``DEADLOCK_ATTEMPTS``) while the
+    database aborts it as a deadlock's victim; ``once`` must be a whole transaction, so that
+    an aborted run wrote nothing."""
+    attempt = 1
+    while True:
+        try:
+            return once()
+        except OperationalError as exc:
+            if attempt == DEADLOCK_ATTEMPTS or not _is_deadlock(exc):
+                raise
+            logger.warning("a deadlock's victim (attempt %d): running it again", attempt)
+        time.sleep(0.005 * attempt)
+        attempt += 1
 
 
 def _is_deadlock(error: OperationalError) -> bool:
