@@ -8,6 +8,7 @@ managers on incremental runs (a warm ``.mypy_cache`` reported ``django-manager-m
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -120,23 +121,36 @@ DEADLOCK_ATTEMPTS = 5
 
 
 class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type: ignore[misc]
-    def supersede(self, starts: Any, by: Any, now: datetime) -> int:
-        """Mark the ``starts`` of a debounce burst that have not run superseded by ``by``, and
-        point the starts they had superseded at ``by`` too, so every superseded row names the
-        one that runs. A compare-and-set on ``pending``: a start a worker already took runs.
-        Returns how many were marked.
+    def supersede(self, starts: Any, by: Any, now: datetime, *, burst: str) -> int:
+        """Mark the ``starts`` of debounce ``burst`` that have not run superseded by ``by``,
+        and point the starts they had superseded at ``by`` too, so every superseded row names
+        the one that runs. A compare-and-set on ``pending``: a start a worker already took
+        runs. Returns how many were marked.
 
-        Two settles of one burst run concurrently (each start settles its own): one may mark
-        ``by`` superseded while this one points rows at it. So ``by``'s row is locked first and,
-        if it was superseded already, its own replacement is named instead (followed to the
-        end): whichever transaction commits second sees the other's pointers and moves them.
-        Without the lock a start could be left naming a start that never runs. The rows are
-        locked in one order (by id), so two settles do not deadlock on each other's rows; a
-        deadlock the database still reports (a chain followed past them, rows another burst's
-        settle holds) is retried, never left to run a start that was replaced."""
+        A start marked here also gets a new ``claim_generation``: a delivery that claimed it
+        and decided to run it, but has not written its start yet, finds its claim gone at that
+        write (``ClaimLost``) and runs nothing. Without it, the delivery's start overwrote the
+        ``superseded`` status and the start ran as well as the one that replaced it.
+
+        Every start of a burst settles on its own, concurrently, and a settle follows and moves
+        pointers beyond the rows it was given, so two settles of one burst could lock rows in
+        opposite orders: on PostgreSQL each deadlock cost a ``deadlock_timeout`` (1 s by
+        default) while the settles held the burst's rows — and the claim statements of their
+        deliveries waited behind them, until a delivery came so late that Redis had let the
+        burst go. So the settles of one burst take turns: a transaction-level advisory lock
+        on the burst's key (``burst_lock_key``) comes first, then ``by``'s row
+        and the chain it was replaced along (``_replacement_of``), whichever commits second
+        seeing the other's pointers. SQLite runs one writer at a time anyway. A deadlock the
+        database still reports (rows another burst's settle holds) is retried."""
 
         def once() -> int:
             with transaction.atomic(using=self.db):
+                connection = connections[self.db]
+                if connection.vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            "SELECT pg_advisory_xact_lock(%s, %s)", burst_lock_key(burst)
+                        )
                 return self._supersede(starts, by, now)
 
         return _again_on_deadlock(once)
@@ -150,6 +164,7 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
             superseded_by=target,
             finished_at=now,
             heartbeat_at=now,
+            claim_generation=models.F("claim_generation") + 1,
         )
         if won:
             replaced = self.filter(pk__in=starts, superseded_by=target).values("pk")
@@ -513,6 +528,20 @@ def _again_on_deadlock(once: Callable[[], _T]) -> _T:
             logger.warning("a deadlock's victim (attempt %d): running it again", attempt)
         time.sleep(0.005 * attempt)
         attempt += 1
+
+
+#: the first half of the advisory lock key of a debounce burst's settles (``burst_lock_key``):
+#: "rd" (reactor_app, debounce), so that they share no key with an application's own locks
+#: that use the two-number form with another first number
+BURST_LOCK_SPACE = 0x7264
+
+
+def burst_lock_key(burst: str) -> tuple[int, int]:
+    """The two-number advisory lock key that serializes the settles of ``burst`` (``supersede``):
+    a fixed space and a 32-bit hash of the burst's key. Two bursts whose keys collide only
+    take turns needlessly."""
+    digest = hashlib.blake2b(burst.encode(), digest_size=4).digest()
+    return BURST_LOCK_SPACE, int.from_bytes(digest, "big", signed=True)
 
 
 def _is_deadlock(error: OperationalError) -> bool:

@@ -15,6 +15,10 @@ ordinary pending execution sent with a countdown; what debounce adds happens at 
    compare-and-set on ``pending``: a start a worker already took simply runs), and this one
    by a later start that replaced it meanwhile (``settle``: concurrent starts commit in any
    order). A superseded start's message still arrives at its due time and finds nothing to do.
+   The mark also takes the claim of a delivery that holds the row (``supersede``): a delivery
+   that decided to run the start finds its claim gone when it writes the start, and does not
+   run it. The settles of one burst take turns (an advisory lock on the burst's key), so they
+   never deadlock on each other's rows (docs/coordination.md, "Debounce").
 
 4. When a start's message is delivered, the worker asks Redis again (``at_delivery``): a start
    that is no longer its burst's latest does not run — it is marked superseded by the latest
@@ -113,7 +117,7 @@ def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
     now = timezone.now()
     try:
         if earlier:
-            Execution.objects.supersede(earlier, execution_id, now)
+            Execution.objects.supersede(earlier, execution_id, now, burst=burst.key)
         newest = debounce.latest(burst.key)
     except Exception:
         logger.exception("could not settle debounced start %s", execution_id)
@@ -121,7 +125,7 @@ def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
     if newest is None or newest == execution_id:
         return
     try:
-        Execution.objects.supersede([execution_id], newest, now)
+        Execution.objects.supersede([execution_id], newest, now, burst=burst.key)
     except IntegrityError:
         pass  # the later start is not committed yet: its own settle marks this one
     except Exception:
@@ -143,7 +147,7 @@ def at_delivery(execution: Execution, burst_key: str) -> str | None:
     try:
         if not Execution.objects.filter(pk=newest).exists():
             return "wait"
-        Execution.objects.supersede([execution.pk], newest, timezone.now())
+        Execution.objects.supersede([execution.pk], newest, timezone.now(), burst=burst_key)
     except DatabaseError:
         # the latest's row went missing meanwhile (IntegrityError), or the database gave up
         # on a contended settle: look again shortly rather than fail the delivery (a failed

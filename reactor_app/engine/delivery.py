@@ -146,6 +146,10 @@ def deliver(
         # nothing ran, the row is still "running", so the next delivery takes over again
         return {**summary, **_retry_after_outage(execution_id, ExecutionStatus.RUNNING)}
     except ClaimLost:
+        if _superseded(execution_id):
+            # a debounced start replaced after this delivery decided to run it, before its
+            # start was written (``ExecutionManager.supersede`` took the claim): nothing ran
+            return {**summary, "outcome": "superseded", "status": ExecutionStatus.SUPERSEDED}
         # Another delivery may run it now, or nobody (the claim vanished with a restarted
         # Redis): look again once a claim would have lapsed; a duplicate is harmless.
         logger.warning("delivery of %s stopped: its claim lapsed", execution_id)
@@ -223,6 +227,13 @@ def _debounced(execution: Execution) -> dict[str, Any] | None:
     if decision == "ended":
         return _unrunnable(Execution.objects.filter(pk=execution.pk).first())
     return None
+
+
+def _superseded(execution_id: str) -> bool:
+    """The row ended ``superseded`` (a debounce settle marked it after this delivery claimed
+    it): a lost claim that needs no second look."""
+    status = Execution.objects.filter(pk=execution_id).values_list("status", flat=True).first()
+    return status == ExecutionStatus.SUPERSEDED
 
 
 def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:

@@ -1,22 +1,40 @@
 """Superseded starts of a debounce burst name the start that runs, whatever order the settles of
-the burst's starts commit in (``ExecutionManager.supersede``).
+the burst's starts commit in, and a start marked superseded never runs
+(``ExecutionManager.supersede``).
 
 Each start of a burst settles on its own, concurrently: one marks ``A`` superseded by ``F``
 while another marks ``F`` superseded by ``C``. Found by the thread test in
-``tests/worker/test_debounce.py`` (six simultaneous starts): when the second settle committed
-first, ``A`` was left naming ``F``, a start that never runs. Here both commit orders, made
-sequential, and every superseded row must name ``C``.
+``tests/worker/test_debounce.py`` (six simultaneous starts), three counterexamples are kept here:
+
+* when the second settle committed first, ``A`` was left naming ``F``, a start that never runs
+  (both commit orders, made sequential: every superseded row must name ``C``);
+* a start its delivery had decided to run was marked superseded before the delivery wrote its
+  start; the start then ran anyway, as well as the one that replaced it, and ended ``succeeded``
+  naming it (the interleaving made exact: the settle runs right after the delivery's decision);
+* the settles of one burst deadlocked on each other's rows, each cycle costing PostgreSQL's
+  ``deadlock_timeout`` while they held the burst's rows; the deliveries' claims queued behind
+  them until Redis had let the burst go, and every start still pending then ran (bursts of six
+  starts from threads: no settle may be a deadlock's victim, and each burst ends with one
+  start that runs and the others naming it).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import uuid
 from datetime import datetime
 
 import pytest
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from reactor_app.coordination import debounce as bursts
+from reactor_app.engine import debounce, delivery, enqueueing
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
+from tests.worker.debounce_reactors import PlainRecompute
+from tests.worker.reactors import records
 
 pytestmark = pytest.mark.django_db
 
@@ -36,10 +54,103 @@ def test_every_superseded_start_names_the_one_that_runs(first: str) -> None:
     a, f, c = _pending("a"), _pending("f"), _pending("c")
     now: datetime = timezone.now()
     if first == "earlier pair":
-        Execution.objects.supersede([a.pk], f.pk, now)
-        Execution.objects.supersede([f.pk], c.pk, now)
+        Execution.objects.supersede([a.pk], f.pk, now, burst="tests")
+        Execution.objects.supersede([f.pk], c.pk, now, burst="tests")
     else:  # the settle that replaced F committed before the one pointing A at F
-        Execution.objects.supersede([f.pk], c.pk, now)
-        Execution.objects.supersede([a.pk], f.pk, now)
+        Execution.objects.supersede([f.pk], c.pk, now, burst="tests")
+        Execution.objects.supersede([a.pk], f.pk, now, burst="tests")
     assert _named(a, f) == [str(c.pk), str(c.pk)]
     assert Execution.objects.get(pk=c.pk).status == ExecutionStatus.PENDING
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The executions whose task would have been sent to the broker (delivered by hand here)."""
+    messages: list[str] = []
+    monkeypatch.setattr(
+        enqueueing, "_enqueue_or_leave_to_sweeper", lambda pk, **_: messages.append(str(pk))
+    )
+    return messages
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_superseded_after_its_delivery_decided_to_run_it_does_not_run(
+    sent: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    burst = f"late-{uuid.uuid4().hex[:8]}"
+    first = PlainRecompute.run_async(account_id=1, version=1, debounce=(burst, 30.0))
+    later: list[Execution] = []
+    decide = debounce.at_delivery
+
+    def decide_then_replaced(execution: Execution, burst_key: str) -> str | None:
+        decision = decide(execution, burst_key)  # the only start yet: it runs
+        # a later start of the burst comes and settles (on its commit) before the delivery
+        # writes the start of its pass
+        later.append(PlainRecompute.run_async(account_id=1, version=2, debounce=(burst, 30.0)))
+        return decision
+
+    monkeypatch.setattr(debounce, "at_delivery", decide_then_replaced)
+    summary = delivery.deliver(str(first.pk))
+    monkeypatch.setattr(debounce, "at_delivery", decide)
+
+    assert summary["outcome"] == "superseded", summary
+    first.refresh_from_db()
+    assert first.status == ExecutionStatus.SUPERSEDED
+    assert first.superseded_by_id == later[0].pk
+    assert first.started_at is None
+    assert records("debounced") == []  # its body never ran
+
+    assert delivery.deliver(str(later[0].pk))["outcome"] == "succeeded"
+    assert [run["version"] for run in records("debounced")] == [2]  # one run: the latest
+
+
+def _six_starts_at_once(burst: str) -> list[Execution]:
+    """Six ``run_async`` calls of one burst from six threads released together; each settles
+    on its own commit, as from six web processes."""
+    started: list[Execution] = []
+    barrier = threading.Barrier(6)
+
+    def start(version: int) -> None:
+        try:
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    # a cycle costs this instead of a second: the test stays short even where
+                    # the settles deadlock
+                    cursor.execute("SET deadlock_timeout = '50ms'")
+            barrier.wait()
+            started.append(
+                PlainRecompute.run_async(account_id=5, version=version, debounce=(burst, 30.0))
+            )
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=start, args=(version,)) for version in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(started) == 6
+    return started
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_settles_of_a_burst_take_turns(
+    sent: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="reactor_app.managers")
+    for round_ in range(6):
+        burst = f"turns-{round_}-{uuid.uuid4().hex[:8]}"
+        started = _six_starts_at_once(burst)
+        latest = bursts.latest(burst)
+        rows = {
+            str(row.pk): row for row in Execution.objects.filter(pk__in=[e.pk for e in started])
+        }
+        assert rows[latest].status == ExecutionStatus.PENDING
+        for pk, row in rows.items():
+            if pk != latest:
+                assert (row.status, str(row.superseded_by_id)) == (
+                    ExecutionStatus.SUPERSEDED,
+                    latest,
+                ), (round_, pk)
+    victims = [r.getMessage() for r in caplog.records if "deadlock's victim" in r.getMessage()]
+    assert victims == []
