@@ -3,6 +3,8 @@
 * ``BenchWorker`` — ``reactor_app.testing.workers.WorkerProcess`` (the one way the project
   starts a real Celery worker) that also imports a benchmark module (``-I``), so the plain
   Celery tasks a benchmark defines as its peers are registered in the worker too.
+* ``cpu_snapshot`` / ``cpu_used`` — the CPU time the processes doing a workload's work spent
+  on it, grouped (the benchmark, the worker, PostgreSQL, Redis), and the whole machine's.
 * ``Written`` — what the configured database has written between two snapshots:
 
   - PostgreSQL: WAL bytes (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()``; the WAL is the
@@ -120,6 +122,62 @@ def process_group(leader: int | None) -> list[int]:
             if int(fields[2]) == leader:  # the field after state and ppid: pgrp
                 members.append(int(entry.name))
     return members
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds (user + system) spent so far by each process of interest, by pid, with
+    its group, and by the whole machine (``cpu_snapshot``)."""
+
+    processes: dict[int, tuple[str, float]]
+    machine: float
+
+
+def cpu_snapshot(worker: list[int]) -> CpuSnapshot:
+    """This process (group ``benchmark``), the ``worker`` processes, and PostgreSQL's and
+    Redis's server processes on this machine (by command name: other databases' traffic on a
+    shared server counts too); ``machine`` is every CPU's busy time (/proc/stat, all but idle
+    and I/O wait). Linux only: empty where /proc is not readable."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    members = set(worker)
+    processes: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name, rest = (entry / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue
+        pid = int(entry.name)
+        if pid == os.getpid():
+            group = "benchmark"
+        elif pid in members:
+            group = "worker"
+        elif name == "postgres":
+            group = "postgres"
+        elif name.startswith("redis-server"):
+            group = "redis"
+        else:
+            continue
+        fields = rest.split()
+        processes[pid] = (group, (int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+    try:
+        times = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return CpuSnapshot({}, 0.0)
+    return CpuSnapshot(processes, (sum(times) - times[3] - times[4]) / ticks)
+
+
+def cpu_used(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
+    """CPU seconds per group between two snapshots: a process that started in between counts
+    from zero; one that exited in between is missed (its last seconds too), which the
+    ``machine`` figure is not."""
+    used = {"benchmark": 0.0, "worker": 0.0, "postgres": 0.0, "redis": 0.0}
+    for pid, (group, seconds) in after.processes.items():
+        earlier = before.processes.get(pid)
+        used[group] += seconds - (earlier[1] if earlier and earlier[0] == group else 0.0)
+    used["machine"] = after.machine - before.machine
+    return used
 
 
 def process_writes(pids: list[int]) -> int:

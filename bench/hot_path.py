@@ -4,6 +4,9 @@ Side by side in one run, against the same Redis and database, interleaved in blo
 background load falls on every row alike, medians in µs:
 
 * a redis-py ``Lock`` acquire + release pair — the peer every ratio is taken against;
+* a Redis ``PING``, for scale: one round trip, which every blocking call of every row pays
+  (on a virtual machine it includes waking a core that slept while waiting, and it is not the
+  same from one run to the next: docs/benchmarks.md, "Round trips on the development VM");
 * a locked no-op ``Step.call`` at the default settings (``REACTOR_TRACKING="full"``) and with
   ``REACTOR_TRACKING="executions"``;
 * a five-primitive no-op ``Step.call``: lock + semaphore + two-window rate limit + period (a
@@ -205,6 +208,9 @@ def main() -> None:
         assert lock.acquire(blocking=False)
         lock.release()
 
+    def ping() -> None:
+        plain.ping()
+
     def locked_call() -> None:
         assert LockedNoop.call().ok
 
@@ -247,6 +253,7 @@ def main() -> None:
             samples = measure(
                 [
                     ("redis-py Lock pair", redis_py_lock, None),
+                    ("Redis PING (one round trip, for scale)", ping, None),
                     ("Coordinator lock admit + release (no engine)", bare_lock_pair, None),
                     ("locked Step.call, default tracking", locked_call, None),
                     (

@@ -3,7 +3,9 @@
 One uncontended acquire + release per iteration, the same key each time, against the same
 Redis in the same run (the contenders interleaved in blocks of 100 iterations, so background
 load hits them alike), measured with ``time.perf_counter_ns``. Also measured: a five-primitive
-admission (ordered gate, period, lock, semaphore, two-window rate limit) + release.
+admission (ordered gate, period, lock, semaphore, two-window rate limit) + release, and, for
+scale, a ``PING``: the round trip every call pays (docs/benchmarks.md, "Round trips on the
+development VM").
 
     python bench/lock_latency.py [--iterations 2000] [--url redis://127.0.0.1:6379/15]
 
@@ -94,6 +96,9 @@ def main() -> None:
         assert lock.acquire(blocking=False)
         lock.release()
 
+    def ping() -> None:
+        plain.ping()
+
     def python_redis_lock() -> None:
         lock = redis_lock.Lock(plain, f"{prefix}:python-redis-lock", expire=60)
         assert lock.acquire(blocking=False)
@@ -128,6 +133,7 @@ def main() -> None:
                 ("python-redis-lock Lock", python_redis_lock),
                 ("reactor_app lock (admit + release)", our_lock),
                 ("reactor_app 5 primitives (admit + release)", five_primitives_admit_release),
+                ("Redis PING (one round trip, for scale)", ping),
             ],
             options.iterations,
         )

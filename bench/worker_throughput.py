@@ -17,7 +17,12 @@ one after another, in an order that rotates from one repetition to the next, so 
 in the machine's load falls on each of them alike; the ratios are taken within a repetition.
 
     python bench/worker_throughput.py [--executions 200] [--repetitions 5] [--processes 2]
-                                      [--store-delivery-results]
+                                      [--store-delivery-results] [--cpu]
+
+``--cpu`` also prints where the CPU went, per execution: the benchmark process (the
+submissions), the worker's processes, PostgreSQL's and Redis's server processes, and the whole
+machine's busy time (``bench._support.cpu_used``; Linux). On a machine the workloads keep
+busy, an execution's throughput is about the cores divided by its machine time.
 
 The Celery tasks store their results in the result backend (Celery's default, and how a Celery
 user gets a task's value); ``reactor_app.run_execution`` does not (its default: the execution
@@ -189,10 +194,21 @@ WORKLOADS: dict[str, Callable[[str, int], None]] = {
 }
 
 
-def measure(submit: Callable[[str, int], None], executions: int, timeout: float) -> float:
-    """Executions per second; 0.0 when not all of them ended within ``timeout``."""
+def measure(
+    submit: Callable[[str, int], None],
+    executions: int,
+    timeout: float,
+    cpu: dict[str, float] | None = None,
+    worker: list[int] | None = None,
+) -> float:
+    """Executions per second; 0.0 when not all of them ended within ``timeout``. With ``cpu``,
+    the CPU ms per execution of each group of ``bench._support.cpu_used`` (the ``worker``
+    processes' among them) is added into it."""
+    from bench._support import cpu_snapshot, cpu_used
+
     run = uuid.uuid4().hex[:8]
     client = get_client()
+    before = cpu_snapshot(worker or []) if cpu is not None else None
     started_ns = time.time_ns()
     for index in range(executions):
         submit(run, index)
@@ -202,6 +218,11 @@ def measure(submit: Callable[[str, int], None], executions: int, timeout: float)
             return 0.0
         time.sleep(0.01)
     ended_ns = max(json.loads(at) for at in client.lrange(done_key(run), 0, -1))
+    if cpu is not None and before is not None:
+        # the last executions' final writes end just after their third body: let them finish
+        time.sleep(0.2)
+        for group, used in cpu_used(before, cpu_snapshot(worker or [])).items():
+            cpu[group] = cpu.get(group, 0.0) + used * 1000 / executions
     client.delete(done_key(run))
     return executions / ((ended_ns - started_ns) / 1e9)
 
@@ -218,13 +239,16 @@ def main() -> None:
         help="store reactor_app.run_execution's return value in the result backend too "
         "(ignore_result=False), as the Celery tasks' results are",
     )
+    parser.add_argument(
+        "--cpu", action="store_true", help="also print the CPU ms per execution, per process"
+    )
     options = parser.parse_args()
     if min(options.executions, options.repetitions, options.processes) < 1:
         parser.error("--executions, --repetitions and --processes must be at least 1")
 
     from django.core.management import call_command
 
-    from bench._support import BenchWorker, backend
+    from bench._support import BenchWorker, backend, process_group
     from reactor_app.models import Execution
 
     if options.store_delivery_results:
@@ -242,6 +266,7 @@ def main() -> None:
     ).start()
     names = list(WORKLOADS)
     rates: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, dict[str, float]] = {name: {} for name in names}
     path = ThroughputReactor.path()
     try:
         print(
@@ -260,7 +285,15 @@ def main() -> None:
             if repetition % 2:
                 order.reverse()
             for name in order:
-                rates[name].append(measure(WORKLOADS[name], options.executions, options.timeout))
+                rates[name].append(
+                    measure(
+                        WORKLOADS[name],
+                        options.executions,
+                        options.timeout,
+                        cpu=cpu[name] if options.cpu else None,
+                        worker=process_group(worker.pid),
+                    )
+                )
             ours, chained, single = (rates[name][-1] for name in names)
             print(
                 f"| {repetition + 1} | {', '.join(str(names.index(n) + 1) for n in order)} | "
@@ -280,6 +313,8 @@ def main() -> None:
         print(f"ratios per run: vs chain {', '.join(ratios_chain)}; vs one task "
               f"{', '.join(ratios_task)}")  # fmt: skip
         print("targets: >= 2x the chain, >= 0.6x one task")
+        if options.cpu:
+            print_cpu(cpu, options.repetitions)
         # the third body ends before its execution's final write: let the last rows finish
         settled = ("succeeded", "failed", "halted", "cancelled")
         deadline = time.monotonic() + 60
@@ -324,6 +359,20 @@ def celery_settings() -> str:
         f"celery: prefetch multiplier {conf.worker_prefetch_multiplier}, result backend "
         f"{conf.result_backend}, pool prefork; {per_task}"
     )
+
+
+def print_cpu(cpu: dict[str, dict[str, float]], repetitions: int) -> None:
+    """The mean CPU ms per execution of each workload, by process group (``--cpu``)."""
+    groups = ("benchmark", "worker", "postgres", "redis", "machine")
+    print("\nCPU ms per execution, mean of the runs (machine: every CPU's busy time)")
+    print("| workload | " + " | ".join(groups) + " |")
+    print("|---|" + "---:|" * len(groups))
+    for name, used in cpu.items():
+        print(
+            f"| {name} | "
+            + " | ".join(f"{used.get(group, 0.0) / repetitions:.2f}" for group in groups)
+            + " |"
+        )
 
 
 def share(value: float, peer: float) -> str:
