@@ -21,19 +21,18 @@ while another marks ``F`` superseded by ``C``. Found by the thread test in
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from datetime import datetime
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.utils import timezone
 
 from reactor_app.coordination import debounce as bursts
 from reactor_app.engine import debounce, delivery, enqueueing
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from tests.worker.debounce_reactors import PlainRecompute
+from tests.worker.debounce_reactors import PlainRecompute, starts_at_once
 from tests.worker.reactors import records
 
 pytestmark = pytest.mark.django_db
@@ -104,33 +103,12 @@ def test_a_start_superseded_after_its_delivery_decided_to_run_it_does_not_run(
     assert [run["version"] for run in records("debounced")] == [2]  # one run: the latest
 
 
-def _six_starts_at_once(burst: str) -> list[Execution]:
-    """Six ``run_async`` calls of one burst from six threads released together; each settles
-    on its own commit, as from six web processes."""
-    started: list[Execution] = []
-    barrier = threading.Barrier(6)
-
-    def start(version: int) -> None:
-        try:
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    # a cycle costs this instead of a second: the test stays short even where
-                    # the settles deadlock
-                    cursor.execute("SET deadlock_timeout = '50ms'")
-            barrier.wait()
-            started.append(
-                PlainRecompute.run_async(account_id=5, version=version, debounce=(burst, 30.0))
-            )
-        finally:
-            close_old_connections()
-
-    threads = [threading.Thread(target=start, args=(version,)) for version in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(started) == 6
-    return started
+def _short_deadlock_timeout() -> None:
+    """A deadlock costs this instead of a second: the test stays short even where the settles
+    deadlock (where they did, before they took turns)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET deadlock_timeout = '50ms'")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -140,7 +118,7 @@ def test_the_settles_of_a_burst_take_turns(
     caplog.set_level(logging.WARNING, logger="reactor_app.managers")
     for round_ in range(6):
         burst = f"turns-{round_}-{uuid.uuid4().hex[:8]}"
-        started = _six_starts_at_once(burst)
+        started = starts_at_once(burst, 30.0, prepare=_short_deadlock_timeout)
         latest = bursts.latest(burst)
         rows = {
             str(row.pk): row for row in Execution.objects.filter(pk__in=[e.pk for e in started])

@@ -1,12 +1,18 @@
-"""Debounced reactors run by the worker tests (``with_debounce``), importable by the workers."""
+"""Debounced reactors run by the worker tests (``with_debounce``), importable by the workers,
+and ``starts_at_once``, the burst of simultaneous starts the tests make of them."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from django.db import close_old_connections
+
 from reactor_app import Reactor, Step, Success, from_input, step, with_debounce
+from reactor_app.models import Execution
 from tests.worker.reactors import record
 
 
@@ -57,3 +63,32 @@ class KeyedOnMissingInput(Reactor):
     inputs = ("account_id", "version")
 
     recompute = step(RecordRun, account_id=from_input("account_id"), version=from_input("version"))
+
+
+def starts_at_once(
+    burst: str, seconds: float, *, count: int = 6, prepare: Callable[[], None] | None = None
+) -> list[Execution]:
+    """``count`` ``PlainRecompute.run_async`` calls of one burst (versions 0 to count - 1) from
+    as many threads released together, each settling on its own commit as from separate web
+    processes; ``prepare`` runs first in each thread (on its own database connection)."""
+    started: list[Execution] = []
+    barrier = threading.Barrier(count)
+
+    def start(version: int) -> None:
+        try:
+            if prepare is not None:
+                prepare()
+            barrier.wait()
+            started.append(
+                PlainRecompute.run_async(account_id=5, version=version, debounce=(burst, seconds))
+            )
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=start, args=(version,)) for version in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(started) == count
+    return started

@@ -8,12 +8,11 @@ Redis clock, so the tests space their starts well inside and well outside them.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
-from django.db import close_old_connections, transaction
+from django.db import transaction
 
 from reactor_app.exceptions import CoordinationKeyError, InputValidationError
 from reactor_app.models import Execution
@@ -23,6 +22,7 @@ from tests.worker.debounce_reactors import (
     KeyedOnMissingInput,
     PlainRecompute,
     Recompute,
+    starts_at_once,
 )
 from tests.worker.reactors import records
 
@@ -89,24 +89,7 @@ def test_max_wait_runs_a_burst_that_never_settles(worker: Any) -> None:
 
 
 def test_a_per_call_debounce_and_concurrent_starts_from_threads(worker: Any) -> None:
-    started: list[Execution] = []
-    barrier = threading.Barrier(6)
-
-    def start(version: int) -> None:
-        try:
-            barrier.wait()
-            started.append(
-                PlainRecompute.run_async(account_id=5, version=version, debounce=("acct5", 1.0))
-            )
-        finally:
-            close_old_connections()
-
-    threads = [threading.Thread(target=start, args=(v,)) for v in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(started) == 6
+    started = starts_at_once("acct5", 1.0)
     results = [execution.wait(timeout=60) for execution in started]
 
     done = runs()
