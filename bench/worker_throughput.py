@@ -291,7 +291,7 @@ def main() -> None:
                         options.executions,
                         options.timeout,
                         cpu=cpu[name] if options.cpu else None,
-                        worker=process_group(worker.pid),
+                        worker=process_group(worker.pid) if options.cpu else None,
                     )
                 )
             ours, chained, single = (rates[name][-1] for name in names)
