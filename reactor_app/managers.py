@@ -124,8 +124,9 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
     def supersede(self, starts: Any, by: Any, now: datetime, *, burst: str) -> int:
         """Mark the ``starts`` of debounce ``burst`` that have not run superseded by ``by``,
         and point the starts they had superseded at ``by`` too, so every superseded row names
-        the one that runs. A compare-and-set on ``pending``: a start a worker already took
-        runs. Returns how many were marked.
+        the one that runs. A compare-and-set on ``pending`` and never started: a start a worker
+        already took runs, even once it is pending again (resumed). Returns how many were
+        marked.
 
         A start marked here also gets a new ``claim_generation``: a delivery that claimed it
         and decided to run it, but has not written its start yet, finds its claim gone at that
@@ -159,7 +160,8 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         # one lock order for every settle: by id
         list(self.select_for_update().filter(pk__in=[*starts, by]).order_by("pk").values_list("pk"))
         target = self._replacement_of(by)
-        won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING).update(
+        # a start that never ran: one that ran and is pending again (resumed) runs on
+        won = self.filter(pk__in=starts, status=ExecutionStatus.PENDING, started_at=None).update(
             status=ExecutionStatus.SUPERSEDED,
             superseded_by=target,
             finished_at=now,

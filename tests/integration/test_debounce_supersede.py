@@ -62,6 +62,16 @@ def test_every_superseded_start_names_the_one_that_runs(first: str) -> None:
     assert Execution.objects.get(pk=c.pk).status == ExecutionStatus.PENDING
 
 
+def test_a_start_that_ran_is_not_superseded_when_it_is_pending_again() -> None:
+    """A start a worker took runs, whatever comes after it — also once it is pending again
+    (an interrupted run resumed) when a late settle of its burst comes."""
+    ran, latest = _pending("ran"), _pending("latest")
+    Execution.objects.filter(pk=ran.pk).update(started_at=timezone.now())
+    assert Execution.objects.supersede([ran.pk], latest.pk, timezone.now(), burst="tests") == 0
+    row = Execution.objects.get(pk=ran.pk)
+    assert (row.status, row.superseded_by_id) == (ExecutionStatus.PENDING, None)
+
+
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The executions whose task would have been sent to the broker (delivered by hand here)."""
