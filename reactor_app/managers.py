@@ -139,10 +139,11 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
         default) while the settles held the burst's rows — and the claim statements of their
         deliveries waited behind them, until a delivery came so late that Redis had let the
         burst go. So the settles of one burst take turns: a transaction-level advisory lock
-        on the burst's key (``burst_lock_key``) comes first, then ``by``'s row
-        and the chain it was replaced along (``_replacement_of``), whichever commits second
-        seeing the other's pointers. SQLite runs one writer at a time anyway. A deadlock the
-        database still reports (rows another burst's settle holds) is retried."""
+        on the burst's key (``burst_lock_key``) comes first (SQLite runs one writer at a time
+        anyway). Each settle still follows the chain ``by`` was replaced along
+        (``_replacement_of``): an earlier settle may have superseded ``by`` already, and the
+        rows are named after the start at its end. A deadlock the database still reports
+        (rows another burst's settle holds) is retried."""
 
         def once() -> int:
             with transaction.atomic(using=self.db):
