@@ -3,20 +3,24 @@ last start, and every other start of it names that one.
 
 A schedule interleaves, on two burst keys (one with a ``max_wait``):
 
-* **start** — ``run_async(..., debounce=...)``; committed at once, or (PostgreSQL) left open in a
-  transaction of its own thread, as a web request that placed its start in Redis and has not
+* **start** — ``run_async(..., debounce=...)``, committed at once; or (PostgreSQL) left open in
+  a transaction of its own thread, as a web request that placed its start in Redis and has not
   committed its row yet (SQLite lets one writer in at a time: a transaction held open there
-  would block every other write of the schedule);
-* **commit** — an open start commits: its row becomes visible and its settle runs (on commit);
-* **deliver** — a committed start's message arrives (a duplicate too, once it ended), never
-  before its due time on the Redis clock, as a countdown delivers it;
+  would block every other write of the schedule); or committed with its settle held back, as a
+  process that stalls between its commit and its on-commit hook;
+* **commit** — an open start commits (its row becomes visible and its settle runs, on commit),
+  or a held-back settle runs;
+* **deliver** — the next message arrives: of the committed starts without an outcome, the one
+  due first, never before its due time on the Redis clock, as a countdown delivers it;
+* **redeliver** — a duplicate of any committed start's message (at least once delivery);
 * **wait** — time passes, so that bursts come due and later starts open new ones.
 
 What the engine promises assumes one thing of the web side (docs/coordination.md, "Debounce"):
-a start commits before it is due — here, an open start is committed when its due time comes
-near. A delivery told to wait (``debounce_wait``: the start that replaced it is not committed
-yet) is delivered again later, as its countdown requeue would be. At the end every open start
-commits and every start is delivered until it has an outcome.
+a start commits, and settles, before it is due — here, an open start is committed and a
+held-back settle run when its due time comes near. A delivery told to wait (``debounce_wait``:
+the start that replaced it is not committed yet) is delivered again later, as its countdown
+requeue would be. At the end every open start commits, every settle runs, and every start is
+delivered until it has an outcome.
 
 Then, with a start's **burst** read off Redis's answer when it was placed (the starts it
 replaces): each burst has exactly one start that ran — its last — whose body ran once; every
@@ -29,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,29 +55,36 @@ pytestmark = pytest.mark.django_db(transaction=True)
 QUIET = 0.15
 MAX_WAIT = 0.25
 #: an open start commits this long (seconds) before its due time at the latest
-COMMIT_MARGIN = 0.01
+COMMIT_MARGIN = 0.002
 #: what a delivery ends with; anything else (``debounce_wait``) is delivered again
 FINAL = {"succeeded", "superseded", "nothing_to_do"}
 
-#: a start: its burst key, held open or not, and the time (seconds) that passes before it
+#: a start: its burst key, how it commits (at once; held open; committed with its settle held
+#: back) and the time (seconds) that passes before it (most often none: bursts of several)
 START = st.tuples(
-    st.just("start"), st.integers(0, 1), st.booleans(), st.sampled_from([0.0, 0.03, 0.08])
+    st.just("start"),
+    st.integers(0, 1),
+    st.sampled_from(["commit", "open", "settle late"]),
+    st.sampled_from([0.0, 0.0, 0.03, 0.08]),
 )
-DELIVER = st.tuples(st.just("deliver"), st.integers(0, 15))
-#: starts and deliveries weigh most: a schedule is mostly bursts and their messages
-operations = st.lists(
-    st.one_of(
-        START,
-        START,
-        START,
-        DELIVER,
-        DELIVER,
-        st.tuples(st.just("commit"), st.integers(0, 7)),
-        st.tuples(st.just("wait"), st.just(0.2)),
+OPERATION = {
+    "start": START,
+    "deliver": st.tuples(st.just("deliver")),
+    "redeliver": st.tuples(st.just("redeliver"), st.integers(0, 15)),
+    "commit": st.tuples(st.just("commit"), st.integers(0, 7)),
+    "wait": st.tuples(st.just("wait"), st.just(0.2)),
+}
+#: a schedule opens with a start; then mostly starts and deliveries
+operations = st.tuples(
+    START,
+    st.lists(
+        st.sampled_from(["start"] * 5 + ["deliver"] * 3 + ["redeliver", "commit", "wait"]).flatmap(
+            OPERATION.__getitem__
+        ),
+        min_size=2,
+        max_size=15,
     ),
-    min_size=3,
-    max_size=16,
-)
+).map(lambda schedule: [schedule[0], *schedule[1]])
 
 
 def redis_now() -> float:
@@ -138,24 +149,38 @@ def start_row(burst: str, version: int) -> Execution:
 
 
 class Schedule:
-    """Runs one generated schedule against the real Redis and database."""
+    """Runs one generated schedule against the real Redis and database.
 
-    def __init__(self, run: str, placed: dict[str, tuple[list[str], float]]) -> None:
+    ``unfinished`` holds what a start has still to do before it is due: commit (an open
+    start: ``OpenStart.commit``, its row not visible yet) or settle (a start committed with its
+    settle held back, ``deferred``); ``finish_due`` does it as its due time nears."""
+
+    def __init__(
+        self, run: str, placed: dict[str, tuple[list[str], float]], deferred: dict[str, Any]
+    ) -> None:
         self.run = run
         self.placed = placed
+        self.deferred = deferred
         self.starts: list[Start] = []
-        self.open: list[tuple[Start, OpenStart]] = []
+        self.unfinished: list[tuple[Start, Callable[[], None]]] = []
+        self.open: set[str] = set()
         self.version = 0
 
-    def start(self, burst_index: int, held_open: bool, after: float) -> None:
+    def start(self, burst_index: int, how: str, after: float) -> None:
         if after:
             self.wait(after)
         burst = f"{self.run}:{burst_index}"
         self.version += 1
-        if held_open and connection.vendor == "postgresql":
+        if how == "open" and connection.vendor == "postgresql":
             opened = OpenStart(burst, self.version)
             assert opened.execution is not None
-            self.open.append((self._recorded(opened.execution, burst), opened))
+            started = self._recorded(opened.execution, burst)
+            self.open.add(started.pk)
+            self.unfinished.append((started, opened.commit))
+        elif how == "settle late":
+            self.deferred["next"] = True
+            started = self._recorded(start_row(burst, self.version), burst)
+            self.unfinished.append((started, self.deferred.pop(started.pk)))
         else:
             self._recorded(start_row(burst, self.version), burst)
 
@@ -166,54 +191,61 @@ class Schedule:
         return start
 
     def commit(self, index: int) -> None:
-        if self.open:
-            _, opened = self.open.pop(index % len(self.open))
-            opened.commit()
+        """An open start commits, or a held-back settle runs."""
+        if self.unfinished:
+            self._finish(self.unfinished[index % len(self.unfinished)])
 
-    def commit_due(self, before: float) -> None:
-        """Commit every open start due before ``before`` (plus the margin): a start commits
-        before it is due."""
-        for pair in [p for p in self.open if p[0].due - COMMIT_MARGIN <= before]:
-            self.open.remove(pair)
-            pair[1].commit()
+    def _finish(self, pair: tuple[Start, Callable[[], None]]) -> None:
+        self.unfinished.remove(pair)
+        self.open.discard(pair[0].pk)
+        pair[1]()
+
+    def finish_due(self, before: float) -> None:
+        """Commit (or settle) every start due before ``before`` plus the margin: a start
+        commits before it is due."""
+        for pair in [p for p in self.unfinished if p[0].due - COMMIT_MARGIN <= before]:
+            self._finish(pair)
 
     def sleep_until(self, moment: float) -> None:
-        """Let time pass up to ``moment`` (Redis clock), committing open starts as they near
-        their due time."""
+        """Let time pass up to ``moment`` (Redis clock), committing open starts (and running
+        held-back settles) as they near their due time."""
         while (now := redis_now()) < moment:
-            self.commit_due(now)
-            nearest = min((s.due - COMMIT_MARGIN for s, _ in self.open), default=moment)
+            self.finish_due(now)
+            nearest = min((s.due - COMMIT_MARGIN for s, _ in self.unfinished), default=moment)
             time.sleep(max(0.0, min(moment, nearest) - now))
-        self.commit_due(redis_now())
+        self.finish_due(redis_now())
 
-    def deliver(self, index: int) -> None:
-        committed = self.committed()
-        if not committed:
-            return
-        target = committed[index % len(committed)]
+    def deliver(self) -> None:
+        """The next message: of the committed starts without an outcome yet, the one due
+        first (a countdown delivers them in that order)."""
+        waiting = [s for s in self.starts if s.pk not in self.open and not FINAL & set(s.outcomes)]
+        if waiting:
+            self._deliver(min(waiting, key=lambda s: s.due))
+
+    def redeliver(self, index: int) -> None:
+        """A message of any committed start, again (brokers deliver at least once)."""
+        committed = [s for s in self.starts if s.pk not in self.open]
+        if committed:
+            self._deliver(committed[index % len(committed)])
+
+    def _deliver(self, target: Start) -> None:
         self.sleep_until(target.due)
-        outcome = delivery.deliver(target.pk)["outcome"]
-        target.outcomes.append(outcome)
-
-    def committed(self) -> list[Start]:
-        held = {s.pk for s, _ in self.open}
-        return [s for s in self.starts if s.pk not in held]
+        target.outcomes.append(delivery.deliver(target.pk)["outcome"])
 
     def wait(self, seconds: float) -> None:
         self.sleep_until(redis_now() + seconds)
 
     def finish(self) -> None:
-        """Commit what is open, then deliver every start until each has an outcome."""
-        for _, opened in self.open:
-            opened.commit()
-        self.open.clear()
+        """Commit what is open and settle what is held back, then deliver every start until
+        each has an outcome."""
+        while self.unfinished:
+            self._finish(self.unfinished[0])
         for _ in range(50):
             pending = [s for s in self.starts if not FINAL & set(s.outcomes)]
             if not pending:
                 return
             for start in pending:
-                self.sleep_until(start.due)
-                start.outcomes.append(delivery.deliver(start.pk)["outcome"])
+                self._deliver(start)
             if any(not FINAL & set(s.outcomes) for s in self.starts):
                 time.sleep(debounce.WAIT_FOR_LATEST)
         raise AssertionError(f"deliveries never ended: {[s.outcomes for s in self.starts]}")
@@ -266,8 +298,19 @@ def test_each_burst_of_a_generated_schedule_runs_once_its_last_start() -> None:
         placed[execution_id] = (list(answer.earlier), redis_now() + answer.due_in)
         return answer
 
+    deferred: dict[str, Any] = {}
+    settle_on_commit = debounce.settle_on_commit
+
+    def settling(burst: debounce.Burst, earlier: list[str], execution_id: str) -> None:
+        # a "settle late" start: its settle is handed to the schedule instead of the commit
+        if deferred.pop("next", False):
+            deferred[execution_id] = lambda: debounce.settle(burst, earlier, execution_id)
+        else:
+            settle_on_commit(burst, earlier, execution_id)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(debounce, "place", placing)
+        patch.setattr(debounce, "settle_on_commit", settling)
         # the messages are delivered by the schedule: none goes to a broker
         patch.setattr(enqueueing, "_enqueue_or_leave_to_sweeper", lambda *a, **k: None)
         patch.setattr(delivery, "enqueue_quietly", lambda *a, **k: True)
@@ -280,14 +323,16 @@ def test_each_burst_of_a_generated_schedule_runs_once_its_last_start() -> None:
         @given(operations)
         # the start that replaced the delivered one is not committed yet: it waits, then
         # finds itself superseded
-        @example([("start", 0, False, 0.0), ("start", 0, True, 0.08), ("deliver", 0)])
+        @example([("start", 0, "commit", 0.0), ("start", 0, "open", 0.08), ("deliver",)])
         # the replaced start commits after the one that replaced it, which already ran
-        @example([("start", 0, True, 0.0), ("start", 0, False, 0.0), ("deliver", 0)])
+        @example([("start", 0, "open", 0.0), ("start", 0, "commit", 0.0), ("deliver",)])
+        # the replacement committed, its settle not run yet: the delivery marks the start
+        @example([("start", 0, "commit", 0.0), ("start", 0, "settle late", 0.08), ("deliver",)])
         # a burst that came due, then a new one on the same key; a duplicate delivery
-        @example([("start", 1, False, 0.0), ("deliver", 0), ("start", 1, False, 0.0),
-                  ("deliver", 0), ("deliver", 1)])  # fmt: skip
+        @example([("start", 1, "commit", 0.0), ("deliver",), ("start", 1, "commit", 0.0),
+                  ("redeliver", 0), ("deliver",)])  # fmt: skip
         def run_schedule(ops: list[tuple[Any, ...]]) -> None:
-            schedule = Schedule(f"sched-{uuid.uuid4().hex[:8]}", placed)
+            schedule = Schedule(f"sched-{uuid.uuid4().hex[:8]}", placed, deferred)
             try:
                 for op, *args in ops:
                     getattr(schedule, op)(*args)
