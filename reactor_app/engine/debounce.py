@@ -113,17 +113,25 @@ def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
     A later start that is not committed yet cannot be named (the foreign key refuses a row that
     is not there); it marks this one itself when it commits. Never raises (an on-commit hook):
     what fails is logged, and a start left unmarked simply runs.
+
+    Only a later start *of this one's burst* replaces it — the burst Redis keeps, as
+    ``at_delivery`` reads it. A settle that comes late (its process stalled between the commit
+    and this hook) may find that burst over and a new one begun on the key: this start was its
+    own burst's last and runs; the new burst's latest is not its replacement. (Asking Redis
+    for the key's latest start alone marked it superseded by the next burst's, and neither
+    burst ran it: found by the generated schedules of ``tests/integration``.)
     """
     now = timezone.now()
     try:
         if earlier:
             Execution.objects.supersede(earlier, execution_id, now, burst=burst.key)
-        newest = debounce.latest(burst.key)
+        current = debounce.starts(burst.key)
     except Exception:
         logger.exception("could not settle debounced start %s", execution_id)
         return
-    if newest is None or newest == execution_id:
+    if execution_id not in current or current[-1] == execution_id:
         return
+    newest = current[-1]
     try:
         Execution.objects.supersede([execution_id], newest, now, burst=burst.key)
     except IntegrityError:

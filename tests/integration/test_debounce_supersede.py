@@ -21,6 +21,7 @@ while another marks ``F`` superseded by ``C``. Found by the thread test in
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import datetime
 
@@ -142,3 +143,34 @@ def test_the_settles_of_a_burst_take_turns(
                 ), (round_, pk)
     victims = [r.getMessage() for r in caplog.records if "deadlock's victim" in r.getMessage()]
     assert victims == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_regression_a_late_settle_does_not_name_the_next_burst_s_start(
+    sent: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the generated schedules (``test_debounce_schedules``) on a loaded machine: a
+    start whose settle ran only after its burst had come due and a new burst had begun on the
+    key was marked superseded by the new burst's start — its own burst's last start, and it
+    never ran."""
+    burst = f"next-{uuid.uuid4().hex[:8]}"
+    held: list[tuple[debounce.Burst, list[str], str]] = []
+    monkeypatch.setattr(debounce, "settle_on_commit", lambda *args: held.append(args))
+    last_of_first = PlainRecompute.run_async(account_id=2, version=1, debounce=(burst, 0.05))
+    monkeypatch.undo()
+    time.sleep(0.1)  # its burst comes due (Redis clock, this machine): the next start opens one
+    first_of_next = PlainRecompute.run_async(account_id=2, version=2, debounce=(burst, 0.05))
+    assert bursts.starts(burst) == [str(first_of_next.pk)]
+    (late,) = held
+    debounce.settle(*late)  # the stalled process's hook, at last
+
+    last_of_first.refresh_from_db()
+    assert (last_of_first.status, last_of_first.superseded_by_id) == (
+        ExecutionStatus.PENDING,
+        None,
+    )
+    assert delivery.deliver(str(last_of_first.pk))["outcome"] == "succeeded"
+    time.sleep(0.06)  # the next burst's start comes due
+    assert delivery.deliver(str(first_of_next.pk))["outcome"] == "succeeded"
+    # one run per burst, each its last start
+    assert sorted(run["version"] for run in records("debounced")) == [1, 2]
