@@ -12,7 +12,8 @@
   or ``info``: unknown) from threads and processes; ``check(operations, model)`` decides
   whether one legal sequential order explains them (a linearizability checker) against
   ``MutexModel``, ``SemaphoreModel``, ``FencedRegisterModel``, ``RateLimitModel`` or
-  ``PeriodModel``, and shows a minimal violating sub-history when none does.
+  ``PeriodModel``, and shows a minimal violating sub-history when none does; a ``ClockWatch``
+  around the recording tells it how far the server's clock stepped ahead meanwhile.
 
 Everything here reads; nothing changes coordination state.
 """
@@ -30,6 +31,7 @@ from reactor_app.testing.assertions import (
     assert_semaphore_count,
     assert_token_greater,
 )
+from reactor_app.testing.clock_watch import ClockWatch
 from reactor_app.testing.history import History, Operation, load, operations
 from reactor_app.testing.linearizability import CheckResult, Violation, check, linearizable
 from reactor_app.testing.sequential_models import (
@@ -52,6 +54,7 @@ from reactor_app.testing.workers import WorkerProcess
 
 __all__ = [
     "CheckResult",
+    "ClockWatch",
     "CoordinationState",
     "FencedRegisterModel",
     "History",

@@ -38,6 +38,9 @@ COMPLETIONS: tuple[str, ...] = ("ok", "fail", "info")
 #: the process name of fault injectors (a Redis restarted empty, a failover): their operations
 #: concern every key of the history
 NEMESIS = "nemesis"
+#: the operation of a ``testing.clock_watch.ClockWatch``: how far the server's clock stepped
+#: ahead of this machine's monotonic clock while the history was recorded
+CLOCK = "clock"
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from reactor_app.testing.history import Operation
+from reactor_app.testing.history import CLOCK, Operation
 
 #: how many search steps one key may take before its verdict is "unknown" (not a pass)
 DEFAULT_BUDGET = 2_000_000
@@ -107,6 +107,9 @@ class CheckResult:
     model: str
     keys: list[KeyResult] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
+    #: how far the server's clock stepped ahead while the history was recorded (a
+    #: ``ClockWatch``'s ``clock`` operation): the leases were checked with that much more slack
+    clock_step_ns: int = 0
 
     @property
     def valid(self) -> bool:
@@ -127,6 +130,12 @@ class CheckResult:
             f"{self.model}: {self.checked} operations checked ({self.operations} recorded) on "
             f"{len(self.keys)} keys, {len(self.violations)} violations"
             + (f", {unknown} keys without a verdict" if unknown else "")
+            + (
+                f"; the server's clock stepped {self.clock_step_ns / 1e6:.1f} ms ahead of this "
+                "machine's monotonic clock: leases checked with that much more slack"
+                if self.clock_step_ns
+                else ""
+            )
         )
 
 
@@ -289,15 +298,26 @@ def check(
 ) -> CheckResult:
     """Check every key of ``ops`` against ``model``; violations are shrunk unless
     ``shrink=False``. A key whose search exceeds ``budget`` steps is ``unknown``, and makes
-    ``valid`` false: a check that gave up has not passed."""
+    ``valid`` false: a check that gave up has not passed.
+
+    A ``clock`` operation (``testing.clock_watch.ClockWatch``) is not searched: the step of
+    the server's clock it reports is added to the model's ``slack_ns`` (a lease may lapse that
+    much earlier than this machine's clock says), and to the result."""
     by_key: dict[str | None, list[Operation]] = defaultdict(list)
     faults: list[Operation] = []
+    step = 0
     for op in ops:
-        if op.key is None:
+        if op.key is None and op.f == CLOCK:
+            step = max(step, int(op.value.get("step_ns", 0) or 0))
+        elif op.key is None:
             faults.append(op)
         else:
             by_key[op.key].append(op)
-    result = CheckResult(model=model.name)
+    if not hasattr(model, "slack_ns"):
+        step = 0  # no leases in this model: nothing a clock could move
+    elif step:
+        model = replace(model, slack_ns=model.slack_ns + step)  # type: ignore[type-var]
+    result = CheckResult(model=model.name, clock_step_ns=step)
     for key in sorted(by_key, key=str):
         key_ops = sorted(by_key[key] + faults, key=lambda op: op.call)
         checked = sum(

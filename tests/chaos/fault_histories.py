@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import pytest
 
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.testing.history import History, Operation, load, operations
+from reactor_app.testing.history import CLOCK, History, Operation, load, operations
 from reactor_app.testing.linearizability import CheckResult, Model, check
 from reactor_app.testing.redis_processes import BUS_OFFSET, START_TIMEOUT, wait_until
 from reactor_app.testing.sequential_models import (
@@ -94,13 +94,22 @@ def key_for(primitive: str, schedule: str) -> str:
 
 
 def verdicts(ops: list[Operation], schedule: str) -> dict[str, CheckResult]:
-    """Each primitive's operations (by their key's stem) checked against its model."""
+    """Each primitive's operations (by their key's stem) checked against its model — recorded
+    under a ``ClockWatch`` (``assert_watched``)."""
+    assert_watched(ops)
     results = {}
     for primitive, model in MODELS.items():
         stem = key_for(primitive, schedule)
         mine = [o for o in ops if o.key is None or o.key.split("@")[0].split("#")[0] == stem]
         results[primitive] = check(settled_buckets(mine), model)
     return results
+
+
+def assert_watched(ops: list[Operation]) -> None:
+    """Every fault schedule is recorded under a ``ClockWatch``: a step of the wall clock the
+    leases lapse on is then allowed for, and said (docs/testing.md, "The server's clock")."""
+    watches = [o for o in ops if o.key is None and o.f == CLOCK]
+    assert len(watches) == 1 and watches[0].status == "ok", watches
 
 
 def report(schedule: str, results: dict[str, CheckResult]) -> str:

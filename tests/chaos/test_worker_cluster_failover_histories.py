@@ -20,12 +20,14 @@ shard.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reactor_app.testing.clock_watch import ClockWatch
+from reactor_app.testing.history import History
 from tests.chaos.fault_histories import SOAK, ClusterWithReplicas, running
 from tests.chaos.test_worker_failover_histories import failover_schedule
 from tests.chaos.worker_histories import worker_settings
@@ -65,7 +67,10 @@ def celery_worker_concurrency() -> int:
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_all_primitives_on_real_workers_through_a_cluster_master_kill(
-    worker: Any, cluster_with_replicas: ClusterWithReplicas, tmp_path: Path
+    worker: Any,
+    cluster_with_replicas: ClusterWithReplicas,
+    tmp_path: Path,
+    clock_watch: Callable[[History], ClockWatch],
 ) -> None:
     cluster = cluster_with_replicas
 
@@ -82,4 +87,5 @@ def test_all_primitives_on_real_workers_through_a_cluster_master_kill(
         rejoin=None,
         rounds=1,
         anchor_lease_lost=False,
+        clock_watch=clock_watch,
     )

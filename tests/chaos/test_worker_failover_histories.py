@@ -53,6 +53,7 @@ from typing import Any
 
 import pytest
 
+from reactor_app.testing.clock_watch import ClockWatch
 from reactor_app.testing.history import History, load, operations
 from reactor_app.testing.linearizability import check
 from reactor_app.testing.redis_processes import START_TIMEOUT, client, wait_until
@@ -140,7 +141,10 @@ def celery_worker_concurrency() -> int:
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_all_primitives_on_real_workers_through_a_sentinel_failover(
-    worker: Any, sentinel_set: FailingOverSentinel, tmp_path: Path
+    worker: Any,
+    sentinel_set: FailingOverSentinel,
+    tmp_path: Path,
+    clock_watch: Callable[[History], ClockWatch],
 ) -> None:
     def fail_over() -> tuple[int, int]:
         old = sentinel_set.kill_master()
@@ -153,6 +157,7 @@ def test_all_primitives_on_real_workers_through_a_sentinel_failover(
         rejoin=lambda killed: sentinel_set.rejoin(killed[0]),
         rounds=1 + int(SOAK // 15),
         anchor_lease_lost=True,
+        clock_watch=clock_watch,
     )
 
 
@@ -186,6 +191,7 @@ def failover_schedule(
     rejoin: Callable[[tuple[int, int]], None] | None,
     rounds: int,
     anchor_lease_lost: bool,
+    clock_watch: Callable[[History], ClockWatch],
 ) -> None:
     """Run ``rounds`` rounds of ``FAILOVER_PLAN`` on the module's worker, each after its
     anchor, ``fail_over()`` (kill a master, wait for its replica to serve; returns (killed
@@ -200,6 +206,7 @@ def failover_schedule(
 
     Account.objects.create(number=FENCED_ACCOUNT, balance=0)
     history = History(path)
+    watch = clock_watch(history)  # stopped before the history is read back
     rng = random.Random(31)
     plan: list[tuple[str, str]] = []
     enqueued: dict[str, tuple[str, int]] = {}
@@ -282,6 +289,7 @@ def failover_schedule(
         line = operator_read(lambda key=key: state.ordered_lock(key))
         assert line.in_flight is None and not line.positions, (key, line)
 
+    watch.stop()
     ops = operations(load(path))
     started = deliveries()
     assert {o.value["pid"] for o in ops if o.f == "entered"} <= set(started)

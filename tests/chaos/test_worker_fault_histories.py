@@ -18,13 +18,15 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reactor_app.coordination.period import bucket_bounds
-from reactor_app.testing.history import Operation, load, operations
+from reactor_app.testing.clock_watch import ClockWatch
+from reactor_app.testing.history import History, Operation, load, operations
 from reactor_app.testing.linearizability import check
 from tests.chaos.fault_histories import SOAK, report
 from tests.chaos.worker_histories import (
@@ -86,7 +88,9 @@ def killed_in_its_delivery(
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_all_primitives_on_real_workers_with_holders_sigkilled(worker: Any, tmp_path: Path) -> None:
+def test_all_primitives_on_real_workers_with_holders_sigkilled(
+    worker: Any, tmp_path: Path, clock_watch: Callable[[History], ClockWatch]
+) -> None:
     """Executions of ten small reactors, enqueued interleaved on one real ``celery worker -c
     4`` — a lock, semaphore (2 slots), rate limit (3 per second), period and ordered lock, at
     step level and at reactor level — while the worker child holding something is SIGKILLed
@@ -101,6 +105,7 @@ def test_all_primitives_on_real_workers_with_holders_sigkilled(worker: Any, tmp_
     from tests.chaos.worker_fault_reactors import EVERY, deliveries, holders
 
     path = tmp_path / "history.jsonl"
+    watch = clock_watch(History(path))  # stopped before the history is read back
     rng = random.Random(31)
     rounds = 1 + int(SOAK // 15)
     plan, enqueued = enqueue(WORKER_PLAN, rounds, path, rng)
@@ -141,6 +146,7 @@ def test_all_primitives_on_real_workers_with_holders_sigkilled(worker: Any, tmp_
     assert set(statuses) <= {(False, "succeeded"), (True, "succeeded"), (True, "halted")}, statuses
     assert sum(kills.values()) >= 4, f"only {dict(kills)} holders killed"
 
+    watch.stop()
     ops = operations(load(path))
     started = deliveries()
     # every body's delivery start is known (the recorder ran in every pool process)

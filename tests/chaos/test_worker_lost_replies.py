@@ -41,14 +41,15 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reactor_app.testing.clock_watch import ClockWatch
 from reactor_app.testing.fault_proxy import FaultProxy
-from reactor_app.testing.history import load, operations
+from reactor_app.testing.history import History, load, operations
 from reactor_app.testing.linearizability import check
 from reactor_app.testing.servers import StandaloneServer
 from tests.chaos.fault_histories import SOAK, report, running
@@ -131,6 +132,7 @@ def test_all_primitives_on_real_workers_with_script_replies_lost(
     coordination_server: StandaloneServer,
     fault_proxy: FaultProxy,
     tmp_path: Path,
+    clock_watch: Callable[[History], ClockWatch],
 ) -> None:
     from demo_project.shop.models import Account
     from reactor_app.models import CoordinationEvent, Execution
@@ -139,6 +141,7 @@ def test_all_primitives_on_real_workers_with_script_replies_lost(
 
     Account.objects.create(number=FENCED_ACCOUNT, balance=0)
     path = tmp_path / "history.jsonl"
+    watch = clock_watch(History(path))  # stopped before the history is read back
     rng = random.Random(31)
     loser = ReplyLoser(seed=31)
     monitor = Monitor(coordination_server.port, tmp_path / "monitor.txt").start()
@@ -191,6 +194,7 @@ def test_all_primitives_on_real_workers_with_script_replies_lost(
         allowed = ("succeeded", "halted") if name == "reactor_period" else ("succeeded",)
         assert run.status in allowed, (name, run.status, run.error)
 
+    watch.stop()
     ops = operations(load(path))
     state = coordination_state()
     # nothing is left held (a release is made after its body recorded its end: a moment)

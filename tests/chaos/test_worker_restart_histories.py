@@ -34,12 +34,13 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reactor_app.testing.clock_watch import ClockWatch
 from reactor_app.testing.history import History, load, operations
 from reactor_app.testing.linearizability import check
 from tests.chaos.fault_histories import SOAK, RestartableServer, report, running
@@ -95,7 +96,10 @@ def celery_worker_concurrency() -> int:
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_all_primitives_on_real_workers_with_redis_restarted_empty(
-    worker: Any, coordination_server: RestartableServer, tmp_path: Path
+    worker: Any,
+    coordination_server: RestartableServer,
+    tmp_path: Path,
+    clock_watch: Callable[[History], ClockWatch],
 ) -> None:
     from demo_project.shop.models import Account
     from reactor_app.models import Execution
@@ -104,6 +108,7 @@ def test_all_primitives_on_real_workers_with_redis_restarted_empty(
 
     Account.objects.create(number=FENCED_ACCOUNT, balance=0)
     path = tmp_path / "history.jsonl"
+    watch = clock_watch(History(path))  # stopped before the history is read back
     history = History(path)
     rng = random.Random(31)
     rounds = 1 + int(SOAK // 15)
@@ -156,6 +161,7 @@ def test_all_primitives_on_real_workers_with_redis_restarted_empty(
         line = state.ordered_lock(key)
         assert line.in_flight is None and not line.positions, (key, line)
 
+    watch.stop()
     ops = operations(load(path))
     started = deliveries()
     assert {o.value["pid"] for o in ops if o.f == "entered"} <= set(started)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from reactor_app.testing.history import Operation
+from reactor_app.testing.history import CLOCK, Operation
 from reactor_app.testing.linearizability import Model
 from reactor_app.testing.sequential_models import (
     FencedRegisterModel,
@@ -28,6 +28,7 @@ from reactor_app.testing.sequential_models import (
     RateLimitModel,
     SemaphoreModel,
 )
+from tests.chaos.fault_histories import assert_watched
 from tests.chaos.worker_fault_reactors import (
     LEASE,
     RATE,
@@ -214,7 +215,9 @@ def worker_histories(
             histories[name_of[session]].append(
                 Operation(o.id, o.process, o.f, keys[session], o.status, o.call, o.ret, value)
             )
-    faults = [o for o in ops if o.key is None and o.f == "lose"]
+    # the nemesis's faults, and the ClockWatch's step of the server's clock
+    assert_watched(ops)
+    faults = [o for o in ops if o.key is None and o.f in ("lose", CLOCK)]
     for history in histories.values():
         history += faults
     writes = [o for o in ops if o.f == "write"]

@@ -271,3 +271,58 @@ def test_regression_an_outage_of_open_acquisitions_does_not_make_the_search_expo
 
     with pytest.raises(CheckerGaveUp):
         linearizable(history, Unpruned(limit=1, slack_ns=0), budget=10_000)
+
+
+# -- the server's clock stepped ahead (reactor_app.testing.clock_watch) ------------------------
+
+#: the counterexamples a soak run met on the development VM while its host paused it: a lock
+#: hold whose lease (500 ms) was gone after 178 ms, and a sliding window (3 per 500 ms) that
+#: admitted a fourth within 445 ms, both at the same moment of the run
+LAPSED_EARLY = [
+    op(1, "acquire", "A", 0.0, 0.337, ttl=0.5, token=1796316104277386),
+    op(2, "release", "A", 178.092, 194.827, released=False),
+]
+WINDOW_FORGOT = [
+    op(1, "acquire", "A", 0.0, 0.363, cost=1),
+    op(2, "acquire", "B", 2.24, 2.771, cost=1),
+    op(3, "acquire", "A", 54.388, 54.842, cost=1),
+    op(4, "acquire", "A", 410.987, 444.521, cost=1),
+]
+
+
+def clock(step_ms: float) -> Operation:
+    """A ``ClockWatch``'s operation spanning the history: the server's clock got ``step_ms``
+    ahead of the monotonic one."""
+    return op(99, "clock", None, -1.0, 500.0, key=None, step_ns=int(step_ms * 1_000_000))
+
+
+@pytest.mark.parametrize(
+    ("history", "model"),
+    [(LAPSED_EARLY, MutexModel()), (WINDOW_FORGOT, RateLimitModel(window=0.5, limit=3))],
+    ids=["lease lapsed early", "window forgot its charges"],
+)
+def test_regression_a_clock_step_is_given_as_slack_and_said(
+    history: list[Operation], model: MutexModel | RateLimitModel
+) -> None:
+    # without a watch (or with one that saw the clock keep pace) it is a violation
+    assert not check(history, model).valid
+    steady = check([*history, clock(0)], model)
+    assert not steady.valid and steady.clock_step_ns == 0
+    assert "stepped" not in steady.summary()
+    # the watch saw the server's clock 350 ms ahead: the lease and the window lapse early by
+    # that much, which explains both; the summary says what was allowed
+    stepped = check([*history, clock(350)], model)
+    assert stepped.valid, stepped.violations
+    assert stepped.clock_step_ns == 350_000_000
+    assert "stepped 350.0 ms ahead" in stepped.summary()
+    # a smaller step does not explain them
+    assert not check([*history, clock(5)], model).valid
+
+
+def test_a_clock_step_does_not_touch_a_model_without_leases() -> None:
+    stale = [
+        op(1, "write", "A", 0, 1, token=5, accepted=True),
+        op(2, "write", "B", 2, 3, token=4, accepted=True),
+    ]
+    result = check([*stale, clock(350)], FencedRegisterModel())
+    assert not result.valid and result.clock_step_ns == 0
