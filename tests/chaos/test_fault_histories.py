@@ -39,7 +39,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,28 +227,40 @@ def test_redis_restarted_empty(private_server: RestartableServer, redis_prefix: 
 def test_sentinel_failover(reactor_redis_sentinel: Any, settings: Any) -> None:
     settings.REACTOR_REDIS_URL = reactor_redis_sentinel.url
     history = History()
-    failed_over: dict[str, float] = {}
 
     def fail_over() -> None:
-        time.sleep(1.5)
         fault = history.nemesis("lose", what="sentinel failover")
-        old = reactor_redis_sentinel.kill_master()
-        reactor_redis_sentinel.wait_for_failover(old)
+        reactor_redis_sentinel.wait_for_failover(reactor_redis_sentinel.kill_master())
         fault.ok()
-        failed_over["at"] = time.monotonic()
+
+    ended = threads_through_a_failover(history, "failover", fail_over, seconds(9.0))
+    assert ended is not None, "the sentinel never promoted the replica"
+    ops = operations(history.events())
+    assert any(o.status == "ok" and o.call > ended for o in ops), "no client went on after it"
+    assert_no_violation("failover", verdicts(ops, "failover"))
+
+
+def threads_through_a_failover(
+    history: History, schedule: str, fail_over: Callable[[], None], duration: float
+) -> int | None:
+    """Clients of every primitive on threads (``threads_of_all_primitives``, under a
+    ``ClockWatch``) while ``fail_over()`` runs on its own thread, 1.5 s in: when it returned
+    (``time.monotonic_ns``), or None when it did not."""
+    ended: list[int] = []
+
+    def run() -> None:
+        time.sleep(1.5)
+        fail_over()
+        ended.append(time.monotonic_ns())
 
     with ClockWatch(history):
-        killer = threading.Thread(target=fail_over)
+        killer = threading.Thread(target=run)
         killer.start()
         try:
-            threads_of_all_primitives(history, "failover", Coordinator, seconds(9.0))
+            threads_of_all_primitives(history, schedule, Coordinator, duration)
         finally:
             killer.join(60)
-    assert "at" in failed_over, "the sentinel never promoted the replica"
-    ops = operations(history.events())
-    after = [o for o in ops if o.status == "ok" and o.call > failed_over["at"] * 1e9]
-    assert after, "no client went on after the failover"
-    assert_no_violation("failover", verdicts(ops, "failover"))
+    return ended[0] if ended else None
 
 
 # -- Redis Cluster: a master killed, its replica promoted --------------------------------------
@@ -269,27 +281,17 @@ def test_cluster_master_killed_and_its_replica_promoted(
         "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in cluster.replica_of.values()) + "/"
     )
     history = History()
-    promoted: dict[str, float] = {}
 
     def fail_over() -> None:
-        time.sleep(1.5)
         fault = history.nemesis("lose", what="cluster master killed")
         _, replica = cluster.kill_busiest_master(redis_prefix)
         cluster.wait_promoted(replica)
         fault.ok()
-        promoted["at"] = time.monotonic()
 
-    with ClockWatch(history):
-        killer = threading.Thread(target=fail_over)
-        killer.start()
-        try:
-            threads_of_all_primitives(history, "cluster", Coordinator, seconds(10.0))
-        finally:
-            killer.join(60)
-    assert "at" in promoted, "the replica was never promoted"
+    ended = threads_through_a_failover(history, "cluster", fail_over, seconds(10.0))
+    assert ended is not None, "the replica was never promoted"
     ops = operations(history.events())
-    after = [o for o in ops if o.status == "ok" and o.call > promoted["at"] * 1e9]
-    assert after, "no client went on after the failover"
+    assert any(o.status == "ok" and o.call > ended for o in ops), "no client went on after it"
     assert_no_violation("cluster", verdicts(ops, "cluster"))
 
 
