@@ -53,13 +53,14 @@ def start(
     )
 
 
-def latest(user_key: str, *, client: Any = None) -> str | None:
-    """The latest start of ``user_key``'s burst, while Redis keeps it."""
-    with unavailable_on_connection_error(key=user_key, primitive=PRIMITIVE):
-        value = (client or get_client()).hget(key(PRIMITIVE, user_key), "latest")
-    if value is None:
+def replacement(user_key: str, execution_id: str, *, client: Any = None) -> str | None:
+    """The start that replaced ``execution_id``: the latest of the burst Redis keeps for
+    ``user_key`` when ``execution_id`` is an earlier start of that burst. None when it is the
+    latest, or not in that burst (its own burst is over: another began, or Redis let it go)."""
+    burst = starts(user_key, client=client)
+    if execution_id not in burst or burst[-1] == execution_id:
         return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return burst[-1]
 
 
 def starts(user_key: str, *, client: Any = None) -> list[str]:

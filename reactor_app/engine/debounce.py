@@ -114,8 +114,8 @@ def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
     is not there); it marks this one itself when it commits. Never raises (an on-commit hook):
     what fails is logged, and a start left unmarked simply runs.
 
-    Only a later start *of this one's burst* replaces it — the burst Redis keeps, as
-    ``at_delivery`` reads it. A settle that comes late (its process stalled between the commit
+    Only a later start *of this one's burst* replaces it (``coordination.debounce.replacement``,
+    as ``at_delivery`` asks it). A settle that comes late (its process stalled between the commit
     and this hook) may find that burst over and a new one begun on the key: this start was its
     own burst's last and runs; the new burst's latest is not its replacement. (Asking Redis
     for the key's latest start alone marked it superseded by the next burst's, and neither
@@ -125,13 +125,12 @@ def settle(burst: Burst, earlier: list[str], execution_id: str) -> None:
     try:
         if earlier:
             Execution.objects.supersede(earlier, execution_id, now, burst=burst.key)
-        current = debounce.starts(burst.key)
+        newest = debounce.replacement(burst.key, execution_id)
     except Exception:
         logger.exception("could not settle debounced start %s", execution_id)
         return
-    if execution_id not in current or current[-1] == execution_id:
+    if newest is None:
         return
-    newest = current[-1]
     try:
         Execution.objects.supersede([execution_id], newest, now, burst=burst.key)
     except IntegrityError:
@@ -147,11 +146,10 @@ def at_delivery(execution: Execution, burst_key: str) -> str | None:
     ``WAIT_FOR_LATEST``); ``"ended"`` when the row stopped being pending meanwhile. A start
     that is not in the burst Redis keeps (the burst ended and
     another began, or Redis let it go) is its burst's last: it runs."""
-    burst = debounce.starts(burst_key)
     me = str(execution.pk)
-    if me not in burst or burst[-1] == me:
+    newest = debounce.replacement(burst_key, me)
+    if newest is None:
         return None
-    newest = burst[-1]
     try:
         if not Execution.objects.filter(pk=newest).exists():
             return "wait"

@@ -54,7 +54,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: the bursts' quiet period (seconds) and the second key's cap on a burst that never settles
 QUIET = 0.15
 MAX_WAIT = 0.25
-#: an open start commits this long (seconds) before its due time at the latest
+#: an open start is committed (a held-back settle run) once its due time is this near
+#: (seconds), before the schedule's next operation
 COMMIT_MARGIN = 0.002
 #: what a delivery ends with; anything else (``debounce_wait``) is delivered again
 FINAL = {"succeeded", "superseded", "nothing_to_do"}
