@@ -32,6 +32,7 @@ from reactor_app import Reactor, Step, Success, signals, step, with_lock
 from reactor_app.models import CoordinationEvent, StepRun
 from reactor_app.testing import within_freshness_bound
 from reactor_app.write_behind import get_writer
+from tests.renewing import KEPT_LEASE, wait_for_rounds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -351,23 +352,26 @@ def test_without_the_flush_on_finish_a_run_waits_for_none_of_its_history(setting
 
 
 def test_extended_events_keep_the_time_of_their_renewal() -> None:
-    @with_lock(lambda args: "behind:renewed", ttl=0.6)
+    @with_lock(lambda args: "behind:renewed", ttl=KEPT_LEASE)
     class Long(Step):
         def run(self, args: dict[str, Any], context: Any) -> Any:
-            time.sleep(1.2)  # two leases: renewed every 0.2 s
+            wait_for_rounds(2)  # renewed every KEPT_LEASE / 3
+            time.sleep(0.2)
             return Success(None)
 
     class LongReactor(Reactor):
         long = step(Long)
 
     result = LongReactor.run()
-    assert result.ok
+    assert result.ok, result.error
     events = list(CoordinationEvent.objects.filter(execution_id=result.execution_id))
     (released,) = [e for e in events if e.kind == "released"]
     extended = sorted(e.at for e in events if e.kind == "extended")
     assert len(extended) >= 2, events
-    # recorded when the step ended, stamped when each renewal happened
-    assert (released.at - extended[0]).total_seconds() > 0.5
+    # recorded together when the step ended, yet stamped when each renewal happened: a
+    # renewal interval apart, the release later still
+    assert (extended[-1] - extended[0]).total_seconds() > 0.1, extended
+    assert (released.at - extended[-1]).total_seconds() > 0.1, (released.at, extended)
     assert extended == sorted(set(extended))
 
 

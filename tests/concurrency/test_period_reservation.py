@@ -38,6 +38,7 @@ from reactor_app.exceptions import PeriodInFlightError
 from reactor_app.models import ContentionState, Execution
 from reactor_app.testing import coordination_state
 from tests.concurrency.harness import now_ns
+from tests.renewing import KEPT_LEASE, wait_for_rounds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -185,17 +186,18 @@ def test_a_killed_holders_reservation_lapses_with_its_lease() -> None:
 
 def test_renewal_keeps_a_live_holders_reservation_past_its_ttl() -> None:
     coordinator = Coordinator()
-    claim = PeriodClaim("report:slow", "day", ttl=0.6)
+    claim = PeriodClaim("report:slow", "day", ttl=KEPT_LEASE)
     held = coordinator.admit([claim], Holder(owner="slow", execution_id="slow-exec"))
     assert isinstance(held, Admitted)
     renewal = Renewal(held, coordinator=coordinator).start()
     try:
-        deadline = time.monotonic() + 2.0  # more than three leases
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 15
+        # four renewals, a third of a lease apart: past the lease it would have lapsed by
+        while renewal.renewals < 4 and time.monotonic() < deadline:
             other = coordinator.admit([claim], Holder(owner="other"))
             assert isinstance(other, Refused), "a live, renewed reservation lapsed"
             time.sleep(0.1)
-        assert renewal.lost is None and renewal.renewals >= 3
+        assert renewal.lost is None and renewal.renewals >= 4
     finally:
         renewal.stop()
     released = coordinator.release(held, "success")
@@ -343,7 +345,7 @@ def test_a_lock_and_a_period_on_one_key_are_both_renewed_and_only_the_lock_repor
     from reactor_app.coordination.claims import LockClaim
 
     coordinator = Coordinator()
-    claims = [LockClaim("both", ttl=0.6), PeriodClaim("both", "day", ttl=0.6)]
+    claims = [LockClaim("both", ttl=KEPT_LEASE), PeriodClaim("both", "day", ttl=KEPT_LEASE)]
     held = coordinator.admit(claims, Holder(owner="both-owner", execution_id="both-exec"))
     assert isinstance(held, Admitted)
     reported: list[tuple[str, int]] = []
@@ -352,7 +354,7 @@ def test_a_lock_and_a_period_on_one_key_are_both_renewed_and_only_the_lock_repor
     )
     renewal.start()
     try:
-        time.sleep(1.5)  # more than two leases
+        assert wait_for_rounds(4) >= 4  # past the lease: both would have lapsed without them
         assert renewal.lost is None
         assert coordination_state().lock("both").held
         assert coordination_state().period_reserved("both", "day") is not None

@@ -39,6 +39,7 @@ from tests.concurrency.harness import (
     overlaps,
     run_in_processes,
 )
+from tests.renewing import KEPT_LEASE, wait_for_rounds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -353,10 +354,10 @@ def test_renewal_events_name_their_primitive() -> None:
 
     class Slow(Step):
         def run(self, args: dict[str, Any], context: Any) -> Any:
-            time.sleep(0.5)
+            wait_for_rounds(1)
             return Success(None)
 
-    @with_semaphore(lambda inputs: "renewed-pool", limit=2, ttl=0.6)
+    @with_semaphore(lambda inputs: "renewed-pool", limit=2, ttl=KEPT_LEASE)
     class Pool(Reactor):
         work = step(Slow)
 

@@ -59,6 +59,7 @@ from reactor_app.exceptions import (
     RateLimitExceeded,
     SemaphoreAcquisitionError,
 )
+from tests.renewing import KEPT_LEASE, wait_for_rounds
 
 ALICE = Holder(owner="alice", execution_id="exec-a", step="charge", reactor="shop.Payment")
 BOB = Holder(owner="bob", execution_id="exec-b", step="charge", reactor="shop.Payment")
@@ -677,7 +678,7 @@ def test_live_holds_are_attributed(coordinator: Coordinator) -> None:
 
 
 def test_renewal_reports_a_lost_lease(coordinator: Coordinator) -> None:
-    held = coordinator.admit([LockClaim("lease", ttl=0.6)], ALICE)
+    held = coordinator.admit([LockClaim("lease", ttl=KEPT_LEASE)], ALICE)
     assert isinstance(held, Admitted)
     lost: list[LeaseLost] = []
     extended: list[tuple[str, int]] = []
@@ -688,10 +689,10 @@ def test_renewal_reports_a_lost_lease(coordinator: Coordinator) -> None:
         on_extended=lambda key_, ms: extended.append((key_, ms)),
     ).start()
     try:
-        time.sleep(0.5)
+        wait_for_rounds(1)
         assert renewal.lost is None and extended and extended[0][0] == "lease"
         coordinator.force_release("lock", "lease")
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 5
         while renewal.lost is None and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
@@ -719,16 +720,21 @@ def test_many_holds_are_renewed_by_one_thread_in_shared_pipelines(
     admissions: list[Admitted] = []
     try:
         for n in range(20):
-            admitted = coordinator.admit([LockClaim(f"many:{n}", ttl=0.6)], Holder(owner=f"o{n}"))
+            claim = LockClaim(f"many:{n}", ttl=KEPT_LEASE)
+            admitted = coordinator.admit([claim], Holder(owner=f"o{n}"))
             assert isinstance(admitted, Admitted)
             admissions.append(admitted)
             renewals.append(Renewal(admitted, coordinator=coordinator).start())
         rounds_before = scheduler().rounds
-        time.sleep(1.5)  # 2.5 leases: without renewal every lock would have lapsed
+        # four renewals, a third of a lease apart: past the lease, so without them every lock
+        # would have lapsed
+        deadline = time.monotonic() + 15
+        while min(r.renewals for r in renewals) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
         threads = [t for t in threading.enumerate() if t.name.startswith("reactor-renewal")]
         assert len(threads) == 1 and len(before - {t.ident for t in threads}) == 0
         for n, renewal in enumerate(renewals):
-            assert renewal.lost is None and renewal.renewals >= 3, (n, renewal.renewals)
+            assert renewal.lost is None and renewal.renewals >= 4, (n, renewal.renewals)
             assert state.lock_state(f"many:{n}", client=coordinator.client).held
         rounds = scheduler().rounds - rounds_before
         renewed = sum(r.renewals for r in renewals)
