@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 #: a renewal due within this fraction of its interval rides along with an earlier one
 COALESCE_FRACTION = 0.2
 
+#: a renewal's reasons for a lease gone from Redis (not taken over: that is never early)
+GONE = frozenset({"released", "expired"})
+
 #: cleared entries a heap may hold before it is compacted (and then only once they are most
 #: of it): compacting is a pass over the heap, paid for by this many removals
 COMPACT_AFTER = 256
@@ -175,7 +178,8 @@ class Renewal:
     def _renewed(self, sent_at: float, extended: Extended) -> bool:
         """Apply one round's answer for the leases; False when one was lost."""
         if extended.lost:
-            self._lose(*extended.lost[0])
+            hold, reason = extended.lost[0]
+            self._lose(hold, self._early(hold, reason, sent_at))
             return False
         for hold in self.positions:
             assert isinstance(hold.claim, OrderedLockClaim)
@@ -194,6 +198,20 @@ class Renewal:
                 except Exception:
                     logger.exception("on_extended callback failed")
         return True
+
+    def _early(self, hold: Hold, reason: str, sent_at: float) -> str:
+        """``reason``, and when Redis found the lease gone while this process's monotonic clock
+        still gave it time, how much and what can cause that: a lease lapses in Redis by the
+        server's wall clock, so a renewal that reached the server late, or a step of that clock,
+        ends it sooner than the holder counts (docs/coordination.md, "Fencing tokens")."""
+        left = _lease_seconds(hold) - (sent_at - self.granted_at)
+        if reason not in GONE or left <= 0:
+            return reason
+        return (
+            f"{reason} with {left:.2f} s of its lease left by this process's clock: released "
+            "by an operator, or the renewal reached Redis late (a stalled thread, server or VM) "
+            "or the server's clock stepped ahead"
+        )
 
     def _lose(self, hold: Hold, reason: str) -> None:
         if self.lost is not None:

@@ -702,6 +702,12 @@ def test_renewal_reports_a_lost_lease(coordinator: Coordinator) -> None:
     assert renewal.lost is not None and lost == [renewal.lost]
     assert renewal.lost.key == "lease"  # type: ignore[attr-defined]
     assert renewal.lost.token == held.holds[0].token  # type: ignore[attr-defined]
+    # gone from Redis while this process's clock still gave it most of a lease: said, with
+    # what can cause it (an operator, as here, or a renewal that reached Redis late)
+    reason = renewal.lost.fields()["reason"]
+    left = float(reason.removeprefix("released with ").split(" s of its lease left")[0])
+    assert 0 < left <= KEPT_LEASE, reason
+    assert "by an operator" in reason and "stalled" in reason, reason
     with pytest.raises(LeaseLost):
         renewal.raise_if_lost()
 
