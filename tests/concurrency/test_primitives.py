@@ -260,7 +260,7 @@ def test_a_renewal_round_stuck_on_a_slow_redis_holds_up_no_other_holds_release(
     finally:
         quick.release(other, "success")
         quick.release(stuck, "success")
-    assert took < 0.5, took
+    assert took < 1.5, took  # never the stuck round's 2 s
 
 
 def test_a_renewal_due_with_a_stuck_one_stops_without_waiting_for_its_client(
@@ -286,7 +286,7 @@ def test_a_renewal_due_with_a_stuck_one_stops_without_waiting_for_its_client(
         stuck.stop()
         quick.release(second, "success")
         slow.release(first, "success")
-    assert took < 0.5, took
+    assert took < 1.5, took  # never the stuck round's 2 s
 
 
 #: the restarted renewal's lease, and its renewal round (a third of it)
@@ -507,6 +507,11 @@ def test_a_wait_reports_the_waiters_its_first_refusal_granted(
     assert answer.woken == ["parked-head"]
 
 
+#: seconds: a wait that came back sooner was woken by the release (the only other ends are a
+#: 10 s wait and a 30 s lease); generous, as a loaded machine can stall a thread for a while
+WOKEN_WITHIN = 2.0
+
+
 def test_admit_waiting_is_woken_by_the_release(
     url: str, prefix: str, coordinator: Coordinator
 ) -> None:
@@ -529,7 +534,9 @@ def test_admit_waiting_is_woken_by_the_release(
     assert isinstance(entered["result"], Admitted)
     latency = entered["at"] - released_at
     print(f"woken {latency * 1000:.2f} ms after the release")
-    assert latency < 0.25, latency  # far below the 30 s lease and the 10 s wait
+    # woken by the release: nothing else could end the wait before the 10 s wait or the 30 s
+    # lease (no polling). How fast is bench/wake_latency.py's question, not a test's.
+    assert latency < WOKEN_WITHIN, latency
     coordinator.release(entered["result"], "success")
 
 
@@ -576,7 +583,7 @@ def test_a_thread_that_waits_again_reuses_its_wake_subscription(private_redis: A
             event.set()
         thread.join(10)
     # every wait was woken by its release (a 30 s lease, a 10 s wait otherwise)
-    assert max(latencies) < 0.25, latencies
+    assert max(latencies) < WOKEN_WITHIN, latencies
     # The first round opened what the two threads need (pool connections, one subscription).
     # Closing each wait's subscription made every later round reconnect (9 more here); a
     # later round may still open one when both threads happen to need the pool at once.
