@@ -613,6 +613,8 @@ class Gate:
             "key": key,
             "token": error.token,
             "primitive": error.primitive or self._primitive_of(key),
+            # why, as the error says it: gone, taken over, or run out by the clock
+            "reason": error.extra.get("reason"),
             "at": timezone.now(),  # recorded later: stamped when it was detected
         }
         self.deferred_events.append((CoordinationEventKind.LEASE_LOST, detail))

@@ -30,7 +30,7 @@ from reactor_app.exceptions import (
     DefinitionError,
     LockAcquisitionError,
 )
-from reactor_app.models import StepRun
+from reactor_app.models import CoordinationEvent, StepRun
 from reactor_app.testing import assert_not_locked, coordination_state
 from tests.concurrency.harness import (
     held_elsewhere,
@@ -294,17 +294,21 @@ def test_a_lost_reactor_lease_reaches_the_step_at_its_checkpoint() -> None:
     class Long(Step):
         def run(self, args: dict[str, Any], context: Any) -> Any:
             Coordinator().force_release("lock", "lease:1")  # an operator takes the key away
-            time.sleep(0.5)  # renewals run every ttl/3 = 0.2 s and find the hold gone
+            wait_for_rounds(1)  # the next renewal finds the hold gone
             context.checkpoint()
             return Success("should not get here")
 
-    @with_lock(lambda inputs: "lease:1", ttl=0.6)
+    @with_lock(lambda inputs: "lease:1", ttl=KEPT_LEASE)
     class Leased(Reactor):
         work = step(Long)
 
     result = Leased.run()
     assert isinstance(result.error, LeaseLost)
     assert result.error.key == "lease:1"
+    # recorded, with why: gone from Redis while the holder's clock still gave it time
+    (lost,) = CoordinationEvent.objects.filter(execution_id=result.execution_id, kind="lease_lost")
+    assert lost.key == "lease:1" and lost.detail["reason"].startswith("released with "), lost.detail
+    assert "by an operator" in lost.detail["reason"], lost.detail
 
 
 def test_a_raising_coordination_receiver_never_strands_a_hold() -> None:
