@@ -257,6 +257,19 @@ class TrackingWriter:
             self._count(write_rows(events, snapshot, progress))
         final_write(None)
 
+    def _flush_from_thread(self) -> None:
+        """The writer thread's flush: its connection checked first (the database may have
+        restarted while it slept), unless another thread's flush took the rows meanwhile.
+        Checked under ``_flushing``, which that flush holds too: a test's teardown flush, after
+        which the test loses its database access, leaves the thread nothing to touch the
+        database for (it used to log a failed flush at the end of such tests)."""
+        with self._flushing:
+            with self._lock:
+                if not self._size():
+                    return
+            close_old_connections()
+            self._write_buffer(None)
+
     def _write_buffer(self, finishing: Any) -> int:
         """Write what is buffered; the caller holds ``_flushing``."""
         events, snapshot, progress = self._take(finishing)
@@ -315,8 +328,7 @@ class TrackingWriter:
                     released, self._release = self._release, []
                 if not idle:
                     try:
-                        close_old_connections()
-                        self.flush()
+                        self._flush_from_thread()
                     except Exception:  # the writer must survive a database outage
                         logger.exception("tracking writer: flush failed")
                         time.sleep(reactor_settings.TRACKING_FLUSH_INTERVAL)

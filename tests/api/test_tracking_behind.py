@@ -324,6 +324,35 @@ def test_rows_wait_in_the_buffer_for_the_writer_not_the_caller(settings: Any) ->
     assert waited < 0.5 + 1.0  # ...which writes them within the bound (plus scheduling)
 
 
+def test_the_writer_leaves_the_database_alone_when_another_flush_took_its_rows(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush on another thread (a test's teardown, after which the test has no database
+    access) may take the rows the writer thread woke up for. The writer must then not touch
+    the database at all: it used to check its connection first and log a failed flush."""
+    from reactor_app import write_behind
+    from reactor_app.tracking import record_coordination
+
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.3
+    writer = get_writer()
+    writer.flush()
+    checked: list[str] = []
+    real = write_behind.close_old_connections
+
+    def counted() -> None:
+        checked.append(threading.current_thread().name)
+        real()
+
+    monkeypatch.setattr(write_behind, "close_old_connections", counted)
+    for attempt in range(3):
+        record_coordination("acquired", primitive="lock", key=f"behind:taken:{attempt}", owner="")
+        time.sleep(0.05)  # the writer thread wakes and waits out the flush interval
+        assert writer.flush() == 1  # ...while this thread takes the row
+        time.sleep(0.5)  # past the interval: the writer wakes for a row that is gone
+    assert checked == [], checked
+    assert CoordinationEvent.objects.filter(key__startswith="behind:taken:").count() == 3
+
+
 def test_without_the_flush_on_finish_a_run_waits_for_none_of_its_history(settings: Any) -> None:
     settings.REACTOR_TRACKING_FLUSH_ON_FINISH = False
     assert OneLockedStep.run().ok  # warm
