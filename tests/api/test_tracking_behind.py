@@ -168,6 +168,7 @@ def slow_run() -> Iterator[tuple[threading.Event, dict[str, Any]]]:
 
     def run() -> None:
         try:
+            seen["before"] = stamp()
             seen["result"] = SlowReactor.run()
         finally:
             connection.close()
@@ -194,9 +195,10 @@ def test_a_step_slower_than_the_freshness_bound_shows_started_while_it_runs(
 
     (live,) = within_freshness_bound(running_in_api)
     assert live["step"] == "slow" and live["finished_at"] is None
-    # stamped when the step started, not when the row was written
+    # stamped when the step started, not when the row was written (after the body began):
+    # between the call and the body, however long either took on a loaded machine
     started_at = datetime.fromisoformat(live["started_at"].replace("Z", "+00:00"))
-    assert abs((started_at - seen["entered"]).total_seconds()) < 0.2
+    assert seen["before"] <= started_at <= seen["entered"], (seen, started_at)
     release.set()
     assert within_freshness_bound(lambda: seen.get("result"), timeout=30).ok
     (done,) = StepRun.objects.filter(execution_id=execution)
@@ -333,7 +335,7 @@ def test_the_writer_leaves_the_database_alone_when_another_flush_took_its_rows(
     from reactor_app import write_behind
     from reactor_app.tracking import record_coordination
 
-    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.3
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 1.0  # this thread takes the rows well before
     writer = get_writer()
     writer.flush()
     checked: list[str] = []
@@ -344,13 +346,13 @@ def test_the_writer_leaves_the_database_alone_when_another_flush_took_its_rows(
         real()
 
     monkeypatch.setattr(write_behind, "close_old_connections", counted)
-    for attempt in range(3):
+    for attempt in range(2):
         record_coordination("acquired", primitive="lock", key=f"behind:taken:{attempt}", owner="")
         time.sleep(0.05)  # the writer thread wakes and waits out the flush interval
         assert writer.flush() == 1  # ...while this thread takes the row
-        time.sleep(0.5)  # past the interval: the writer wakes for a row that is gone
+        time.sleep(1.2)  # past the interval: the writer wakes for a row that is gone
     assert checked == [], checked
-    assert CoordinationEvent.objects.filter(key__startswith="behind:taken:").count() == 3
+    assert CoordinationEvent.objects.filter(key__startswith="behind:taken:").count() == 2
 
 
 def test_without_the_flush_on_finish_a_run_waits_for_none_of_its_history(settings: Any) -> None:
@@ -400,7 +402,7 @@ def test_extended_events_keep_the_time_of_their_renewal() -> None:
     # recorded together when the step ended, yet stamped when each renewal happened: a
     # renewal interval apart, the release later still
     assert (extended[-1] - extended[0]).total_seconds() > 0.1, extended
-    assert (released.at - extended[-1]).total_seconds() > 0.1, (released.at, extended)
+    assert released.at > extended[-1], (released.at, extended)
     assert extended == sorted(set(extended))
 
 

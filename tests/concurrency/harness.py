@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
@@ -16,7 +17,15 @@ from typing import Any
 from django.db import connections
 
 from reactor_app.coordination.admission import Coordinator
-from reactor_app.coordination.claims import Admitted, Holder, LockClaim, SemaphoreClaim
+from reactor_app.coordination.claims import (
+    Admitted,
+    Claim,
+    Holder,
+    LockClaim,
+    Refused,
+    SemaphoreClaim,
+)
+from reactor_app.coordination.replies import TrackedHold
 
 Interval = tuple[str, int, int]
 
@@ -108,3 +117,61 @@ def churn_between_pages(
         churn.append(fresh)
     while len(churn) > 4:
         coordinator.release(churn.pop(0), "success")
+
+
+def redis_micros(hold: Any) -> int:
+    """Admission time of a hold, from Redis ``TIME`` (``"seconds.micros"``), in µs."""
+    assert isinstance(hold, TrackedHold)
+    seconds, micros = hold.detail["time"].split(".")
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def refused_micros(refused: Refused) -> int:
+    """When Redis refused, from its ``TIME``, in µs."""
+    seconds, micros = refused.detail.time.split(".")
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def probe_across_edge(
+    coordinator: Coordinator, claim: Claim, edge_micros: int, name: str, timeout: float = 10.0
+) -> None:
+    """Admit ``claim`` from just before ``edge_micros`` (Redis time) until it is admitted, and
+    assert that the edge is exact: every refusal was answered before it, the admission at or
+    after it. Judged by Redis's own clock, not by when the test slept: a probe a stalled
+    thread sent late is admitted, and that is right."""
+    left = (edge_micros - redis_now_micros(coordinator)) / 1_000_000
+    time.sleep(max(left - 0.05, 0))
+    deadline = time.monotonic() + timeout
+    refusals: list[int] = []
+    while True:
+        answer = coordinator.admit([claim], Holder(owner=f"{name}-{len(refusals)}"))
+        if isinstance(answer, Admitted):
+            admitted_at = redis_micros(answer.holds[-1])
+            coordinator.release(answer, "success")
+            break
+        assert isinstance(answer, Refused), answer
+        refusals.append(refused_micros(answer))
+        assert time.monotonic() < deadline, "never admitted past the edge"
+        time.sleep(0.01)
+    assert all(at < edge_micros for at in refusals), (refusals, edge_micros)
+    assert admitted_at >= edge_micros, (admitted_at, edge_micros)
+
+
+def redis_now_micros(coordinator: Coordinator) -> int:
+    seconds, micros = coordinator.client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def start_in_line_order(threads: list[threading.Thread], key: str, timeout: float = 10.0) -> None:
+    """Start ``threads`` one at a time, each once the one before has taken its place on the
+    ordered lock ``key`` (or ended): arrival order is the list's however slow the machine is,
+    never a guess at how long a start takes."""
+    from reactor_app.testing import coordination_state
+
+    for thread in threads:
+        before = coordination_state().ordered_lock(key).next
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while coordination_state().ordered_lock(key).next == before and thread.is_alive():
+            assert time.monotonic() < deadline, f"{thread.name} never took a place on {key!r}"
+            time.sleep(0.005)

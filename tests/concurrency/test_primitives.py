@@ -49,8 +49,8 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.coordination.redis import get_client, redis_url
 from reactor_app.coordination.renewal import Renewal, scheduler
-from reactor_app.coordination.replies import TrackedHold
 from reactor_app.coordination.scripts import scripts_for
+from tests.concurrency.harness import probe_across_edge, redis_micros
 
 FORK = multiprocessing.get_context("fork")
 
@@ -127,13 +127,6 @@ def peak_concurrency(intervals: Sequence[Interval]) -> int:
         level += delta
         peak = max(peak, level)
     return peak
-
-
-def redis_micros(hold: Any) -> int:
-    """Admission time of a hold, from Redis ``TIME`` (``"seconds.micros"``), in µs."""
-    assert isinstance(hold, TrackedHold)
-    seconds, micros = hold.detail["time"].split(".")
-    return int(seconds) * 1_000_000 + int(micros)
 
 
 def holder(name: str) -> Holder:
@@ -553,9 +546,10 @@ def test_a_thread_that_waits_again_reuses_its_wake_subscription(private_redis: A
         for round_, key in enumerate(keys):
             go[round_].wait(10)
             result = coordinator.admit_waiting([LockClaim(key, ttl=30)], holder(f"w{round_}"), 10)
-            woken.append((time.monotonic(), result))
+            at = time.monotonic()
             if isinstance(result, Admitted):
                 coordinator.release(result, "success")
+            woken.append((at, result))  # released first: the next round may take the key
 
     thread = threading.Thread(target=waiter)
     thread.start()
@@ -576,7 +570,6 @@ def test_a_thread_that_waits_again_reuses_its_wake_subscription(private_redis: A
             at, result = woken[round_]
             assert isinstance(result, Admitted), (round_, result)
             latencies.append(at - released_at)
-            time.sleep(0.05)  # the waiter's own release
             connections.append(int(private_redis.info("stats")["total_connections_received"]))
     finally:
         for event in go:
@@ -751,10 +744,8 @@ def test_rate_limit_retry_after_is_exact_to_the_window_edge(coordinator: Coordin
     expected = (firsts[0] + 1_000_000 - refused_at) / 1_000_000
     assert abs(refused.retry_after - expected) < 0.002, (refused.retry_after, expected)
 
-    time.sleep(max(refused.retry_after - 0.05, 0))
-    assert isinstance(coordinator.admit([claim], holder("early")), Refused)  # edge not reached
-    time.sleep(0.06)
-    assert isinstance(coordinator.admit([claim], holder("on-time")), Admitted)
+    # refused until the edge, by Redis's clock; admitted from it
+    probe_across_edge(coordinator, claim, firsts[0] + 1_000_000, "probe")
 
 
 # -- period -------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from tests.concurrency.harness import (
     now_ns,
     overlaps,
     run_in_processes,
+    start_in_line_order,
 )
 from tests.renewing import KEPT_LEASE, wait_for_rounds
 
@@ -161,15 +162,13 @@ def test_reactor_ordered_lock_orders_by_start() -> None:
     def start(n: int) -> None:
         from django.db import connection
 
-        time.sleep(n * 0.2)  # starts far enough apart to stay ordered on a loaded machine
         try:
             assert Ordered.run(ledger="L", n=n).ok
         finally:
             connection.close()
 
     threads = [threading.Thread(target=start, args=(n,)) for n in range(5)]
-    for thread in threads:
-        thread.start()
+    start_in_line_order(threads, "ledger:L")  # started in order of n
     for thread in threads:
         thread.join(30)
     assert order == [0, 1, 2, 3, 4]

@@ -51,6 +51,7 @@ from tests.concurrency.harness import (
     now_ns,
     overlaps,
     run_in_processes,
+    start_in_line_order,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -816,16 +817,13 @@ def test_ordered_lock_at_step_level_passes_in_arrival_order_and_strict_stops_the
     def arrive(n: int) -> None:
         from django.db import connection
 
-        # arrival order = n, spaced widely enough to hold on a loaded 2-core machine
-        time.sleep(n * 0.15)
         try:
             results[n] = R.run(stream="s", n=n)
         finally:
             connection.close()
 
     threads = [threading.Thread(target=arrive, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
+    start_in_line_order(threads, "seq:s")  # arrival order = n
     for thread in threads:
         thread.join(60)
     assert entered == [0, 1, 2, 3]  # in position order; after 3 failed, the line stopped

@@ -26,8 +26,8 @@ from reactor_app.coordination import rate_limit
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, RateLimitClaim, RateWindow, Refused
 from reactor_app.coordination.redis import get_client, redis_url
-from reactor_app.coordination.replies import TrackedHold
 from reactor_app.exceptions import DefinitionError, RateLimitCostError, RateLimitExceeded
+from tests.concurrency.harness import probe_across_edge, redis_micros, refused_micros
 
 FORK = multiprocessing.get_context("fork")
 
@@ -44,17 +44,6 @@ def coordinator(url: str, redis_prefix: str) -> Coordinator:
 
 def holder(name: str) -> Holder:
     return Holder(owner=name, execution_id=f"exec-{name}", step="work", reactor="tests.Weighted")
-
-
-def redis_micros(hold: Any) -> int:
-    assert isinstance(hold, TrackedHold)
-    seconds, micros = hold.detail["time"].split(".")
-    return int(seconds) * 1_000_000 + int(micros)
-
-
-def refused_micros(refused: Refused) -> int:
-    seconds, micros = refused.detail.time.split(".")
-    return int(seconds) * 1_000_000 + int(micros)
 
 
 def run_processes(target: Callable[..., Any], arg_list: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -188,12 +177,10 @@ def test_retry_after_is_exact_for_the_cost(coordinator: Coordinator) -> None:
     expected = (times[1] + 1_000_000 - refused_micros(seven)) / 1_000_000
     assert abs(seven.retry_after - expected) < 0.002, (seven.retry_after, expected)
 
-    # and the hint is exact, not early: just before it, refused; just after, admitted
-    time.sleep(max(seven.retry_after - 0.05, 0))
+    # and the hint is exact, not early: refused until the edge (by Redis's clock), admitted
+    # from it
     late = RateLimitClaim("exact", (window,), cost=7)
-    assert isinstance(coordinator.admit([late], holder("early")), Refused)
-    time.sleep(0.07)
-    assert isinstance(coordinator.admit([late], holder("on-time")), Admitted)
+    probe_across_edge(coordinator, late, times[1] + 1_000_000, "probe")
 
 
 def test_fixed_strategy_charges_the_cost_with_incrby(coordinator: Coordinator) -> None:

@@ -25,16 +25,18 @@ KEY = "acct:wake"
 
 
 class CountingCoordinator(Coordinator):
-    """Counts the admissions each waiter asks for."""
+    """Counts the admissions each waiter asks for, and when it asked (monotonic)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.asked: dict[str | None, int] = {}
+        self.asked_at: dict[str | None, list[float]] = {}
         self._guard = threading.Lock()
 
     def admit(self, claims: Any, holder: Holder, *, waiter_id: str | None = None) -> Any:
         with self._guard:
             self.asked[waiter_id] = self.asked.get(waiter_id, 0) + 1
+            self.asked_at.setdefault(waiter_id, []).append(time.monotonic())
         return super().admit(claims, holder, waiter_id=waiter_id)
 
 
@@ -124,14 +126,15 @@ def test_the_release_wakes_the_waiter_it_names_and_only_that_one() -> None:
     Coordinator().release(holder, "success")
     wait_until(lambda: first.entered is not None, 5, "the named waiter was not woken")
     assert first.entered - released_at < 1.0  # woken by the release, not by a timeout
-    time.sleep(0.15)  # the first holds the key for 0.3 s
-    # the second was not named: it slept through the release and asked nothing
-    assert coordinator.asked.get("wait:second") == before["wait:second"]
 
     second.join(10)
     first.join(10)
     assert isinstance(second.answer, Admitted)
     assert first.left is not None and second.entered is not None
+    # the second was not named: it slept through the holder's release and asked nothing
+    # while the first held the key (judged by when it asked, not by a sleep of this thread)
+    asked_meanwhile = [t for t in coordinator.asked_at["wait:second"] if released_at <= t]
+    assert all(t >= first.left for t in asked_meanwhile), (asked_meanwhile, first.left)
     assert second.entered >= first.left  # no overlap
     assert second.entered - first.left < 1.0  # woken by the first's release
     assert coordinator.asked["wait:second"] == before["wait:second"] + 1
