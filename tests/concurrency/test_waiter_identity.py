@@ -351,11 +351,12 @@ def test_a_woken_parked_delivery_is_admitted_by_its_grant_without_waiting(
 
 
 def test_a_waiter_waiting_in_process_wakes_on_a_grant_to_its_parked_form(
-    coordinator: Coordinator,
+    redis_prefix: str,
 ) -> None:
     """A delivery waiting in-process as ``wait:exec-b`` while the line holds ``exec-b`` (a
     duplicate delivery of the execution asked in its parked form meanwhile) is woken by the
     release's grant to ``exec-b``, and admitted by it."""
+    coordinator = _Recording(redis_prefix)
     key = "acct:wake-form"
     first = coordinator.admit([LockClaim(key, ttl=30)], Holder(owner="a"))
     assert isinstance(first, Admitted)
@@ -371,7 +372,12 @@ def test_a_waiter_waiting_in_process_wakes_on_a_grant_to_its_parked_form(
         )
     )
     waiter.start()
-    time.sleep(0.3)  # let it subscribe; then the duplicate delivery parks as exec-b
+    # it subscribes and asks once more (in the form it waits in); only then does the
+    # duplicate delivery park as exec-b, the form that asked last
+    deadline = time.monotonic() + 10
+    while coordinator.asked.count(waiting) < 2:
+        assert time.monotonic() < deadline, coordinator.asked
+        time.sleep(0.01)
     assert isinstance(
         coordinator.admit([LockClaim(key)], Holder(owner="b"), waiter_id="exec-b"), Refused
     )

@@ -120,10 +120,11 @@ def test_weighted_costs_never_exceed_the_window_budget_under_four_processes(
     )
     admissions = [a for worker in results for a in worker]
     fullest = assert_no_window_over_budget(admissions, window)
-    # the budget is used, not starved: close to 20 units per 0.3 s over 2 s, and some window
-    # is nearly full (costs up to 20 cannot always pack a window exactly)
+    # the budget is used, not starved: close to 20 units per 0.3 s over 2 s (~130; at least
+    # 50, as a stall of a loaded machine costs whole windows), and some window is nearly full
+    # (costs up to 20 cannot always pack a window exactly)
     charged = sum(cost for _, cost in admissions)
-    assert charged >= 80, charged
+    assert charged >= 50, charged
     assert fullest >= 15, fullest
     # every process got some admissions of its own
     assert all(results), [len(r) for r in results]

@@ -205,7 +205,9 @@ def test_synchronous_waiters_are_admitted_in_the_order_they_queued() -> None:
 def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_grant() -> None:
     """A caller whose wait runs out leaves the key's waiter order. And when a release had
     already handed the free key to a waiter that then leaves, the key goes on to the next
-    waiter at once, not when the unused grant lapses."""
+    waiter at once, not when the unused grant lapses. (The waiter that leaves is a parked
+    one: its grant lasts HANDOFF_GRANT_MS, 3 s, so a stall of this test between the release
+    and the leave cannot let it lapse first, as an in-process waiter's 0.5 s could.)"""
     holder = hold("holder")
     claim = LockClaim(KEY, ttl=30)
     impatient = Waiter("impatient", hold_for=0.0, budget=0.3, log=[])
@@ -215,7 +217,7 @@ def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_gr
     assert Coordinator().waiters(claim) == []  # it left when its wait ran out
 
     coordinator = Coordinator()
-    assert coordinator.register_waiter(claim, "wait:leaving")  # queued first, then gone
+    assert coordinator.register_waiter(claim, "exec-leaving")  # queued first, then gone
     # the order is by Redis time in ms (ids break a tie): let the next waiter come strictly later
     time.sleep(0.005)
     log: list[str] = []
@@ -223,13 +225,13 @@ def test_a_synchronous_waiter_that_gives_up_leaves_the_queue_and_hands_on_its_gr
     patient.start()
     wait_until(lambda: len(coordinator.waiters(claim)) == 2, 5, "the patient one never queued")
     leaving, patient_id = coordinator.waiters(claim)
-    assert leaving == "wait:leaving" and patient_id.startswith("wait:")
-    coordinator.release(holder, "success")  # grants the free key to "wait:leaving"
+    assert leaving == "exec-leaving" and patient_id.startswith("wait:")
+    coordinator.release(holder, "success")  # grants the free key to "exec-leaving"
     time.sleep(0.05)
     assert log == []  # the patient one is not named: it sleeps
     left_at = time.monotonic()
-    assert coordinator.unregister_waiter(claim, "wait:leaving") == [patient_id]
+    assert coordinator.unregister_waiter(claim, "exec-leaving") == [patient_id]
     patient.join(10)
     assert isinstance(patient.answer, Admitted), patient.answer
-    # handed on at once — not when the grant lapses (WAITING_GRANT_MS, 0.45 s after the leave)
-    assert patient.entered is not None and patient.entered - left_at < 0.3
+    # handed on at once — not when the grant lapses (HANDOFF_GRANT_MS, ~2.9 s after the leave)
+    assert patient.entered is not None and patient.entered - left_at < 1.5

@@ -181,7 +181,7 @@ class ExclusiveReactor(Reactor):
     side = step(SideLockedStep, key=from_input("key"), side=from_input("side"))
 
 
-@with_lock(exclusive_key, ttl=0.5)
+@with_lock(exclusive_key, ttl=0.9)
 class BriefLeaseReactor(Reactor):
     """The same with a reactor-level lease shorter than the park (1-2 s in its test module)."""
 

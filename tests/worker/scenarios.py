@@ -57,7 +57,8 @@ def forty_on_one_key_never_overlap(account: int) -> list[Execution]:
 
 
 def parked_waiters_are_woken(account: int, waiters: int = 3) -> list[Execution]:
-    first = PaymentReactor.run_async(account_id=account, hold=0.6)
+    # held long enough that every waiter parks while it is held, on a loaded machine too
+    first = PaymentReactor.run_async(account_id=account, hold=3.0)
     wait_until(lambda: records("enter:charge"), 30, message="the first never entered charge")
     parked = [PaymentReactor.run_async(account_id=account, hold=0.1) for _ in range(waiters)]
     wait_until(

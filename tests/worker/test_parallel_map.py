@@ -86,7 +86,9 @@ def test_elements_fan_out_to_every_worker_slot_while_the_parent_parks(worker: An
 
 
 def test_results_join_in_element_order_not_completion_order(worker: Any) -> None:
-    execution = ParallelMapReactor.run_async(items=items(1.0, 0.1, 0.4), fail_on=-1)
+    # the first element outlasts the others by seconds: it finishes last however late a
+    # loaded machine starts the others
+    execution = ParallelMapReactor.run_async(items=items(3.0, 0.1, 0.4), fail_on=-1)
     result = execution.wait(timeout=20)
     assert result.ok, result.error
 

@@ -8,7 +8,9 @@ with ``LeaseLost``. Rollback after the resume, and a contention ceiling reached 
 release the adopted hold.
 
 The worker's park backoff is 1-2 s for a first park (base 2 s, equal jitter), longer than the
-0.5 s reactor-level lease of ``BriefLeaseReactor``: without the lengthening it would lapse.
+0.9 s reactor-level lease of ``BriefLeaseReactor``: without the lengthening it would lapse.
+(Not shorter: between the admission and the park the lease lives on its renewals alone, and
+a 0.5 s lease lapses after a 0.33 s stall of a loaded machine — tests/renewing.py.)
 The tests release the step lock they hold through ``wake`` (as a gate's release would), so the
 parked execution resumes at once rather than at its backoff.
 """
@@ -179,7 +181,7 @@ def test_a_park_in_a_step_keeps_the_reactor_lock_and_resumes_without_reacquiring
 
 
 def test_a_reactor_lock_outlives_a_park_several_times_its_ttl(worker: Any) -> None:
-    """A 0.5 s reactor-level lease kept across parks of 1-2 s each: the park lengthens it, so
+    """A 0.9 s reactor-level lease kept across parks of 1-4 s each: the park lengthens it, so
     no intruder ever gets in while the workflow sleeps, and the resume re-adopts it."""
     outer = "excl:2"
     step_lock = hold_lock("side:2")
@@ -204,7 +206,7 @@ def test_a_reactor_lock_outlives_a_park_several_times_its_ttl(worker: Any) -> No
         thread = threading.Thread(target=intruder, daemon=True)
         thread.start()
         with LockSampler(outer) as sampler:
-            # at least one whole park and its redelivery, several times the 0.5 s ttl
+            # at least one whole park and its redelivery, longer than the 0.9 s ttl
             wait_until(
                 lambda: ContentionState.objects.get(execution=execution, step="side").attempts >= 2,
                 30,

@@ -188,9 +188,9 @@ def test_a_deferred_run_is_vouched_for_once_it_is_due(settings: Any) -> None:
     key = f"waiting:due:{uuid.uuid4().hex}"
     first = coordinator.assign_position(key, Holder(owner="first"), LINE_TTL)
     row = waiting_row("deferred", REACTOR_SLOT, key, first)
-    time.sleep(0.5)
+    time.sleep(2.0)  # an age a stall of a loaded machine cannot fake after the vouch below
     sweep()
-    assert ordered_lock.ordered_state(key).positions[0].heartbeat_age >= 0.5  # not vouched
+    assert ordered_lock.ordered_state(key).positions[0].heartbeat_age >= 2.0  # not vouched
     Execution.objects.filter(pk=row.pk).update(heartbeat_at=timezone.now())
     sweep()
-    assert ordered_lock.ordered_state(key).positions[0].heartbeat_age < 0.5
+    assert ordered_lock.ordered_state(key).positions[0].heartbeat_age < 1.5

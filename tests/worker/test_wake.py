@@ -31,7 +31,9 @@ WORKER_SETTINGS = {
 
 def test_parked_waiters_are_woken_by_the_release(worker: Any) -> None:
     started = timezone.now()
-    first = PaymentReactor.run_async(account_id=11, hold=0.6)
+    # held long enough that every waiter reaches the gate and parks while it is held, on a
+    # loaded machine too (a waiter arriving once the chain has ended would just run)
+    first = PaymentReactor.run_async(account_id=11, hold=3.0)
     wait_until(lambda: records("enter:charge"), 20, message="the first never entered charge")
     waiters = [PaymentReactor.run_async(account_id=11, hold=0.3) for _ in range(4)]
     wait_until(
