@@ -229,6 +229,47 @@ def test_a_holder_whose_reservation_is_gone_does_not_mark_a_bucket_another_marke
     assert coordination_state().period_marked_by("report:lost", "day") == "second-exec"
 
 
+def test_regression_a_holder_whose_reservation_lapsed_does_not_mark_a_bucket_another_holds() -> (
+    None
+):
+    """Found by the Sentinel failover schedule under ``make soak`` (a loaded machine): one
+    holder's admission reply came 0.73 s after it was sent, past its 0.5 s lease; another was
+    admitted to the bucket meanwhile; then both bodies succeeded and both releases marked the
+    bucket — two successes of one bucket. The first release found its reservation gone and the
+    bucket not marked *yet*, and marked it. A reservation gone while another holder's is live
+    now leaves the mark to that holder (as when the other has marked already): the late one is
+    reported not held."""
+    coordinator = Coordinator()
+    claim = PeriodClaim("report:overtaken", "day", ttl=0.3)
+    first = coordinator.admit([claim], Holder(owner="first", execution_id="first-exec"))
+    assert isinstance(first, Admitted)
+    deadline = time.monotonic() + 5.0
+    while not isinstance(
+        second := coordinator.admit([claim], Holder(owner="second", execution_id="second-exec")),
+        Admitted,
+    ):
+        assert time.monotonic() < deadline, "the lapsed reservation was never freed"
+        time.sleep(0.05)
+    late = coordinator.release(first, "success")  # the second still holds its reservation
+    assert late.marked == [] and late.not_held == [("period", "report:overtaken")]
+    assert coordination_state().period_marked_by("report:overtaken", "day") is None
+    assert coordinator.release(second, "success").marked == [("period", "report:overtaken")]
+    assert coordination_state().period_marked_by("report:overtaken", "day") == "second-exec"
+
+
+def test_a_holder_whose_reservation_lapsed_unchallenged_still_marks_its_bucket() -> None:
+    """The other side of the rule above: a lapsed reservation nobody took meanwhile marks
+    the bucket on success, so the work is not run again for it."""
+    coordinator = Coordinator()
+    claim = PeriodClaim("report:unchallenged", "day", ttl=0.1)
+    first = coordinator.admit([claim], Holder(owner="first", execution_id="first-exec"))
+    assert isinstance(first, Admitted)
+    time.sleep(0.3)  # lapsed (a stall only lets it lapse further)
+    released = coordinator.release(first, "success")
+    assert released.marked == [("period", "report:unchallenged")]
+    assert coordination_state().period_marked_by("report:unchallenged", "day") == "first-exec"
+
+
 # -- re-entrancy ----------------------------------------------------------------------------
 
 

@@ -86,8 +86,11 @@ local function release_period(keys, spec)
   -- a bucket that is over needs no mark, and a newer bucket's mark must never be replaced;
   -- nor this bucket's mark by a holder whose reservation is gone (it lapsed, or a restarted
   -- Redis lost it) when another holder marked the bucket meanwhile: that one's success is the
-  -- bucket's, and this release reports the hold as not held, not as a second mark
-  if outcome == 'success' and now.seconds < finish then
+  -- bucket's, and this release reports the hold as not held, not as a second mark. The same
+  -- while another holder's reservation is live: its release will mark the bucket or free it,
+  -- and a mark now would make its success the bucket's second
+  local overtaken = entry ~= nil and not ours and entry.expires > now.ms
+  if outcome == 'success' and now.seconds < finish and not overtaken then
     local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
     if current < start or (current == start and ours) then
       redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
