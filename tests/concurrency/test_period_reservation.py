@@ -206,14 +206,11 @@ def test_renewal_keeps_a_live_holders_reservation_past_its_ttl() -> None:
     assert coordination_state().period_marked_by("report:slow", "day") == "slow-exec"
 
 
-def test_a_holder_whose_reservation_is_gone_does_not_mark_a_bucket_another_marked() -> None:
-    """Found by the restart fault schedule (tests/chaos/test_fault_histories.py): a holder's
-    reservation vanished (here its lease lapsed; there a Redis restarted empty), another holder
-    was admitted and marked the bucket, then the first one's body ended in success. Its
-    release used to mark the bucket again and report it marked — two successes of one bucket
-    in the history. It now reports the hold as not held and leaves the mark to the other."""
+def overtaken(key: str) -> tuple[Coordinator, Admitted, Admitted]:
+    """A day's bucket of ``key`` reserved by "first" with a 0.3 s lease that lapses, then by
+    "second" (admitted as soon as the first's reservation is gone)."""
     coordinator = Coordinator()
-    claim = PeriodClaim("report:lost", "day", ttl=0.3)
+    claim = PeriodClaim(key, "day", ttl=0.3)
     first = coordinator.admit([claim], Holder(owner="first", execution_id="first-exec"))
     assert isinstance(first, Admitted)
     deadline = time.monotonic() + 5.0
@@ -223,6 +220,16 @@ def test_a_holder_whose_reservation_is_gone_does_not_mark_a_bucket_another_marke
     ):
         assert time.monotonic() < deadline, "the lapsed reservation was never freed"
         time.sleep(0.05)
+    return coordinator, first, second
+
+
+def test_a_holder_whose_reservation_is_gone_does_not_mark_a_bucket_another_marked() -> None:
+    """Found by the restart fault schedule (tests/chaos/test_fault_histories.py): a holder's
+    reservation vanished (here its lease lapsed; there a Redis restarted empty), another holder
+    was admitted and marked the bucket, then the first one's body ended in success. Its
+    release used to mark the bucket again and report it marked — two successes of one bucket
+    in the history. It now reports the hold as not held and leaves the mark to the other."""
+    coordinator, first, second = overtaken("report:lost")
     assert coordinator.release(second, "success").marked == [("period", "report:lost")]
     late = coordinator.release(first, "success")
     assert late.marked == [] and late.not_held == [("period", "report:lost")]
@@ -239,17 +246,7 @@ def test_regression_a_holder_whose_reservation_lapsed_does_not_mark_a_bucket_ano
     bucket not marked *yet*, and marked it. A reservation gone while another holder's is live
     now leaves the mark to that holder (as when the other has marked already): the late one is
     reported not held."""
-    coordinator = Coordinator()
-    claim = PeriodClaim("report:overtaken", "day", ttl=0.3)
-    first = coordinator.admit([claim], Holder(owner="first", execution_id="first-exec"))
-    assert isinstance(first, Admitted)
-    deadline = time.monotonic() + 5.0
-    while not isinstance(
-        second := coordinator.admit([claim], Holder(owner="second", execution_id="second-exec")),
-        Admitted,
-    ):
-        assert time.monotonic() < deadline, "the lapsed reservation was never freed"
-        time.sleep(0.05)
+    coordinator, first, second = overtaken("report:overtaken")
     late = coordinator.release(first, "success")  # the second still holds its reservation
     assert late.marked == [] and late.not_held == [("period", "report:overtaken")]
     assert coordination_state().period_marked_by("report:overtaken", "day") is None
