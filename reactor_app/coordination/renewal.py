@@ -201,16 +201,17 @@ class Renewal:
 
     def _early(self, hold: Hold, reason: str, sent_at: float) -> str:
         """``reason``, and when Redis found the lease gone while this process's monotonic clock
-        still gave it time, how much and what can cause that: a lease lapses in Redis by the
-        server's wall clock, so a renewal that reached the server late, or a step of that clock,
-        ends it sooner than the holder counts (docs/coordination.md, "Fencing tokens")."""
+        still gave it time, how much and what can cause that: besides a release or a server
+        that lost it, a lease lapses in Redis by the server's wall clock, so a renewal that
+        reached the server late, or a step of that clock, ends it sooner than the holder counts
+        (docs/coordination.md, "Fencing tokens")."""
         left = _lease_seconds(hold) - (sent_at - self.granted_at)
         if reason not in GONE or left <= 0:
             return reason
         return (
             f"{reason} with {left:.2f} s of its lease left by this process's clock: released "
-            "by an operator, or the renewal reached Redis late (a stalled thread, server or VM) "
-            "or the server's clock stepped ahead"
+            "by an operator, lost with a Redis restart or failover, or the renewal reached "
+            "Redis late (a stalled thread, server or VM) or the server's clock stepped ahead"
         )
 
     def _lose(self, hold: Hold, reason: str) -> None:
