@@ -158,6 +158,7 @@ def test_a_hold_the_promoted_replica_never_had_is_lease_lost_at_the_next_checkpo
     settings.REACTOR_REDIS_URL = reactor_redis_sentinel.url
     HELD.clear()
     outcome: dict[str, Any] = {}
+
     def run() -> None:
         from django.db import connection
 
