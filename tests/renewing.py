@@ -20,12 +20,12 @@ from reactor_app.coordination.renewal import scheduler
 KEPT_LEASE = 1.5
 
 
-def wait_for_rounds(count: int, *, since: int | None = None, timeout: float = 15.0) -> int:
-    """Wait until this process's renewal thread has run ``count`` more rounds than ``since``
-    (its count now, by default); the rounds it did run. Returns at the timeout all the same:
-    the caller's own assertions say what was missing (this runs inside step bodies, where a
-    test failure would be caught as the body's error)."""
-    start = scheduler().rounds if since is None else since
+def wait_for_rounds(count: int, *, timeout: float = 15.0) -> int:
+    """Wait until this process's renewal thread has run ``count`` more rounds than it had;
+    the rounds it did run. Returns at the timeout all the same: the caller's own assertions
+    say what was missing (this runs inside step bodies, where a test failure would be caught
+    as the body's error)."""
+    start = scheduler().rounds
     deadline = time.monotonic() + timeout
     while scheduler().rounds < start + count and time.monotonic() < deadline:
         time.sleep(0.02)
