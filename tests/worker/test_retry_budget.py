@@ -21,8 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ATTEMPTS: list[int] = []
 
 
-# One admission per second: attempt 2, right after attempt 1, is refused and parks.
-@with_rate_limit(lambda args: f"budget:{args['key']}", limit=1, period=1)
+# One admission per two seconds: attempt 2, right after attempt 1, is refused and parks (a
+# window of two leaves room for a stalled machine between the two attempts).
+@with_rate_limit(lambda args: f"budget:{args['key']}", limit=1, period=2)
 class Flaky(Step):
     inputs = ("key",)
     retries = Retries(max_attempts=2, backoff="fixed", base_delay=0)
@@ -51,7 +52,7 @@ def in_process(settings: Any) -> Iterator[None]:
 def test_a_park_between_attempts_keeps_the_attempt_count(in_process: None) -> None:
     execution = BudgetReactor.run_async(key=1)
     assert deliver(str(execution.id))["outcome"] == "parked"  # attempt 1 failed, 2 parked
-    time.sleep(1.1)  # the window frees
+    time.sleep(2.1)  # the window frees
     assert deliver(str(execution.id))["outcome"] == "succeeded"
     # The second delivery ran attempt 2, not a fresh attempt 1: the budget was not reset.
     assert ATTEMPTS == [1, 2]
