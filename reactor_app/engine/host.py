@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from reactor_app.dsl.reactor import Reactor
     from reactor_app.engine.executor import ExecutionRun
+    from reactor_app.engine.state import PendingFailure
 
 
 class ExecutionHost:
@@ -99,6 +100,17 @@ class ExecutionHost:
         if spent > 0:
             self._run.state.continuation.attempts()[label] = spent
 
+    def note_pending_failure(self, label: str, failure: PendingFailure) -> None:
+        """A failed attempt of ``label`` that is to be retried: the rollback compensates it if
+        the run ends before the next attempt's body starts (``engine.settling``)."""
+        self._run.state.continuation.failures()[label] = failure
+
+    def drop_pending_failure(self, label: str) -> None:
+        """The next attempt's body starts: the failed one before it is no longer the last."""
+        pending = self._run.state.continuation.pending_failures
+        if pending:
+            pending.pop(label, None)
+
 
 class DirectCall:
     """The null execution of ``Step.call``: nothing recorded, persisted, parked or resumed."""
@@ -131,6 +143,12 @@ class DirectCall:
         return 0
 
     def keep_spent_attempts(self, label: str, spent: int) -> None:
+        return None
+
+    def note_pending_failure(self, label: str, failure: PendingFailure) -> None:
+        return None  # a direct call retries in place: no run ends between its attempts
+
+    def drop_pending_failure(self, label: str) -> None:
         return None
 
 

@@ -2,7 +2,9 @@
 
 For a plain step: evaluate ``where`` → resolve and validate arguments → for each attempt: enter
 the step's gate (coordination) → run the body (auto-extend running) → on a final failure,
-compensate while still holding the step's coordination → release the gate. ``map_step`` runs
+compensate while still holding the step's coordination → release the gate. A cancel read after
+a failed attempt, or before a retry, makes that attempt the final one (a retry already put off
+leaves it in ``state.PendingFailure`` for the rollback to compensate). ``map_step`` runs
 this once per element; ``compose`` hands the child reactor back to the executor.
 
 One piece on purpose, though over the usual size: an attempt's gate, body, cancel check,
@@ -181,6 +183,8 @@ class UnitRunner:
         self.declarations = declarations.ordered() if declarations else []
         self.wait = declarations.wait_seconds() if declarations else 0.0
         self.reactor = self.host.reactor_path
+        #: the reactor's step this unit runs (a map's step for an element); None: ``Step.call``
+        self.step_name = spec.name if spec is not None else None
         #: when the last attempt's body returned (ns, wall clock)
         self.returned_at: int | None = None
 
@@ -217,6 +221,12 @@ class UnitRunner:
         attempt = self.host.take_spent_attempts(self.label)
         while True:
             attempt += 1
+            if attempt > 1:
+                # a retry (in this pass, or after a park): a cancel requested since the failed
+                # attempt makes that attempt the final one — no body starts after it
+                stopped = self._cancelled_before_retry()
+                if stopped is not None:
+                    return stopped
             gate = self._gate()
             release_as: ReleaseOutcome = "failure"
             try:
@@ -242,6 +252,8 @@ class UnitRunner:
                     if isinstance(skip, Skip):
                         self._record_skip(attempt, skip.reason, key=skip.key)
                         return StepOutcome(UnitStatus.SKIPPED, reason=skip.reason)
+                if attempt > 1:
+                    self.host.drop_pending_failure(self.label)  # this body is the last now
                 recorder = self._recorder(StepRunKind.RUN, attempt)
                 if recorder:
                     recorder.started(args=self.args)
@@ -281,11 +293,29 @@ class UnitRunner:
                     # Only a success marks a period bucket; a skip or halt is still terminal.
                     release_as = "success" if isinstance(outcome, Success) else "halt"
                     return self._finish_ok(outcome, recorder)
+                if (
+                    outcome.retryable
+                    and attempt < self.max_attempts
+                    and self._cancel_request() is not None
+                ):
+                    # cancelled while this attempt ran: it is the final one, compensated
+                    # below while its holds are still held, as a body stopped by a checkpoint
+                    outcome = Failure(outcome.exception(), retryable=False)
                 if outcome.retryable and attempt < self.max_attempts:
                     release_as = "retry"
                     retried = failure_error(outcome, self.reactor, self.label, 1)
                     if recorder:
                         recorder.finished(EngineEvent.STEP_RETRIED, error=retried.as_dict())
+                    if self.step_name is not None:
+                        self.host.note_pending_failure(
+                            self.label,
+                            {
+                                "step": self.step_name,
+                                "args": self.args,
+                                "error": retried.as_dict(),
+                                "attempt": attempt,
+                            },
+                        )
                     delay = policy.delay_after(attempt)
                     if park and delay > 0:
                         # A worker never sleeps out a backoff inside its delivery: that would
@@ -316,6 +346,23 @@ class UnitRunner:
             note_clear(context.root_execution_id, context.execution_id)
             return None
         return request_from(raised)
+
+    def _cancel_request(self) -> dict[str, Any] | None:
+        """The run's cancel request, read now (None for ``Step.call``: nothing to cancel)."""
+        return self.run.cancel_requested() if self.run is not None else None
+
+    def _cancelled_before_retry(self) -> StepOutcome | None:
+        """Before a retry: when the run was cancelled since the failed attempt, that attempt
+        is the final one. Its body did not complete, so it is compensated — by the rollback
+        that follows (``engine.settling.compensate_pending``, under re-taken holds, as on a
+        later pass) — and the step fails with the cancel; no further body starts."""
+        cancel = self._cancel_request()
+        if cancel is None:
+            return None
+        error = cancelled_error(
+            cancel, self.host.execution_id, reactor=self.reactor or None, step=self.label
+        )
+        return StepOutcome(UnitStatus.FAILED, error=error)
 
     def _keep_attempts(self, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""

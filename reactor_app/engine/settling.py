@@ -6,7 +6,9 @@ async children (a rollback or a halt never parks, so a worker blocks here), end 
 children the tree parked in, hand a map's completed elements to the rollback log — in the
 order the rollback's promise needs (newest first by completion, ``engine.undo_order``).
 
-* ``settle_children``: before a rollback — the async steps first (so their successes are
+* ``settle_children``: before a rollback — a failed attempt that was waiting for its retry
+  first (``compensate_pending``: the run ends before that retry, so it was the final attempt),
+  then the async steps (so their successes are
   undone too, in their place), then the parked composed children (``settle_composed``, whose
   rollback takes the async steps that ended inside its steps), a parallel map's running
   elements (``settle_map_elements``), a sequential map stopped part-way
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.coordination.admission import Coordinator
@@ -27,11 +30,11 @@ from reactor_app.engine.children import block_on, completed_elements, settle_chi
 from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.leftovers import abandon_positions, leave_lines, release_kept
 from reactor_app.engine.outcomes import PassEnd, RunEnd
-from reactor_app.engine.rollback import roll_back
+from reactor_app.engine.rollback import roll_back, run_rollback_hook
 from reactor_app.engine.state import AsyncChild, ChildKind, CompletedStep
 from reactor_app.exceptions import ReactorError, StepFailed
 from reactor_app.models import Execution
-from reactor_app.status import TERMINAL_STATUSES
+from reactor_app.status import TERMINAL_STATUSES, StepRunKind
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
@@ -44,9 +47,57 @@ ELEMENT_SETTLE_TIMEOUT = 300.0
 
 
 def children_to_settle(run: ExecutionRun) -> bool:
-    """Whether a rollback of ``run`` has children to settle first (``settle_children``)."""
+    """Whether a rollback of ``run`` has anything to settle first (``settle_children``) — a
+    sequential map stopped part-way and a failed attempt waiting for its retry included: a
+    run whose earlier steps were skipped has nothing else to roll back."""
     children = run.state.children
-    return bool(children.pending_async or children.parallel_maps or children.composed)
+    return bool(
+        children.pending_async
+        or children.parallel_maps
+        or children.composed
+        or any(entry["elements"] for entry in (children.map_progress or {}).values())
+        or run.state.continuation.pending_failures
+    )
+
+
+def compensate_pending(run: ExecutionRun) -> list[dict[str, Any]]:
+    """Compensate the failed attempts of ``run`` that were waiting for a retry
+    (``state.PendingFailure``): the run ends before their next attempt, so each is the final
+    attempt of a body that did not complete (docs/reactors-and-steps.md, "The promise under
+    cancel and retry"). Under the step's re-taken lock and semaphore, as every rollback hook;
+    ``compensate`` receives a ``StepFailed`` with the attempt's recorded error."""
+    failures: list[dict[str, Any]] = []
+    pending = run.state.continuation.pending_failures or {}
+    for label in list(pending):
+        entry = pending.pop(label)
+        spec = run.reactor.steps.get(entry["step"]) if run.reactor is not None else None
+        step_class = spec.step_class() if spec is not None else None
+        if spec is None or step_class is None:
+            logger.error("no step %r in %s to compensate %s", entry["step"], run.reactor, label)
+            continue
+        if not step_class.has_compensate():
+            continue
+        recorded = entry["error"]
+        error = StepFailed(
+            str(recorded.get("message") or f"{label} failed"),
+            reactor=run.reactor_path,
+            step=label,
+            cause=recorded.get("cause"),
+        )
+        args = entry["args"]
+        instance = step_class()
+        failures += run_rollback_hook(
+            run,
+            step_class,
+            label,
+            args,
+            kind=StepRunKind.COMPENSATE,
+            call=partial(instance.compensate, error, args),  # then the context
+            owner=run.owner,
+            held_keys=run.held_keys,
+            declared=spec.declarations,
+        )
+    return failures
 
 
 def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
@@ -56,7 +107,8 @@ def settle_children(run: ExecutionRun) -> list[dict[str, Any]]:
     async steps that ended after its first entry in between its own (``engine.undo_order``).
     A composed run with entries waits for its ancestors' async steps too, for the same
     reason: its rollback comes first, and its ancestors roll back after it."""
-    failures = _settle_async(run)
+    failures = compensate_pending(run)  # the failing unit first, as the runner does
+    failures += _settle_async(run)
     failures += settle_composed(run)
     failures += settle_map_elements(run) + settle_map_progress(run)
     if run.state.completed:

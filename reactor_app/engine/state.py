@@ -14,7 +14,8 @@ way:
 * ``interrupts``: the interrupt steps reached, with their correlation id, deadline and payload;
 * ``continuation`` (``Continuation``): what one pass leaves for the next — the reactor gate's
   admission, holds kept across a park, the park itself, its requeue, outages met, failed
-  attempts spent before a park;
+  attempts spent before a park, and the last failed attempt of a unit waiting for its retry
+  (compensated if the run ends first);
 * ``ending`` (``Ending``): what a finished execution tells its parent (skipped, halt reason).
 
 The JSON layout is flat and fixed — rows written by one version are read by another — so each
@@ -182,6 +183,20 @@ def kept_hold(entry: KeptHold) -> Hold | None:
     return Hold(claim=claim, fresh=True, token=entry.get("token"), lease=entry.get("lease"))
 
 
+class PendingFailure(TypedDict):
+    """A unit's failed attempt that is to be retried (``engine.runner``): compensated by the
+    rollback (``engine.settling.compensate_pending``) if the run ends before its next attempt's
+    body starts — cancelled, refused, or failed elsewhere — since it is then the final attempt
+    of a body that did not complete."""
+
+    #: the step of the reactor (a map's step for one of its elements)
+    step: str
+    args: dict[str, Any]
+    #: the failure as the step's history recorded it (``ReactorError.as_dict``)
+    error: dict[str, Any]
+    attempt: int
+
+
 class ParkedOn(TypedDict):
     """The contention a park met, reported as ``resumed`` by the next delivery; ``at`` is wall
     clock (older parks did not record it)."""
@@ -278,11 +293,20 @@ class Continuation:
     outages: int | None = field(default=None, metadata={"key": "outages"})
     #: failed attempts a unit spent before it parked: label -> attempts
     spent_attempts: dict[str, int] | None = field(default=None, metadata={"key": "attempts"})
+    #: the last failed attempt of each unit waiting for its retry: label -> that attempt
+    pending_failures: dict[str, PendingFailure] | None = field(
+        default=None, metadata={"key": "pending_failures"}
+    )
 
     def attempts(self) -> dict[str, int]:
         if self.spent_attempts is None:
             self.spent_attempts = {}
         return self.spent_attempts
+
+    def failures(self) -> dict[str, PendingFailure]:
+        if self.pending_failures is None:
+            self.pending_failures = {}
+        return self.pending_failures
 
 
 @dataclass

@@ -35,6 +35,7 @@ from reactor_app.engine.runner import (
     resolve_arguments,
     validate_arguments,
 )
+from reactor_app.engine.settling import compensate_pending
 from reactor_app.engine.worker import note_park
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -175,12 +176,9 @@ def execute_async_step(run: ExecutionRun) -> RunEnd:
         return RunEnd(PassEnd.HALTED, reason=outcome.reason)
     if outcome.status == UnitStatus.PARKED:
         return RunEnd(PassEnd.PARKED, park=outcome.park)
+    # the unit's last attempt failed while a retry was due (a cancel came first, or the
+    # retry was refused): compensated here, as a composed run's rollback would
+    failures = list(outcome.rollback_failures) + compensate_pending(run)
     if run.stopped_by_cancel(outcome.error):
-        return RunEnd(
-            PassEnd.CANCELLED,
-            error=outcome.error,
-            rollback_failures=list(outcome.rollback_failures),
-        )
-    return RunEnd(
-        PassEnd.FAILED, error=outcome.error, rollback_failures=list(outcome.rollback_failures)
-    )
+        return RunEnd(PassEnd.CANCELLED, error=outcome.error, rollback_failures=failures)
+    return RunEnd(PassEnd.FAILED, error=outcome.error, rollback_failures=failures)

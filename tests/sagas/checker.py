@@ -208,22 +208,16 @@ def check_run(
 
 
 def _unfinished(events: list[dict[str, Any]], killed_pids: frozenset[int]) -> list[str]:
-    """Labels whose final attempt did not complete: every attempt failed, or it was stopped
-    inside the body by a cancel (entered, no do/fail/halt after its last enter)."""
+    """Labels whose final attempt did not complete: its last attempt failed (every attempt
+    failed, or the run ended before the retry: a cancel came first), or it was stopped inside
+    the body by a cancel (entered, no do/fail/halt after its last enter)."""
     last: dict[str, str] = {}
-    fails: Counter[str] = Counter()
     for event in events:
         if event["kind"] == "enter" and event["pid"] in killed_pids:
             continue
         if event["kind"] in ("enter", "do", "fail", "halt"):
             last[event["label"]] = event["kind"]
-        if event["kind"] == "fail":
-            fails[event["label"]] += 1
-    return [
-        label
-        for label, kind in last.items()
-        if (kind == "fail" and fails[label] >= MAX_ATTEMPTS) or kind == "enter"
-    ]
+    return [label for label, kind in last.items() if kind in ("fail", "enter")]
 
 
 #: how long after a cancel request a body may still start (ns): a run polls the flag at its

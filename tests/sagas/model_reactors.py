@@ -373,6 +373,7 @@ REGRESSION_SHAPES: list[tuple[str, ...]] = [
     ("aux", "cul", "tux"),
     ("aux", "mux", "tux"),
     ("acx", "tux", "tux"),
+    ("mbl",),
 ]
 for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

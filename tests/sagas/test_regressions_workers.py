@@ -356,3 +356,27 @@ def test_an_async_step_failing_on_its_own_while_the_run_halts_is_compensated_onc
     kinds = [(e["label"], e["kind"]) for e in report.events if e["kind"] in ("undo", "compensate")]
     assert kinds == [("s1", "compensate")], report.explain(case)
     assert not report.problems, report.explain(case)
+
+
+def test_a_map_element_cancelled_in_its_failing_attempt_is_compensated_and_its_sibling_undone(
+    worker: Any,
+) -> None:
+    """Found by the model's soak (shape ``mux pcx mbl aux``, the first two suppressed): a
+    sequential map whose elements hold a step lock; element 1 asks for the run's cancel and
+    fails its first attempt. The release after a failure does not read the cancel (only the
+    one after a success does), so the attempt was put off for a retry, parked, and the next
+    pass ended the run at its start — with no rollback at all: the map's completed element 0
+    sat in the map's progress, which only a run with completed steps settled. Now the failed
+    attempt is the final one (the cancel is read after a failed attempt before a retry is
+    planned): compensated under its lock, then element 0 is undone."""
+    case = Case(
+        shape=("mbl",),
+        items=2,
+        script=SagaScript(fail={"s1[1]": [1]}, cancel="s1[1]", cancel_mode="before"),
+    )
+    report = run_case(case, worker=True)
+    assert report.statuses == [ExecutionStatus.CANCELLED], report.explain(case)
+    kinds = [(e["label"], e["kind"]) for e in report.events if e["kind"] in ("undo", "compensate")]
+    assert kinds == [("s1[1]", "compensate"), ("s1[0]", "undo")], report.explain(case)
+    assert [e["attempt"] for e in report.events if e["label"] == "s1[1]"] == [1, 1, 1, 1]
+    assert not report.problems, report.explain(case)
