@@ -73,7 +73,9 @@ def compensate_pending(run: ExecutionRun) -> list[dict[str, Any]]:
         spec = run.reactor.steps.get(entry["step"]) if run.reactor is not None else None
         step_class = spec.step_class() if spec is not None else None
         if spec is None or step_class is None:
+            # the reactor changed under a parked run (a deploy removed the step): say so
             logger.error("no step %r in %s to compensate %s", entry["step"], run.reactor, label)
+            failures.append({"step": label, "kind": "compensate", "reason": "unknown_step"})
             continue
         if not step_class.has_compensate():
             continue

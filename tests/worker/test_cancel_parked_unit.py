@@ -149,3 +149,25 @@ def test_a_step_parked_for_its_retry_then_cancelled_is_compensated_once() -> Non
     probe = Coordinator().admit([LockClaim(f"parked-unit:{run}:retry")], Holder(owner="probe"))
     assert isinstance(probe, Admitted)
     Coordinator().release(probe, "success")
+
+
+def test_a_pending_failure_of_a_step_the_reactor_no_longer_has_is_reported() -> None:
+    """A deploy removed the step while its retry was parked: nothing to compensate with, and
+    the execution's ``rollback_failures`` says so instead of passing over it."""
+    execution = RetryReactor.run_async(run=uuid.uuid4().hex)
+    assert deliver(str(execution.id))["outcome"] == "parked"
+    execution.refresh_from_db()
+    execution.context["pending_failures"]["fails_once"]["step"] = "removed_since"
+    execution.save(update_fields=["context"])
+    execution.cancel("stop", by="test")
+    deliver(str(execution.id))
+    execution.refresh_from_db()
+    assert execution.status == ExecutionStatus.CANCELLED
+    assert [entry[:2] for entry in LOG] == [
+        ("first", "do"),
+        ("fails_once", "enter"),
+        ("first", "undo"),
+    ]
+    assert {"step": "fails_once", "kind": "compensate", "reason": "unknown_step"} in (
+        execution.rollback_failures
+    )
