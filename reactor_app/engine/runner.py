@@ -250,6 +250,9 @@ class UnitRunner:
                         self._record_refusal(attempt, refusal)
                         return StepOutcome(UnitStatus.FAILED, error=refusal)
                     if isinstance(skip, Skip):
+                        # a retry skipped (its period bucket marked meanwhile): the step ends
+                        # here, never failed; its failed attempt is left as any retried one
+                        self.host.drop_pending_failure(self.label)
                         self._record_skip(attempt, skip.reason, key=skip.key)
                         return StepOutcome(UnitStatus.SKIPPED, reason=skip.reason)
                 if attempt > 1:

@@ -5,7 +5,9 @@ rolled back (docs/reactors-and-steps.md, "The promise under cancel and retry").
   completed are undone, even when no earlier step completed (the map enters the rollback log
   only once it completes);
 * a step parked for its retry's backoff: its failed attempt is the final one now — it is
-  compensated once, under its re-taken lock.
+  compensated once, under its re-taken lock;
+* a retry that ends otherwise (skipped: its period bucket was marked meanwhile) leaves its
+  failed attempt as any retried one — a later failure of the run does not compensate it.
 
 Deliveries run in this process (``deliver`` is the task body); what they enqueue goes to a
 queue nobody reads; the delivery a cancel sends is the test's to make.
@@ -30,6 +32,7 @@ from reactor_app import (
     map_step,
     step,
     with_lock,
+    with_period,
 )
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, LockClaim
@@ -171,3 +174,38 @@ def test_a_pending_failure_of_a_step_the_reactor_no_longer_has_is_reported() -> 
     assert {"step": "fails_once", "kind": "compensate", "reason": "unknown_step"} in (
         execution.rollback_failures
     )
+
+
+@with_period(lambda args: f"parked-unit:{args['run']}:period", every="day")
+class DailyFailsOnce(FailsOnce):
+    pass
+
+
+class Last(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        LOG.append(("last", "enter", context.attempt))
+        return Failure("the run fails here")
+
+
+class PeriodReactor(Reactor):
+    inputs = ("run",)
+    daily = step(DailyFailsOnce, run=from_input("run"))
+    last = step(Last)
+
+
+def test_a_retry_skipped_by_its_period_leaves_its_failed_attempt_alone() -> None:
+    run = uuid.uuid4().hex
+    execution = PeriodReactor.run_async(run=run)
+    assert deliver(str(execution.id))["outcome"] == "parked"  # attempt 1 failed: the backoff
+    # meanwhile the day's work is done elsewhere: its bucket is marked
+    declaration = PeriodReactor.steps["daily"].declarations.by_primitive["period"]
+    key = declaration.compute_key({"run": run}, reactor="elsewhere", step="daily")
+    marker = Coordinator()
+    marked = marker.admit([declaration.claim(key)], Holder(owner="elsewhere"))
+    assert isinstance(marked, Admitted)
+    marker.release(marked, "success")
+    LOG.clear()
+    deliver(str(execution.id))
+    execution.refresh_from_db()
+    assert execution.status == ExecutionStatus.FAILED  # at ``last``
+    assert LOG == [("last", "enter", 1)]  # the skipped step is neither run nor compensated
