@@ -26,6 +26,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -52,6 +53,11 @@ from reactor_app.coordination.redis import get_client
 
 #: every body is tried at most this often (the script fails some attempts)
 MAX_ATTEMPTS = 2
+#: seconds between a failed attempt and its retry: long enough for a ``later`` cancel
+#: (``LATER``) to come while no body runs
+RETRY_DELAY = 0.2
+#: seconds after its body asked that a ``later`` cancel is requested, from another thread
+LATER = 0.05
 KINDS = "tcmpa"  # t: step, c: compose, m: map_step, p: map_step(parallel=True), a: async_step
 HOOKS = "nucb"  # n: neither, u: undo, c: compensate, b: both
 COORDS = "xls"  # x: none, l: a step lock, s: a step semaphore
@@ -73,7 +79,10 @@ class SagaScript:
     * ``fail``: label → the attempts that return a retryable ``Failure``;
     * ``cancel``: the label whose body (first attempt it reaches) requests a cancel of the
       run's root, ``cancel_mode`` ``before`` (then the body completes) or ``during`` (then it
-      calls ``checkpoint()``, which stops it); ``second_cancel`` asks a second time;
+      calls ``checkpoint()``, which stops it), or ``later``: another thread requests it
+      ``LATER`` seconds after the body asked — after the body returned, while a failed
+      attempt waits for its retry or the next step runs; ``second_cancel`` asks a second
+      time;
     * ``halt``: the label whose body returns ``Halt``;
     * ``work``: label → seconds the body works (checking ``checkpoint()``) before its effect;
     * ``after``: label → an event the body waits for (checking ``checkpoint()``) before
@@ -175,11 +184,23 @@ def _request_cancel(root: str, reason: str) -> None:
     cancel_execution(root, reason, by="saga-model")
 
 
+def _request_cancels_from_thread(root: str, reasons: list[str]) -> None:
+    from django.db import connection
+
+    try:
+        for reason in reasons:
+            _request_cancel(root, reason)
+    except Exception:  # the run may have ended meanwhile: the model judges the end
+        pass
+    finally:
+        connection.close()  # this thread's own
+
+
 class ModelStep(Step):
     """The body every slot runs: follows the scenario's script, writes the ledger."""
 
     inputs = ("scenario", "label", "item")
-    retries = Retries(max_attempts=MAX_ATTEMPTS, backoff="fixed", base_delay=0.01)
+    retries = Retries(max_attempts=MAX_ATTEMPTS, backoff="fixed", base_delay=RETRY_DELAY)
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
         scenario, label = args["scenario"], effect_label(args)
@@ -191,9 +212,12 @@ class ModelStep(Step):
         if script.cancel == label and not _cancel_requested(scenario, label):
             note(scenario, context, label, "cancel", mode=script.cancel_mode)
             root = str(context.root_execution_id or context.execution_id)
-            _request_cancel(root, "first")
-            if script.second_cancel:
-                _request_cancel(root, "second")
+            reasons = ["first", "second"] if script.second_cancel else ["first"]
+            if script.cancel_mode == "later":
+                threading.Timer(LATER, _request_cancels_from_thread, (root, reasons)).start()
+            else:
+                for reason in reasons:
+                    _request_cancel(root, reason)
             if script.cancel_mode == "during":
                 deadline = time.monotonic() + 2.0
                 while time.monotonic() < deadline:  # the checkpoint raises ExecutionCancelled

@@ -35,7 +35,7 @@ def scripts(draw: Any, labels: list[str], cancellable: list[str]) -> SagaScript:
     return SagaScript(
         fail=fail,
         cancel=cancel,
-        cancel_mode=draw(st.sampled_from(["before", "during"])),
+        cancel_mode=draw(st.sampled_from(["before", "during", "later"])),
         second_cancel=draw(st.booleans()) if cancel else False,
         halt=halt,
     )

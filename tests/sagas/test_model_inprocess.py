@@ -3,8 +3,9 @@
 Each example is a random reactor (3 to 8 steps: plain steps, composed children, sequential and
 ``parallel=True`` maps — the latter run one element after another here — with undo, compensate,
 both or neither, step locks and semaphores, ``where``-suppressed steps), a script of failures
-at random attempts, a halt, and a cancel a body requests before or during its work (once or
-twice), then up to two retries from the failed step or a random one. ``checker`` states what
+at random attempts, a halt, and a cancel a body requests before or during its work, or that
+another thread requests just after it (once or twice), then up to two retries from the failed
+step or a random one. ``checker`` states what
 must hold after each run and after the retry chain (see its docstring).
 """
 
