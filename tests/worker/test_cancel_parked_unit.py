@@ -107,6 +107,15 @@ def in_process(settings: Any) -> Iterator[None]:
     yield
 
 
+def _cancel_parked(execution: Any) -> None:
+    """Cancel the parked execution: the canceller hands it to a worker, whose delivery (made
+    here) ends it ``cancelled``."""
+    execution.cancel("stop", by="test")
+    deliver(str(execution.id))
+    execution.refresh_from_db()
+    assert execution.status == ExecutionStatus.CANCELLED
+
+
 @pytest.mark.parametrize("skip_first", [True, False], ids=["map-only", "after-a-step"])
 def test_a_map_parked_part_way_then_cancelled_undoes_its_completed_elements(
     skip_first: bool,
@@ -118,12 +127,9 @@ def test_a_map_parked_part_way_then_cancelled_undoes_its_completed_elements(
     try:
         execution = MapReactor.run_async(run=run, items=[0, 1, 2], skip_first=skip_first)
         assert deliver(str(execution.id))["outcome"] == "parked"  # element 1 waits
-        execution.cancel("stop", by="test")  # hands it to a worker: the delivery below
-        deliver(str(execution.id))
+        _cancel_parked(execution)
     finally:
         coordinator.release(blocker, "success")
-    execution.refresh_from_db()
-    assert execution.status == ExecutionStatus.CANCELLED
     expected = [("item0", "do", 1), ("item0", "undo", 0)]
     if not skip_first:
         expected = [("first", "do", 1), *expected, ("first", "undo", "first")]
@@ -134,10 +140,7 @@ def test_a_step_parked_for_its_retry_then_cancelled_is_compensated_once() -> Non
     run = uuid.uuid4().hex
     execution = RetryReactor.run_async(run=run)
     assert deliver(str(execution.id))["outcome"] == "parked"  # the backoff, as a requeue
-    execution.cancel("stop", by="test")  # hands it to a worker: the delivery below
-    deliver(str(execution.id))
-    execution.refresh_from_db()
-    assert execution.status == ExecutionStatus.CANCELLED
+    _cancel_parked(execution)
     assert [entry[:2] for entry in LOG] == [
         ("first", "do"),
         ("fails_once", "enter"),
@@ -162,10 +165,7 @@ def test_a_pending_failure_of_a_step_the_reactor_no_longer_has_is_reported() -> 
     execution.refresh_from_db()
     execution.context["pending_failures"]["fails_once"]["step"] = "removed_since"
     execution.save(update_fields=["context"])
-    execution.cancel("stop", by="test")
-    deliver(str(execution.id))
-    execution.refresh_from_db()
-    assert execution.status == ExecutionStatus.CANCELLED
+    _cancel_parked(execution)
     assert [entry[:2] for entry in LOG] == [
         ("first", "do"),
         ("fails_once", "enter"),
