@@ -165,12 +165,11 @@ def check_run(
                 problems.append(f"{status}: {label} completed, yet it was compensated")
         undo_order = [e["label"] for e in mine if e["kind"] == "undo"]
         dos = {e["label"]: e for e in mine if e["kind"] == "do" and plan[e["label"]].undoable}
-        if _against_completion(undo_order, dos) and all(
-            undone[label] == 1 for label in undoable_done
-        ):
+        against = _against_completion(undo_order, dos)
+        if against and all(undone[label] == 1 for label in undoable_done):
             problems.append(
                 f"{status}: undone in the order {undo_order}, not newest first "
-                f"{list(reversed(undoable_done))}"
+                f"{list(reversed(undoable_done))}: {against}"
             )
         for label in _unfinished(mine, killed_pids):
             effect = plan[label]
@@ -218,18 +217,22 @@ def check_run(
 CONCURRENT_NS = 1_000_000_000
 
 
-def _against_completion(undo_order: list[str], dos: dict[str, dict[str, Any]]) -> bool:
-    """Whether ``undo_order`` undoes some effect before one that surely completed after it
-    (newest first is the promise): surely, when the later ``do`` was noted in the same
-    process, or at least ``CONCURRENT_NS`` after the earlier one."""
+def _against_completion(undo_order: list[str], dos: dict[str, dict[str, Any]]) -> str | None:
+    """What in ``undo_order`` undoes an effect before one that surely completed after it
+    (newest first is the promise), or None: surely, when the later ``do`` was noted in the
+    same process, or at least ``CONCURRENT_NS`` after the earlier one."""
     for index, first in enumerate(undo_order):
         for later in undo_order[index + 1 :]:
             a, b = dos.get(first), dos.get(later)
             if a is None or b is None:
                 continue
             if b["t"] > a["t"] and (b["pid"] == a["pid"] or b["t"] - a["t"] >= CONCURRENT_NS):
-                return True  # ``later`` completed after ``first``, yet was undone after it
-    return False
+                # ``later`` completed after ``first``, yet was undone after it
+                return (
+                    f"{first} (pid {a['pid']}) undone before {later} (pid {b['pid']}), which "
+                    f"completed {(b['t'] - a['t']) / 1e6:.1f} ms after it"
+                )
+    return None
 
 
 def _unfinished(events: list[dict[str, Any]], killed_pids: frozenset[int]) -> list[str]:
