@@ -316,7 +316,6 @@ class UnitRunner:
                                 "step": self.step_name,
                                 "args": self.args,
                                 "error": retried.as_dict(),
-                                "attempt": attempt,
                             },
                         )
                     delay = policy.delay_after(attempt)

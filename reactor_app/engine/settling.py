@@ -70,7 +70,7 @@ def compensate_pending(run: ExecutionRun) -> list[dict[str, Any]]:
     pending = run.state.continuation.pending_failures or {}
     for label in list(pending):
         entry = pending.pop(label)
-        spec = run.reactor.steps.get(entry["step"]) if run.reactor is not None else None
+        spec = run.reactor.steps.get(entry["step"])
         step_class = spec.step_class() if spec is not None else None
         if spec is None or step_class is None:
             # the reactor changed under a parked run (a deploy removed the step): say so

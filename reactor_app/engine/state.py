@@ -184,17 +184,15 @@ def kept_hold(entry: KeptHold) -> Hold | None:
 
 
 class PendingFailure(TypedDict):
-    """A unit's failed attempt that is to be retried (``engine.runner``): compensated by the
-    rollback (``engine.settling.compensate_pending``) if the run ends before its next attempt's
-    body starts — cancelled, refused, or failed elsewhere — since it is then the final attempt
-    of a body that did not complete."""
+    """A unit's failed attempt that is to be retried (``engine.runner``): if the run ends before
+    the retry's body starts, it was the final attempt, compensated by the rollback
+    (``engine.settling.compensate_pending``)."""
 
     #: the step of the reactor (a map's step for one of its elements)
     step: str
     args: dict[str, Any]
     #: the failure as the step's history recorded it (``ReactorError.as_dict``)
     error: dict[str, Any]
-    attempt: int
 
 
 class ParkedOn(TypedDict):
