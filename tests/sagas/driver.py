@@ -35,10 +35,17 @@ IGNORE = os.environ.get("REACTOR_SAGA_IGNORE", "")
 @dataclass
 class Outside:
     """An action from outside the run, once the body of ``label`` is entered: a cancel (from
-    this process, as the API would) or a SIGKILL of the worker child running that body."""
+    this process, as the API would) or a SIGKILL of the worker child running that body.
 
-    label: str
-    action: str  # "cancel" | "kill"
+    ``action="cancel_at"`` is a cancel at a moment no body chose: ``delay`` seconds after the
+    ``run``-th run of the chain (0: the first run, 1: its first retry) noted its first ledger
+    entry — between two steps, during a retry's backoff, a rollback or a retry, or after the
+    run ended (then it changes nothing, and the model must agree)."""
+
+    label: str | None
+    action: str  # "cancel" | "kill" | "cancel_at"
+    delay: float = 0.0
+    run: int = 0
 
 
 @dataclass
@@ -50,9 +57,11 @@ class Report:
     refusals: list[str] = field(default_factory=list)
     actions: int = 0
     scenario: str = ""
+    outside: Outside | None = None
 
     def explain(self, case: Case) -> str:
-        lines = [f"case: {case}", f"runs: {list(zip(self.roots, self.statuses, strict=False))}"]
+        lines = [f"case: {case}", f"outside: {self.outside}"]
+        lines += [f"runs: {list(zip(self.roots, self.statuses, strict=False))}"]
         lines += [f"refused: {text}" for text in self.refusals]
         lines += ["ledger:"] + [
             f"  {e['root'][:8]} {e['label']:<8} {e['kind']:<10} attempt={e['attempt']}"
@@ -77,6 +86,55 @@ def tree_ledger(scenario: str) -> list[dict[str, Any]]:
     return events
 
 
+def _cancel(scenario: str, root: str, label: str) -> None:
+    """Note the test's cancel in the ledger, then ask for it as the API would."""
+    from django.db import connection
+
+    note_outside(scenario, root, label, "cancel")
+    try:
+        Execution.objects.get(pk=root).cancel("first", by="saga-model")
+    except Exception:  # it may have ended meanwhile: the model judges the end
+        pass
+    finally:
+        connection.close()
+
+
+def _tree_root(execution: str, roots: dict[str, str]) -> str | None:
+    """The root of ``execution``'s tree, as the rows say (see ``tree_ledger``); None while
+    its row is not written yet."""
+    if execution not in roots:
+        row = Execution.objects.filter(pk=execution).first()
+        if row is None:
+            return None
+        roots[execution] = str(row.root_id or row.pk)
+    return roots[execution]
+
+
+def _watch_at(scenario: str, outside: Outside, fired: list[str], stop: threading.Event) -> None:
+    """Wait for the ``outside.run``-th run of the chain to start, then cancel it
+    ``outside.delay`` seconds later (see ``Outside``)."""
+    from django.db import connection
+
+    known: dict[str, str] = {}
+    order: list[str] = []
+    try:
+        while not stop.is_set():
+            for event in ledger(scenario):
+                if event.get("outside"):
+                    continue
+                root = _tree_root(event["execution"], known)
+                if root is not None and root not in order:
+                    order.append(root)
+            if len(order) > outside.run:
+                if not stop.wait(outside.delay):
+                    _cancel(scenario, order[outside.run], "(outside)")
+                    fired.append(order[outside.run])
+                return
+            time.sleep(0.002)
+    finally:
+        connection.close()
+
+
 def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Event) -> None:
     """Wait for ``outside.label``'s body to be entered, then cancel its root or kill its pid."""
     while not stop.is_set():
@@ -88,17 +146,9 @@ def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Ev
                     note_outside(scenario, event["root"], outside.label, "kill")
                 else:
                     # the tree's root, as the rows say (see tree_ledger)
-                    row = Execution.objects.get(pk=event["execution"])
-                    root = str(row.root_id or row.pk)
-                    note_outside(scenario, root, outside.label, "cancel")
-                    try:
-                        Execution.objects.get(pk=root).cancel("first", by="saga-model")
-                    except Exception:  # it may have ended meanwhile: the model judges the end
-                        pass
-                    finally:
-                        from django.db import connection
-
-                        connection.close()
+                    root = _tree_root(event["execution"], {})
+                    assert root is not None, "a body ran in an execution with no row"
+                    _cancel(scenario, root, outside.label)
                 return
         time.sleep(0.02)
 
@@ -115,21 +165,34 @@ def _run(case: Case, scenario: str, *, worker: bool) -> str:
 
 def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None) -> Report:
     scenario = uuid.uuid4().hex[:12]
-    report = Report(scenario=scenario)
+    report = Report(scenario=scenario, outside=outside)
     write_script(scenario, case.script)
     killed: set[int] = set()
+    fired: list[str] = []
     stop = threading.Event()
     watcher = None
-    if outside is not None:
+    if outside is not None and outside.action == "cancel_at":
+        # watches the whole chain: its run may be a retry
+        watcher = threading.Thread(target=_watch_at, args=(scenario, outside, fired, stop))
+        watcher.start()
+    elif outside is not None:
         watcher = threading.Thread(target=_watch, args=(scenario, outside, killed, stop))
         watcher.start()
         report.actions += 1
     try:
-        root = _run(case, scenario, worker=worker)
+        _chain(case, scenario, report, killed, worker=worker)
     finally:
         stop.set()
         if watcher is not None:
             watcher.join()
+    report.actions += len(fired)
+    report.events = tree_ledger(scenario)
+    return report
+
+
+def _chain(case: Case, scenario: str, report: Report, killed: set[int], *, worker: bool) -> None:
+    """The run and its retries, each checked (into ``report``) once it ended."""
+    root = _run(case, scenario, worker=worker)
     report.actions += int(case.script.cancel is not None) + int(case.script.second_cancel)
     row = Execution.objects.get(pk=root)
     report.roots.append(root)
@@ -161,10 +224,8 @@ def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None
         report.statuses.append(row.status)
         report.problems += check_run(case, scenario, root, events, reused=reused)
 
-    report.events = tree_ledger(scenario)
     if len(report.roots) > 1 and row.status == ExecutionStatus.SUCCEEDED:
-        report.problems += check_chain(case, report.roots, report.events)
-    return report
+        report.problems += check_chain(case, report.roots, tree_ledger(scenario))
 
 
 def unignored(report: Report) -> list[str]:

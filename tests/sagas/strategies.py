@@ -83,3 +83,22 @@ def outside_actions(draw: Any, case: Case, action: str) -> Outside | None:
     label = draw(st.sampled_from(labels))
     case.script.work[label] = 0.6 if action == "cancel" else 1.5
     return Outside(label=label, action=action)
+
+
+#: seconds after a run's first ledger entry that a ``cancel_at`` comes, in this process (a
+#: run takes milliseconds, a failed attempt's backoff ``RETRY_DELAY``) and on a worker (a
+#: run takes a second or more: deliveries, parks, requeues)
+CANCEL_DELAYS = {
+    False: (0.0, 0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.3),
+    True: (0.0, 0.05, 0.2, 0.5, 1.0, 2.0),
+}
+
+
+@st.composite
+def outside_cancels(draw: Any, case: Case, *, worker: bool = False) -> Outside:
+    """A cancel from outside at a moment no body chose (``Outside``, ``cancel_at``): a fixed
+    delay or any in between, after the first run or, when the case retries, its first retry."""
+    delays = CANCEL_DELAYS[worker]
+    delay = draw(st.sampled_from(delays) | st.floats(0.0, max(delays)))
+    run = draw(st.sampled_from([0, 0, 1])) if case.retries else 0
+    return Outside(label=None, action="cancel_at", delay=delay, run=run)

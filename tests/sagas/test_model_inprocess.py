@@ -5,8 +5,10 @@ Each example is a random reactor (3 to 8 steps: plain steps, composed children, 
 both or neither, step locks and semaphores, ``where``-suppressed steps), a script of failures
 at random attempts, a halt, and a cancel a body requests before or during its work, or that
 another thread requests just after it (once or twice), then up to two retries from the failed
-step or a random one. ``checker`` states what
-must hold after each run and after the retry chain (see its docstring).
+step or a random one. Half the examples also get a cancel from outside at a moment no body
+chose (a delay after the first run or its retry started: between steps, in a backoff, during a
+rollback, after the end). ``checker`` states what must hold after each run and after the retry
+chain (see its docstring).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Any
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.sagas.checker import Case
 from tests.sagas.driver import run_case, unignored
 from tests.sagas.profile import run_batches, saga_settings
-from tests.sagas.strategies import cases
+from tests.sagas.strategies import cases, outside_cancels
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,9 +33,11 @@ TOTALS: Counter[str] = Counter()
 
 def test_the_saga_promise_holds_in_process(capsys: Any) -> None:
     @saga_settings("inprocess")
-    @given(cases())
-    def example(case: Case) -> None:
-        report = run_case(case)
+    @given(st.data())
+    def example(data: Any) -> None:
+        case: Case = data.draw(cases())
+        outside = data.draw(st.none() | outside_cancels(case))
+        report = run_case(case, outside=outside)
         TOTALS["workflows"] += 1
         TOTALS["actions"] += report.actions
         TOTALS.update(f"runs {status}" for status in report.statuses)

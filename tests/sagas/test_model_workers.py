@@ -3,8 +3,9 @@
 The same model as test_model_inprocess.py, on the module's real worker (prefork, two
 children): ``parallel=True`` map elements and ``async_step`` bodies run as deliveries of their
 own. Besides the cancels a body requests, a cancel comes from this process (as the API's would)
-while a random body works; the kill variant SIGKILLs the worker child inside a random body
-(the delivery is redelivered once its claim lapses) and the model must still hold.
+while a random body works, or at a random moment after a run or its retry started; the kill
+variant SIGKILLs the worker child inside a random body (the delivery is redelivered once its
+claim lapses) and the model must still hold.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from tests.sagas.checker import Case
 from tests.sagas.driver import run_case, unignored
 from tests.sagas.profile import run_batches, saga_settings
-from tests.sagas.strategies import cases, outside_actions
+from tests.sagas.strategies import cases, outside_actions, outside_cancels
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -45,7 +46,9 @@ def test_the_saga_promise_holds_on_workers(worker: Any, capsys: Any) -> None:
         case: Case = data.draw(cases(worker=True))
         outside = None
         if case.script.cancel is None and data.draw(st.booleans()):
-            outside = data.draw(outside_actions(case, "cancel"))
+            outside = data.draw(
+                outside_actions(case, "cancel") | outside_cancels(case, worker=True)
+            )
         report = run_case(case, worker=True, outside=outside)
         TOTALS["workflows"] += 1
         TOTALS["actions"] += report.actions
