@@ -20,8 +20,9 @@ from reactor_app.engine.leftovers import (
     release_registry,
 )
 from reactor_app.engine.outcomes import PassEnd, RunEnd
-from reactor_app.engine.rollback import roll_back
-from reactor_app.engine.settling import children_to_settle, settle_children
+from reactor_app.engine.rollback_progress import roll_back_to, rolling_back
+from reactor_app.engine.settling import children_to_settle
+from reactor_app.engine.worker import ClaimLost
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
@@ -36,17 +37,21 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     ``execute``'s ``finally`` with outcome ``halt``). Otherwise (a pass that stopped before its
     gate, or the canceller of an idle execution) the holds it kept across a park, its registry
     entries and its ordered positions are let go here, after the rollback."""
-    failures: list[dict[str, Any]] = []
+    error = cancelled_error(request, run.execution_id, reactor=run.reactor_path)
+    end = RunEnd(PassEnd.CANCELLED, error=error)
     try:
-        if run.state.completed or children_to_settle(run):
-            failures = settle_children(run) + roll_back(run)
+        if run.state.completed or children_to_settle(run) or rolling_back(run) is not None:
+            end = roll_back_to(run, PassEnd.CANCELLED, error, [])
+    except ClaimLost:
+        raise
     except Exception as exc:  # a rollback bug must not leave the run neither here nor there
         logger.exception("rollback of cancelled %s failed", run.execution_id)
-        failures.append({"step": None, "kind": "undo", "reason": "error", "error": str(exc)})
+        end.rollback_failures.append(
+            {"step": None, "kind": "undo", "reason": "error", "error": str(exc)}
+        )
     if not gate_held:
         _let_go(run)
-    error = cancelled_error(request, run.execution_id, reactor=run.reactor_path)
-    return RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=failures)
+    return end
 
 
 def _let_go(run: ExecutionRun) -> None:

@@ -102,9 +102,9 @@ from reactor_app.engine.policy import IN_PROCESS, RunPolicy
 from reactor_app.engine.progress import ProgressStore, load_state
 from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
-from reactor_app.engine.rollback import roll_back
+from reactor_app.engine.rollback_progress import go_on, roll_back_to, rolling_back
 from reactor_app.engine.runner import StepOutcome
-from reactor_app.engine.settling import settle_children, settle_on_halt
+from reactor_app.engine.settling import settle_on_halt
 from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
 from reactor_app.engine.worker import ClaimLost, kept_hold_cover
 from reactor_app.exceptions import ExecutionCancelled, ReactorError, StepFailed
@@ -324,7 +324,7 @@ class ExecutionRun:
         abandoned = False
         try:
             cancel = None
-            if self.parent is None and not created_here:
+            if self.parent is None and not created_here and rolling_back(self) is None:
                 cancel = self._cancel_request()
             if cancel is not None:
                 # cancelled while it waited (or its delivery died): never enter it again. (A
@@ -334,7 +334,8 @@ class ExecutionRun:
                 return end
             gate, end = enter_reactor_gate(self)
             if end is None:
-                end = self._run_steps()
+                # a rollback under way (an earlier delivery died in it) is gone on with
+                end = go_on(self) if rolling_back(self) is not None else self._run_steps()
             return end
         except ClaimLost:
             abandoned = True  # another delivery may run it now: give back, decide nothing
@@ -368,7 +369,9 @@ class ExecutionRun:
             cause=exc,
         )
         try:
-            failures = settle_children(self) + roll_back(self)
+            return roll_back_to(self, PassEnd.FAILED, error, [])
+        except ClaimLost:
+            raise
         except Exception as again:
             logger.exception("rollback after an unexpected error failed too")
             failures = [
@@ -439,14 +442,12 @@ class ExecutionRun:
             if self.policy.persists_each_step:
                 self.root.store.confirm_claim()  # a delivery that lost its claim undoes nothing
             failures = list(outcome.rollback_failures)
-            failures.extend(settle_children(self))
-            failures.extend(roll_back(self))
             if self.stopped_by_cancel(outcome.error):
                 # stopped by a checkpoint (or a cancelled child): rolled back like a failure
                 cancel = self._cancel_request() or {}
                 error = cancelled_error(cancel, self.execution_id, reactor=self.reactor_path)
-                return RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=failures)
-            return RunEnd(PassEnd.FAILED, error=outcome.error, rollback_failures=failures)
+                return roll_back_to(self, PassEnd.CANCELLED, error, failures)
+            return roll_back_to(self, PassEnd.FAILED, outcome.error, failures)
         awaited = await_children(self, None)
         if awaited is not None:
             if awaited.status == UnitStatus.PARKED:
@@ -454,8 +455,7 @@ class ExecutionRun:
             if awaited.status == UnitStatus.HALTED:
                 settle_on_halt(self)
                 return RunEnd(PassEnd.HALTED, reason=awaited.reason)
-            failures = settle_children(self) + roll_back(self)
-            return RunEnd(PassEnd.FAILED, error=awaited.error, rollback_failures=failures)
+            return roll_back_to(self, PassEnd.FAILED, awaited.error, [])
         return RunEnd(PassEnd.SUCCEEDED, value=self._value())
 
     def _finish_carries_checkpoint(self) -> bool:

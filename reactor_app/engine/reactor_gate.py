@@ -7,7 +7,7 @@ pass rolls back the steps completed on earlier ones (``fail_at_gate``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator
@@ -15,8 +15,8 @@ from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
 from reactor_app.engine.leftovers import release_kept
 from reactor_app.engine.outcomes import PassEnd, RunEnd
-from reactor_app.engine.rollback import roll_back
-from reactor_app.engine.settling import children_to_settle, settle_children
+from reactor_app.engine.rollback_progress import roll_back_to, rolling_back
+from reactor_app.engine.settling import children_to_settle
 from reactor_app.engine.state import REACTOR_SLOT
 from reactor_app.engine.worker import note_park, outage_delay
 from reactor_app.exceptions import (
@@ -109,7 +109,6 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
 def fail_at_gate(run: ExecutionRun, error: ReactorError) -> RunEnd:
     """The reactor gate refused on a later pass (resume, hand-off, redelivery): steps that
     completed on earlier passes are rolled back as for any failure."""
-    failures: list[dict[str, Any]] = []
-    if run.state.completed or children_to_settle(run):
-        failures = settle_children(run) + roll_back(run)
-    return RunEnd(PassEnd.FAILED, error=error, rollback_failures=failures)
+    if run.state.completed or children_to_settle(run) or rolling_back(run) is not None:
+        return roll_back_to(run, PassEnd.FAILED, error, [])
+    return RunEnd(PassEnd.FAILED, error=error)

@@ -10,6 +10,7 @@ acquire, or that raises, is reported in ``rollback_failures`` and the rest still
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.dsl.declarations import DeclarationSet
@@ -121,11 +122,15 @@ def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[st
     ``with_ancestors``: ``run`` is a composed child rolling back before the runs it is
     composed into do (they always roll back after it); their async steps that ended after its
     oldest entry (settled by ``engine.settling.settle_children``) are undone in between its
-    own, and leave their logs."""
+    own, and leave their logs.
+
+    A root run on a worker counts its hooks as they run (``HookCount``), so that a redelivery
+    after a crash goes on where this rollback stopped (``engine.rollback_progress``)."""
     plan = plan_undos(run, with_ancestors=with_ancestors and run.parent is not None)
+    count = HookCount(run)
     failures: list[dict[str, Any]] = []
     for undo in plan.undos:
-        failures.extend(undo_record(undo.owner, undo.record))
+        failures.extend(undo_record(undo.owner, undo.record, count))
     for undo in plan.undos:
         if undo.owner is not run and undo.owner not in plan.children:
             log = undo.owner.state.completed
@@ -137,23 +142,63 @@ def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[st
     return failures
 
 
-def undo_record(run: ExecutionRun, record: CompletedStep) -> list[dict[str, Any]]:
+class HookCount:
+    """The hooks of one rollback, counted in its plan's order: with a rollback under way
+    recorded in the run's state (``Continuation.rolling_back``: a root run on a worker), the
+    first ``done`` are passed over — they ran before the delivery that did them died — and
+    each one that runs is counted and checkpointed once it returns, its failures with it.
+    The plan (``engine.undo_order``) is laid out from the same log on every pass, so the
+    count names the same hooks."""
+
+    def __init__(self, run: ExecutionRun) -> None:
+        self.run = run
+        self.mark = run.state.continuation.rolling_back if run.parent is None else None
+        self.seen = 0
+
+    def run_hook(self, hook: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        self.seen += 1
+        if self.mark is None:
+            return hook()
+        if self.seen <= self.mark["done"]:
+            return []  # ran on an earlier pass; its failures are in the mark
+        failures = hook()
+        self.mark["done"] = self.seen
+        self.mark["failures"].extend(failures)
+        self.run.checkpoint()
+        return failures
+
+
+def undo_record(
+    run: ExecutionRun, record: CompletedStep, count: HookCount | None = None
+) -> list[dict[str, Any]]:
+    def hook(call: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        return count.run_hook(call) if count is not None else call()
+
     spec = run.reactor.steps.get(record.step.split("[", 1)[0])
     if record.kind == "compose":
-        return _undo_child(run, record.child_execution)
+        return hook(lambda: _undo_child(run, record.child_execution))
     if record.kind == "map":
         failures: list[dict[str, Any]] = []
         for element in reversed(record.elements):
             if element.get("child_execution"):
-                failures.extend(_undo_child(run, element["child_execution"]))
+                failures.extend(hook(partial(_undo_child, run, element["child_execution"])))
             elif spec is not None:
                 failures.extend(
-                    _undo_step(run, spec, element["label"], element["args"], element["result"])
+                    hook(
+                        partial(
+                            _undo_step,
+                            run,
+                            spec,
+                            element["label"],
+                            element["args"],
+                            element["result"],
+                        )
+                    )
                 )
         return failures
     if spec is None:
         return []
-    return _undo_step(run, spec, record.step, record.args, record.result)
+    return hook(lambda: _undo_step(run, spec, record.step, record.args, record.result))
 
 
 def _undo_step(

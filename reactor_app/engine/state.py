@@ -14,8 +14,9 @@ way:
 * ``interrupts``: the interrupt steps reached, with their correlation id, deadline and payload;
 * ``continuation`` (``Continuation``): what one pass leaves for the next — the reactor gate's
   admission, holds kept across a park, the park itself, its requeue, outages met, failed
-  attempts spent before a park, and the last failed attempt of a unit waiting for its retry
-  (compensated if the run ends first);
+  attempts spent before a park, the last failed attempt of a unit waiting for its retry
+  (compensated if the run ends first), and a worker's rollback under way
+  (``engine.rollback_progress``);
 * ``ending`` (``Ending``): what a finished execution tells its parent (skipped, halt reason).
 
 The JSON layout is flat and fixed — rows written by one version are read by another — so each
@@ -26,6 +27,10 @@ as they came.
 
 ``ExecutionState.peek`` reads those notes from a row this process does not run (the sweeper, a
 parent reading a child) without decoding results.
+
+One module past ~450 lines on purpose: every part above is a slice of one flat JSON object
+whose keys the parts share, and its reader and writer (``_read``, ``to_json``) walk them all;
+split apart, one format would be spread over files.
 """
 
 from __future__ import annotations
@@ -195,6 +200,17 @@ class PendingFailure(TypedDict):
     error: dict[str, Any]
 
 
+class RollingBack(TypedDict):
+    """A worker's rollback under way (``engine.rollback_progress``): what the run ends in, and
+    how many of the rollback's hooks ran (a redelivery passes over them)."""
+
+    status: str  # PassEnd: failed | cancelled
+    error: dict[str, Any] | None
+    #: what could not be rolled back so far (``rollback_failures``)
+    failures: list[dict[str, Any]]
+    done: int
+
+
 class ParkedOn(TypedDict):
     """The contention a park met, reported as ``resumed`` by the next delivery; ``at`` is wall
     clock (older parks did not record it)."""
@@ -295,6 +311,8 @@ class Continuation:
     pending_failures: dict[str, PendingFailure] | None = field(
         default=None, metadata={"key": "pending_failures"}
     )
+    #: a worker's rollback under way: a redelivery goes on with it, not with the steps
+    rolling_back: RollingBack | None = field(default=None, metadata={"key": "rolling_back"})
 
     def attempts(self) -> dict[str, int]:
         if self.spent_attempts is None:

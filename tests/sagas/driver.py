@@ -46,6 +46,9 @@ class Outside:
     action: str  # "cancel" | "kill" | "cancel_at"
     delay: float = 0.0
     run: int = 0
+    #: the ledger entry of ``label`` that triggers a cancel or kill: its body's ``enter``, or
+    #: a hook that works for a moment (``undo-enter``, ``compensate-enter``: ``SagaScript.work``)
+    kind: str = "enter"
 
 
 @dataclass
@@ -139,7 +142,7 @@ def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Ev
     """Wait for ``outside.label``'s body to be entered, then cancel its root or kill its pid."""
     while not stop.is_set():
         for event in ledger(scenario):
-            if event["label"] == outside.label and event["kind"] == "enter":
+            if event["label"] == outside.label and event["kind"] == outside.kind:
                 if outside.action == "kill":
                     killed.add(event["pid"])
                     os.kill(event["pid"], signal.SIGKILL)

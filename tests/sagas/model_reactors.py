@@ -85,6 +85,8 @@ class SagaScript:
       time;
     * ``halt``: the label whose body returns ``Halt``;
     * ``work``: label → seconds the body works (checking ``checkpoint()``) before its effect;
+      ``"<label>:undo"`` / ``"<label>:compensate"`` → seconds that hook works before its
+      effect (it notes ``undo-enter`` / ``compensate-enter`` first);
     * ``after``: label → an event the body waits for (checking ``checkpoint()``) before
       anything else, ``"<label>:<kind>"``: that ledger entry (``enter``, ``do``, a test's
       ``signal``); ``ended``: the ``do``, and the row of the execution that made it ended (an
@@ -267,11 +269,24 @@ def _cancel_requested(scenario: str, label: str) -> bool:
 
 
 def _undo(self: Any, result: Any, args: dict[str, Any], context: Any) -> None:
-    note(args["scenario"], context, effect_label(args), "undo", of=result)
+    scenario, label = args["scenario"], effect_label(args)
+    _hook_work(scenario, context, label, "undo")
+    note(scenario, context, label, "undo", of=result)
+
+
+def _hook_work(scenario: str, context: Any, label: str, kind: str) -> None:
+    """A hook that works for a moment before its effect (``work["<label>:<kind>"]``) notes
+    ``<kind>-enter`` first, so the test can act (kill its worker child) while it works."""
+    seconds = float(read_script(scenario).work.get(f"{label}:{kind}", 0.0))
+    if seconds:
+        note(scenario, context, label, f"{kind}-enter")
+        time.sleep(seconds)
 
 
 def _compensate(self: Any, error: BaseException, args: dict[str, Any], context: Any) -> None:
-    note(args["scenario"], context, effect_label(args), "compensate", error=type(error).__name__)
+    scenario, label = args["scenario"], effect_label(args)
+    _hook_work(scenario, context, label, "compensate")
+    note(scenario, context, label, "compensate", error=type(error).__name__)
 
 
 def _make_step(hooks: str, coord: str) -> type[Step]:
@@ -398,6 +413,7 @@ REGRESSION_SHAPES: list[tuple[str, ...]] = [
     ("aux", "mux", "tux"),
     ("acx", "tux", "tux"),
     ("mbl",),
+    ("tux", "tux", "tux"),
 ]
 for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

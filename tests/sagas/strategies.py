@@ -76,13 +76,35 @@ def cases(draw: Any, *, worker: bool = False) -> Case:
 
 @st.composite
 def outside_actions(draw: Any, case: Case, action: str) -> Outside | None:
-    """A cancel (or a kill) from outside while one body works for a moment."""
-    labels = [effect.label for effect in case.plan()]
-    if not labels:
+    """A cancel (or a kill) from outside while one body works for a moment — or, for a kill,
+    while an undo or a compensate works (the rollback's own hooks), the case made to roll
+    back there: a later effect fails for good, or the compensated one does."""
+    plan = case.plan()
+    if not plan:
         return None
-    label = draw(st.sampled_from(labels))
-    case.script.work[label] = 0.6 if action == "cancel" else 1.5
-    return Outside(label=label, action=action)
+    kind = "enter"
+    if action == "kill":
+        kind = draw(st.sampled_from(["enter", "enter", "undo-enter", "compensate-enter"]))
+    hooked = (
+        [e for e in plan if (e.undoable if kind == "undo-enter" else e.compensable)]
+        if kind != "enter"
+        else plan
+    )
+    if not hooked:
+        kind, hooked = "enter", plan
+    effect = draw(st.sampled_from(hooked))
+    label = effect.label
+    if kind == "enter":
+        case.script.work[label] = 0.6 if action == "cancel" else 1.5
+        return Outside(label=label, action=action)
+    case.script.work[f"{label}:{kind.removesuffix('-enter')}"] = 1.5
+    if kind == "compensate-enter":
+        case.script.fail[label] = [1, 2]
+    else:
+        later = [e.label for e in plan[plan.index(effect) + 1 :]]
+        if later:
+            case.script.fail[draw(st.sampled_from(later))] = [1, 2]
+    return Outside(label=label, action=action, kind=kind)
 
 
 #: seconds after a run's first ledger entry that a ``cancel_at`` comes, in this process (a

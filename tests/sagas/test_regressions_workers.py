@@ -380,3 +380,29 @@ def test_a_map_element_cancelled_in_its_failing_attempt_is_compensated_and_its_s
     assert kinds == [("s1[1]", "compensate"), ("s1[0]", "undo")], report.explain(case)
     assert [e["attempt"] for e in report.events if e["label"] == "s1[1]"] == [1, 1, 1, 1]
     assert not report.problems, report.explain(case)
+
+
+def test_a_delivery_killed_inside_an_undo_goes_on_with_the_rollback(worker: Any) -> None:
+    """Found by extending the model's kills into the rollback: ``s3`` fails for good, ``s2``
+    is undone, and the worker child is SIGKILLed inside ``s1``'s undo. The redelivery resumed
+    from the last checkpoint, which knew nothing of the rollback: it ran ``s3``'s body again
+    (after the run had decided to fail) and, when it failed again, undid ``s2`` a second time;
+    had the body succeeded, the run would have ended ``succeeded`` with ``s2`` undone. Now the
+    rollback is recorded before it starts and counted hook by hook
+    (``engine.rollback_progress``): the redelivery undoes only ``s1`` (its undo had not
+    returned: it runs again, at least once) and ends ``failed`` with ``s3``'s error."""
+    case = Case(
+        shape=("tux", "tux", "tux"),
+        items=1,
+        script=SagaScript(fail={"s3": [1, 2]}, work={"s1:undo": 1.5}),
+    )
+    killer = Outside(label="s1", action="kill", kind="undo-enter")
+    report = run_case(case, worker=True, outside=killer)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    kinds = [(e["label"], e["kind"]) for e in report.events]
+    assert ("s1", "kill") in kinds, report.explain(case)
+    assert kinds.count(("s3", "enter")) == 2, report.explain(case)  # never run again
+    assert [label for label, kind in kinds if kind == "undo"] == ["s2", "s1"]
+    error = Execution.objects.get(pk=report.roots[0]).error or {}
+    assert error.get("step") == "s3", error
+    assert not report.problems, report.explain(case)
