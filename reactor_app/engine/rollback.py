@@ -124,7 +124,7 @@ def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[st
     oldest entry (settled by ``engine.settling.settle_children``) are undone in between its
     own, and leave their logs.
 
-    A root run on a worker counts its hooks as they run (``HookCount``), so that a redelivery
+    A run on a worker counts its hooks as they run (``HookCount``), so that a redelivery
     after a crash goes on where this rollback stopped (``engine.rollback_progress``)."""
     plan = plan_undos(run, with_ancestors=with_ancestors and run.parent is not None)
     count = HookCount(run)
@@ -144,7 +144,7 @@ def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[st
 
 class HookCount:
     """The hooks of one rollback, counted in its plan's order: with a rollback under way
-    recorded in the run's state (``Continuation.rolling_back``: a root run on a worker), the
+    recorded in the run's state (``Continuation.rolling_back``: a run on a worker), the
     first ``done`` are passed over — they ran before the delivery that did them died — and
     each one that runs is counted and checkpointed once it returns, its failures with it.
     The plan (``engine.undo_order``) is laid out from the same log on every pass, so the
@@ -152,7 +152,7 @@ class HookCount:
 
     def __init__(self, run: ExecutionRun) -> None:
         self.run = run
-        self.mark = run.state.continuation.rolling_back if run.parent is None else None
+        self.mark = run.state.continuation.rolling_back
         self.seen = 0
 
     def run_hook(self, hook: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ time — and had the body succeeded on that second try, the run would have ended
 with the effects the first rollback had undone still undone. Both break the saga promise
 (docs/reactors-and-steps.md, "The promise under cancel and retry").
 
-So on a worker, before a root run's rollback does anything (before it settles its children),
-its state records that the run is rolling back and what it ends in — the status (``failed`` or
+So on a worker, before a run's rollback does anything (before it settles its children), its
+state records that the run is rolling back and what it ends in — the status (``failed`` or
 ``cancelled``), the error and the failures so far — in one durable write
 (``Continuation.rolling_back``). The rollback then counts its hooks as they run
 (``engine.rollback.HookCount``), each count written like a checkpoint. A pass that finds the
@@ -19,6 +19,13 @@ idempotent; a failed attempt waiting for its retry is compensated, as before), l
 same undos from the same log, passes over the hooks counted, and ends as recorded. The hook
 that was running when the delivery died runs again — at least once, like a step body killed
 mid-run (docs/operations.md, "Checkpoints"); every other hook runs once.
+
+A composed child that fails rolls itself back first, in the same delivery: it records its own
+rollback in its own row, and the redelivery, which continues the child
+(``state.children.composed``), finds it there. A composed child the tree was parked in when
+it ended is rolled back by its parent's settling (``engine.settling.settle_composed``), not by
+a rollback of its own: that one is not recorded, and a delivery that dies during it redoes
+it whole.
 
 In process nothing resumes a run from its row, so nothing is recorded.
 """
@@ -40,7 +47,7 @@ if TYPE_CHECKING:
 
 def rolling_back(run: ExecutionRun) -> RollingBack | None:
     """The rollback under way that this pass goes on with, or None."""
-    return run.state.continuation.rolling_back if run.parent is None else None
+    return run.state.continuation.rolling_back
 
 
 def roll_back_to(
@@ -53,7 +60,7 @@ def roll_back_to(
     ``error``, reporting ``failures`` and what could not be rolled back. A rollback already
     under way (recorded by an earlier pass) is gone on with, and ends as it recorded."""
     mark = rolling_back(run)
-    if mark is None and run.policy.persists_each_step and run.parent is None:
+    if mark is None and run.policy.persists_each_step:
         mark = RollingBack(
             status=status.value,
             error=error.as_dict() if error is not None else None,

@@ -414,6 +414,7 @@ REGRESSION_SHAPES: list[tuple[str, ...]] = [
     ("acx", "tux", "tux"),
     ("mbl",),
     ("tux", "tux", "tux"),
+    ("tux", "cbx", "tux"),
 ]
 for _shape in WORKER_SHAPES + REGRESSION_SHAPES:
     reactor_for(_shape)

@@ -406,3 +406,29 @@ def test_a_delivery_killed_inside_an_undo_goes_on_with_the_rollback(worker: Any)
     error = Execution.objects.get(pk=report.roots[0]).error or {}
     assert error.get("step") == "s3", error
     assert not report.problems, report.explain(case)
+
+
+def test_a_delivery_killed_inside_a_composed_childs_undo_goes_on_with_its_rollback(
+    worker: Any,
+) -> None:
+    """Found by the model right after the test above was fixed (shape ``('pus', 'anx',
+    'cbx')``, shrunk here): the composed child's second step fails for good and is
+    compensated, and the worker child is SIGKILLed inside the undo of the child's first step.
+    The child rolls itself back before its parent, and only the root's rollback was recorded:
+    the redelivery continued the child from its checkpoint, ran the failed step's body again
+    and compensated it a second time. A composed child now records its own rollback in its own
+    row (``engine.rollback_progress``)."""
+    case = Case(
+        shape=("tux", "cbx", "tux"),
+        items=1,
+        script=SagaScript(fail={"s2/c2": [1, 2]}, work={"s2/c1:undo": 1.5}),
+    )
+    killer = Outside(label="s2/c1", action="kill", kind="undo-enter")
+    report = run_case(case, worker=True, outside=killer)
+    assert report.statuses == [ExecutionStatus.FAILED], report.explain(case)
+    kinds = [(e["label"], e["kind"]) for e in report.events]
+    assert ("s2/c1", "kill") in kinds, report.explain(case)
+    assert kinds.count(("s2/c2", "enter")) == 2, report.explain(case)  # never run again
+    assert kinds.count(("s2/c2", "compensate")) == 1, report.explain(case)
+    assert [label for label, kind in kinds if kind == "undo"] == ["s2/c1", "s1"]
+    assert not report.problems, report.explain(case)
