@@ -18,11 +18,15 @@ from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate
 from reactor_app.engine.host import gate_scope, host_of, step_context
+from reactor_app.engine.outcomes import PassEnd, RunEnd
+from reactor_app.engine.result import error_from_dict
+from reactor_app.engine.state import RollingBack
 from reactor_app.engine.undo_order import plan_undos
 from reactor_app.exceptions import (
     CompensationFailed,
     ConfigurationError,
     CoordinationError,
+    ReactorError,
     UndoFailed,
 )
 from reactor_app.status import EngineEvent, StepRunKind
@@ -140,6 +144,39 @@ def roll_back(run: ExecutionRun, *, with_ancestors: bool = True) -> list[dict[st
         child.state.completed.clear()
         child.persist()
     return failures
+
+
+def record_rollback(
+    run: ExecutionRun,
+    status: PassEnd,
+    error: ReactorError | None,
+    failures: list[dict[str, Any]],
+) -> RollingBack | None:
+    """The rollback under way of ``run`` — recorded now (durably: a redelivery must find the
+    decision before any hook runs) when ``run`` runs on a worker and none is; None in process,
+    where nothing resumes a run from its row (``engine.rollback_progress``)."""
+    mark = run.state.continuation.rolling_back
+    if mark is None and run.policy.persists_each_step:
+        mark = RollingBack(
+            status=status.value,
+            error=error.as_dict() if error is not None else None,
+            failures=list(failures),
+            done=0,
+        )
+        run.state.continuation.rolling_back = mark
+        run.persist()
+    return mark
+
+
+def recorded_end(run: ExecutionRun, mark: RollingBack, settled: list[dict[str, Any]]) -> RunEnd:
+    """The end ``mark`` recorded, its rollback done (the record leaves the state)."""
+    run.state.continuation.rolling_back = None
+    recorded = error_from_dict(mark["error"])
+    return RunEnd(
+        PassEnd(mark["status"]),
+        error=recorded if isinstance(recorded, ReactorError) else None,
+        rollback_failures=list(mark["failures"]) + settled,
+    )
 
 
 class HookCount:

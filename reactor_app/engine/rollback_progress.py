@@ -23,9 +23,8 @@ mid-run (docs/operations.md, "Checkpoints"); every other hook runs once.
 A composed child that fails rolls itself back first, in the same delivery: it records its own
 rollback in its own row, and the redelivery, which continues the child
 (``state.children.composed``), finds it there. A composed child the tree was parked in when
-it ended is rolled back by its parent's settling (``engine.settling.settle_composed``), not by
-a rollback of its own: that one is not recorded, and a delivery that dies during it redoes
-it whole.
+it ended is rolled back by its parent's settling (``engine.settling.settle_composed``), which
+records that rollback in the child's row the same way.
 
 In process nothing resumes a run from its row, so nothing is recorded.
 """
@@ -35,8 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.engine.outcomes import PassEnd, RunEnd
-from reactor_app.engine.result import error_from_dict
-from reactor_app.engine.rollback import roll_back
+from reactor_app.engine.rollback import record_rollback, recorded_end, roll_back
 from reactor_app.engine.settling import settle_children
 from reactor_app.engine.state import RollingBack
 from reactor_app.exceptions import ReactorError
@@ -59,29 +57,14 @@ def roll_back_to(
     """Settle ``run``'s children and undo its completed steps, then end it ``status`` with
     ``error``, reporting ``failures`` and what could not be rolled back. A rollback already
     under way (recorded by an earlier pass) is gone on with, and ends as it recorded."""
-    mark = rolling_back(run)
-    if mark is None and run.policy.persists_each_step:
-        mark = RollingBack(
-            status=status.value,
-            error=error.as_dict() if error is not None else None,
-            failures=list(failures),
-            done=0,
-        )
-        run.state.continuation.rolling_back = mark
-        run.persist()  # durable: a redelivery must find the decision before any hook runs
+    mark = record_rollback(run, status, error, failures)
     if mark is None:
         failures = list(failures) + settle_children(run)
         failures += roll_back(run)
         return RunEnd(status, error=error, rollback_failures=failures)
     settled = settle_children(run)
     roll_back(run)  # its hooks' failures go into the mark as each runs
-    run.state.continuation.rolling_back = None
-    recorded = error_from_dict(mark["error"])
-    return RunEnd(
-        PassEnd(mark["status"]),
-        error=recorded if isinstance(recorded, ReactorError) else None,
-        rollback_failures=list(mark["failures"]) + settled,
-    )
+    return recorded_end(run, mark, settled)
 
 
 def go_on(run: ExecutionRun) -> RunEnd:

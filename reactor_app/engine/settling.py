@@ -30,8 +30,14 @@ from reactor_app.engine.children import block_on, completed_elements, settle_chi
 from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.leftovers import abandon_positions, leave_lines, release_kept
 from reactor_app.engine.outcomes import PassEnd, RunEnd
-from reactor_app.engine.rollback import roll_back, run_rollback_hook
+from reactor_app.engine.rollback import (
+    record_rollback,
+    recorded_end,
+    roll_back,
+    run_rollback_hook,
+)
 from reactor_app.engine.state import AsyncChild, ChildKind, CompletedStep
+from reactor_app.engine.worker import ClaimLost
 from reactor_app.exceptions import ReactorError, StepFailed
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES, StepRunKind
@@ -199,31 +205,49 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
             continue
         if child is None or child.execution.status in TERMINAL_STATUSES:
             continue
+        end = _child_end(child, label)
         try:
-            undone = settle_children(child) + roll_back(child)
+            # recorded first on a worker, as any rollback (``engine.rollback_progress``): a
+            # redelivery after a crash in it passes over the hooks that ran
+            mark = record_rollback(child, end.status, end.error, [])
+            end.rollback_failures = settle_children(child)
+            undone = roll_back(child)
+            if mark is not None:
+                end = recorded_end(child, mark, end.rollback_failures)
+            else:
+                end.rollback_failures += undone
+        except ClaimLost:
+            raise
         except Exception as exc:  # a rollback bug must not leave the child parked for good
             logger.exception("rollback of composed child %s failed", child.execution_id)
-            undone = [{"step": label, "kind": "undo", "reason": "error", "error": str(exc)}]
+            end.rollback_failures.append(
+                {"step": label, "kind": "undo", "reason": "error", "error": str(exc)}
+            )
         coordinator = Coordinator()
         woken = release_kept(child, coordinator) + abandon_positions(child, coordinator)
         leave_lines(child, coordinator)
         if woken:
             wake(woken)
-        request = child.cancel_requested()
-        if request is not None:
-            error: ReactorError = cancelled_error(
-                request, child.execution_id, reactor=child.reactor_path
-            )
-            child.finish(RunEnd(PassEnd.CANCELLED, error=error, rollback_failures=undone))
-        else:
-            error = StepFailed(
-                f"the execution {child.reactor_path} is composed into ended before resuming it",
-                reactor=child.reactor_path,
-                step=label,
-            )
-            child.finish(RunEnd(PassEnd.FAILED, error=error, rollback_failures=undone))
-        failures += undone
+        child.finish(end)
+        failures += end.rollback_failures
     return failures
+
+
+def _child_end(child: ExecutionRun, label: str) -> RunEnd:
+    """How a composed child its parent settles ends: ``cancelled`` when the tree was
+    cancelled, else ``failed`` (its parent ended before resuming it)."""
+    request = child.cancel_requested()
+    if request is not None:
+        error: ReactorError = cancelled_error(
+            request, child.execution_id, reactor=child.reactor_path
+        )
+        return RunEnd(PassEnd.CANCELLED, error=error)
+    error = StepFailed(
+        f"the execution {child.reactor_path} is composed into ended before resuming it",
+        reactor=child.reactor_path,
+        step=label,
+    )
+    return RunEnd(PassEnd.FAILED, error=error)
 
 
 def settle_map_elements(run: ExecutionRun) -> list[dict[str, Any]]:

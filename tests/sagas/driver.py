@@ -138,7 +138,7 @@ def _watch_at(scenario: str, outside: Outside, fired: list[str], stop: threading
         connection.close()
 
 
-def _watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Event) -> None:
+def watch(scenario: str, outside: Outside, killed: set[int], stop: threading.Event) -> None:
     """Wait for ``outside.label``'s body to be entered, then cancel its root or kill its pid."""
     while not stop.is_set():
         for event in ledger(scenario):
@@ -179,7 +179,7 @@ def run_case(case: Case, *, worker: bool = False, outside: Outside | None = None
         watcher = threading.Thread(target=_watch_at, args=(scenario, outside, fired, stop))
         watcher.start()
     elif outside is not None:
-        watcher = threading.Thread(target=_watch, args=(scenario, outside, killed, stop))
+        watcher = threading.Thread(target=watch, args=(scenario, outside, killed, stop))
         watcher.start()
         report.actions += 1
     try:

@@ -4,6 +4,7 @@ worker process builds at import)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -15,7 +16,7 @@ from reactor_app.engine.dispatch import wake
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from tests.sagas.checker import Case, check_run
-from tests.sagas.driver import WORKER_TIMEOUT, Outside, run_case, tree_ledger
+from tests.sagas.driver import WORKER_TIMEOUT, Outside, run_case, tree_ledger, watch
 from tests.sagas.model_reactors import (
     SagaScript,
     ledger,
@@ -306,11 +307,29 @@ def test_an_async_step_that_ended_while_a_composed_child_parked_is_undone_first(
     even waited for the async step."""
     case = Case(shape=("aux", "cul", "tux"), items=1, script=SagaScript(after={"s1": "go:signal"}))
     scenario = uuid.uuid4().hex[:12]
+    root, _ = _cancel_parked_in_child(case, scenario)
+    events = tree_ledger(scenario)
+    explain = "\n".join(f"{e['label']} {e['kind']}" for e in events)
+    assert Execution.objects.get(pk=root).status == ExecutionStatus.CANCELLED, explain
+    assert [e["label"] for e in events if e["kind"] == "do"] == ["s2/c1", "s1"], explain
+    assert [e["label"] for e in events if e["kind"] == "undo"] == ["s1", "s2/c1"], explain
+    assert check_run(case, scenario, root, events) == [], explain
+
+
+def _cancel_parked_in_child(
+    case: Case, scenario: str, kill: Outside | None = None
+) -> tuple[str, frozenset[int]]:
+    """Run ``case`` (shape ``('aux', 'cul', 'tux')``) until the tree parks in ``s2/c2``'s
+    lock (held here), let the async ``s1`` complete only then, and cancel the tree; with
+    ``kill``, SIGKILL the worker child at that ledger entry meanwhile. Returns the root and
+    the pids killed."""
     write_script(scenario, case.script)
     held = Coordinator().admit(
         [LockClaim(f"saga-lock:{scenario}:s2/c2", ttl=60)], Holder(owner="test-holder")
     )
     assert isinstance(held, Admitted), held
+    stop, killed = threading.Event(), set[int]()
+    watcher = threading.Thread(target=watch, args=(scenario, kill, killed, stop))
     try:
         execution = reactor_for(case.shape).run_async(**case.inputs(scenario))
         root = str(execution.pk)
@@ -325,17 +344,41 @@ def test_an_async_step_that_ended_while_a_composed_child_parked_is_undone_first(
             30,
             message="s1 never completed",
         )
+        if kill is not None:
+            watcher.start()
         note_outside(scenario, root, "s2/c2", "cancel")
         Execution.objects.get(pk=root).cancel("first", by="saga-model")
         execution.wait(timeout=WORKER_TIMEOUT)
     finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join()
         wake(Coordinator().release(held, "success").woken)
+    assert kill is None or killed, "the worker child was never killed"
+    return root, frozenset(killed)
+
+
+def test_a_delivery_killed_while_settling_a_parked_composed_child_goes_on_with_it(
+    worker: Any,
+) -> None:
+    """The test above, with the worker child SIGKILLed inside the undo of ``s2/c1``: the
+    parked child's rollback (``engine.settling.settle_composed``) undid the async ``s1`` first
+    (it completed after ``s2/c1``). That rollback is recorded in the child's row and counted
+    hook by hook, so the redelivery undoes only ``s2/c1`` — not ``s1`` a second time."""
+    case = Case(
+        shape=("aux", "cul", "tux"),
+        items=1,
+        script=SagaScript(after={"s1": "go:signal"}, work={"s2/c1:undo": 1.5}),
+    )
+    scenario = uuid.uuid4().hex[:12]
+    killer = Outside(label="s2/c1", action="kill", kind="undo-enter")
+    root, killed = _cancel_parked_in_child(case, scenario, kill=killer)
     events = tree_ledger(scenario)
     explain = "\n".join(f"{e['label']} {e['kind']}" for e in events)
+    assert ("s2/c1", "kill") in [(e["label"], e["kind"]) for e in events], explain
     assert Execution.objects.get(pk=root).status == ExecutionStatus.CANCELLED, explain
-    assert [e["label"] for e in events if e["kind"] == "do"] == ["s2/c1", "s1"], explain
     assert [e["label"] for e in events if e["kind"] == "undo"] == ["s1", "s2/c1"], explain
-    assert check_run(case, scenario, root, events) == [], explain
+    assert check_run(case, scenario, root, events, killed_pids=killed) == [], explain
 
 
 def test_an_async_step_failing_on_its_own_while_the_run_halts_is_compensated_once(
