@@ -46,6 +46,7 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
         raise
     except Exception as exc:  # a rollback bug must not leave the run neither here nor there
         logger.exception("rollback of cancelled %s failed", run.execution_id)
+        run.state.continuation.rolling_back = None  # ends here: no pass goes on with it
         end.rollback_failures.append(
             {"step": None, "kind": "undo", "reason": "error", "error": str(exc)}
         )

@@ -374,6 +374,7 @@ class ExecutionRun:
             raise
         except Exception as again:
             logger.exception("rollback after an unexpected error failed too")
+            self.state.continuation.rolling_back = None  # ends here: no pass goes on with it
             failures = [
                 {"step": step, "kind": "undo", "reason": "error", "error": {"message": str(again)}}
             ]

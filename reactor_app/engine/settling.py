@@ -220,6 +220,7 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
             raise
         except Exception as exc:  # a rollback bug must not leave the child parked for good
             logger.exception("rollback of composed child %s failed", child.execution_id)
+            child.state.continuation.rolling_back = None  # ends here: no pass goes on with it
             end.rollback_failures.append(
                 {"step": label, "kind": "undo", "reason": "error", "error": str(exc)}
             )
