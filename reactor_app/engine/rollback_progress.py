@@ -26,6 +26,9 @@ rollback in its own row, and the redelivery, which continues the child
 it ended is rolled back by its parent's settling (``engine.settling.settle_composed``), which
 records that rollback in the child's row the same way.
 
+The failing step's own compensate runs in the runner, with the step, before the record: a
+delivery that dies there re-runs that step, as one that died in its body does.
+
 In process nothing resumes a run from its row, so nothing is recorded.
 """
 
