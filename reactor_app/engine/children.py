@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -87,19 +88,23 @@ def run_child(
         error = input_errors(reactor, inputs)
         if error is not None:
             return StepOutcome(UnitStatus.FAILED, error=error)
-        execution = Execution.objects.start(
-            reactor=reactor.path(),
-            inputs=encode(inputs, strict=False, where="inputs"),
-            parent=run.execution,
-            root_id=run.root.execution.id,
-            status=ExecutionStatus.PENDING,
-        )
-        child = run.spawn_child(reactor, execution, inputs)
-        known[label] = child.execution_id
-        if run.policy.persists_each_step:
-            # a redelivery after a crash inside the child must continue this child, not start
-            # a second one (the first left running, its completed steps done twice)
-            run.persist()
+        # On a worker the child's row and the state naming it commit together: a redelivery
+        # after a crash inside the child must continue this child, not start a second one
+        # (the first left running, its completed steps done twice), and a crash between the
+        # two writes must not leave a row nobody names (pending for good).
+        persists = run.policy.persists_each_step
+        with transaction.atomic() if persists else nullcontext():
+            execution = Execution.objects.start(
+                reactor=reactor.path(),
+                inputs=encode(inputs, strict=False, where="inputs"),
+                parent=run.execution,
+                root_id=run.root.execution.id,
+                status=ExecutionStatus.PENDING,
+            )
+            child = run.spawn_child(reactor, execution, inputs)
+            known[label] = child.execution_id
+            if persists:
+                run.persist()
     end = child.execute()
     child.finish(end)
     if end.status == PassEnd.SUCCEEDED:
