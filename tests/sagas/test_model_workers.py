@@ -65,7 +65,7 @@ def test_the_saga_promise_holds_on_workers(worker: Any, capsys: Any) -> None:
 
 
 def test_the_saga_promise_holds_when_a_worker_child_is_killed(worker: Any, capsys: Any) -> None:
-    kills = {"workflows": 0}
+    kills: Counter[str] = Counter()
 
     @saga_settings("kill")
     @given(st.data())
@@ -81,8 +81,13 @@ def test_the_saga_promise_holds_when_a_worker_child_is_killed(worker: Any, capsy
             case.script.halt = None  # the kill is in the rollback: nothing halts before it
         report = run_case(case, worker=True, outside=outside)
         kills["workflows"] += 1
+        if outside is not None and any(e["kind"] == "kill" for e in report.events):
+            kills[f"killed at {outside.kind}"] += 1
         assert not unignored(report), report.explain(case)
 
     batches = run_batches("kill", example)
     with capsys.disabled():
-        print(f"\nsaga model with kills: {kills['workflows']} workflows, {batches} batch(es)")
+        print(
+            f"\nsaga model with kills: {kills.pop('workflows')} workflows, {batches} batch(es); "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(kills.items()))
+        )
