@@ -98,6 +98,8 @@ def outside_actions(draw: Any, case: Case, action: str) -> Outside | None:
         case.script.work[label] = 0.6 if action == "cancel" else 1.5
         return Outside(label=label, action=action)
     case.script.work[f"{label}:{kind.removesuffix('-enter')}"] = 1.5
+    # nothing else fails, so the run reaches that hook: the kill lands inside the rollback
+    case.script.fail.clear()
     if kind == "compensate-enter":
         case.script.fail[label] = [1, 2]
     else:
