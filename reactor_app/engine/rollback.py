@@ -205,37 +205,22 @@ class HookCount:
         return failures
 
 
-def undo_record(
-    run: ExecutionRun, record: CompletedStep, count: HookCount | None = None
-) -> list[dict[str, Any]]:
-    def hook(call: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        return count.run_hook(call) if count is not None else call()
-
+def undo_record(run: ExecutionRun, record: CompletedStep, count: HookCount) -> list[dict[str, Any]]:
     spec = run.reactor.steps.get(record.step.split("[", 1)[0])
     if record.kind == "compose":
-        return hook(lambda: _undo_child(run, record.child_execution))
+        return count.run_hook(lambda: _undo_child(run, record.child_execution))
     if record.kind == "map":
         failures: list[dict[str, Any]] = []
         for element in reversed(record.elements):
             if element.get("child_execution"):
-                failures.extend(hook(partial(_undo_child, run, element["child_execution"])))
+                failures += count.run_hook(partial(_undo_child, run, element["child_execution"]))
             elif spec is not None:
-                failures.extend(
-                    hook(
-                        partial(
-                            _undo_step,
-                            run,
-                            spec,
-                            element["label"],
-                            element["args"],
-                            element["result"],
-                        )
-                    )
-                )
+                label, args, result = element["label"], element["args"], element["result"]
+                failures += count.run_hook(partial(_undo_step, run, spec, label, args, result))
         return failures
     if spec is None:
         return []
-    return hook(lambda: _undo_step(run, spec, record.step, record.args, record.result))
+    return count.run_hook(lambda: _undo_step(run, spec, record.step, record.args, record.result))
 
 
 def _undo_step(

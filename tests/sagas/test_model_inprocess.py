@@ -5,7 +5,7 @@ Each example is a random reactor (3 to 8 steps: plain steps, composed children, 
 both or neither, step locks and semaphores, ``where``-suppressed steps), a script of failures
 at random attempts, a halt, and a cancel a body requests before or during its work, or that
 another thread requests just after it (once or twice), then up to two retries from the failed
-step or a random one. Half the examples also get a cancel from outside at a moment no body
+step or a random one. About half the examples also get a cancel from outside at a moment no body
 chose (a delay after the first run or its retry started: between steps, in a backoff, during a
 rollback, after the end). ``checker`` states what must hold after each run and after the retry
 chain (see its docstring).
