@@ -1,7 +1,8 @@
 """Hot path: what a caller waits for in ``Step.call`` and per step of ``Reactor.run``.
 
-Side by side in one run, against the same Redis and database, interleaved in blocks so that
-background load falls on every row alike, medians in µs:
+Side by side in one run, against the same Redis and database, interleaved in blocks (in a new
+random order each round, ``--seed``: ``measure`` says why) so that background load falls on
+every row alike, medians in µs:
 
 * a redis-py ``Lock`` acquire + release pair — the peer every ratio is taken against;
 * a Redis ``PING``, for scale: one round trip, which every blocking call of every row pays
@@ -15,7 +16,7 @@ background load falls on every row alike, medians in µs:
   against a 1-step run, divided by 9 — at the default settings, and with
   ``REACTOR_TRACKING_FLUSH_ON_FINISH = False`` (the run leaves its history to the writer).
 
-    python bench/hot_path.py [--iterations 1000]
+    python bench/hot_path.py [--iterations 1000] [--seed 1]
 
 It uses the settings of ``demo_project.settings``: ``DATABASE_URL`` / ``REDIS_URL`` when set,
 else SQLite and the embedded Redis (run ``manage.py migrate`` first; ``make bench`` does).
@@ -36,6 +37,7 @@ import argparse
 import contextlib
 import itertools
 import os
+import random
 import statistics
 import sys
 import time
@@ -83,11 +85,21 @@ Contender = tuple[str, Callable[[], None], Callable[[], Any] | None]
 
 
 def measure(
-    contenders: list[Contender], iterations: int, block: int = 50
+    contenders: list[Contender], iterations: int, block: int = 50, seed: int = 1
 ) -> dict[str, list[float]]:
-    """Samples (µs) of each contender, interleaved in blocks of ``block`` iterations. A
-    contender's ``context`` (e.g. ``override_settings``) is entered around each of its blocks,
-    never around a single call, so its own cost is not measured."""
+    """Samples (µs) of each contender, interleaved in blocks of ``block`` iterations, the
+    contenders in a fresh random order each round (``seed``). A contender's ``context`` (e.g.
+    ``override_settings``) is entered around each of its blocks, never around a single call,
+    so its own cost is not measured.
+
+    Why shuffled: a block runs partly in what the block before it left running — the tracking
+    writer's flush, PostgreSQL finishing its commits — and on the development VM that decides
+    whether a round trip costs ~30 µs or ~110 µs (a core kept busy never sleeps, so the reply
+    need not wake it). In a fixed order the redis-py pair always followed the 10-step
+    ``Reactor.run`` block and always ran in the fast mode; the same code measured in the
+    reverse order gave the locked ``Step.call`` 1.36x instead of 3.15x (docs/benchmarks.md,
+    "The order of the blocks"). A new order each round spreads that over every contender."""
+    rng = random.Random(seed)
 
     def scoped(context: Callable[[], Any] | None) -> Any:
         return context() if context is not None else contextlib.nullcontext()
@@ -100,7 +112,7 @@ def measure(
     done = 0
     while done < iterations:
         size = min(block, iterations - done)
-        for label, iteration, context in contenders:
+        for label, iteration, context in rng.sample(contenders, len(contenders)):
             with scoped(context):
                 for _ in range(size):
                     started = time.perf_counter_ns()
@@ -197,6 +209,9 @@ def server_time_per_call(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument(
+        "--seed", type=int, default=1, help="the blocks' order in each round (default 1)"
+    )
     options = parser.parse_args()
     url = redis_url()
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
@@ -243,7 +258,8 @@ def main() -> None:
     server = plain.info("server")
     print(
         f"Redis {server['redis_version']} at {url}; database {database}; "
-        f"{options.iterations} iterations after {WARM_UP} warm-up; Python "
+        f"{options.iterations} iterations after {WARM_UP} warm-up, blocks shuffled with seed "
+        f"{options.seed}; Python "
         f"{sys.version.split()[0]}, redis-py {redis.__version__}; "
         f"DEBUG={settings.DEBUG}; REACTOR_TRACKING_FLUSH_INTERVAL="
         f"{getattr(settings, 'REACTOR_TRACKING_FLUSH_INTERVAL', 0.25)}"
@@ -268,6 +284,7 @@ def main() -> None:
                     ("Reactor.run, 10 steps, FLUSH_ON_FINISH=False", ten_step_run, no_flush),
                 ],
                 options.iterations,
+                seed=options.seed,
             )
             flush()
             server_time = {

@@ -112,7 +112,7 @@ def main() -> None:
     step_rate = measure("step", options.executions, options.processes, step_seconds)
     print(f"{'lock at reactor level':<24}{reactor_rate:8.1f} executions/s")
     print(f"{'lock at step level':<24}{step_rate:8.1f} executions/s")
-    print(f"{'ratio step/reactor':<24}{step_rate / reactor_rate:8.2f}x")
+    print(f"{'ratio step/reactor':<24}{step_rate / reactor_rate:8.3f}x")
 
 
 if __name__ == "__main__":
