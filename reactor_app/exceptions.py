@@ -371,7 +371,9 @@ class HandOffRefused(CoordinationError):
 
 
 class CoordinationUnavailable(CoordinationError):
-    """The coordination store is unreachable; the protected work did not run."""
+    """The coordination store is unreachable. Raised by an admission, the protected work did
+    not run (its message says so); raised by a release or a renewal, it had already run (the
+    holds lapse with their leases)."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
     cause: Any

@@ -336,9 +336,11 @@ class unavailable_on_connection_error:
         # ``manage.py check --deploy`` asks the server itself (coordination.probe)
         advice = _configuration_hint(exc)
         hint = f" (hint: {advice})" if advice else ""
+        # Says nothing of the work: this call may be an admission (nothing ran: the gate
+        # says so when it re-words the error), a release or a renewal (the work already ran),
+        # a cancel request or an operator's read.
         raise CoordinationUnavailable(
-            f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}); "
-            f"the protected work did not run{hint}",
+            f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}){hint}",
             key=self.key,
             primitive=self.primitive,
             # callers that re-word the error quote the cause: keep the hint with it

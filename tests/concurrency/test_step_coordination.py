@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from typing import Any
 
 import pytest
@@ -851,14 +852,16 @@ def test_redis_unreachable_fails_the_step_and_the_work_never_runs(form: str, set
     assert ran == []
     assert isinstance(result.error, CoordinationUnavailable)
     assert result.error.step == "charge"
+    assert "the protected work did not run" in result.error.message, result.error.message
 
 
 def test_a_release_that_cannot_reach_redis_is_recorded_as_failed_not_released(
-    settings: Any,
+    settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The body ran, then the store went away: the step's result stands, and its history says
     the hold was never given back (it lapses with its lease) — a ``release_failed`` event with
-    the cause, never ``released``."""
+    the cause, never ``released``. Neither the log nor the event says the work did not run:
+    it did (the outage error used to say so whatever the call it broke)."""
     from reactor_app.testing.servers import StandaloneServer
 
     with StandaloneServer() as server:
@@ -881,6 +884,40 @@ def test_a_release_that_cannot_reach_redis_is_recorded_as_failed_not_released(
     assert kinds == ["acquired", "release_failed"], kinds
     failed = CoordinationEvent.objects.get(key="acct:gone", kind="release_failed")
     assert failed.detail["outcome"] == "success" and failed.detail["cause"]
+    assert "did not run" not in failed.detail["cause"], failed.detail["cause"]
+    (logged,) = [r for r in caplog.records if r.getMessage().startswith("could not release")]
+    assert logged.exc_info is not None
+    told = "".join(traceback.format_exception(*logged.exc_info))
+    assert "unreachable" in told and "did not run" not in told, told
+
+
+def test_a_renewal_that_cannot_reach_redis_does_not_say_the_work_did_not_run(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store goes away while the body runs: the renewal logs that it failed and will try
+    again, naming the outage — and not claiming the work did not run, as the outage error used
+    to whatever the call it broke (the body is running: it is what the renewal protects)."""
+    from reactor_app.testing.servers import StandaloneServer
+
+    def renewal_warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("renewal of")]
+
+    with StandaloneServer() as server:
+        settings.REACTOR_REDIS_URL = server.url
+
+        @with_lock(lambda args: "acct:lapsing", ttl=3)  # renewed every second
+        class RenewedDuringAnOutage(Step):
+            def run(self, args: dict[str, Any], context: Any) -> Any:
+                server.stop()
+                deadline = time.monotonic() + 10
+                while not renewal_warnings() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return Success("done")
+
+        RenewedDuringAnOutage.call()
+    told = renewal_warnings()
+    assert told, "no renewal failed while the store was gone"
+    assert all("unreachable" in m and "did not run" not in m for m in told), told
 
 
 def test_a_step_declaring_nothing_takes_no_hold() -> None:
