@@ -371,9 +371,9 @@ class HandOffRefused(CoordinationError):
 
 
 class CoordinationUnavailable(CoordinationError):
-    """The coordination store is unreachable. Raised by an admission, the protected work did
-    not run (its message says so); raised by a release or a renewal, it had already run (the
-    holds lapse with their leases)."""
+    """The coordination store is unreachable. When a step's or a reactor's admission meets it,
+    the protected work did not run (the gate's message says so); a release or a renewal that
+    meets it comes after the work began (the holds lapse with their leases)."""
 
     field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "key", "primitive", "cause")
     cause: Any
