@@ -861,7 +861,8 @@ def test_a_release_that_cannot_reach_redis_is_recorded_as_failed_not_released(
     """The body ran, then the store went away: the step's result stands, and its history says
     the hold was never given back (it lapses with its lease) — a ``release_failed`` event with
     the cause, never ``released``. Neither the log nor the event says the work did not run:
-    it did (the outage error used to say so whatever the call it broke)."""
+    it did (the outage error, in the log's traceback, used to say so whatever the call it
+    broke)."""
     from reactor_app.testing.servers import StandaloneServer
 
     with StandaloneServer() as server:

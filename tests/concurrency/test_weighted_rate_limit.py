@@ -129,7 +129,7 @@ def test_weighted_costs_never_exceed_the_window_budget_under_four_processes(
     # Not asserted: that every process got an admission. Nothing promises a process a share
     # (docs/coordination.md, "Weighted limits": a small charge may fit long before a large
     # one), and a fresh clone's CI run on the embedded Redis saw a process whose first cost
-    # (13 of 20) never found room among the others' smaller charges in 2 s: [0, 5, 8, 1].
+    # (13 of 20) never found room among the others' charges in 2 s: [0, 5, 8, 1].
 
 
 def test_two_weighted_windows_are_charged_together(url: str, redis_prefix: str) -> None:
