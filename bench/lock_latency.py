@@ -57,19 +57,23 @@ OURS_SENT = ("evalsha", "fcall")
 
 def server_time_per_call(
     client: Any, iteration: Callable[[], None], sent: tuple[str, ...], n: int = 300
-) -> float:
-    """Redis µs per ``iteration`` in the commands named ``sent``, by ``INFO commandstats``
-    deltas (never reset: the server may be shared, and other clients' calls of the same
-    commands meanwhile count too)."""
+) -> tuple[float, float]:
+    """Redis µs per ``iteration`` in the commands named ``sent``, and the commands the server
+    ran per ``iteration`` (those sent, and those their scripts ran: what a script costs grows
+    with them), by ``INFO commandstats`` deltas (never reset: the server may be shared, and
+    other clients' commands meanwhile count too; ``INFO`` itself is left out)."""
 
-    def usec() -> float:
+    def read() -> tuple[float, int]:
         stats = client.info("commandstats")
-        return sum(float(stats.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in sent)
+        usec = sum(float(stats.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in sent)
+        calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+        return usec, calls
 
-    before = usec()
+    usec_before, calls_before = read()
     for _ in range(n):
         iteration()
-    return (usec() - before) / n
+    usec_after, calls_after = read()
+    return (usec_after - usec_before) / n, (calls_after - calls_before) / n
 
 
 def main() -> None:
@@ -162,9 +166,12 @@ def main() -> None:
             f"{row['label']:44} {row['p50']:8.1f} {row['p99']:8.1f} {row['mean']:8.1f}"
             f"  {ratio:5.2f}x"
         )
-    print("\nRedis server time per acquire + release (INFO commandstats, the commands each sends):")
-    for label, micros in server_times:
-        print(f"  {label:44} {micros:7.1f} µs")
+    print(
+        "\nRedis server per acquire + release (INFO commandstats): the time of the commands"
+        " each sends, and how many commands ran"
+    )
+    for label, (micros, commands) in server_times:
+        print(f"  {label:44} {micros:7.1f} µs  {commands:6.1f} commands")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ HINTED = True
 #: a line moves on its own: waits in it are capped only by REACTOR_ORDERED_WAIT_CEILING
 UNCAPPED_WAITS = True
 CHARGES = False
-DEFAULT_TTL = 86400.0  # seconds the line's state survives without activity
+#: seconds the line's state survives without activity (at least this less 1/64: the line's
+#: lifetimes are set only when they move by more, lua/_ordered.lua)
+DEFAULT_TTL = 86400.0
 
 
 def state_key(user_key: str, prefix: str | None = None) -> str:

@@ -13,8 +13,7 @@ local PERIOD_IN_FLIGHT = 10
 local function split_keys(items)
   local offset = 0
   for _, item in ipairs(items) do
-    item.keys = {}
-    for j = 1, item.n do item.keys[j] = KEYS[offset + j] end
+    item.keys = {unpack(KEYS, offset + 1, offset + item.n)}
     offset = offset + item.n
   end
 end

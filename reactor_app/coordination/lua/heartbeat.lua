@@ -25,12 +25,13 @@ local now = redis_now()
 local k = ordered_keys(KEYS)
 local nonce, epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
-if tonumber(redis.call('HGET', k.state, 'epoch') or '0') ~= epoch then
+local state = redis.call('HMGET', k.state, 'epoch', 'lasts')
+if tonumber(state[1] or '0') ~= epoch then
   return reply(LOST, {nonce = nonce, reason = 'epoch'})
 end
 if not redis.call('ZSCORE', k.positions, nonce) then
   return reply(LOST, {nonce = nonce, reason = 'passed'})
 end
 redis.call('ZADD', k.positions, 'XX', now.ms, nonce)
-if ttl_ms > 0 then ordered_touch(k, ttl_ms) end
+if ttl_ms > 0 then ordered_refresh(k, ttl_ms, now.ms, tonumber(state[2] or 'nil'), false) end
 return reply(OK, {nonce = nonce, last_completed = ordered_cursor(k)})

@@ -115,11 +115,14 @@ local function store_windows(claim)
   if not claim.stored then return end
   local name = claim.keys[#claim.windows + 2]
   local longest = 0
+  local fields = {} -- every window in one HSET
   for _, window in ipairs(claim.windows) do
-    redis.call('HSET', name, window.label, cjson.encode(
-      {seconds = window.ms / 1000, limit = window.limit, strategy = claim.strategy}))
+    fields[#fields + 1] = window.label
+    fields[#fields + 1] = cjson.encode(
+      {seconds = window.ms / 1000, limit = window.limit, strategy = claim.strategy})
     longest = math.max(longest, window.ms)
   end
+  redis.call('HSET', name, unpack(fields))
   if redis.call('PTTL', name) < longest then redis.call('PEXPIRE', name, math.ceil(longest) + 1) end
 end
 
