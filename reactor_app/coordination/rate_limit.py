@@ -7,18 +7,21 @@ Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as
   ``"<µs>-<seq>*<cost>"`` for a weighted admission. An admission at ``t`` counts (its cost)
   while ``now < t + window``, so no window of that length ever charges more than ``limit``,
   and a refusal knows exactly when enough cost leaves (``retry_after``).
-* ``{prefix}:rate_limit:{K}:W:cost`` — sliding strategy: hash ``{cost, n}``, the running total
-  cost of the zset's members and how many members it accounts for. Admission adds to it and
-  the purge of expired members subtracts their costs, so a check is O(log n + expired) for
+* ``{prefix}:rate_limit:{K}:W:cost`` — sliding strategy: hash ``{cost, n, lasts}``, the running
+  total cost of the zset's members and how many members it accounts for. Admission adds to it
+  and the purge of expired members subtracts their costs, so a check is O(log n + expired) for
   any cost; when ``n`` disagrees with the zset (the hash expired, or an older release of this
-  library admitted without it) the total is rebuilt from the members once.
+  library admitted without it) the total is rebuilt from the members once. ``lasts`` is when
+  the zset and this hash expire (ms), as the admission that last set their lifetimes set them:
+  a quarter of a window more than needed, so the admissions within that quarter set none
+  (docs/coordination.md, "How long a window's keys live").
 * ``{prefix}:rate_limit:{K}:W:fixed`` — fixed strategy: a counter (``INCRBY cost``) that
   expires at the window's epoch-aligned end. Constant memory for very large limits; a burst of
   up to twice the limit can straddle a window edge.
 * ``{prefix}:rate_limit:{K}:seq`` — a sequence making sliding-window members unique.
 * ``{prefix}:rate_limit:{K}:windows`` — hash ``label -> json {seconds, limit, strategy}``,
   written by every admission (the limits travel with it), so operators see the window counts
-  against their limits without typing them; it lives as long as the longest window.
+  against their limits without typing them; it lives as long as the longest window's keys.
 
 Every window of a claim is checked, and all are charged, in one atomic admission; a charge is
 only spent on work that is about to run (nothing is charged when anything else refuses).

@@ -17,7 +17,7 @@ end
 -- purge or a rebuild). It is written once: by the take when the claim is admitted, folded into
 -- the charge's own write, else by store_totals when the admission is refused.
 local function window_total(name, total_key, cutoff_us, window_ms)
-  local stored = redis.call('HMGET', total_key, 'cost', 'n')
+  local stored = redis.call('HMGET', total_key, 'cost', 'n', 'lasts')
   local total, n = tonumber(stored[1]), tonumber(stored[2])
   local behind = false
   local expired = redis.call('ZRANGEBYSCORE', name, '-inf', cutoff_us)
@@ -37,7 +37,20 @@ local function window_total(name, total_key, cutoff_us, window_ms)
     end
     n, behind = card, true
   end
-  return total, {key = total_key, total = total, n = n, behind = behind, ms = window_ms}
+  return total, {key = total_key, total = total, n = n, behind = behind, ms = window_ms,
+                 lasts = tonumber(stored[3] or 'nil')}
+end
+
+-- A sliding window's zset and running total live a window past their newest member. Setting
+-- both lifetimes is two PEXPIREs per window per admission; so an admission sets them to
+-- LIFETIME_SPARE more than needed, records that end in the total's `lasts` field, and the
+-- admissions after it set them again only once the end no longer covers a window from now
+-- (docs/coordination.md, "How long a window's keys live"). Both keys always end together, at
+-- `lasts` or later; `lasts` 0 (written by store_totals, which sets the total's alone) makes the
+-- next admission set both.
+local LIFETIME_SPARE = 4 -- a quarter of the window
+local function window_lifetime(window_ms)
+  return math.ceil(window_ms) + 1 + math.floor(window_ms / LIFETIME_SPARE)
 end
 
 -- write the running totals a refused admission's checks brought up to date (window_total)
@@ -47,7 +60,8 @@ local function store_totals(windows)
       if w.n == 0 then
         redis.call('DEL', w.key)
       else
-        redis.call('HSET', w.key, 'cost', w.total, 'n', w.n)
+        -- this total's lifetime alone: `lasts` 0 makes the next admission set both keys'
+        redis.call('HSET', w.key, 'cost', w.total, 'n', w.n, 'lasts', 0)
         redis.call('PEXPIRE', w.key, math.ceil(w.ms) + 1)
       end
     end
@@ -110,8 +124,12 @@ local function check_rate_limit(claim)
   return {windows = states, on_refused = function() store_totals(states) end}
 end
 
--- the limits travel with each admission; keep them beside the counts so operators see them
-local function store_windows(claim)
+-- the limits travel with each admission; keep them beside the counts so operators see them.
+-- Their lifetime (at least the longest window's, never shortened) is checked when `lifetime_ms`
+-- is given — a fixed limit's take passes 0, a sliding one's the lifetime it set its windows'
+-- keys to, if it did — and whenever the hash gains a field (a new hash, or a window it did not
+-- show).
+local function store_windows(claim, lifetime_ms)
   if not claim.stored then return end
   local name = claim.keys[#claim.windows + 2]
   local longest = 0
@@ -122,14 +140,16 @@ local function store_windows(claim)
       {seconds = window.ms / 1000, limit = window.limit, strategy = claim.strategy})
     longest = math.max(longest, window.ms)
   end
-  redis.call('HSET', name, unpack(fields))
-  if redis.call('PTTL', name) < longest then redis.call('PEXPIRE', name, math.ceil(longest) + 1) end
+  local added = redis.call('HSET', name, unpack(fields))
+  if not lifetime_ms and added == 0 then return end
+  lifetime_ms = math.max(lifetime_ms or 0, math.ceil(longest) + 1)
+  if redis.call('PTTL', name) < lifetime_ms then redis.call('PEXPIRE', name, lifetime_ms) end
 end
 
 local function take_rate_limit(claim, plan)
-  store_windows(claim)
   local cost = claim.cost or 1
   if claim.strategy == 'fixed' then
+    store_windows(claim, 0) -- a fixed window's counters are set apart: checked every time
     for i, window in ipairs(claim.windows) do
       local name = claim.keys[i + 1]
       redis.call('INCRBY', name, cost)
@@ -145,19 +165,33 @@ local function take_rate_limit(claim, plan)
   local member = int(now.us) .. '-' .. seq
   -- the cost travels in the member, so a purge knows what leaves with it
   if cost ~= 1 then member = member .. '*' .. cost end
-  local longest = 0
+  local set_ms = nil -- the longest lifetime set below, if any
   for i, window in ipairs(claim.windows) do
     local name = claim.keys[i + 1]
     redis.call('ZADD', name, int(now.us), member)
-    redis.call('PEXPIRE', name, math.ceil(window.ms) + 1)
     -- the check just brought the total up to date (window_total): it is written once, with
     -- this charge in it, so it stays exact
     local w = plan.windows[i]
-    redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1)
-    redis.call('PEXPIRE', w.key, math.ceil(window.ms) + 1)
-    longest = math.max(longest, window.ms)
+    -- the zset is new when it had no member (n 0): its lifetime is set whatever `lasts` says
+    if w.n > 0 and w.lasts and w.lasts >= now.ms + math.ceil(window.ms) + 1 then
+      redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1)
+    else
+      local lifetime_ms = window_lifetime(window.ms)
+      redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1,
+        'lasts', now.ms + lifetime_ms)
+      redis.call('PEXPIRE', name, lifetime_ms)
+      redis.call('PEXPIRE', w.key, lifetime_ms)
+      set_ms = math.max(set_ms or 0, lifetime_ms)
+    end
   end
-  redis.call('PEXPIRE', claim.keys[1], math.ceil(longest) + 1)
+  -- the sequence and the shown limits live as long as the longest window's keys: set with
+  -- theirs (and the sequence's when INCR made it)
+  if set_ms or seq == 1 then
+    local longest = 0
+    for _, window in ipairs(claim.windows) do longest = math.max(longest, window.ms) end
+    redis.call('PEXPIRE', claim.keys[1], math.max(set_ms or 0, window_lifetime(longest)))
+  end
+  store_windows(claim, set_ms)
   return {fresh = true, member = member}
 end
 

@@ -1,0 +1,176 @@
+"""How long a sliding rate limit's keys live, in a real Redis (docs/coordination.md, "How long a
+window's keys live").
+
+A window's zset of admissions and its running total live a window past their newest member. An
+admission sets both lifetimes to a quarter of a window more than that and records the end in
+the total's ``lasts`` field; the admissions after it set them again only once that end no
+longer covers a window from now. What must never happen is a member lost before it leaves its
+window (its charge forgotten: the limit exceeded) or a key kept for ever. The property test
+plays random sequences of weighted admissions, refusals (the limit full, and a second limit in
+the same admission refusing after this one passed its check), give-backs and time passing
+(simulated: every member's admission time, every lifetime and ``lasts`` moved back alike, as
+waiting would), and after each checks that every key has an expiry and that each window's zset
+outlives its newest member's window.
+
+The command counts show what it saves: a limit admitted again within the spare quarter of its
+shortest window sends no ``PEXPIRE``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reactor_app.coordination import embedded, rate_limit
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, RateLimitClaim
+from reactor_app.coordination.redis import get_client
+from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+
+KEY = "api"
+#: the limit under test, and a second one admitted with it that refuses often
+WINDOWS = rate_limit.windows_from(limits={10: 6, 60: 20})
+OTHER = rate_limit.windows_from(limits={30: 2})
+#: ms of Redis time between two reads of it
+EPSILON_MS = 100
+
+operation = st.one_of(
+    st.tuples(st.just("admit"), st.sampled_from([1, 1, 2, 3])),
+    st.tuples(st.just("admit_both"), st.sampled_from([1, 2])),
+    st.tuples(st.just("give_back"), st.integers(0, 20)),
+    # time passes: this many seconds (around the windows' lengths and their spare quarters)
+    st.tuples(st.just("age"), st.integers(1, 40)),
+)
+
+
+def holder(name: str) -> Holder:
+    return Holder(owner=name, execution_id=f"exec-{name}", step="work", reactor="tests.Limit")
+
+
+def now_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def limit_keys(user_key: str, prefix: str) -> list[str]:
+    claim = RateLimitClaim(user_key, WINDOWS if user_key == KEY else OTHER)
+    return rate_limit.admit_keys(claim, prefix)
+
+
+def age(client: Any, prefix: str, seconds: int) -> None:
+    """What waiting ``seconds`` does to the limits' keys, without the wait."""
+    shift_ms = seconds * 1000
+    for user_key, windows in ((KEY, WINDOWS), ("other", OTHER)):
+        for window in windows:
+            name = rate_limit.window_key(user_key, window.seconds, prefix=prefix)
+            members = client.zrange(name, 0, -1, withscores=True)
+            if members:
+                client.zadd(name, {m: s - shift_ms * 1000 for m, s in members}, xx=True)
+            total = rate_limit.cost_key(user_key, window.seconds, prefix)
+            lasts = client.hget(total, "lasts")
+            if lasts is not None and float(lasts) > 0:
+                client.hset(total, "lasts", int(float(lasts)) - shift_ms)
+        for name in limit_keys(user_key, prefix):
+            left = client.pttl(name)
+            if left == -2:
+                continue
+            assert left > 0, name
+            if left <= shift_ms:
+                client.delete(name)
+            else:
+                client.pexpire(name, left - shift_ms)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(operation, min_size=1, max_size=30))
+def test_a_window_keeps_every_member_until_it_leaves_and_no_key_for_ever(
+    operations: list[tuple[str, int]],
+) -> None:
+    prefix = new_key_prefix("rlife")
+    client = get_client()
+    coordinator = Coordinator(client=client, prefix=prefix)
+    taken: list[Admitted] = []
+    try:
+        for kind, value in operations:
+            if kind in ("admit", "admit_both"):
+                claims = [RateLimitClaim(KEY, WINDOWS, cost=value)]
+                if kind == "admit_both":  # the other limit is checked after this one
+                    claims.append(RateLimitClaim("other", OTHER))
+                result = coordinator.admit(claims, holder(f"h{len(taken)}"))
+                if isinstance(result, Admitted):
+                    taken.append(result)
+            elif kind == "give_back" and taken:
+                coordinator.release(taken.pop(value % len(taken)), "give_back")
+            elif kind == "age":
+                age(client, prefix, value)
+
+            now = now_ms(client)
+            for user_key, windows in ((KEY, WINDOWS), ("other", OTHER)):
+                for name in limit_keys(user_key, prefix):
+                    assert client.pttl(name) != -1, f"{name} has no expiry"
+                for window in windows:
+                    name = rate_limit.window_key(user_key, window.seconds, prefix=prefix)
+                    newest = client.zrange(name, -1, -1, withscores=True)
+                    if not newest:
+                        continue
+                    leaves_ms = int(newest[0][1]) // 1000 + int(window.seconds * 1000)
+                    left = client.pttl(name)
+                    assert now + left >= leaves_ms - EPSILON_MS, (
+                        f"{name} ends {leaves_ms - now - left} ms before its newest member "
+                        "leaves the window"
+                    )
+    finally:
+        delete_prefixed_keys(client, prefix)
+
+
+# -- what it saves ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_redis() -> Iterator[Any]:
+    """A Redis server of this test alone, so INFO commandstats counts only our commands.
+    (Under /tmp: a unix socket path must stay short.)"""
+    folder = Path(tempfile.mkdtemp(prefix="reactor-rlife-", dir="/tmp"))
+    embedded.ensure_server(folder)
+    try:
+        yield get_client(embedded.url(folder))
+    finally:
+        embedded.stop_server(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def pexpires(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
+
+
+def test_admissions_within_the_spare_quarter_set_no_lifetimes(private_redis: Any) -> None:
+    client = private_redis
+    coordinator = Coordinator(client=client, prefix="rlife")
+    claim = RateLimitClaim(KEY, WINDOWS)
+    first = coordinator.admit([claim], holder("a"))
+    assert isinstance(first, Admitted)
+
+    before = pexpires(client)
+    for name in ("b", "c", "d"):
+        assert isinstance(coordinator.admit([claim], holder(name)), Admitted)
+    assert pexpires(client) == before  # the first admission's spare covers these
+
+    age(client, "rlife", 3)  # past the spare quarter (2.5 s) of the 10 s window
+    before = pexpires(client)  # (the aging's own PEXPIREs counted out)
+    assert isinstance(coordinator.admit([claim], holder("e")), Admitted)
+    # the 10 s window's zset and total, then the sequence (the longest window's lifetime);
+    # the 60 s window's end still covers it, and the shown limits outlive 60 s already
+    assert pexpires(client) == before + 3
+    left = client.pttl(rate_limit.window_key(KEY, 10, prefix="rlife"))
+    assert 12_500 - EPSILON_MS <= left <= 12_501
