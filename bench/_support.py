@@ -21,6 +21,7 @@ Imported by the benchmarks after ``django.setup()``. Not a test: the benchmarks 
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -212,22 +213,42 @@ def measure(
     iterations: int,
     block: int = 100,
     warm_up: int = 200,
+    seed: int | None = None,
 ) -> list[dict[str, Any]]:
     """Latency of each contender, in µs. They run interleaved in blocks of ``block`` so that
-    background load on the machine falls on all of them alike."""
+    background load on the machine falls on all of them alike.
+
+    With ``seed``, the blocks of each round run in a new random order, and each row also has
+    ``per_block``: the median over rounds of its block's median divided by the first
+    contender's (the peer's) in the same round. Why: on a virtual machine a round trip costs
+    far less while a core is busy than when the reply must wake one, and a block runs partly in
+    what the block before it left running; in a fixed order one contender can be handed one
+    mode every round (docs/benchmarks.md, "The order of the blocks"). A round's blocks run
+    milliseconds apart, so their ratio is the steadier figure."""
     for _, iteration in contenders:
         for _ in range(warm_up):
             iteration()
     samples: dict[str, list[int]] = {label: [] for label, _ in contenders}
+    rounds: list[dict[str, float]] = []  # each round's block medians (µs)
+    order = random.Random(seed)
     done = 0
     while done < iterations:
         size = min(block, iterations - done)
-        for label, iteration in contenders:
+        this_round = list(contenders)
+        if seed is not None:
+            order.shuffle(this_round)
+        medians: dict[str, float] = {}
+        for label, iteration in this_round:
+            taken = []
             for _ in range(size):
                 started = time.perf_counter_ns()
                 iteration()
-                samples[label].append(time.perf_counter_ns() - started)
+                taken.append(time.perf_counter_ns() - started)
+            samples[label] += taken
+            medians[label] = statistics.median(taken) / 1000
+        rounds.append(medians)
         done += size
+    peer = contenders[0][0]
     rows = []
     for label, _ in contenders:
         micros = sorted(ns / 1000 for ns in samples[label])
@@ -237,6 +258,7 @@ def measure(
                 "p50": micros[len(micros) // 2],
                 "p99": micros[min(len(micros) - 1, int(len(micros) * 0.99))],
                 "mean": statistics.fmean(micros),
+                "per_block": statistics.median(r[label] / r[peer] for r in rounds),
             }
         )
     return rows

@@ -1,13 +1,17 @@
 """Lock latency: reactor_app's lock beside redis-py's ``Lock`` and python-redis-lock.
 
 One uncontended acquire + release per iteration, the same key each time, against the same
-Redis in the same run (the contenders interleaved in blocks of 100 iterations, so background
-load hits them alike), measured with ``time.perf_counter_ns``. Also measured: a five-primitive
-admission (ordered gate, period, lock, semaphore, two-window rate limit) + release, and, for
-scale, a ``PING``: the round trip every call pays (docs/benchmarks.md, "Round trips on the
-development VM").
+Redis in the same run (the contenders interleaved in blocks of 100 iterations, in a new random
+order each round, ``--seed``, so background load and the round trip's mode hit them alike:
+``bench._support.measure`` says why), measured with ``time.perf_counter_ns``. Each ratio is
+printed twice: of the overall medians, and in brackets the median of the ratios taken block by
+block. Also measured: a five-primitive admission (ordered gate, period, lock, semaphore,
+two-window rate limit) + release, and, for scale, a ``PING``: the round trip every call pays
+(docs/benchmarks.md, "Round trips on the development VM"). Then the Redis server's side, by
+``INFO commandstats``: the time of the commands each contender sends, and how many commands
+the server ran for it (a script's own included).
 
-    python bench/lock_latency.py [--iterations 2000] [--url redis://127.0.0.1:6379/15]
+    python bench/lock_latency.py [--iterations 2000] [--url redis://127.0.0.1:6379/15] [--seed 1]
 
 Without ``--url`` it uses the coordination Redis of ``demo_project.settings``
 (``REDIS_URL``, else the embedded server). Keys live under a fresh prefix and are deleted after.
@@ -80,6 +84,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--url", default=None, help="Redis URL (default: the configured one)")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="the blocks' order in each round (default 1)"
+    )
     options = parser.parse_args()
     url = options.url or redis_url()
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
@@ -128,7 +135,8 @@ def main() -> None:
         server = plain.info("server")
         print(
             f"Redis {server['redis_version']} at {url}; {options.iterations} iterations "
-            f"after {WARM_UP} warm-up; Python {sys.version.split()[0]}, redis-py "
+            f"after {WARM_UP} warm-up, blocks shuffled with seed {options.seed}; Python "
+            f"{sys.version.split()[0]}, redis-py "
             f"{redis.__version__}, python-redis-lock {redis_lock.__version__}"
         )
         results = measure(
@@ -140,6 +148,7 @@ def main() -> None:
                 ("Redis PING (one round trip, for scale)", ping),
             ],
             options.iterations,
+            seed=options.seed,
         )
         server_times = [
             (label, server_time_per_call(plain, iteration, sent))
@@ -159,12 +168,15 @@ def main() -> None:
             plain.delete(*doomed)
 
     baseline = results[0]
-    print(f"\n{'acquire + release, µs':44} {'p50':>8} {'p99':>8} {'mean':>8}  p50 ratio")
+    print(
+        f"\n{'acquire + release, µs':44} {'p50':>8} {'p99':>8} {'mean':>8}  p50 ratio"
+        "  (median of per-block ratios)"
+    )
     for row in results:
         ratio = row["p50"] / baseline["p50"]
         print(
             f"{row['label']:44} {row['p50']:8.1f} {row['p99']:8.1f} {row['mean']:8.1f}"
-            f"  {ratio:5.2f}x"
+            f"  {ratio:5.2f}x     ({row['per_block']:5.2f}x)"
         )
     print(
         "\nRedis server per acquire + release (INFO commandstats): the time of the commands"
