@@ -1,5 +1,6 @@
 -- _common.lua — fragment spliced into operation scripts by their include line.
--- Helpers only: the Redis clock, the KEYS split, the reply shape, big-number formatting.
+-- Helpers only: the Redis clock, the KEYS split, the reply shape, big-number formatting, key
+-- lifetimes.
 
 -- Status codes; the Python side's one table is reactor_app.coordination.scripts.STATUSES
 -- (tests/unit/test_coordination.py checks that the two agree, name for name).
@@ -41,6 +42,18 @@ local function redis_now()
   local now_us = seconds * 1000000 + micros
   return {seconds = seconds, micros = micros, us = now_us, ms = math.floor(now_us / 1000),
           text = string.format('%d.%06d', seconds, micros)}
+end
+
+-- Two keys that must live at least until `until_ms` (a semaphore's leases and holders: as long
+-- as its longest lease). Their lifetimes are set, `spare_ms` longer than needed, only when the
+-- first one's falls short: one PTTL instead of setting both on every call. The two are always
+-- set together, so the first stands for both; a key made since has no lifetime (-1) and falls
+-- short (docs/coordination.md, "How long a semaphore's keys live").
+local function keep_until(first, second, until_ms, now_ms, spare_ms)
+  if redis.call('PTTL', first) >= until_ms - now_ms then return end
+  local keep_ms = until_ms - now_ms + spare_ms
+  redis.call('PEXPIRE', first, keep_ms)
+  redis.call('PEXPIRE', second, keep_ms)
 end
 
 -- Lua turns numbers above 1e14 into "1.7e+15" when passing them to redis.call; epoch
