@@ -7,14 +7,14 @@ Key layout (``K`` = the user key, inside the hash tag; ``W`` = window seconds as
   ``"<µs>-<seq>*<cost>"`` for a weighted admission. An admission at ``t`` counts (its cost)
   while ``now < t + window``, so no window of that length ever charges more than ``limit``,
   and a refusal knows exactly when enough cost leaves (``retry_after``).
-* ``{prefix}:rate_limit:{K}:W:cost`` — sliding strategy: hash ``{cost, n, lasts}``, the running
-  total cost of the zset's members and how many members it accounts for. Admission adds to it
-  and the purge of expired members subtracts their costs, so a check is O(log n + expired) for
+* ``{prefix}:rate_limit:{K}:W:cost`` — sliding strategy: hash ``{cost, n}``, the running total
+  cost of the zset's members and how many members it accounts for. Admission adds to it and
+  the purge of expired members subtracts their costs, so a check is O(log n + expired) for
   any cost; when ``n`` disagrees with the zset (the hash expired, or an older release of this
-  library admitted without it) the total is rebuilt from the members once. ``lasts`` is when
-  the zset and this hash expire (ms), as the admission that last set their lifetimes set them:
-  a quarter of a window more than needed, so the admissions within that quarter set none
-  (docs/coordination.md, "How long a window's keys live").
+  library admitted without it) the total is rebuilt from the members once. The zset and this
+  hash live a window past the newest member, set a quarter of a window longer than that so
+  that the admissions within the spare set no lifetimes (docs/coordination.md, "How long a
+  window's keys live").
 * ``{prefix}:rate_limit:{K}:W:fixed`` — fixed strategy: a counter (``INCRBY cost``) that
   expires at the window's epoch-aligned end. Constant memory for very large limits; a burst of
   up to twice the limit can straddle a window edge.

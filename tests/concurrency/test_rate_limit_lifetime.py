@@ -2,18 +2,20 @@
 window's keys live").
 
 A window's zset of admissions and its running total live a window past their newest member. An
-admission sets both lifetimes to a quarter of a window more than that and records the end in
-the total's ``lasts`` field; the admissions after it set them again only once that end no
-longer covers a window from now. What must never happen is a member lost before it leaves its
-window (its charge forgotten: the limit exceeded) or a key kept for ever. The property test
-plays random sequences of weighted admissions, refusals (the limit full, and a second limit in
-the same admission refusing after this one passed its check), give-backs and time passing
-(simulated: every member's admission time, every lifetime and ``lasts`` moved back alike, as
-waiting would), and after each checks that every key has an expiry and that each window's zset
-outlives its newest member's window.
+admission that sets the two lifetimes sets them a quarter of a window longer than that; the
+admissions after it set them again only once the zset's lifetime no longer covers a window from
+now. What must never happen is a member lost before it leaves its window (its charge
+forgotten: the limit exceeded) or a key kept for ever. The property test plays random sequences
+of weighted admissions, refusals (the limit full, and a second limit in the same admission
+refusing after this one passed its check), give-backs and time passing (simulated: every
+member's admission time and every lifetime moved back alike, as waiting would), and after each
+checks that every key has an expiry and that each window's zset outlives its newest member's
+window.
 
 The command counts show what it saves: a limit admitted again within the spare quarter of its
-shortest window sends no ``PEXPIRE``.
+shortest window sends no ``PEXPIRE``. And a writer that sets the lifetimes its own way (an older
+version of the library during a rolling deploy) cannot mislead it: the lifetime is read from the
+zset.
 """
 
 from __future__ import annotations
@@ -74,10 +76,6 @@ def age(client: Any, prefix: str, seconds: int) -> None:
             members = client.zrange(name, 0, -1, withscores=True)
             if members:
                 client.zadd(name, {m: s - shift_ms * 1000 for m, s in members}, xx=True)
-            total = rate_limit.cost_key(user_key, window.seconds, prefix)
-            lasts = client.hget(total, "lasts")
-            if lasts is not None and float(lasts) > 0:
-                client.hset(total, "lasts", int(float(lasts)) - shift_ms)
         for name in limit_keys(user_key, prefix):
             left = client.pttl(name)
             if left == -2:
@@ -175,3 +173,39 @@ def test_admissions_within_the_spare_quarter_set_no_lifetimes(private_redis: Any
     assert pexpires(client) == before + 3
     left = client.pttl(rate_limit.window_key(KEY, 10, prefix="rlife"))
     assert 12_500 - EPSILON_MS <= left <= 12_501
+
+
+def test_a_lifetime_shortened_by_another_writer_is_set_again_at_the_next_admission(
+    redis_prefix: str,
+) -> None:
+    """An older version of the library sets a window's keys to one window from its own
+    admission; the next admission of this version reads the zset's lifetime and covers its own
+    member, however recently it set the lifetimes itself."""
+    client = get_client()
+    coordinator = Coordinator(client=client, prefix=redis_prefix)
+    claim = RateLimitClaim(KEY, WINDOWS)
+    assert isinstance(coordinator.admit([claim], holder("a")), Admitted)
+    window = rate_limit.window_key(KEY, 10, prefix=redis_prefix)
+    client.pexpire(window, 4_000)  # the other writer's admission, 6 s ago
+    client.pexpire(rate_limit.cost_key(KEY, 10, redis_prefix), 4_000)
+
+    assert isinstance(coordinator.admit([claim], holder("b")), Admitted)
+    assert client.pttl(window) >= 10_000  # outlives the member just admitted
+
+
+def test_a_running_total_made_again_gets_a_lifetime_while_the_window_is_covered(
+    redis_prefix: str,
+) -> None:
+    """The total can go while its zset lives (evicted under memory pressure, deleted by hand):
+    the next admission rebuilds it from the members, and the hash its write makes gets a
+    lifetime although the zset's still covers the window."""
+    client = get_client()
+    coordinator = Coordinator(client=client, prefix=redis_prefix)
+    claim = RateLimitClaim(KEY, WINDOWS)
+    assert isinstance(coordinator.admit([claim], holder("a")), Admitted)
+    total = rate_limit.cost_key(KEY, 10, redis_prefix)
+    client.delete(total)
+
+    assert isinstance(coordinator.admit([claim], holder("b")), Admitted)
+    assert client.hget(total, "n") == "2"  # rebuilt from the members, this one's charge in it
+    assert 10_000 <= client.pttl(total) <= 12_501

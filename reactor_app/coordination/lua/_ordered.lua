@@ -17,24 +17,20 @@ end
 
 -- A line's keys live `ttl_ms` past its last activity. Setting the four lifetimes is four
 -- PEXPIREs, the largest share of an ordered lock's commands per admission and release; so a call
--- sets them only when that moves their end by more than TOUCH_SLACK of `ttl_ms`, and otherwise
--- leaves them (docs/coordination.md, "How long a line lives"). The state's `lasts` field
--- records the end the last setting gave (ms); the rule that keeps it honest: every existing key
--- of the line lives at least until `lasts`. It holds because every setting of lifetimes goes
--- through here and lowers `lasts` when it shortens them, and a key created without one (the
--- admission's re-registration of a position, `ordered_refresh`'s `force`) has its lifetime set
--- in that call. The waiters zset also keeps its own day (waiter_register in _common.lua).
+-- sets them only when the state's lifetime has fallen more than TOUCH_SLACK of `ttl_ms` short of
+-- it (one PTTL), and otherwise leaves them (docs/coordination.md, "How long a line lives").
+-- The four are always set together, so the state's stands for all of them; a key made without
+-- one (a position registered again, a new line) is set in that call (`force`). Read from the
+-- key itself, never from a record of what was set, so a writer that sets lifetimes its own way
+-- (an older version of this library during a rolling deploy) cannot mislead it. The waiters
+-- zset also keeps its own day (waiter_register in _common.lua).
 local TOUCH_SLACK = 64
 
--- Set the line's lifetimes to end at now + ttl_ms when `force` (the call may have created a key)
--- or when `lasts` (the state's field, nil when absent) is not within the slack below that end;
--- record the new end when it is not.
-local function ordered_refresh(k, ttl_ms, now_ms, lasts, force)
-  local ends = now_ms + ttl_ms
-  local recent = lasts ~= nil and lasts <= ends and lasts >= ends - math.floor(ttl_ms / TOUCH_SLACK)
-  if recent and not force then return end
+local function ordered_refresh(k, ttl_ms, force)
+  if not force and redis.call('PTTL', k.state) >= ttl_ms - math.floor(ttl_ms / TOUCH_SLACK) then
+    return
+  end
   ordered_touch(k, ttl_ms)
-  if not recent then redis.call('HSET', k.state, 'lasts', ends) end
 end
 
 local function ordered_cursor(k)
@@ -45,10 +41,9 @@ end
 -- attribution is stored with the position). The first assignment, or the first after the state
 -- expired, starts a new epoch: the Redis time in ms. Returns nonce, epoch.
 local function ordered_assign(k, holder, ttl_ms, now)
-  local state = redis.call('HMGET', k.state, 'epoch', 'lasts')
-  local epoch, lasts = tonumber(state[1] or '0'), tonumber(state[2] or 'nil')
+  local epoch = tonumber(redis.call('HGET', k.state, 'epoch') or '0')
   if epoch == 0 then
-    epoch, lasts = now.ms, nil
+    epoch = now.ms
     redis.call('HSET', k.state, 'epoch', epoch, 'next', 0, 'cursor', 0)
   end
   local nonce = redis.call('HINCRBY', k.state, 'next', 1)
@@ -56,7 +51,7 @@ local function ordered_assign(k, holder, ttl_ms, now)
   for field, value in pairs(holder) do attribution[field] = value end
   redis.call('ZADD', k.positions, now.ms, nonce)
   redis.call('HSET', k.holders, nonce, cjson.encode(attribution))
-  ordered_refresh(k, ttl_ms, now.ms, lasts, true) -- the positions or holders may be new keys
+  ordered_refresh(k, ttl_ms, true) -- the positions or holders may be new keys
   return nonce, epoch
 end
 

@@ -32,8 +32,7 @@ KEYS — one group per claim, in claim order; a claim's group size is its spec's
                     expiring at the epoch-aligned window end), then (S = 1 when the spec says
                     `stored`) the windows hash (label -> json {seconds, limit, strategy}) for
                     operators, then (sliding: T = W) per window the running-total hash
-                    {cost = sum of the members' costs, n = members accounted for, lasts =
-                    when it and the window's zset expire, as last set (ms; 0: set them next)}
+                    {cost = sum of the members' costs, n = members accounted for}
 
 ARGV[1]  holder json: {owner, execution?, step?, reactor?, priority? (a waiter's place in a
          line: waiter_score in _common.lua)}

@@ -25,13 +25,12 @@ local now = redis_now()
 local k = ordered_keys(KEYS)
 local nonce, epoch, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local state = redis.call('HMGET', k.state, 'epoch', 'lasts')
-if tonumber(state[1] or '0') ~= epoch then
+if tonumber(redis.call('HGET', k.state, 'epoch') or '0') ~= epoch then
   return reply(LOST, {nonce = nonce, reason = 'epoch'})
 end
 if not redis.call('ZSCORE', k.positions, nonce) then
   return reply(LOST, {nonce = nonce, reason = 'passed'})
 end
 redis.call('ZADD', k.positions, 'XX', now.ms, nonce)
-if ttl_ms > 0 then ordered_refresh(k, ttl_ms, now.ms, tonumber(state[2] or 'nil'), false) end
+if ttl_ms > 0 then ordered_refresh(k, ttl_ms, false) end
 return reply(OK, {nonce = nonce, last_completed = ordered_cursor(k)})

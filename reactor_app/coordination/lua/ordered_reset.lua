@@ -20,6 +20,6 @@ local epoch = math.max(now.ms, previous + 1)
 local woken = redis.call('ZRANGE', k.waiters, 0, -1)
 redis.call('DEL', k.state, k.positions, k.holders, k.waiters)
 redis.call('HSET', k.state, 'epoch', epoch, 'next', 0, 'cursor', 0)
-ordered_refresh(k, tonumber(ARGV[1]), now.ms, nil, true) -- an operator's: always
+ordered_touch(k, tonumber(ARGV[1]))
 redis.call('PUBLISH', k.state, cjson.encode({primitive = 'ordered_lock', reset = epoch}))
 return reply(OK, {epoch = epoch, previous_epoch = previous, woken = woken})

@@ -20,5 +20,5 @@ local last_assigned = tonumber(redis.call('HGET', k.state, 'next') or '0')
 if cursor >= last_assigned then return reply(NOT_FOUND, {}) end
 local head = cursor + 1
 local new_cursor, woken = ordered_complete(k, head)
-ordered_refresh(k, tonumber(ARGV[1]), redis_now().ms, nil, true) -- an operator's: always
+ordered_touch(k, tonumber(ARGV[1]))
 return reply(OK, {skipped = head, cursor = new_cursor, woken = woken})

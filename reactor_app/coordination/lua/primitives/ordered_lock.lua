@@ -7,7 +7,7 @@ use: docs/architecture.md, "Adding a primitive". ]]
 local function check_ordered(claim)
   local k = ordered_keys(claim.keys)
   -- the line's state in one read (nothing below writes it before the last of them is used)
-  local state = redis.call('HMGET', k.state, 'epoch', 'cursor', 'first_failed', 'lasts')
+  local state = redis.call('HMGET', k.state, 'epoch', 'cursor', 'first_failed')
   local epoch = tonumber(state[1] or '0')
   if epoch ~= claim.epoch then
     return nil, refusal(ORDERED_STALE, {nonce = claim.nonce, epoch = epoch, reason = 'epoch'})
@@ -21,7 +21,7 @@ local function check_ordered(claim)
     -- call was registered, heartbeat and keys' lifetimes included, by ordered_assign); one
     -- registered again (completed out of turn by a chain failure) may make a new zset
     local added = redis.call('ZADD', k.positions, now.ms, claim.nonce)
-    ordered_refresh(k, claim.ttl_ms, now.ms, tonumber(state[4] or 'nil'), added == 1)
+    ordered_refresh(k, claim.ttl_ms, added == 1)
   end
 
   local first_failed = tonumber(state[3] or 'nil')
@@ -88,22 +88,22 @@ WAITERS_INDEX['ordered_lock'] = 4 -- the waiters zset's place in the claim's key
 local function release_ordered(keys, spec)
   local k = ordered_keys(keys)
   -- the line's state in one read (only this function writes it before the last use)
-  local state = redis.call('HMGET', k.state, 'epoch', 'lasts', 'in_flight', 'first_failed')
-  local epoch, lasts = tonumber(state[1] or '0'), tonumber(state[2] or 'nil')
+  local state = redis.call('HMGET', k.state, 'epoch', 'in_flight', 'first_failed')
+  local epoch = tonumber(state[1] or '0')
   if epoch ~= spec.epoch then
     table.insert(report.not_held, k.state) -- reset while we held it: nothing of ours remains
     return
   end
   if not terminal then
-    if tonumber(state[3] or '0') == spec.nonce then
+    if tonumber(state[2] or '0') == spec.nonce then
       redis.call('HDEL', k.state, 'in_flight')
     end
     redis.call('ZADD', k.positions, 'XX', now.ms, spec.nonce)
-    ordered_refresh(k, spec.ttl_ms, now.ms, lasts, false)
+    ordered_refresh(k, spec.ttl_ms, false)
     return
   end
   if spec.strict and (outcome == 'failure' or outcome == 'rollback') then
-    local first_failed = tonumber(state[4] or '0')
+    local first_failed = tonumber(state[3] or '0')
     if first_failed == 0 or spec.nonce < first_failed then
       redis.call('HSET', k.state, 'first_failed', spec.nonce)
     end
@@ -114,7 +114,7 @@ local function release_ordered(keys, spec)
     table.insert(report.advanced, {key = k.state, cursor = cursor})
     table.insert(report.freed, k.state)
   end
-  ordered_refresh(k, spec.ttl_ms, now.ms, lasts, false)
+  ordered_refresh(k, spec.ttl_ms, false)
 end
 
 RELEASE['ordered_lock'] = release_ordered

@@ -17,7 +17,7 @@ end
 -- purge or a rebuild). It is written once: by the take when the claim is admitted, folded into
 -- the charge's own write, else by store_totals when the admission is refused.
 local function window_total(name, total_key, cutoff_us, window_ms)
-  local stored = redis.call('HMGET', total_key, 'cost', 'n', 'lasts')
+  local stored = redis.call('HMGET', total_key, 'cost', 'n')
   local total, n = tonumber(stored[1]), tonumber(stored[2])
   local behind = false
   local expired = redis.call('ZRANGEBYSCORE', name, '-inf', cutoff_us)
@@ -37,17 +37,19 @@ local function window_total(name, total_key, cutoff_us, window_ms)
     end
     n, behind = card, true
   end
+  -- (`made`: no total was stored, so the take's write makes the hash, without a lifetime)
   return total, {key = total_key, total = total, n = n, behind = behind, ms = window_ms,
-                 lasts = tonumber(stored[3] or 'nil')}
+                 made = not stored[1]}
 end
 
 -- A sliding window's zset and running total live a window past their newest member. Setting
--- both lifetimes is two PEXPIREs per window per admission; so an admission sets them to
--- LIFETIME_SPARE more than needed, records that end in the total's `lasts` field, and the
--- admissions after it set them again only once the end no longer covers a window from now
--- (docs/coordination.md, "How long a window's keys live"). Both keys always end together, at
--- `lasts` or later; `lasts` 0 (written by store_totals, which sets the total's alone) makes the
--- next admission set both.
+-- both lifetimes is two PEXPIREs per window per admission; so an admission that sets them sets
+-- them a quarter of a window longer than needed (LIFETIME_SPARE), and the admissions after it
+-- set them again only once the zset's lifetime (one PTTL) no longer covers a window from now
+-- (docs/coordination.md, "How long a window's keys live"). The zset's own lifetime is read,
+-- never a record of it: whatever else sets it (a refusal setting the total's alone, an older
+-- version of this library during a rolling deploy), a member is never lost before it leaves
+-- its window. The total may go first (a refusal set it alone): it is rebuilt from the members.
 local LIFETIME_SPARE = 4 -- a quarter of the window
 local function window_lifetime(window_ms)
   return math.ceil(window_ms) + 1 + math.floor(window_ms / LIFETIME_SPARE)
@@ -60,8 +62,7 @@ local function store_totals(windows)
       if w.n == 0 then
         redis.call('DEL', w.key)
       else
-        -- this total's lifetime alone: `lasts` 0 makes the next admission set both keys'
-        redis.call('HSET', w.key, 'cost', w.total, 'n', w.n, 'lasts', 0)
+        redis.call('HSET', w.key, 'cost', w.total, 'n', w.n)
         redis.call('PEXPIRE', w.key, math.ceil(w.ms) + 1)
       end
     end
@@ -172,13 +173,10 @@ local function take_rate_limit(claim, plan)
     -- the check just brought the total up to date (window_total): it is written once, with
     -- this charge in it, so it stays exact
     local w = plan.windows[i]
-    -- the zset is new when it had no member (n 0): its lifetime is set whatever `lasts` says
-    if w.n > 0 and w.lasts and w.lasts >= now.ms + math.ceil(window.ms) + 1 then
-      redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1)
-    else
+    redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1)
+    -- (a zset this ZADD made has no lifetime: -1 falls short)
+    if w.made or redis.call('PTTL', name) < math.ceil(window.ms) + 1 then
       local lifetime_ms = window_lifetime(window.ms)
-      redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1,
-        'lasts', now.ms + lifetime_ms)
       redis.call('PEXPIRE', name, lifetime_ms)
       redis.call('PEXPIRE', w.key, lifetime_ms)
       set_ms = math.max(set_ms or 0, lifetime_ms)
