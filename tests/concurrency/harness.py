@@ -175,3 +175,10 @@ def start_in_line_order(threads: list[threading.Thread], key: str, timeout: floa
         while coordination_state().ordered_lock(key).next == before and thread.is_alive():
             assert time.monotonic() < deadline, f"{thread.name} never took a place on {key!r}"
             time.sleep(0.005)
+
+
+def command_calls(client: Any) -> dict[str, int]:
+    """How many times the server ran each command so far (``INFO commandstats``, by its
+    ``cmdstat_<name>`` key): read before and after, on a server of the test's own."""
+    stats = client.info("commandstats")
+    return {name: int(values["calls"]) for name, values in stats.items()}

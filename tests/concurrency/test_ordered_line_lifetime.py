@@ -23,17 +23,12 @@ library during a rolling deploy) cannot mislead it: the lifetime is read from th
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app.coordination import embedded, ordered_lock
+from reactor_app.coordination import ordered_lock
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
@@ -44,6 +39,7 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+from tests.concurrency.harness import command_calls
 
 KEY = "line"
 #: two declarations of one line with different lifetimes (seconds)
@@ -169,21 +165,8 @@ def test_a_line_never_loses_a_key_early_nor_keeps_one_for_ever(
 # -- what the rule saves ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def private_redis() -> Iterator[Any]:
-    """A Redis server of this test alone, so INFO commandstats counts only our commands.
-    (Under /tmp: a unix socket path must stay short.)"""
-    folder = Path(tempfile.mkdtemp(prefix="reactor-life-", dir="/tmp"))
-    embedded.ensure_server(folder)
-    try:
-        yield get_client(embedded.url(folder))
-    finally:
-        embedded.stop_server(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def pexpires(client: Any) -> int:
-    return int(client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
+    return command_calls(client).get("cmdstat_pexpire", 0)
 
 
 def test_a_recently_touched_line_sets_no_lifetimes_until_its_end_falls_behind(

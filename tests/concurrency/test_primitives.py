@@ -16,22 +16,19 @@ import gc
 import itertools
 import multiprocessing
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import redis
 import redis.connection
 
-from reactor_app.coordination import embedded, holds_index, rate_limit, state, subscriptions
+from reactor_app.coordination import holds_index, rate_limit, state, subscriptions
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
@@ -50,7 +47,7 @@ from reactor_app.coordination.claims import (
 from reactor_app.coordination.redis import get_client, redis_url
 from reactor_app.coordination.renewal import Renewal, scheduler
 from reactor_app.coordination.scripts import scripts_for
-from tests.concurrency.harness import probe_across_edge, redis_micros
+from tests.concurrency.harness import command_calls, probe_across_edge, redis_micros
 from tests.renewing import KEPT_LEASE
 
 FORK = multiprocessing.get_context("fork")
@@ -831,24 +828,6 @@ def test_a_dead_ordered_head_is_passed_over_after_the_poison_pill_timeout(
 
 
 # -- one round trip -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def private_redis() -> Iterator[Any]:
-    """A Redis server of this test alone, so INFO commandstats counts only our commands.
-    (Under /tmp: a unix socket path must stay short.)"""
-    folder = Path(tempfile.mkdtemp(prefix="reactor-stats-", dir="/tmp"))
-    embedded.ensure_server(folder)
-    try:
-        yield get_client(embedded.url(folder))
-    finally:
-        embedded.stop_server(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def command_calls(client: Any) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {name: int(values["calls"]) for name, values in stats.items()}
 
 
 def test_five_primitives_cost_one_script_call_to_admit_and_one_to_release(

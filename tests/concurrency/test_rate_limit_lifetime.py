@@ -20,21 +20,17 @@ zset.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app.coordination import embedded, rate_limit
+from reactor_app.coordination import rate_limit
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, RateLimitClaim
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+from tests.concurrency.harness import command_calls
 
 KEY = "api"
 #: the limit under test, and a second one admitted with it that refuses often
@@ -136,21 +132,8 @@ def test_a_window_keeps_every_member_until_it_leaves_and_no_key_for_ever(
 # -- what it saves ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def private_redis() -> Iterator[Any]:
-    """A Redis server of this test alone, so INFO commandstats counts only our commands.
-    (Under /tmp: a unix socket path must stay short.)"""
-    folder = Path(tempfile.mkdtemp(prefix="reactor-rlife-", dir="/tmp"))
-    embedded.ensure_server(folder)
-    try:
-        yield get_client(embedded.url(folder))
-    finally:
-        embedded.stop_server(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def pexpires(client: Any) -> int:
-    return int(client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
+    return command_calls(client).get("cmdstat_pexpire", 0)
 
 
 def test_admissions_within_the_spare_quarter_set_no_lifetimes(private_redis: Any) -> None:

@@ -14,21 +14,17 @@ setting sends no ``PEXPIRE``.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app.coordination import embedded, semaphore
+from reactor_app.coordination import semaphore
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, SemaphoreClaim
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
+from tests.concurrency.harness import command_calls
 
 KEY = "pool"
 OWNERS = ["o1", "o2", "o3", "o4"]
@@ -125,21 +121,8 @@ def test_the_keys_outlive_every_lease_and_never_live_for_ever(
 # -- what it saves ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def private_redis() -> Iterator[Any]:
-    """A Redis server of this test alone, so INFO commandstats counts only our commands.
-    (Under /tmp: a unix socket path must stay short.)"""
-    folder = Path(tempfile.mkdtemp(prefix="reactor-slife-", dir="/tmp"))
-    embedded.ensure_server(folder)
-    try:
-        yield get_client(embedded.url(folder))
-    finally:
-        embedded.stop_server(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def pexpires(client: Any) -> int:
-    return int(client.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0))
+    return command_calls(client).get("cmdstat_pexpire", 0)
 
 
 def test_admissions_within_the_spare_quarter_set_no_lifetimes(private_redis: Any) -> None:
