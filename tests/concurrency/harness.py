@@ -182,3 +182,23 @@ def command_calls(client: Any) -> dict[str, int]:
     ``cmdstat_<name>`` key): read before and after, on a server of the test's own."""
     stats = client.info("commandstats")
     return {name: int(values["calls"]) for name, values in stats.items()}
+
+
+def pass_time_on(client: Any, names: Iterable[str], shift_ms: int) -> None:
+    """What waiting ``shift_ms`` does to the lifetimes of the keys ``names``, without the wait:
+    each existing key's is shortened by that much, and one whose life runs out is gone (the
+    lifetime tests move the scores that hold times back alike themselves)."""
+    for name in names:
+        left = client.pttl(name)
+        if left == -2:
+            continue
+        assert left > 0, f"{name} has no expiry"
+        if left <= shift_ms:
+            client.delete(name)
+        else:
+            client.pexpire(name, left - shift_ms)
+
+
+def pexpires(client: Any) -> int:
+    """``PEXPIRE``s the server ran so far (``command_calls``): what the lifetime rules spare."""
+    return command_calls(client).get("cmdstat_pexpire", 0)

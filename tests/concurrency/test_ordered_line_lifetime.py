@@ -39,7 +39,7 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
-from tests.concurrency.harness import command_calls
+from tests.concurrency.harness import pass_time_on, pexpires
 
 KEY = "line"
 #: two declarations of one line with different lifetimes (seconds)
@@ -80,13 +80,7 @@ def lifetimes(client: Any, prefix: str) -> dict[str, int]:
 def age(client: Any, prefix: str, seconds: int) -> None:
     """What waiting ``seconds`` does to the line, without the wait: every lifetime moves back
     alike (a key whose life runs out is gone)."""
-    shift = seconds * 1000
-    for name, left in lifetimes(client, prefix).items():
-        assert left > 0, name
-        if left <= shift:
-            client.delete(name)
-        else:
-            client.pexpire(name, left - shift)
+    pass_time_on(client, ordered_lock.line_keys(KEY, prefix), seconds * 1000)
 
 
 @settings(
@@ -163,10 +157,6 @@ def test_a_line_never_loses_a_key_early_nor_keeps_one_for_ever(
 
 
 # -- what the rule saves ------------------------------------------------------------------------
-
-
-def pexpires(client: Any) -> int:
-    return command_calls(client).get("cmdstat_pexpire", 0)
 
 
 def test_a_recently_touched_line_sets_no_lifetimes_until_its_end_falls_behind(

@@ -30,7 +30,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, RateLimitClaim
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
-from tests.concurrency.harness import command_calls
+from tests.concurrency.harness import pass_time_on, pexpires
 
 KEY = "api"
 #: the limit under test, and a second one admitted with it that refuses often
@@ -72,15 +72,7 @@ def age(client: Any, prefix: str, seconds: int) -> None:
             members = client.zrange(name, 0, -1, withscores=True)
             if members:
                 client.zadd(name, {m: s - shift_ms * 1000 for m, s in members}, xx=True)
-        for name in limit_keys(user_key, prefix):
-            left = client.pttl(name)
-            if left == -2:
-                continue
-            assert left > 0, name
-            if left <= shift_ms:
-                client.delete(name)
-            else:
-                client.pexpire(name, left - shift_ms)
+        pass_time_on(client, limit_keys(user_key, prefix), shift_ms)
 
 
 @settings(
@@ -130,10 +122,6 @@ def test_a_window_keeps_every_member_until_it_leaves_and_no_key_for_ever(
 
 
 # -- what it saves ------------------------------------------------------------------------------
-
-
-def pexpires(client: Any) -> int:
-    return command_calls(client).get("cmdstat_pexpire", 0)
 
 
 def test_admissions_within_the_spare_quarter_set_no_lifetimes(private_redis: Any) -> None:

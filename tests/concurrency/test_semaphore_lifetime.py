@@ -24,7 +24,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Admitted, Holder, SemaphoreClaim
 from reactor_app.coordination.redis import get_client
 from reactor_app.testing.pytest_plugin import delete_prefixed_keys, new_key_prefix
-from tests.concurrency.harness import command_calls
+from tests.concurrency.harness import pass_time_on, pexpires
 
 KEY = "pool"
 OWNERS = ["o1", "o2", "o3", "o4"]
@@ -62,15 +62,7 @@ def age(client: Any, prefix: str, seconds: int) -> None:
     held = client.zrange(leases, 0, -1, withscores=True)
     if held:
         client.zadd(leases, {owner: score - shift_ms for owner, score in held}, xx=True)
-    for name in pool_keys(prefix):
-        left = client.pttl(name)
-        if left == -2:
-            continue
-        assert left > 0, name
-        if left <= shift_ms:
-            client.delete(name)
-        else:
-            client.pexpire(name, left - shift_ms)
+    pass_time_on(client, pool_keys(prefix), shift_ms)
 
 
 @settings(
@@ -119,10 +111,6 @@ def test_the_keys_outlive_every_lease_and_never_live_for_ever(
 
 
 # -- what it saves ------------------------------------------------------------------------------
-
-
-def pexpires(client: Any) -> int:
-    return command_calls(client).get("cmdstat_pexpire", 0)
 
 
 def test_admissions_within_the_spare_quarter_set_no_lifetimes(private_redis: Any) -> None:
