@@ -17,8 +17,10 @@ end
 
 -- A line's keys live `ttl_ms` past its last activity. Setting the four lifetimes is four
 -- PEXPIREs, the largest share of an ordered lock's commands per admission and release; so a call
--- sets them only when the state's lifetime has fallen more than TOUCH_SLACK of `ttl_ms` short of
--- it (one PTTL), and otherwise leaves them (docs/coordination.md, "How long a line lives").
+-- sets them only when the state's lifetime (one PTTL) is not already within TOUCH_SLACK of
+-- `ttl_ms` below it — fallen further short, or longer (another declaration's ttl: the last
+-- call's ttl applies, as when every call set it) — and otherwise leaves them
+-- (docs/coordination.md, "How long a line lives").
 -- The four are always set together, so the state's stands for all of them; a key made without
 -- one (a position registered again, a new line) is set in that call (`force`). Read from the
 -- key itself, never from a record of what was set, so a writer that sets lifetimes its own way
@@ -27,8 +29,9 @@ end
 local TOUCH_SLACK = 64
 
 local function ordered_refresh(k, ttl_ms, force)
-  if not force and redis.call('PTTL', k.state) >= ttl_ms - math.floor(ttl_ms / TOUCH_SLACK) then
-    return
+  if not force then
+    local left = redis.call('PTTL', k.state)
+    if left <= ttl_ms and left >= ttl_ms - math.floor(ttl_ms / TOUCH_SLACK) then return end
   end
   ordered_touch(k, ttl_ms)
 end
