@@ -45,15 +45,18 @@ local function redis_now()
 end
 
 -- Two keys that must live at least until `until_ms` (a semaphore's leases and holders: as long
--- as its longest lease). Their lifetimes are set, `spare_ms` longer than needed, only when the
--- first one's falls short: one PTTL instead of setting both on every call. The two are always
--- set together, so the first stands for both; a key made since has no lifetime (-1) and falls
--- short (docs/coordination.md, "How long a semaphore's keys live").
-local function keep_until(first, second, until_ms, now_ms, spare_ms)
-  if redis.call('PTTL', first) >= until_ms - now_ms then return end
+-- as its longest lease; a rate-limit window's members and running total: a window past the
+-- newest member). Their lifetimes are set, `spare_ms` longer than needed, only when the first
+-- one's falls short, or when `force` (the second was just made): one PTTL instead of setting
+-- both on every call. The two are always set together, so the first stands for both; a key made
+-- since has no lifetime (-1) and falls short (docs/coordination.md, "How long a semaphore's keys
+-- live", "How long a window's keys live"). Returns the lifetime set (ms), or nil.
+local function keep_until(first, second, until_ms, now_ms, spare_ms, force)
+  if not force and redis.call('PTTL', first) >= until_ms - now_ms then return nil end
   local keep_ms = until_ms - now_ms + spare_ms
   redis.call('PEXPIRE', first, keep_ms)
   redis.call('PEXPIRE', second, keep_ms)
+  return keep_ms
 end
 
 -- Lua turns numbers above 1e14 into "1.7e+15" when passing them to redis.call; epoch

@@ -46,14 +46,14 @@ end
 -- both lifetimes is two PEXPIREs per window per admission; so an admission that sets them sets
 -- them a quarter of a window longer than needed (LIFETIME_SPARE), and the admissions after it
 -- set them again only once the zset's lifetime (one PTTL) no longer covers a window from now
--- (docs/coordination.md, "How long a window's keys live"). The zset's own lifetime is read,
--- never a record of it: whatever else sets it (a refusal setting the total's alone, an older
--- version of this library during a rolling deploy), a member is never lost before it leaves
--- its window. The total may go first (a refusal set it alone): it is rebuilt from the members.
+-- (keep_until in _common.lua; docs/coordination.md, "How long a window's keys live"). The
+-- zset's own lifetime is read, never a record of it: whatever else sets it (a refusal setting
+-- the total's alone, an older version of this library during a rolling deploy), a member is
+-- never lost before it leaves its window. The total may go first (a refusal set it alone): it
+-- is rebuilt from the members.
 local LIFETIME_SPARE = 4 -- a quarter of the window
-local function window_lifetime(window_ms)
-  return math.ceil(window_ms) + 1 + math.floor(window_ms / LIFETIME_SPARE)
-end
+local function window_needs(window_ms) return math.ceil(window_ms) + 1 end
+local function window_spare(window_ms) return math.floor(window_ms / LIFETIME_SPARE) end
 
 -- write the running totals a refused admission's checks brought up to date (window_total)
 local function store_totals(windows)
@@ -174,20 +174,17 @@ local function take_rate_limit(claim, plan)
     -- this charge in it, so it stays exact
     local w = plan.windows[i]
     redis.call('HSET', w.key, 'cost', w.total + cost, 'n', w.n + 1)
-    -- (a zset this ZADD made has no lifetime: -1 falls short)
-    if w.made or redis.call('PTTL', name) < math.ceil(window.ms) + 1 then
-      local lifetime_ms = window_lifetime(window.ms)
-      redis.call('PEXPIRE', name, lifetime_ms)
-      redis.call('PEXPIRE', w.key, lifetime_ms)
-      set_ms = math.max(set_ms or 0, lifetime_ms)
-    end
+    -- (a zset this ZADD made has no lifetime: -1 falls short; a total this HSET made, `made`)
+    local kept = keep_until(name, w.key, now.ms + window_needs(window.ms), now.ms,
+      window_spare(window.ms), w.made)
+    if kept then set_ms = math.max(set_ms or 0, kept) end
   end
   -- the sequence and the shown limits live as long as the longest window's keys: set with
   -- theirs (and the sequence's when INCR made it)
   if set_ms or seq == 1 then
     local longest = 0
     for _, window in ipairs(claim.windows) do longest = math.max(longest, window.ms) end
-    redis.call('PEXPIRE', claim.keys[1], math.max(set_ms or 0, window_lifetime(longest)))
+    redis.call('PEXPIRE', claim.keys[1], window_needs(longest) + window_spare(longest))
   end
   store_windows(claim, set_ms)
   return {fresh = true, member = member}
