@@ -18,6 +18,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.utils.functional import empty
 
+from reactor_app.coordination import bounds
 from reactor_app.exceptions import ConfigurationError
 
 TRACKING_MODES = ("full", "executions")
@@ -280,13 +281,12 @@ class ReactorSettings:
     @property
     def EXECUTION_CLAIM_TTL(self) -> float:
         """Seconds a silent worker delivery keeps its claim on an execution."""
-        value = self._get("EXECUTION_CLAIM_TTL", 30.0)
-        if not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigurationError(
-                "REACTOR_EXECUTION_CLAIM_TTL must be a number of seconds > 0",
-                setting="EXECUTION_CLAIM_TTL",
+        try:  # a lifetime the claim's SET ... PX keeps: coordination.bounds
+            return bounds.seconds_within(
+                self._get("EXECUTION_CLAIM_TTL", 30.0), "REACTOR_EXECUTION_CLAIM_TTL"
             )
-        return float(value)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc), setting="EXECUTION_CLAIM_TTL") from None
 
     @property
     def SWEEP_AFTER(self) -> float:

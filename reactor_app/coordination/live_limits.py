@@ -44,6 +44,7 @@ from typing import Any
 import redis as redis_py
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination import bounds
 from reactor_app.coordination.keys import current_prefix
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 from reactor_app.coordination.scripts import scripts_for
@@ -226,9 +227,7 @@ def publish(
 
 def semaphore_value(limit: Any, where: str) -> int:
     """A semaphore limit as an int, or ``ValueError`` naming ``where`` it came from."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"{where}: a semaphore limit must be a positive integer, got {limit!r}")
-    return limit
+    return bounds.count_within(limit, f"{where}: a semaphore limit")
 
 
 def configured_semaphore_limit(name: str) -> int:

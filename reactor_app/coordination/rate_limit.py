@@ -32,14 +32,13 @@ overrides one live (``coordination.live_limits``).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination import live_limits
+from reactor_app.coordination import bounds, live_limits
 from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, server_time, unavailable_on_connection_error
@@ -77,9 +76,7 @@ def parse_period(period: str | float | timedelta) -> float:
             f"a rate-limit period must be one of {sorted(PERIODS)} or a number of seconds, "
             f"got {period!r}"
         )
-    if not math.isfinite(period) or period < 0.001:
-        raise ValueError(f"a rate-limit period must be at least 1 ms, got {period!r} seconds")
-    return float(period)
+    return bounds.seconds_within(period, "a rate-limit period")
 
 
 def seconds_text(seconds: float) -> str:
@@ -97,9 +94,7 @@ def period_label(period: str | float | timedelta, seconds: float) -> str:
 
 
 def _limit(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: a rate limit must be a positive integer, got {value!r}")
-    return value
+    return bounds.count_within(value, f"{where}: a rate limit")
 
 
 def windows_from(

@@ -84,12 +84,12 @@ def admission_result(reply: ScriptReply, claims: list[Claim], holder: Holder) ->
         status=int(reply.status),
         time=str(data.get("time", "")),
         stale=reply.status is Status.ORDERED_STALE,
-        limit=data.get("limit"),
-        held=data.get("held"),
+        limit=_whole(data.get("limit")),
+        held=_whole(data.get("held")),
         label=data.get("label"),
         window=None if window_ms is None else window_ms / 1000,
-        count=data.get("count"),
-        cost=data.get("cost"),
+        count=_whole(data.get("count")),
+        cost=_whole(data.get("cost")),
         bucket=data.get("bucket"),
         bucket_end=data.get("bucket_end"),
         nonce=data.get("nonce"),
@@ -138,6 +138,12 @@ def _ids(data: dict[str, Any]) -> list[str]:
     """The ``woken`` waiter ids of a reply (cjson encodes an empty list as ``{}``)."""
     woken = data.get("woken")
     return [str(w) for w in woken] if isinstance(woken, list) else []
+
+
+def _whole(count: Any) -> Any:
+    """A count as the int it is: the scripts' JSON writes numbers from 1e14 up with an
+    exponent, which reads back as a float (a limit of 10**15 said "allows 1e+15.0")."""
+    return int(count) if isinstance(count, float) and count.is_integer() else count
 
 
 def _seconds(ms: float | None) -> float | None:

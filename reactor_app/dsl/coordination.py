@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from reactor_app.coordination import bounds
 from reactor_app.coordination.claims import RateWindow
 from reactor_app.coordination.period import validate_every
 from reactor_app.coordination.rate_limit import parse_period
@@ -43,16 +44,33 @@ T = TypeVar("T")
 # validation helpers
 
 
-def _positive_number(owner: str, option: str, value: Any, *, allow_zero: bool = False) -> float:
+def _wait(owner: str, option: str, value: Any) -> float:
+    """A wait in seconds, 0 or more. Waits are measured by the waiting process and never reach
+    a script, so ``float("inf")`` is a wait without end (``coordination.bounds``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and (value > 0 or (allow_zero and value == 0)):
+    if ok and value >= 0:
         return float(value)
-    bound = ">= 0" if allow_zero else "> 0"
     raise DefinitionError(
-        f"{owner}: {option} must be a number of seconds {bound}, got {value!r}",
+        f"{owner}: {option} must be a number of seconds >= 0, got {value!r}",
         owner=owner,
         option=option,
     )
+
+
+def _lifetime(owner: str, option: str, value: Any) -> float:
+    """A duration a script keeps (a lease, a quiet period): within ``coordination.bounds``."""
+    try:
+        return bounds.seconds_within(value, option)
+    except ValueError as exc:
+        raise DefinitionError(f"{owner}: {exc}", owner=owner, option=option) from None
+
+
+def _count(owner: str, option: str, value: Any, what: str | None = None) -> int:
+    """A limit or a cost: a whole number within ``coordination.bounds``."""
+    try:
+        return bounds.count_within(value, what or option)
+    except ValueError as exc:
+        raise DefinitionError(f"{owner}: {exc}", owner=owner, option=option) from None
 
 
 def _strategy(owner: str, primitive: str, value: Any) -> str:
@@ -105,12 +123,7 @@ def _windows_from(owner: str, limits: Mapping[Any, Any]) -> tuple[RateWindow, ..
             seconds = parse_period(period)
         except (ValueError, TypeError) as exc:
             raise DefinitionError(f"{owner}: {exc}", owner=owner, option="limits") from exc
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise DefinitionError(
-                f"{owner}: the limit for {period!r} must be a positive integer, got {limit!r}",
-                owner=owner,
-                option="limits",
-            )
+        limit = _count(owner, "limits", limit, f"the limit for {period!r}")
         windows.append(RateWindow(seconds=seconds, limit=limit, label=str(period)))
     return tuple(sorted(windows, key=lambda w: w.seconds))
 
@@ -175,12 +188,12 @@ def with_lock(
     owner = "with_lock"
     declaration = LockDeclaration(
         key_fn=_key_function(owner, key),
-        ttl=_positive_number(owner, "ttl", ttl),
-        wait=_positive_number(owner, "wait", wait, allow_zero=True),
+        ttl=_lifetime(owner, "ttl", ttl),
+        wait=_wait(owner, "wait", wait),
         auto_extend=_bool(owner, "auto_extend", auto_extend),
         rollback_wait=None
         if rollback_wait is None
-        else _positive_number(owner, "rollback_wait", rollback_wait, allow_zero=True),
+        else _wait(owner, "rollback_wait", rollback_wait),
         on_contention=_strategy(owner, "lock", on_contention),
     )
     return lambda target: _attach(declaration, target)
@@ -228,12 +241,14 @@ def with_semaphore(
             owner=owner,
             option="limit",
         )
+    else:
+        _count(owner, "limit", limit)
     declaration = SemaphoreDeclaration(
         key_fn=_key_function(owner, key),
         limit=limit,
-        wait=_positive_number(owner, "wait", wait, allow_zero=True),
-        ttl=_positive_number(owner, "ttl", ttl),
-        rollback_wait=_positive_number(owner, "rollback_wait", rollback_wait, allow_zero=True),
+        wait=_wait(owner, "wait", wait),
+        ttl=_lifetime(owner, "ttl", ttl),
+        rollback_wait=_wait(owner, "rollback_wait", rollback_wait),
         on_contention=_strategy(owner, "semaphore", on_contention),
         fair_by=None if fair_by is None else _fair_by(owner, fair_by),
     )
@@ -277,7 +292,7 @@ def with_rate_limit(
     or exceeds a limit fails the work with ``RateLimitCostError`` (it could never run).
     """
     owner = "with_rate_limit"
-    wait_seconds = _positive_number(owner, "wait", wait, allow_zero=True)
+    wait_seconds = _wait(owner, "wait", wait)
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 1):
         raise DefinitionError(
             f"{owner}: cost must be a positive integer or a function of the arguments such as "
@@ -285,6 +300,8 @@ def with_rate_limit(
             owner=owner,
             option="cost",
         )
+    if not callable(cost):
+        _count(owner, "cost", cost)
     if strategy not in ("sliding", "fixed"):
         raise DefinitionError(
             f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
@@ -367,8 +384,8 @@ def with_period(
     declaration = PeriodDeclaration(
         key_fn=_key_function(owner, key),
         every=every,
-        ttl=_positive_number(owner, "ttl", ttl),
-        wait=None if wait is None else _positive_number(owner, "wait", wait, allow_zero=True),
+        ttl=_lifetime(owner, "ttl", ttl),
+        wait=None if wait is None else _wait(owner, "wait", wait),
     )
     return lambda target: _attach(declaration, target)
 
@@ -384,8 +401,8 @@ def with_debounce(
     owner = "with_debounce"
     declaration = DebounceDeclaration(
         key_fn=_key_function(owner, key),
-        seconds=_positive_number(owner, "seconds", seconds),
-        max_wait=None if max_wait is None else _positive_number(owner, "max_wait", max_wait),
+        seconds=_lifetime(owner, "seconds", seconds),
+        max_wait=None if max_wait is None else _lifetime(owner, "max_wait", max_wait),
     )
 
     def attach(target: T) -> T:
@@ -425,10 +442,10 @@ def with_ordered_lock(
     owner = "with_ordered_lock"
     declaration = OrderedLockDeclaration(
         key_fn=_key_function(owner, key),
-        ttl=_positive_number(owner, "ttl", ttl),
-        poison_pill_timeout=_positive_number(owner, "poison_pill_timeout", poison_pill_timeout),
+        ttl=_lifetime(owner, "ttl", ttl),
+        poison_pill_timeout=_lifetime(owner, "poison_pill_timeout", poison_pill_timeout),
         strict=_bool(owner, "strict", strict),
-        wait=None if wait is None else _positive_number(owner, "wait", wait, allow_zero=True),
+        wait=None if wait is None else _wait(owner, "wait", wait),
     )
     return lambda target: _attach(declaration, target)
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
-from reactor_app.coordination import debounce
+from reactor_app.coordination import bounds, debounce
 from reactor_app.exceptions import InputValidationError
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
@@ -79,18 +79,24 @@ def burst_of(
 
 def _from_option(reactor: type[Reactor], option: Any) -> Burst:
     key, seconds = option if isinstance(option, tuple) and len(option) == 2 else (None, 0)
-    if isinstance(key, str) and key.strip() and _positive(seconds):
+    if isinstance(key, str) and key.strip() and _within(seconds):
         return Burst(key, float(seconds))
     raise InputValidationError(
-        f"debounce must be (key, seconds) with a non-empty key and seconds > 0, got {option!r}",
+        f"debounce must be (key, seconds) with a non-empty key and seconds from "
+        f"{bounds.SHORTEST_SECONDS} to {bounds.LONGEST_TEXT}, got {option!r}",
         reactor=reactor.path(),
         step=None,
         field_errors={"debounce": "expected (key, seconds)"},
     )
 
 
-def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+def _within(seconds: object) -> bool:
+    """A quiet period the debounce script can keep (``coordination.bounds``)."""
+    try:
+        bounds.seconds_within(seconds, "seconds")
+    except ValueError:
+        return False
+    return True
 
 
 def place(burst: Burst, execution_id: str) -> debounce.DebouncedStart:

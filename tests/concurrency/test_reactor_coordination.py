@@ -254,7 +254,7 @@ def test_key_function_errors_and_bad_options() -> None:
 
     with pytest.raises(DefinitionError, match="limit is required"):
         with_semaphore(lambda i: "k")
-    with pytest.raises(DefinitionError, match="ttl must be a number of seconds > 0"):
+    with pytest.raises(DefinitionError, match=r"ttl must be a number of seconds from 0\.001"):
         with_lock(lambda i: "k", ttl=0)
     with pytest.raises(DefinitionError, match="every"):
         with_period(lambda i: "k", every="fortnight")
