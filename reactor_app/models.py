@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import models
 
+from reactor_app.coordination.keys import LONGEST_USER_KEY
 from reactor_app.engine.result import Result, wait_for
 from reactor_app.managers import (
     ContentionStateQuerySet,
@@ -240,7 +241,7 @@ class ContentionState(models.Model):
     )
     step = models.CharField(max_length=255, blank=True, default="", help_text="'' = reactor level")
     primitive = models.CharField(max_length=32)
-    key = models.CharField(max_length=512)
+    key = models.CharField(max_length=LONGEST_USER_KEY)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     blocker = models.JSONField(null=True, blank=True, help_text="holder, step, since, ttl left")
@@ -274,7 +275,7 @@ class CoordinationEvent(models.Model):
     step = models.CharField(max_length=255, blank=True, default="", help_text="'' = reactor level")
     reactor = models.CharField(max_length=255, blank=True, default="")
     primitive = models.CharField(max_length=32)
-    key = models.CharField(max_length=512)
+    key = models.CharField(max_length=LONGEST_USER_KEY)
     kind = models.CharField(max_length=32, choices=CoordinationEventKind.choices)
     owner = models.CharField(max_length=64, blank=True, default="")
     token = models.BigIntegerField(null=True, blank=True)

@@ -94,6 +94,7 @@ def write_rows(
     except Exception:
         # One bad row (its execution deleted meanwhile...) must not cost the others.
         logger.warning("bulk write of tracking rows failed; writing them one by one")
+        _drop_lost_connection()
         events = [
             CoordinationEvent(**_jsonable(dict(zip(EVENT_COLUMNS, row, strict=True))))
             for row in raw_events
@@ -104,6 +105,16 @@ def write_rows(
         for (pending, _), pk in zip(new_steps, pks, strict=True):
             pending.pk = pk
     return len(raw_events) + len(new_steps) + len(updates) + len(progress)
+
+
+def _drop_lost_connection() -> None:
+    """Close the connection when the failed write lost it (the database restarted, or ended
+    the session), so that the rows written one by one connect again: on the lost connection
+    every one of them failed too, and the whole flush was dropped. Not inside a transaction,
+    whose connection is the caller's to keep (no buffered row is written there anyway)."""
+    connection = connections["default"]
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
 
 
 def _commits_behind() -> bool:

@@ -20,6 +20,28 @@ _BRACE_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
 _BRACE_UNESCAPE = re.compile(r"%(25|7B|7D)")
 
 
+#: the longest user key a unit of work may coordinate on: the ``key`` column of the contention
+#: and event rows (``models``), which record every key a unit met
+LONGEST_USER_KEY = 512
+
+
+def user_key_problem(user_key: str) -> str | None:
+    """Why ``user_key`` cannot be coordinated on as it is, or None.
+
+    A NUL character: PostgreSQL's text and JSON cannot hold one (the key's event rows were
+    dropped, a worker's checkpoint of its holds failed), and the live-holds index separates a
+    member's fields with it. More than ``LONGEST_USER_KEY`` characters: the rows' column (the
+    rows were dropped). Refused before anything is taken, so no hold is left unrecorded."""
+    if "\0" in user_key:
+        return "contains a NUL character (\\x00), which the database cannot store"
+    if len(user_key) > LONGEST_USER_KEY:
+        return (
+            f"is {len(user_key)} characters long, more than the {LONGEST_USER_KEY} the "
+            "database keeps: hash the long part (e.g. hashlib.sha256(...).hexdigest())"
+        )
+    return None
+
+
 def encode_user_key(user_key: str) -> str:
     if not isinstance(user_key, str) or not user_key:
         raise ValueError(f"a coordination key must be a non-empty string, got {user_key!r}")

@@ -23,6 +23,7 @@ from reactor_app.coordination.claims import (
     RateWindow,
     SemaphoreClaim,
 )
+from reactor_app.coordination.keys import user_key_problem
 from reactor_app.coordination.rate_limit import named_windows
 from reactor_app.exceptions import CoordinationKeyError, RateLimitCostError, location
 
@@ -99,7 +100,18 @@ class Declaration:
                 primitive=self.primitive,
                 cause=f"returned {key!r}",
             )
-        return str(key)
+        text = str(key)
+        problem = user_key_problem(text)
+        if problem is not None:
+            raise CoordinationKeyError(
+                f"the {self.primitive} {what} function of {where} returned a key that {problem}; "
+                "the work did not run",
+                reactor=reactor,
+                step=step,
+                primitive=self.primitive,
+                cause=f"returned {text[:80]!r}",
+            )
+        return text
 
     def claim(self, key: str, position: OrderedPosition | None = None) -> Claim:
         raise NotImplementedError

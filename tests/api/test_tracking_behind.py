@@ -307,6 +307,30 @@ def test_a_process_exiting_right_after_its_work_still_writes_its_rows(
     assert kinds == ["acquired", "released"]
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a session the database server ends")
+def test_regression_a_flush_that_finds_its_connection_lost_writes_its_rows_again(
+    settings: Any,
+) -> None:
+    """A database that restarts, or ends the session, between two flushes: the bulk write
+    fails on the lost connection, and so did each row written one by one after it, on the
+    same connection — the whole flush was dropped ("dropped tracking row" for every row).
+    Now the lost connection is closed first, and the rows one by one connect again."""
+    import psycopg
+
+    settings.REACTOR_TRACKING_FLUSH_INTERVAL = 60.0  # the writer thread stays out of it
+    writer = get_writer()
+    writer.flush()
+    outcome = LockedNoop.call()
+    assert writer.pending >= 2
+    connection.ensure_connection()
+    session = connection.connection.info.backend_pid
+    params = connection.get_connection_params()
+    with psycopg.connect(**{**params, "autocommit": True}) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (session,))
+    assert writer.flush() >= 2
+    assert CoordinationEvent.objects.filter(key="behind:call", token=outcome.value).count() == 2
+
+
 def test_rows_wait_in_the_buffer_for_the_writer_not_the_caller(settings: Any) -> None:
     """The write-behind path itself: rows are buffered at once and written by the writer
     thread within the freshness bound, not by the caller."""
