@@ -18,7 +18,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.utils.functional import empty
 
-from reactor_app.coordination import bounds
+from reactor_app import bounds
 from reactor_app.exceptions import ConfigurationError
 
 TRACKING_MODES = ("full", "executions")
@@ -281,7 +281,7 @@ class ReactorSettings:
     @property
     def EXECUTION_CLAIM_TTL(self) -> float:
         """Seconds a silent worker delivery keeps its claim on an execution."""
-        try:  # a lifetime the claim's SET ... PX keeps: coordination.bounds
+        try:  # a lifetime the claim's SET ... PX keeps: reactor_app.bounds
             return bounds.seconds_within(
                 self._get("EXECUTION_CLAIM_TTL", 30.0), "REACTOR_EXECUTION_CLAIM_TTL"
             )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from reactor_app.storable import storable
+
 
 def location(reactor: str | None, step: str | None) -> str:
     """Where an error happened, as its message names it: ``step 'charge' of shop.PlaceOrder``.
@@ -45,8 +47,11 @@ class ReactorError(Exception):
         return {k: _jsonable(v) for k, v in data.items()}
 
     def as_dict(self) -> dict[str, Any]:
-        """The error as stored on an execution and served by the API."""
-        return {"type": type(self).__name__, "message": self.message, **self.fields()}
+        """The error as stored on an execution and served by the API: storable whatever the
+        message quotes (an exception's text with a NUL character failed the run's final
+        write: ``reactor_app.storable``)."""
+        data = {"type": type(self).__name__, "message": self.message, **self.fields()}
+        return storable(data)  # type: ignore[no-any-return]
 
     def fill_location(self, *, reactor: str | None, step: str | None) -> None:
         """Name the reactor and step where this error was raised, for a class that carries

@@ -20,6 +20,14 @@ A tuple is stored tagged too (``{"__reactor_type__": "tuple", "value": [...]}``)
 as a tuple: a worker reads the value the caller passed, not a list in its place. Lists stay
 plain JSON lists. Dict keys must be strings.
 
+Text and numbers the database cannot hold are refused too (``TypeError`` naming their place),
+never stored half: a string with a NUL character or a lone surrogate (PostgreSQL's JSON and
+text refuse both; JSON cannot even spell a lone surrogate for another reader), and a float
+that is NaN or infinite (not JSON). Before, such an input or result reached the ``INSERT``
+and failed it with a database error — a raw ``DataError`` from ``run_async``, a run that
+could not record its end. ``strict=False`` stores their ``repr``; ``to_json`` (display only)
+replaces such characters with U+FFFD and such floats with their ``repr``.
+
 ``encoded_form`` is the comparable text of stored codec data: two values are the same call's
 inputs when their encoded forms are equal — ``True`` and ``1`` (or ``1`` and ``1.0``) are equal
 in Python but stored as different JSON, and come back as different values.
@@ -30,6 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +46,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
+
+from reactor_app.storable import may_need_storable, storable, text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +117,13 @@ def _hint(value: Any) -> str:
     return "convert it to JSON data, or teach the codec (reactor_app.serialization.register_type)"
 
 
+def _unstorable(value: str | float) -> str | None:
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return None if problem is None else f"text with {problem}"
+    return None if math.isfinite(value) else f"the float {value!r}, which JSON cannot hold"
+
+
 def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
     """``value`` as JSON data that ``decode`` turns back into an equal value.
 
@@ -113,10 +131,13 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
     place (``where``, e.g. ``inputs['amount']``). ``strict=False`` stores such a value as its
     ``repr`` and logs a warning — used only for values the engine does not read back as data.
     """
-    if value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (bool, int)):
         return value
-    if isinstance(value, float):
-        return value
+    if isinstance(value, (str, float)):
+        problem = _unstorable(value)
+        if problem is None:
+            return value
+        return _refused(value, f"{where} is {problem}: the database cannot store it", strict)
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
@@ -127,6 +148,12 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
                         "stored mappings need string keys"
                     )
                 key = str(key)
+            problem = text_problem(key)
+            if problem is not None:
+                message = (
+                    f"{where} has the key {key!r}, with {problem}: the database cannot store it"
+                )
+                key = _refused(key, message, strict)
             out[key] = encode(item, strict=strict, where=f"{where}[{key!r}]")
         if TYPE_TAG in out and strict:
             raise TypeError(f"{where} uses the reserved key {TYPE_TAG!r}")
@@ -145,6 +172,12 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which cannot be "
         f"stored for another process to read back: {_hint(value)}"
     )
+    return _refused(value, message, strict)
+
+
+def _refused(value: Any, message: str, strict: bool) -> str:
+    """A value the codec cannot hold: ``TypeError``, or (not ``strict``) its ``repr``, which
+    escapes whatever the database could not store."""
     if strict:
         raise TypeError(message)
     logger.warning("%s; storing its repr", message)
@@ -185,9 +218,23 @@ class _Encoder(DjangoJSONEncoder):
             return repr(o)
 
 
+class StorableEncoder(_Encoder):
+    """``_Encoder`` whose text the database can always store: what it cannot (a NUL in an
+    error message...) is replaced (``reactor_app.storable``). For display data only. Used by
+    ``json.dumps(cls=...)`` and the ORM's JSON adaptation alike, both of which call
+    ``encode``."""
+
+    def encode(self, o: Any) -> str:
+        text = super().encode(o)
+        if may_need_storable(text):
+            text = super().encode(storable(json.loads(text)))
+        return text
+
+
 def to_json(value: Any) -> Any:
-    """``value`` as readable JSON data for display (events, details): lossy, never read back."""
-    return json.loads(json.dumps(value, cls=_Encoder))
+    """``value`` as readable JSON data for display (events, details): lossy, never read back.
+    Text and floats the database cannot store are replaced (``StorableEncoder``)."""
+    return json.loads(json.dumps(value, cls=StorableEncoder))
 
 
 def readable(stored: Any) -> Any:

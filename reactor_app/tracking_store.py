@@ -18,7 +18,7 @@ from django.db import connections, transaction
 
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.row_statements import ASYNC_COMMIT, LeadingInserts
-from reactor_app.serialization import _Encoder, to_json
+from reactor_app.serialization import StorableEncoder, to_json
 from reactor_app.status import ExecutionStatus
 
 logger = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ def _insert_sql(
         kind = field.get_internal_type()
         if kind == "JSONField":
             adapters.append(
-                lambda v, ops=ops: None if v is None else ops.adapt_json_value(v, _Encoder)
+                lambda v, ops=ops: None if v is None else ops.adapt_json_value(v, StorableEncoder)
             )
         elif kind == "DateTimeField":
             adapters.append(ops.adapt_datetimefield_value)
@@ -412,7 +412,7 @@ _small_json: dict[tuple[Any, ...], str] = {}
 
 
 #: one encoder for every JSON value a flush writes (``json.dumps(cls=...)`` builds one per call)
-_JSON = _Encoder()
+_JSON = StorableEncoder()
 
 
 def _running(pk: Any) -> Any:

@@ -3,7 +3,6 @@
 The package is layered as follows (docs/design.md §3):
 
 * ``claims`` — what a unit of work asks for and what admission answers;
-* ``bounds`` — the durations and counts the scripts keep exact, checked where given;
 * ``redis`` — the client, and which of its errors are outages (``CoordinationUnavailable``);
 * ``keys`` — every Redis key name;
 * ``scripts`` — the Lua script registry, its calls and the status-code table;

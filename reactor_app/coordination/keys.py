@@ -13,6 +13,7 @@ from functools import lru_cache
 from redis.crc import key_slot
 
 from reactor_app.conf import reactor_settings
+from reactor_app.storable import text_problem
 
 # A brace inside the user key would move the hash tag; percent-encoding them (and "%" itself,
 # so the mapping stays reversible) keeps every key of one user key in one slot.
@@ -28,12 +29,15 @@ LONGEST_USER_KEY = 512
 def user_key_problem(user_key: str) -> str | None:
     """Why ``user_key`` cannot be coordinated on as it is, or None.
 
-    A NUL character: PostgreSQL's text and JSON cannot hold one (the key's event rows were
-    dropped, a worker's checkpoint of its holds failed), and the live-holds index separates a
-    member's fields with it. More than ``LONGEST_USER_KEY`` characters: the rows' column (the
-    rows were dropped). Refused before anything is taken, so no hold is left unrecorded."""
-    if "\0" in user_key:
-        return "contains a NUL character (\\x00), which the database cannot store"
+    A NUL character or a lone surrogate (``reactor_app.storable``): PostgreSQL's text and JSON
+    cannot hold one (the key's event rows were dropped, a worker's checkpoint of its holds
+    failed), the live-holds index separates a member's fields with a NUL, and a lone surrogate
+    is no UTF-8 a Redis key can be written in. More than ``LONGEST_USER_KEY`` characters: the
+    rows' column (the rows were dropped). Refused before anything is taken, so no hold is left
+    unrecorded."""
+    problem = text_problem(user_key)
+    if problem is not None:
+        return f"contains {problem}, which the database cannot store"
     if len(user_key) > LONGEST_USER_KEY:
         return (
             f"is {len(user_key)} characters long, more than the {LONGEST_USER_KEY} the "

@@ -43,8 +43,8 @@ from typing import Any
 
 import redis as redis_py
 
+from reactor_app import bounds
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination import bounds
 from reactor_app.coordination.keys import current_prefix
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 from reactor_app.coordination.scripts import scripts_for

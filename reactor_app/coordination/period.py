@@ -28,7 +28,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from reactor_app.coordination import bounds
+from reactor_app import bounds
 from reactor_app.coordination.claims import Hold, PeriodClaim
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.lock import seconds_to_ms
@@ -69,7 +69,7 @@ def validate_every(value: Any) -> str | int:
         )
     if not 0 < value <= bounds.LONGEST_SECONDS or not float(value).is_integer():
         # the upper bound: a bucket of 10**16 s or more was marked done where no admission
-        # found it again, so the work ran once per call (coordination.bounds)
+        # found it again, so the work ran once per call (reactor_app.bounds)
         raise ValueError(
             f"with_period(every={value!r}) must be a whole number of seconds from 1 to "
             f"{bounds.LONGEST_TEXT} (buckets are aligned on the Unix epoch)"

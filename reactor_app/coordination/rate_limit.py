@@ -37,8 +37,9 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from reactor_app import bounds
 from reactor_app.conf import reactor_settings
-from reactor_app.coordination import bounds, live_limits
+from reactor_app.coordination import live_limits
 from reactor_app.coordination.claims import Hold, RateLimitClaim, RateWindow
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, server_time, unavailable_on_connection_error

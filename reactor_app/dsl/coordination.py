@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from reactor_app.coordination import bounds
+from reactor_app import bounds
 from reactor_app.coordination.claims import RateWindow
 from reactor_app.coordination.period import validate_every
 from reactor_app.coordination.rate_limit import parse_period
@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 def _wait(owner: str, option: str, value: Any) -> float:
     """A wait in seconds, 0 or more. Waits are measured by the waiting process and never reach
-    a script, so ``float("inf")`` is a wait without end (``coordination.bounds``)."""
+    a script, so ``float("inf")`` is a wait without end (``reactor_app.bounds``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok and value >= 0:
         return float(value)
@@ -58,7 +58,7 @@ def _wait(owner: str, option: str, value: Any) -> float:
 
 
 def _lifetime(owner: str, option: str, value: Any) -> float:
-    """A duration a script keeps (a lease, a quiet period): within ``coordination.bounds``."""
+    """A duration a script keeps (a lease, a quiet period): within ``reactor_app.bounds``."""
     try:
         return bounds.seconds_within(value, option)
     except ValueError as exc:
@@ -66,7 +66,7 @@ def _lifetime(owner: str, option: str, value: Any) -> float:
 
 
 def _count(owner: str, option: str, value: Any, what: str | None = None) -> int:
-    """A limit or a cost: a whole number within ``coordination.bounds``."""
+    """A limit or a cost: a whole number within ``reactor_app.bounds``."""
     try:
         return bounds.count_within(value, what or option)
     except ValueError as exc:

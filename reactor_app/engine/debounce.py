@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
-from reactor_app.coordination import bounds, debounce
+from reactor_app import bounds
+from reactor_app.coordination import debounce
+from reactor_app.coordination.keys import user_key_problem
 from reactor_app.exceptions import InputValidationError
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
@@ -79,6 +81,13 @@ def burst_of(
 
 def _from_option(reactor: type[Reactor], option: Any) -> Burst:
     key, seconds = option if isinstance(option, tuple) and len(option) == 2 else (None, 0)
+    if isinstance(key, str) and (problem := user_key_problem(key)) is not None:
+        raise InputValidationError(
+            f"debounce key {key[:80]!r} {problem}",
+            reactor=reactor.path(),
+            step=None,
+            field_errors={"debounce": f"the key {problem}"},
+        )
     if isinstance(key, str) and key.strip() and _within(seconds):
         return Burst(key, float(seconds))
     raise InputValidationError(
@@ -91,7 +100,7 @@ def _from_option(reactor: type[Reactor], option: Any) -> Burst:
 
 
 def _within(seconds: object) -> bool:
-    """A quiet period the debounce script can keep (``coordination.bounds``)."""
+    """A quiet period the debounce script can keep (``reactor_app.bounds``)."""
     try:
         bounds.seconds_within(seconds, "seconds")
     except ValueError:

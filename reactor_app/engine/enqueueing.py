@@ -40,11 +40,13 @@ from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
     IdempotencyKeyReused,
     InputNotSerializable,
+    InputValidationError,
     ReactorError,
 )
 from reactor_app.models import Execution
 from reactor_app.serialization import encode, encoded_form, to_json
 from reactor_app.status import ExecutionStatus
+from reactor_app.storable import text_problem
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -150,6 +152,26 @@ def _worker_context(priority: int | None = None, burst: str | None = None) -> di
     return state.to_json()
 
 
+def _check_idempotency_key(reactor: type[Reactor], idempotency_key: Any) -> None:
+    """``InputValidationError`` at the call for a key its column cannot store as it is (a NUL
+    character or a lone surrogate, more characters than the column holds): before, the row's
+    ``INSERT`` failed with a database error."""
+    if idempotency_key is None:
+        return
+    text = str(idempotency_key)
+    longest = Execution._meta.get_field("idempotency_key").max_length or len(text)
+    problem = text_problem(text)
+    if problem is None and len(text) > longest:
+        problem = f"{len(text)} characters, more than the {longest} stored"
+    if problem is not None:
+        raise InputValidationError(
+            f"run_async of {reactor.__qualname__}: the idempotency key has {problem}",
+            reactor=reactor.path(),
+            step=None,
+            field_errors={"idempotency_key": f"has {problem}"},
+        )
+
+
 def run_async(
     reactor: type[Reactor],
     inputs: dict[str, Any],
@@ -181,6 +203,7 @@ def run_async(
     ``with_debounce``) makes the start one of a burst (``engine.debounce``).
     """
     priority = checked_priority(reactor, priority)
+    _check_idempotency_key(reactor, idempotency_key)
     error = input_errors(reactor, inputs)
     if error is not None:
         raise error

@@ -1,5 +1,5 @@
 """Durations and counts a script keeps exact are checked where they are given
-(``coordination.bounds``).
+(``reactor_app.bounds``).
 
 Before, a declaration out of that range was accepted and failed its work at every admission:
 ``ttl=float("inf")`` with ``OverflowError``, ``ttl=1e20`` and ``limit=10**30`` with Redis's
@@ -32,9 +32,9 @@ from reactor_app import (
     with_rate_limit,
     with_semaphore,
 )
+from reactor_app.bounds import LARGEST_COUNT, LONGEST_SECONDS, SHORTEST_SECONDS
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import live_limits, rate_limit
-from reactor_app.coordination.bounds import LARGEST_COUNT, LONGEST_SECONDS, SHORTEST_SECONDS
 from reactor_app.exceptions import (
     ConfigurationError,
     DefinitionError,
