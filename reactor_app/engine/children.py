@@ -48,6 +48,7 @@ from reactor_app.engine.state import (
 )
 from reactor_app.exceptions import (
     CoordinationError,
+    InputNotSerializable,
     InputValidationError,
     ReactorError,
     StepFailed,
@@ -140,6 +141,7 @@ def dispatch_child(
         assert step_class is not None
         try:
             validate_arguments(step_class, args, run.reactor_path, spec.name)
+            check_handed_on(args, run.reactor_path, spec.name)
         except InputValidationError as invalid:
             return StepOutcome(UnitStatus.FAILED, error=invalid)
         reactor_path, kind = run.reactor_path, "async_step"
@@ -147,6 +149,10 @@ def dispatch_child(
         wrong_inputs = input_errors(spec.target, args)
         if wrong_inputs is not None:
             return StepOutcome(UnitStatus.FAILED, error=wrong_inputs)
+        try:
+            check_handed_on(args, run.reactor_path, spec.name)
+        except InputNotSerializable as invalid:
+            return StepOutcome(UnitStatus.FAILED, error=invalid)
         reactor_path, kind = spec.target.path(), "async_reactor"
     try:
         guard_hand_off(run, spec, args)
@@ -177,6 +183,23 @@ def dispatch_child(
     return StepOutcome(UnitStatus.DISPATCHED)
 
 
+def check_handed_on(args: dict[str, Any], reactor_path: str, label: str) -> None:
+    """``InputNotSerializable`` when a worker child could not read ``args`` back as the same
+    values (``reactor_app.serialization``). Before, they were stored as their ``repr``, and
+    the child's step received the text ``"{1, 2}"`` where the parent passed a set — an input
+    of an in-process run, or a ``value(...)`` of the declaration, neither checked until here
+    (results are: ``runner.storable``)."""
+    try:
+        encode(args, where="arguments")
+    except TypeError as exc:
+        raise InputNotSerializable(
+            f"cannot hand step {label!r} of {reactor_path} to a worker: {exc}",
+            reactor=reactor_path,
+            step=label,
+            field_errors={"arguments": str(exc)},
+        ) from exc
+
+
 def start_worker_child(
     run: ExecutionRun,
     *,
@@ -200,7 +223,7 @@ def start_worker_child(
     Execution.objects.start(
         id=child_id,
         reactor=reactor_path,
-        inputs=encode(args, strict=False, where="arguments"),
+        inputs=encode(args, where="arguments"),  # checked first: check_handed_on
         parent=parent,
         root_id=root_id if root_id is not None else child_id,
         status=ExecutionStatus.PENDING,

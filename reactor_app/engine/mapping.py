@@ -46,6 +46,7 @@ from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
 from reactor_app.engine.async_order import enter_log
 from reactor_app.engine.children import (
+    check_handed_on,
     child_error,
     completed_elements,
     run_child,
@@ -203,6 +204,7 @@ def _fan_out(
                 spec, run.scope(item, with_element=True), run.reactor_path, default_to_inputs=True
             )
             validate_arguments(step_class, args, run.reactor_path, label)
+            check_handed_on(args, run.reactor_path, label)
         except (ArgumentResolutionError, InputValidationError) as error:
             return StepOutcome(UnitStatus.FAILED, error=error)
         try:

@@ -23,9 +23,19 @@ import pytest
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app import (
+    Reactor,
+    Step,
+    Success,
+    async_step,
+    element,
+    from_input,
+    map_step,
+    step,
+    value,
+)
 from reactor_app.engine.dispatch import deliver, sweep
-from reactor_app.exceptions import IdempotencyKeyReused
+from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from reactor_app.testing.workers import delete_broker_queue
@@ -109,3 +119,41 @@ def test_wait_after_a_failed_send_says_so_and_names_the_sweeper(
     assert str(unsent.id) in sweep(now=timezone.now() + timedelta(hours=1))
     with pytest.raises(TimeoutError, match="no worker has taken it"):
         unsent.wait(timeout=0.2)
+
+
+class Tagged(Step):
+    inputs = ("amount", "tags")
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        SEEN.append(args["tags"])
+        return Success(None)
+
+
+class HandsOnASet(Reactor):
+    inputs = ("amount",)
+    later = async_step(Tagged, amount=from_input("amount"), tags=value({"vip", "eu"}))
+
+
+class MapsWithASet(Reactor):
+    inputs = ("amounts",)
+    each = map_step(
+        Tagged, over=from_input("amounts"), parallel=True, amount=element(), tags=value({"eu"})
+    )
+
+
+@pytest.mark.parametrize("reactor", [HandsOnASet, MapsWithASet])
+def test_regression_a_worker_child_gets_the_arguments_passed_or_the_step_fails(
+    nobody_queue: str, reactor: type[Reactor]
+) -> None:
+    """An argument the codec cannot hold (here a set, from ``value(...)``) was stored as its
+    ``repr``: the child's step would have received the text ``"{'eu'}"``. Now the step that
+    hands it on fails with ``InputNotSerializable`` and no child is created."""
+    inputs = {"amount": 5} if reactor is HandsOnASet else {"amounts": [1, 2]}
+    execution = reactor.run_async(**inputs)
+    outcome = deliver(str(execution.id))
+    assert outcome["status"] == ExecutionStatus.FAILED, outcome
+    row = Execution.objects.get(pk=execution.pk)
+    assert row.error["type"] == InputNotSerializable.__name__
+    assert "is a builtins.set" in row.error["message"]
+    assert not Execution.objects.filter(parent=execution.pk).exists()
+    assert SEEN == []
