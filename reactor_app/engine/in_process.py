@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from reactor_app.dsl.kinds import InterruptSpec
 from reactor_app.engine.cancel_flag import note_clear
 from reactor_app.engine.enqueueing import hand_off_new
 from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.inputs import input_errors
 from reactor_app.engine.priority import checked_priority, in_process_context
 from reactor_app.engine.result import Result
+from reactor_app.exceptions import InputNotSerializable
 from reactor_app.models import Execution
 from reactor_app.serialization import encode
 from reactor_app.status import ExecutionStatus
@@ -35,29 +37,70 @@ def run_reactor(
     priority = checked_priority(reactor, priority, call="run")
     if reactor.background is True:
         return hand_off_new(reactor, inputs, priority=priority)
-    error = input_errors(reactor, inputs)
+    error = input_errors(reactor, inputs) or _not_for_another_process(reactor, inputs)
     now = timezone.now()
+    stored, shown = _stored_inputs(inputs)
+    context = in_process_context(priority, shown) if priority or shown else None
     if error is not None:
         failed = Execution.objects.start(
             reactor=reactor.path(),
-            inputs=encode(inputs, strict=False, where="inputs"),
+            inputs=stored,
             status=ExecutionStatus.FAILED,
             error=error.as_dict(),
             finished_at=now,
+            **({"context": context} if context else {}),
         )
         return Result(status=ExecutionStatus.FAILED, error=error, execution_id=str(failed.id))
     # inserted running: this process starts it at once (one statement, not insert + update)
     order = reactor.plan.order
     execution = Execution.objects.start(
         reactor=reactor.path(),
-        inputs=encode(inputs, strict=False, where="inputs"),
+        inputs=stored,
         status=ExecutionStatus.RUNNING,
         started_at=now,
         heartbeat_at=now,
         current_step=order[0] if order else "",
-        **({"context": in_process_context(priority)} if priority else {}),
+        **({"context": context} if context else {}),
     )
     run = ExecutionRun(reactor, execution, inputs)
     run.inserted_running = True
     note_clear(execution.pk)
     return run_inline(run)
+
+
+def _stored_inputs(inputs: dict[str, Any]) -> tuple[Any, str | None]:
+    """The inputs as the row keeps them, and None — or, when the codec cannot hold one, a
+    display copy (its ``repr``) and the codec's message, noted in the state so that nothing
+    runs again from that copy (``engine.retry``)."""
+    try:
+        return encode(inputs, where="inputs"), None
+    except TypeError as exc:
+        return encode(inputs, strict=False, where="inputs"), str(exc)
+
+
+def _not_for_another_process(
+    reactor: type[Reactor], inputs: dict[str, Any]
+) -> InputNotSerializable | None:
+    """The error of an input a later part of this run, in another process, could not read back
+    from the row — when the run can continue elsewhere: handed to a worker after a step
+    (``background = "after:<step>"``) or resumed after an interrupt. Such a run reads its
+    inputs from the row, where a value the codec cannot hold is only its ``repr``: a set
+    arrived at the worker's step as the text ``"{'a', 'b'}"``. A run that stays in this
+    process takes any inputs (the row keeps a display copy)."""
+    continues_elsewhere = isinstance(reactor.background, str) or any(
+        isinstance(spec, InterruptSpec) for spec in reactor.plan.specs.values()
+    )
+    if not continues_elsewhere:
+        return None
+    for name, value in inputs.items():
+        try:
+            encode(value, where=f"input {name!r}")
+        except TypeError as exc:
+            return InputNotSerializable(
+                f"cannot run {reactor.__qualname__}: it may continue in another process, "
+                f"which reads its inputs back from the row, and {exc}",
+                reactor=reactor.path(),
+                step=None,
+                field_errors={name: str(exc)},
+            )
+    return None

@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 
 
-def in_process_context(priority: int) -> dict[str, Any]:
+def in_process_context(priority: int | None, inputs_shown: str | None = None) -> dict[str, Any]:
     """The starting state of a ``run(priority=...)`` in the caller's process: the priority
-    its units wait with (``ExecutionRun.priority``), and every child it dispatches."""
+    its units wait with (``ExecutionRun.priority``), and every child it dispatches; and
+    whether its row keeps only a display copy of its inputs (``Origin.inputs_shown``)."""
     state = ExecutionState()
     state.origin.priority = priority
+    state.origin.inputs_shown = inputs_shown
     return state.to_json()
 
 

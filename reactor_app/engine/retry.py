@@ -86,6 +86,7 @@ def retry_plan(failed: Execution, from_step: str | None = None) -> RetryPlan:
     order = list(reactor.plan.order)
     _check(failed)
     state = load_state(failed)
+    _check_inputs(failed, state)
     start = _start_index(failed, state, order, from_step, reactor)
     return RetryPlan(
         from_step=order[start],
@@ -107,6 +108,7 @@ def retry(
         failed = Execution.objects.select_for_update().get(pk=failed.pk)
         _check(failed)
         state = load_state(failed)
+        _check_inputs(failed, state)
         start = _start_index(failed, state, order, from_step, reactor)
         worker = _on_worker(reactor, order, start) if on_worker is None else on_worker
         fresh = ExecutionState(
@@ -174,6 +176,19 @@ def _check(failed: Execution) -> None:
             step=None,
             retried_as=str(earlier.pk),
             **fields,
+        )
+
+
+def _check_inputs(failed: Execution, state: ExecutionState) -> None:
+    """Refuse a run whose row keeps only a display copy of its inputs: a retry reads them from
+    the row, and would have run on their ``repr`` (the text ``"{'a', 'b'}"`` for a set)."""
+    if state.origin.inputs_shown:
+        raise ExecutionNotRetryable(
+            f"execution {failed.pk} cannot be retried from its row: its inputs were kept for "
+            f"display only ({state.origin.inputs_shown}); start a new run with them",
+            step=None,
+            execution_id=str(failed.pk),
+            status=failed.status,
         )
 
 

@@ -245,6 +245,9 @@ class Origin:
     priority: int | None = field(default=None, metadata={"key": "priority"})
     #: a debounced start: its burst's key (``engine.debounce``), looked up again at delivery
     debounce: str | None = field(default=None, metadata={"key": "debounce"})
+    #: an in-process run whose row keeps only a display copy of its inputs (the codec could
+    #: not hold one: its message); a retry from the row is refused (``engine.retry``)
+    inputs_shown: str | None = field(default=None, metadata={"key": "inputs_shown"})
 
 
 @dataclass

@@ -13,14 +13,20 @@ the unstorable part at any depth, as a value or as a dict key.
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, step
-from reactor_app.exceptions import InputNotSerializable, InputValidationError, StepFailed
+from reactor_app import Reactor, Step, Success, from_input, interrupt, step
+from reactor_app.exceptions import (
+    ExecutionNotRetryable,
+    InputNotSerializable,
+    InputValidationError,
+    StepFailed,
+)
 from reactor_app.models import Execution, StepRun
 from reactor_app.status import ExecutionStatus
 from reactor_app.storable import text_problem
@@ -160,3 +166,61 @@ def test_regression_run_async_options_the_database_cannot_store_are_input_errors
         EchoReactor.run_async(x=1, **options)
     assert field in raised.value.field_errors
     assert Execution.objects.count() == before
+
+
+class Sorts(Step):
+    inputs = ("tags",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        if RETURNED.get("fail"):
+            raise RuntimeError("the partner is down")
+        return Success(sorted(args["tags"]))
+
+
+class HandsOffAfterOne(Reactor):
+    inputs = ("tags",)
+    background = "after:one"
+    one = step(Sorts, tags=from_input("tags"))
+    two = step(Sorts, tags=from_input("tags"))
+
+
+class WaitsForApproval(Reactor):
+    inputs = ("tags",)
+    one = step(Sorts, tags=from_input("tags"))
+    approval = interrupt(correlation_id=lambda inputs: f"approve-{uuid.uuid4().hex}")
+    two = step(Sorts, tags=from_input("tags"))
+
+
+class StaysHere(Reactor):
+    inputs = ("tags",)
+    one = step(Sorts, tags=from_input("tags"))
+
+
+@pytest.mark.parametrize("reactor", [HandsOffAfterOne, WaitsForApproval])
+def test_regression_a_run_that_may_continue_elsewhere_refuses_inputs_it_could_not_read_back(
+    reactor: type[Reactor],
+) -> None:
+    """Such a run reads its inputs back from the row in another process (the worker after
+    the hand-off, the resume after the interrupt), where a set was only its ``repr``: step
+    ``two`` would have sorted the characters of ``"{'a', 'b'}"``."""
+    RETURNED["fail"] = False
+    result = reactor.run(tags={"b", "a"})
+    assert isinstance(result.error, InputNotSerializable), result
+    assert "tags" in result.error.field_errors
+    assert Execution.objects.get(pk=result.execution_id).status == ExecutionStatus.FAILED
+
+
+def test_a_run_that_stays_in_process_takes_any_input_and_is_not_retried_from_its_copy() -> None:
+    RETURNED["fail"] = False
+    assert StaysHere.run(tags={"b", "a"}).value == {"one": ["a", "b"]}
+    RETURNED["fail"] = True
+    failed = StaysHere.run(tags={"b", "a"})
+    assert failed.status == ExecutionStatus.FAILED
+    row = Execution.objects.get(pk=failed.execution_id)
+    with pytest.raises(ExecutionNotRetryable, match="kept for display only"):
+        row.retry()
+    # a run whose inputs the row holds as they were is retried as before
+    plain = StaysHere.run(tags=["b", "a"])
+    RETURNED["fail"] = False
+    retried = Execution.objects.get(pk=plain.execution_id).retry()
+    assert retried.status == ExecutionStatus.SUCCEEDED
