@@ -103,6 +103,26 @@ class ReactorSettings:
             value = cache[name] = _read(wrapped, f"REACTOR_{name}", _UNSET)
         return default if value is _UNSET else value
 
+    def _seconds(self, name: str, default: float, *, allow_zero: bool, note: str = "") -> float:
+        """A duration setting: a finite number of seconds, > 0 (or >= 0 with ``allow_zero``),
+        at most ``bounds.LONGEST_SECONDS``. NaN passed the older ``value <= 0`` checks and an
+        infinity overflowed the first ``timedelta`` made of it."""
+        value = self._get(name, default)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # (each comparison is False for NaN)
+        if (
+            number
+            and (value > 0 or (allow_zero and value == 0))
+            and value <= bounds.LONGEST_SECONDS
+        ):
+            return float(value)
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(
+            f"REACTOR_{name} must be a number of seconds {bound} and at most "
+            f"{bounds.LONGEST_TEXT}{' ' + note if note else ''}, got {value!r}",
+            setting=name,
+        )
+
     @property
     def REDIS_URL(self) -> str | None:
         """Coordination Redis URL; ``"embedded"`` opts in to a development server started on
@@ -213,13 +233,7 @@ class ReactorSettings:
     def TRACKING_FLUSH_INTERVAL(self) -> float:
         """Freshness bound (seconds): the longest a step-run row or coordination event waits in
         the write-behind buffer before it is written (docs/operations.md)."""
-        value = self._get("TRACKING_FLUSH_INTERVAL", 0.25)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigurationError(
-                "REACTOR_TRACKING_FLUSH_INTERVAL must be a number of seconds > 0",
-                setting="TRACKING_FLUSH_INTERVAL",
-            )
-        return float(value)
+        return self._seconds("TRACKING_FLUSH_INTERVAL", 0.25, allow_zero=False)
 
     @property
     def TRACKING_BUFFER_SIZE(self) -> int:
@@ -264,13 +278,7 @@ class ReactorSettings:
     def MAP_CHECKPOINT_SECONDS(self) -> float:
         """...and a batch is written once its oldest unwritten element is this many seconds
         old, so slow elements are checkpointed one by one as before."""
-        value = self._get("MAP_CHECKPOINT_SECONDS", 1.0)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigurationError(
-                "REACTOR_MAP_CHECKPOINT_SECONDS must be a number of seconds >= 0",
-                setting="MAP_CHECKPOINT_SECONDS",
-            )
-        return float(value)
+        return self._seconds("MAP_CHECKPOINT_SECONDS", 1.0, allow_zero=True)
 
     @property
     def API_PERMISSION_CLASSES(self) -> list[str]:
@@ -291,24 +299,13 @@ class ReactorSettings:
     @property
     def SWEEP_AFTER(self) -> float:
         """Seconds without a heartbeat after which the sweeper re-enqueues a running execution."""
-        value = self._get("SWEEP_AFTER", 120.0)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigurationError(
-                "REACTOR_SWEEP_AFTER must be a number of seconds > 0", setting="SWEEP_AFTER"
-            )
-        return float(value)
+        return self._seconds("SWEEP_AFTER", 120.0, allow_zero=False)
 
     @property
     def SWEEP_INTERVAL(self) -> float:
         """Seconds between two sweeps run by the workers themselves (0 turns that off, for a
         deployment that runs ``reactor_app.sweep`` from Celery beat instead)."""
-        value = self._get("SWEEP_INTERVAL", 30.0)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigurationError(
-                "REACTOR_SWEEP_INTERVAL must be a number of seconds >= 0 (0 = no worker sweeps)",
-                setting="SWEEP_INTERVAL",
-            )
-        return float(value)
+        return self._seconds("SWEEP_INTERVAL", 30.0, allow_zero=True, note="(0 = no worker sweeps)")
 
     @property
     def EXTERNAL_SWEEP_INTERVAL(self) -> float:
@@ -316,13 +313,7 @@ class ReactorSettings:
         ``SWEEP_INTERVAL`` is 0 — default 60, the cadence of ``tasks.sweep_schedule`` and the
         finest cron can do. The holds parked executions keep are lengthened to outlast two of
         them (``engine.worker.park_margin``)."""
-        value = self._get("EXTERNAL_SWEEP_INTERVAL", 60.0)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigurationError(
-                "REACTOR_EXTERNAL_SWEEP_INTERVAL must be a number of seconds > 0",
-                setting="EXTERNAL_SWEEP_INTERVAL",
-            )
-        return float(value)
+        return self._seconds("EXTERNAL_SWEEP_INTERVAL", 60.0, allow_zero=False)
 
     @property
     def ORDERED_WAIT_CEILING(self) -> int | None:
@@ -341,23 +332,13 @@ class ReactorSettings:
     def WORKER_WAIT(self) -> float:
         """Seconds a worker delivery waits in-process for contention to clear before it parks
         (0: park at once)."""
-        value = self._get("WORKER_WAIT", 1.0)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigurationError(
-                "REACTOR_WORKER_WAIT must be a number of seconds >= 0", setting="WORKER_WAIT"
-            )
-        return float(value)
+        return self._seconds("WORKER_WAIT", 1.0, allow_zero=True)
 
     @property
     def CANCEL_POLL(self) -> float:
         """Seconds between two reads of a running execution's cancel flag at step boundaries
         and ``checkpoint()`` (0: read at every one). Default 0.05."""
-        value = self._get("CANCEL_POLL", 0.05)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigurationError(
-                "REACTOR_CANCEL_POLL must be a number of seconds >= 0", setting="CANCEL_POLL"
-            )
-        return float(value)
+        return self._seconds("CANCEL_POLL", 0.05, allow_zero=True)
 
     @property
     def RETENTION(self) -> float | None:

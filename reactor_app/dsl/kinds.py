@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from reactor_app import bounds
 from reactor_app.dsl.arguments import Source
 from reactor_app.dsl.declarations import Declaration
 from reactor_app.dsl.reactor import Reactor
@@ -227,12 +228,12 @@ DEFAULT_RESULT_TIMEOUT = 300.0
 
 
 def _result_timeout(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise DefinitionError(
-            f"{where}: result_timeout must be a number of seconds > 0, got {value!r}",
-            option="result_timeout",
-        )
-    return float(value)
+    """Kept in the execution's state (JSON: no NaN or infinity) and added to a time: within
+    ``reactor_app.bounds`` (an infinite one failed the checkpoint that stored it)."""
+    try:
+        return bounds.seconds_within(value, "result_timeout")
+    except ValueError as exc:
+        raise DefinitionError(f"{where}: {exc}", option="result_timeout") from None
 
 
 def async_step(
@@ -293,11 +294,9 @@ def interrupt(
             f"lambda inputs: f\"order:{{inputs['order_id']}}\", got {correlation_id!r}",
             option="correlation_id",
         )
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
-        raise DefinitionError(
-            f"interrupt(timeout=...) must be a number of seconds > 0 or None, got {timeout!r}",
-            option="timeout",
-        )
-    return InterruptSpec(correlation_id, None if timeout is None else float(timeout), where)
+    if timeout is not None:
+        try:  # a deadline in the state: bounded as result_timeout is
+            timeout = bounds.seconds_within(timeout, "interrupt(timeout=...)")
+        except ValueError as exc:
+            raise DefinitionError(f"{exc} (or None: no deadline)", option="timeout") from None
+    return InterruptSpec(correlation_id, timeout, where)

@@ -24,6 +24,8 @@ from reactor_app import (
     Reactor,
     Step,
     Success,
+    async_step,
+    interrupt,
     step,
     with_debounce,
     with_lock,
@@ -47,6 +49,11 @@ def key(args: Any) -> str:
     return "bounds"
 
 
+class Noop(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success(None)
+
+
 #: every option that reaches a script as a duration, as a decorator given that value
 DURATIONS: dict[str, Callable[[Any], Any]] = {
     "with_lock ttl": lambda v: with_lock(key, ttl=v),
@@ -59,10 +66,13 @@ DURATIONS: dict[str, Callable[[Any], Any]] = {
     "with_debounce seconds": lambda v: with_debounce(key, v),
     "with_debounce max_wait": lambda v: with_debounce(key, 1, max_wait=v),
     "with_rate_limit period": lambda v: with_rate_limit(key, limit=1, period=v),
+    # kept in the execution's state and added to a time (an infinite one failed the checkpoint)
+    "async_step result_timeout": lambda v: async_step(Noop, result_timeout=v),
+    "interrupt timeout": lambda v: interrupt(correlation_id=key, timeout=v),
 }
 
 #: options whose None means "not set" (no cap on a burst's wait)
-NONE_MEANS_UNSET = {"with_debounce max_wait"}
+NONE_MEANS_UNSET = {"with_debounce max_wait", "interrupt timeout"}
 
 #: every option that reaches a script as a count
 COUNTS: dict[str, Callable[[Any], Any]] = {
@@ -247,11 +257,6 @@ def test_settings_beyond_the_bounds_are_configuration_errors() -> None:
             pytest.raises(ConfigurationError, match="REACTOR_EXECUTION_CLAIM_TTL"),
         ):
             _ = reactor_settings.EXECUTION_CLAIM_TTL
-
-
-class Noop(Step):
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        return Success(None)
 
 
 class Debounced(Reactor):

@@ -3,12 +3,18 @@ supports for changing them is seen at once."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
+from reactor_app.bounds import LONGEST_SECONDS
 from reactor_app.conf import ReactorSettings, reactor_settings
+from reactor_app.exceptions import ConfigurationError
 
 
 def test_a_setting_is_read_once_then_served_from_the_cache(monkeypatch: Any) -> None:
@@ -66,3 +72,46 @@ def test_the_configured_client_follows_a_change_of_the_redis_setting() -> None:
         assert switched is not configured
         assert switched.connection_pool.connection_kwargs["port"] == 1
     assert get_client() is configured
+
+
+#: every duration setting, and whether 0 is a value of it
+DURATION_SETTINGS = {
+    "TRACKING_FLUSH_INTERVAL": False,
+    "MAP_CHECKPOINT_SECONDS": True,
+    "EXECUTION_CLAIM_TTL": False,
+    "SWEEP_AFTER": False,
+    "SWEEP_INTERVAL": True,
+    "EXTERNAL_SWEEP_INTERVAL": False,
+    "WORKER_WAIT": True,
+    "CANCEL_POLL": True,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DURATION_SETTINGS))
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=LONGEST_SECONDS / 2, max_value=LONGEST_SECONDS * 2),
+        st.sampled_from([0, 0.0, -0.0, 1, True, False, None, "5", LONGEST_SECONDS]),
+    )
+)
+def test_a_duration_setting_is_a_finite_number_of_seconds_within_the_bounds(
+    name: str, value: Any
+) -> None:
+    """NaN passed the older ``value <= 0`` checks, an infinity overflowed the first
+    ``timedelta`` made of it, and ``True`` was one second of claim lease."""
+    allow_zero = DURATION_SETTINGS[name]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    shortest = 0.001 if name == "EXECUTION_CLAIM_TTL" else 0  # a lease: whole ms
+    valid = (
+        number
+        and math.isfinite(value)
+        and value <= LONGEST_SECONDS
+        and (value > shortest or (allow_zero and value == 0) or value == shortest > 0)
+    )
+    with override_settings(**{f"REACTOR_{name}": value}):
+        if valid:
+            assert getattr(reactor_settings, name) == float(value)
+        else:
+            with pytest.raises(ConfigurationError, match=f"REACTOR_{name}"):
+                getattr(reactor_settings, name)
