@@ -27,9 +27,9 @@ from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.progress import load_state
 from reactor_app.engine.result import Result
 from reactor_app.engine.state import InterruptEntry
-from reactor_app.exceptions import ExecutionNotResumable
+from reactor_app.exceptions import ExecutionNotResumable, InputNotSerializable
 from reactor_app.models import Execution
-from reactor_app.serialization import to_json
+from reactor_app.serialization import encode
 from reactor_app.status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -71,6 +71,18 @@ def resume(reactor: type[Reactor], execution_id: Any, *, step: str | None, paylo
 def _take_interrupt(
     reactor: type[Reactor], execution_id: Any, step: str | None, payload: Any, background: bool
 ) -> Execution:
+    # The payload is the interrupt step's result, read back by later steps (in another process
+    # too): through the codec, as every result (``reactor_app.serialization``) — it was stored
+    # as display JSON, and a Decimal reached the next step as a str, a tuple as a list.
+    try:
+        stored_payload = encode(payload, where="the resume payload")
+    except TypeError as exc:
+        raise InputNotSerializable(
+            f"cannot resume execution {execution_id}: {exc}",
+            reactor=reactor.path(),
+            step=step,
+            field_errors={"payload": str(exc)},
+        ) from exc
     with transaction.atomic():
         execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
         if execution is None:
@@ -108,7 +120,7 @@ def _take_interrupt(
             )
         assert entry is not None  # refused above otherwise
         now = timezone.now()
-        entry["payload"] = to_json(payload)
+        entry["payload"] = stored_payload
         entry["resumed_at"] = now.isoformat()
         if background:
             state.origin.worker = True

@@ -18,6 +18,7 @@ from reactor_app.dsl.kinds import InterruptSpec
 from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.runner import StepOutcome
 from reactor_app.exceptions import StepFailed
+from reactor_app.serialization import decode
 from reactor_app.status import EngineEvent, StepRunKind
 from reactor_app.tracking import StepRecorder
 
@@ -44,7 +45,8 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
         )
     if entry and "payload" in entry:
         recorder.finished(EngineEvent.STEP_SUCCEEDED, resumed=True)
-        return StepOutcome(UnitStatus.COMPLETED, value=entry["payload"])
+        # stored through the codec (a payload stored as plain JSON before reads back as it was)
+        return StepOutcome(UnitStatus.COMPLETED, value=decode(entry["payload"]))
     if entry and entry.get("timed_out"):
         error = StepFailed(
             f"interrupt {spec.name!r} of {run.reactor_path} was not resumed within {spec.timeout}s",

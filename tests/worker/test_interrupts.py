@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import date, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from reactor_app import Reactor, from_input, from_result, interrupt, step, with_
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim
 from reactor_app.engine.dispatch import sweep
-from reactor_app.exceptions import DefinitionError, ExecutionNotResumable
+from reactor_app.exceptions import DefinitionError, ExecutionNotResumable, InputNotSerializable
 from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
 from reactor_app.testing import assert_not_locked
@@ -65,6 +66,29 @@ def test_interrupt_pauses_and_resume_continues_inline() -> None:
     )
     assert acquired.count() == 2
     assert_not_locked("order:1")
+
+
+def test_regression_a_resume_payload_reaches_the_next_step_as_the_same_values() -> None:
+    """The payload is the interrupt step's result and goes through the codec like every
+    result. It was stored as display JSON: a Decimal reached the next step as a str, a date
+    as a str, a tuple as a list."""
+    paused = ApprovalReactor.run(order_id=11)
+    payload = {"amount": Decimal("10.50"), "on": date(2026, 1, 2), "pair": (1, "a")}
+    result = ApprovalReactor.resume(paused.execution_id, step="approval", payload=payload)
+    assert result.ok, result.error
+    applied = result.value["applied"]
+    assert applied == payload
+    assert [type(applied[k]) for k in ("amount", "on", "pair")] == [Decimal, date, tuple]
+
+
+def test_a_payload_the_codec_cannot_hold_is_refused_and_the_interrupt_still_waits() -> None:
+    paused = ApprovalReactor.run(order_id=12)
+    with pytest.raises(InputNotSerializable, match="the resume payload") as raised:
+        ApprovalReactor.resume(paused.execution_id, step="approval", payload={"tags": {"a"}})
+    assert "payload" in raised.value.field_errors
+    assert Execution.objects.get(pk=paused.execution_id).status == ExecutionStatus.INTERRUPTED
+    result = ApprovalReactor.resume(paused.execution_id, step="approval", payload={"by": "bo"})
+    assert result.value == {"applied": {"by": "bo"}}
 
 
 def test_a_second_resume_is_refused() -> None:
@@ -148,7 +172,7 @@ def test_background_interrupt_pauses_and_resumes_on_a_worker(worker: Any) -> Non
     assert paused.status == ExecutionStatus.INTERRUPTED
 
     resumed = BackgroundApprovalReactor.resume_by_correlation(
-        "bg-order:6", step="approval", payload={"ok": True}
+        "bg-order:6", step="approval", payload={"ok": True, "amount": Decimal("1.25")}
     )
     assert resumed.status == "handed_off"
     with pytest.raises(ExecutionNotResumable):
@@ -156,7 +180,9 @@ def test_background_interrupt_pauses_and_resumes_on_a_worker(worker: Any) -> Non
 
     final = execution.wait(timeout=30)
     assert final.ok, final.error
-    assert final.value == {"applied": {"ok": True}}
+    # read back on the worker through the codec: the Decimal is a Decimal there too
+    assert final.value == {"applied": {"ok": True, "amount": Decimal("1.25")}}
+    assert type(final.value["applied"]["amount"]) is Decimal
 
 
 @pytest.mark.worker
