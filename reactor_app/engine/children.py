@@ -174,7 +174,10 @@ def dispatch_child(
         run.state.children.async_children()[spec.name] = {
             "child": str(child_id),
             "kind": kind,
-            "args": to_json(args),
+            # the values themselves: the state goes through the codec (``check_handed_on``
+            # made sure it can hold them), and the undo of this step receives them. Kept as
+            # display JSON before, an undo received "10.50" for Decimal("10.50").
+            "args": dict(args),
             "timeout": spec.result_timeout,
             "since": stamp(run),
         }

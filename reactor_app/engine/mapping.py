@@ -64,7 +64,7 @@ from reactor_app.exceptions import (
     StepFailed,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import decode, to_json
+from reactor_app.serialization import decode
 from reactor_app.status import TERMINAL_STATUSES, EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder
 
@@ -230,7 +230,8 @@ def _fan_out(
                 parent=run.root.execution,
                 root_id=run.root.execution.id,
             )
-            elements.append({"label": label, "execution": str(child_id), "args": to_json(args)})
+            # the values, as an async step's (``children.dispatch_child``): its undo gets them
+            elements.append({"label": label, "execution": str(child_id), "args": dict(args)})
         run.state.children.parallel()[spec.name] = {"elements": elements}
         run.persist(current_step=spec.name)
     return None

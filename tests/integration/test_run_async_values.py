@@ -17,6 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from reactor_app import (
     async_step,
     element,
     from_input,
+    from_result,
     map_step,
     step,
     value,
@@ -157,3 +159,62 @@ def test_regression_a_worker_child_gets_the_arguments_passed_or_the_step_fails(
     assert "is a builtins.set" in row.error["message"]
     assert not Execution.objects.filter(parent=execution.pk).exists()
     assert SEEN == []
+
+
+UNDONE: list[Any] = []
+
+
+class Charge(Step):
+    inputs = ("amount",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success({"charged": args["amount"]})
+
+    def undo(self, result: Any, args: dict[str, Any], context: Any) -> Any:
+        UNDONE.append(args["amount"])
+
+
+class Refuse(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        raise RuntimeError("refused after the charge")
+
+
+class ChargesThenFails(Reactor):
+    inputs = ("amount",)
+    charge = async_step(Charge, amount=from_input("amount"))
+    wait_for_it = step(Keep, amount=from_result("charge"))
+    refuse = step(Refuse)
+
+
+class ChargesEachThenFails(Reactor):
+    inputs = ("amounts",)
+    charge = map_step(Charge, over=from_input("amounts"), parallel=True, amount=element())
+    refuse = step(Refuse)
+
+
+def deliver_tree(root_id: str) -> dict[str, Any]:
+    """Deliver the root, then every pending child, then the root again, until it ends."""
+    for _ in range(10):
+        outcome = deliver(root_id)
+        if outcome["status"] not in (ExecutionStatus.PARKED, ExecutionStatus.PENDING):
+            return outcome
+        for child in Execution.objects.filter(root_id=root_id, status=ExecutionStatus.PENDING):
+            if str(child.pk) != root_id:
+                deliver(str(child.pk))
+    raise AssertionError("the tree did not end")
+
+
+@pytest.mark.parametrize("reactor", [ChargesThenFails, ChargesEachThenFails])
+def test_regression_a_worker_childs_undo_gets_its_arguments_as_the_same_values(
+    nobody_queue: str, reactor: type[Reactor]
+) -> None:
+    """An async step's (or a parallel element's) arguments were kept in the parent's state as
+    display JSON: when a later step failed, its undo received ``"10.50"`` where the step had
+    been given ``Decimal("10.50")``."""
+    UNDONE.clear()
+    amount = Decimal("10.50")
+    inputs = {"amount": amount} if reactor is ChargesThenFails else {"amounts": [amount]}
+    execution = reactor.run_async(**inputs)
+    outcome = deliver_tree(str(execution.id))
+    assert outcome["status"] == ExecutionStatus.FAILED, outcome
+    assert [amount] == UNDONE and type(UNDONE[0]) is Decimal
