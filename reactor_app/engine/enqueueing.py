@@ -32,9 +32,9 @@ from reactor_app.coordination.claims import (
     Holder,
 )
 from reactor_app.engine import debounce as debounced
-from reactor_app.engine.inputs import input_errors
+from reactor_app.engine.inputs import input_errors, stored_inputs
 from reactor_app.engine.outcomes import PassEnd
-from reactor_app.engine.priority import checked_priority, message_priority
+from reactor_app.engine.priority import checked_priority, in_process_context, message_priority
 from reactor_app.engine.result import Result, note_sent, note_unsent
 from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
@@ -44,7 +44,7 @@ from reactor_app.exceptions import (
     ReactorError,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import encode, encoded_form, to_json
+from reactor_app.serialization import encode, encoded_form
 from reactor_app.status import ExecutionStatus
 from reactor_app.storable import text_problem
 
@@ -422,12 +422,14 @@ def hand_off_new(
 
 def _failed_call(reactor: type[Reactor], inputs: dict[str, Any], error: ReactorError) -> Result:
     now = timezone.now()
+    stored, shown = stored_inputs(inputs)
     execution = Execution.objects.start(
         reactor=reactor.path(),
-        inputs=to_json(inputs),
+        inputs=stored,
         status=ExecutionStatus.FAILED,
         error=error.as_dict(),
         finished_at=now,
         heartbeat_at=now,
+        **({"context": in_process_context(None, shown)} if shown else {}),
     )
     return execution.to_result()

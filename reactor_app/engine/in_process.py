@@ -15,7 +15,7 @@ from reactor_app.dsl.kinds import InterruptSpec
 from reactor_app.engine.cancel_flag import note_clear
 from reactor_app.engine.enqueueing import hand_off_new
 from reactor_app.engine.executor import ExecutionRun, run_inline
-from reactor_app.engine.inputs import input_errors
+from reactor_app.engine.inputs import input_errors, stored_inputs
 from reactor_app.engine.priority import checked_priority, in_process_context
 from reactor_app.engine.result import Result
 from reactor_app.exceptions import InputNotSerializable
@@ -39,7 +39,7 @@ def run_reactor(
         return hand_off_new(reactor, inputs, priority=priority)
     error = input_errors(reactor, inputs) or _not_for_another_process(reactor, inputs)
     now = timezone.now()
-    stored, shown = _stored_inputs(inputs)
+    stored, shown = stored_inputs(inputs)
     context = in_process_context(priority, shown) if priority or shown else None
     if error is not None:
         failed = Execution.objects.start(
@@ -66,16 +66,6 @@ def run_reactor(
     run.inserted_running = True
     note_clear(execution.pk)
     return run_inline(run)
-
-
-def _stored_inputs(inputs: dict[str, Any]) -> tuple[Any, str | None]:
-    """The inputs as the row keeps them, and None — or, when the codec cannot hold one, a
-    display copy (its ``repr``) and the codec's message, noted in the state so that nothing
-    runs again from that copy (``engine.retry``)."""
-    try:
-        return encode(inputs, where="inputs"), None
-    except TypeError as exc:
-        return encode(inputs, strict=False, where="inputs"), str(exc)
 
 
 def _not_for_another_process(

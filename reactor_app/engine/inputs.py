@@ -1,8 +1,9 @@
-"""A run's inputs checked against the inputs its reactor declares.
+"""A run's inputs checked against the inputs its reactor declares, and kept on its row.
 
 Every way a run starts checks them the same way: ``Reactor.run`` and ``run_async`` (before
 anything is stored), a composed child and an ``async_reactor`` child (against the target's
-inputs).
+inputs). ``stored_inputs`` is the row's copy of inputs that may not have been checked by the
+codec (an in-process run, a call that failed at once).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.exceptions import InputValidationError
+from reactor_app.serialization import encode
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -28,3 +30,13 @@ def input_errors(reactor: type[Reactor], inputs: dict[str, Any]) -> InputValidat
         step=None,
         field_errors=field_errors,
     )
+
+
+def stored_inputs(inputs: dict[str, Any]) -> tuple[Any, str | None]:
+    """The inputs as the row keeps them, and None — or, when the codec cannot hold one, a
+    display copy (its ``repr``) and the codec's message, to be noted in the state
+    (``Origin.inputs_shown``) so that nothing runs again from that copy (``engine.retry``)."""
+    try:
+        return encode(inputs, where="inputs"), None
+    except TypeError as exc:
+        return encode(inputs, strict=False, where="inputs"), str(exc)

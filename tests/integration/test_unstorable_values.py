@@ -224,3 +224,21 @@ def test_a_run_that_stays_in_process_takes_any_input_and_is_not_retried_from_its
     RETURNED["fail"] = False
     retried = Execution.objects.get(pk=plain.execution_id).retry()
     assert retried.status == ExecutionStatus.SUCCEEDED
+
+
+class AllOnAWorker(Reactor):
+    inputs = ("tags", "region")
+    background = True
+    one = step(Sorts, tags=from_input("tags"))
+
+
+def test_a_call_that_failed_at_once_is_not_retried_from_a_display_copy_of_its_inputs() -> None:
+    """A ``background = True`` run with a missing input fails at the call. Its row kept the
+    inputs as display JSON; now, when the codec cannot hold one (a set), the row says it keeps
+    only a display copy, and a retry from it is refused instead of running on the copy."""
+    failed = AllOnAWorker.run(tags={"a"})
+    assert failed.status == ExecutionStatus.FAILED
+    assert "region" in failed.error.field_errors
+    row = Execution.objects.get(pk=failed.execution_id)
+    with pytest.raises(ExecutionNotRetryable, match="kept for display only"):
+        row.retry()
