@@ -40,9 +40,11 @@ from reactor_app.engine.worker import note_park
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,
+    InputNotSerializable,
     InputValidationError,
     StepFailed,
 )
+from reactor_app.serialization import encode
 from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 
@@ -93,6 +95,7 @@ def run_unit(
 ) -> StepOutcome:
     try:
         validate_arguments(step_class, args, run.reactor_path, label)
+        _check_kept_arguments(step_class, args, run.reactor_path, label)
     except InputValidationError as error:
         return StepOutcome(UnitStatus.FAILED, error=error)
     try:
@@ -182,3 +185,27 @@ def execute_async_step(run: ExecutionRun) -> RunEnd:
     if run.stopped_by_cancel(outcome.error):
         return RunEnd(PassEnd.CANCELLED, error=outcome.error, rollback_failures=failures)
     return RunEnd(PassEnd.FAILED, error=outcome.error, rollback_failures=failures)
+
+
+def _check_kept_arguments(
+    step_class: Any, args: dict[str, Any], reactor_path: str, label: str
+) -> None:
+    """``InputNotSerializable`` before the body runs when the step's arguments could not come
+    back as the same values, and the step has an undo or a compensate hook, which receives
+    them from the rollback log — read back from the row in a later pass (after a park, an
+    interrupt, a redelivery). There a value the codec cannot hold was only its ``repr``: the
+    undo of a step given ``value({"a"})`` received the text ``"{'a'}"``. Checked in every
+    mode, as results are (``runner.storable``), so a workflow behaves the same in both; a step
+    without hooks keeps no arguments and takes any."""
+    if not (step_class.has_undo() or step_class.has_compensate()):
+        return
+    try:
+        encode(args, where="arguments")
+    except TypeError as exc:
+        raise InputNotSerializable(
+            f"step {label!r} of {reactor_path} cannot keep its arguments for its undo or "
+            f"compensation: {exc}",
+            reactor=reactor_path,
+            step=label,
+            field_errors={"arguments": str(exc)},
+        ) from exc

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, interrupt, step
+from reactor_app import Reactor, Step, Success, from_input, interrupt, step, value
 from reactor_app.exceptions import (
     ExecutionNotRetryable,
     InputNotSerializable,
@@ -242,3 +242,50 @@ def test_a_call_that_failed_at_once_is_not_retried_from_a_display_copy_of_its_in
     row = Execution.objects.get(pk=failed.execution_id)
     with pytest.raises(ExecutionNotRetryable, match="kept for display only"):
         row.retry()
+
+
+RAN: list[str] = []
+UNDONE: list[Any] = []
+
+
+class Reserve(Step):
+    inputs = ("tags",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        RAN.append("reserve")
+        return Success("reserved")
+
+    def undo(self, result: Any, args: dict[str, Any], context: Any) -> Any:
+        UNDONE.append(args["tags"])
+
+
+class Refused(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        raise RuntimeError("refused after the approval")
+
+
+class ReservesThenWaits(Reactor):
+    reserve = step(Reserve, tags=value({"a"}))
+    approval = interrupt(correlation_id=lambda inputs: f"reserve-{uuid.uuid4().hex}")
+    refuse = step(Refused)
+
+
+class UsesASetWithoutHooks(Reactor):
+    sort = step(Sorts, tags=value({"b", "a"}))
+
+
+def test_regression_a_step_with_an_undo_refuses_arguments_its_undo_could_not_get_back() -> None:
+    """The undo gets the arguments from the rollback log, read back from the row in a later
+    pass — here the one after the interrupt — where a set was only its repr: the undo received
+    the text ``"{'a'}"``. Now the step fails before its body, in every mode."""
+    RAN.clear()
+    UNDONE.clear()
+    result = ReservesThenWaits.run()
+    assert isinstance(result.error, InputNotSerializable), result
+    assert result.error.step == "reserve" and "arguments" in result.error.field_errors
+    assert RAN == [] and UNDONE == []
+
+
+def test_a_step_without_hooks_keeps_no_arguments_and_takes_any() -> None:
+    RETURNED["fail"] = False
+    assert UsesASetWithoutHooks.run().value == {"sort": ["a", "b"]}
