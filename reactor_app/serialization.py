@@ -133,6 +133,8 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
     """
     if value is None or isinstance(value, (bool, int)):
         return value
+    if isinstance(value, str) and "\0" not in value and value.isascii():
+        return value  # the common case, without a call (results of every step come here)
     if isinstance(value, (str, float)):
         problem = _unstorable(value)
         if problem is None:
