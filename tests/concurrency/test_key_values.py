@@ -1,7 +1,8 @@
 """Every key a key function may return is either refused before anything is taken or recorded
 exactly (``coordination.keys.user_key_problem``).
 
-Before, a key holding a NUL character or longer than the rows' ``key`` column (512) was
+Before, a key holding a NUL character (or a lone surrogate, which no UTF-8 Redis key can
+hold) or longer than the rows' ``key`` column (512) was
 admitted, held and released in Redis, and then its coordination events could not be stored:
 PostgreSQL refused them ("text fields cannot contain NUL (0x00) bytes", "value too long"),
 the writer dropped them ("dropped tracking row"), and the admin's and the API's history of the
@@ -22,13 +23,14 @@ from reactor_app import Step, Success, with_lock, with_semaphore
 from reactor_app.coordination.keys import LONGEST_USER_KEY
 from reactor_app.exceptions import CoordinationKeyError
 from reactor_app.models import CoordinationEvent
+from reactor_app.storable import text_problem
 from reactor_app.write_behind import flush
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 keys = st.one_of(
     st.text(min_size=1, max_size=40),
-    st.text(alphabet=st.sampled_from("a\0{}%\U0010ffff"), min_size=1, max_size=8),
+    st.text(alphabet=st.sampled_from("a\0{}%\U0010ffff\ud800"), min_size=1, max_size=8),
     st.integers(min_value=LONGEST_USER_KEY - 2, max_value=LONGEST_USER_KEY + 2).map(
         lambda n: "k" * n
     ),
@@ -56,7 +58,7 @@ Limited = with_semaphore(lambda args: args["key"], limit=2)(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=keys)
 def test_a_key_is_refused_before_anything_is_taken_or_recorded_exactly(key: str) -> None:
-    storable = "\0" not in key and len(key) <= LONGEST_USER_KEY
+    storable = text_problem(key) is None and len(key) <= LONGEST_USER_KEY
     flush()
     events_before = CoordinationEvent.objects.count()
     for unit in (Locked, Limited):
