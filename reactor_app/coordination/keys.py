@@ -30,9 +30,9 @@ def user_key_problem(user_key: str) -> str | None:
     """Why ``user_key`` cannot be coordinated on as it is, or None.
 
     A NUL character or a lone surrogate (``reactor_app.storable``): PostgreSQL's text and JSON
-    cannot hold one (the key's event rows were dropped, a worker's checkpoint of its holds
-    failed), the live-holds index separates a member's fields with a NUL, and a lone surrogate
-    is no UTF-8 a Redis key can be written in. More than ``LONGEST_USER_KEY`` characters: the
+    cannot hold one (the key's event rows were dropped by the writer), the live-holds index
+    separates a member's fields with a NUL, and a lone surrogate is no UTF-8 a Redis key can
+    be written in. More than ``LONGEST_USER_KEY`` characters: the
     rows' column (the rows were dropped). Refused before anything is taken, so no hold is left
     unrecorded."""
     problem = text_problem(user_key)
