@@ -18,7 +18,9 @@ Two encoders, for two purposes:
 
 A tuple is stored tagged too (``{"__reactor_type__": "tuple", "value": [...]}``) and comes back
 as a tuple: a worker reads the value the caller passed, not a list in its place. Lists stay
-plain JSON lists. Dict keys must be strings.
+plain JSON lists. Dict keys must be strings. So is a float that PostgreSQL's ``jsonb`` would not
+give back as itself — ``-0.0``, and any from ``1e16`` up, which it writes back as an integer
+(``_kept_float``); every other float is plain JSON.
 
 Text and numbers the database cannot hold are refused too (``TypeError`` naming their place),
 never stored half: a string with a NUL character or a lone surrogate (PostgreSQL's JSON and
@@ -56,6 +58,11 @@ TYPE_TAG = "__reactor_type__"
 #: the tag of a tuple, whose items are encoded values themselves (not one ``register_type``
 #: codec: those map a value to JSON data in one step, a tuple's items need the codec again)
 TUPLE = "tuple"
+#: the tag of a float that PostgreSQL's JSON would not give back as itself (``_kept_float``)
+FLOAT = "float"
+#: from here up Python writes a float with an exponent (``1e+16``), which PostgreSQL's
+#: ``jsonb`` stores as the number and writes back as ``10000000000000000``: an int when read
+_EXPONENT_FROM = 1e16
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,10 @@ def register_type(
     The exact class is matched (not subclasses), so a subclass never round-trips as its parent.
     Register at import time of a module every process loads (e.g. your app's ``reactors.py``).
     """
-    if name == TUPLE or cls is tuple:
-        raise ValueError(f"the codec name {TUPLE!r} and the tuple type are the codec's own")
+    if name in (TUPLE, FLOAT) or cls in (tuple, float):
+        raise ValueError(
+            f"the codec names {TUPLE!r} and {FLOAT!r}, and their types, are the codec's own"
+        )
     codec = _Codec(name, cls, encode, decode)
     existing = _by_name.get(name)
     if existing is not None and existing.type is not cls:
@@ -102,6 +111,8 @@ register_type(
     decode=lambda parts: dt.timedelta(days=parts[0], seconds=parts[1], microseconds=parts[2]),
 )
 register_type(uuid.UUID, "uuid", encode=str, decode=uuid.UUID)
+# decoded by name only: a float is tagged only when it must be (``_kept_float``)
+_by_name[FLOAT] = _Codec(FLOAT, float, repr, float)
 
 
 def _hint(value: Any) -> str:
@@ -138,7 +149,7 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
     if isinstance(value, (str, float)):
         problem = _unstorable(value)
         if problem is None:
-            return value
+            return _kept_float(value) if type(value) is float else value
         return _refused(value, f"{where} is {problem}: the database cannot store it", strict)
     if isinstance(value, dict):
         out: dict[str, Any] = {}
@@ -175,6 +186,18 @@ def encode(value: Any, *, strict: bool = True, where: str = "value") -> Any:
         f"stored for another process to read back: {_hint(value)}"
     )
     return _refused(value, message, strict)
+
+
+def _kept_float(value: float) -> Any:
+    """``value`` as plain JSON, or tagged (``{"__reactor_type__": "float", "value": "-0.0"}``)
+    when PostgreSQL's ``jsonb`` would not give it back as itself: it stores numbers as
+    ``numeric``, which has no negative zero (``-0.0`` came back ``0.0``) and writes a float from
+    ``1e16`` up without its exponent (``1e+16`` came back as the int ``10000000000000000``).
+    Either way the same ``run_async`` call with the same idempotency key was then refused as
+    another call, and a worker's step received a different value."""
+    if abs(value) >= _EXPONENT_FROM or (value == 0.0 and math.copysign(1.0, value) < 0):
+        return {TYPE_TAG: FLOAT, "value": repr(value)}
+    return value
 
 
 def _refused(value: Any, message: str, strict: bool) -> str:

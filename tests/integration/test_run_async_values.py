@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kombu.exceptions import OperationalError
 
 from reactor_app import (
@@ -39,6 +41,7 @@ from reactor_app import (
 from reactor_app.engine.dispatch import deliver, sweep
 from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable
 from reactor_app.models import Execution
+from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
 from reactor_app.testing.workers import delete_broker_queue
 
@@ -218,3 +221,49 @@ def test_regression_a_worker_childs_undo_gets_its_arguments_as_the_same_values(
     outcome = deliver_tree(str(execution.id))
     assert outcome["status"] == ExecutionStatus.FAILED, outcome
     assert [amount] == UNDONE and type(UNDONE[0]) is Decimal
+
+
+floats = st.floats(allow_nan=False, allow_infinity=False)
+float_values = st.one_of(
+    floats,
+    st.sampled_from([-0.0, 1e16, -1e16, 1.5e16, 9007199254740993.0, 1e308, 5e-324]),
+    st.lists(floats, max_size=3),
+    st.dictionaries(st.sampled_from(["a", "b"]), floats, max_size=2),
+)
+
+
+def same_floats(a: Any, b: Any) -> bool:
+    """Equal, type for type, with the sign of a zero: ``==`` takes ``-0.0`` for ``0.0`` and
+    ``1e16`` for ``10**16``."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_floats(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_floats(a[k], b[k]) for k in a)
+    return repr(a) == repr(b)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(amount=float_values)
+def test_a_float_comes_back_from_the_database_as_the_same_float(
+    nobody_queue: str, amount: Any
+) -> None:
+    """PostgreSQL's ``jsonb`` keeps numbers as ``numeric``: ``-0.0`` came back ``0.0`` and a
+    float from ``1e16`` up came back as an int (``1e+16`` written back ``10000000000000000``).
+    A worker's step got another value, and the same call with the same idempotency key was
+    refused as another call (``IdempotencyKeyReused``)."""
+    SEEN.clear()
+    key = f"float-{uuid.uuid4().hex}"
+    execution = Pay.run_async(amount=amount, idempotency_key=key)
+    stored = Execution.objects.get(pk=execution.pk)
+    assert same_floats(decode(stored.inputs)["amount"], amount)
+    assert Pay.run_async(amount=amount, idempotency_key=key).pk == execution.pk
+    assert deliver(str(execution.id))["status"] == ExecutionStatus.SUCCEEDED
+    assert len(SEEN) == 1 and same_floats(SEEN[0], amount)
+    result = Execution.objects.get(pk=execution.pk).to_result()
+    assert same_floats(result.value["keep"], amount)
