@@ -18,8 +18,10 @@ from reactor_app.dsl.kinds import InterruptSpec
 from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.runner import StepOutcome
 from reactor_app.exceptions import StepFailed
+from reactor_app.models import Execution
 from reactor_app.serialization import decode
 from reactor_app.status import EngineEvent, StepRunKind
+from reactor_app.storable import text_problem
 from reactor_app.tracking import StepRecorder
 
 if TYPE_CHECKING:
@@ -69,6 +71,18 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
                 cause=exc,
             ),
         )
+    problem = _correlation_problem(correlation_id)
+    if problem is not None:
+        # the row's column holds it: refused before the pause, not by the database at it
+        return StepOutcome(
+            UnitStatus.FAILED,
+            error=StepFailed(
+                f"the correlation_id function of interrupt {spec.name!r} of "
+                f"{run.reactor_path} returned an id that {problem}",
+                reactor=run.reactor_path,
+                step=spec.name,
+            ),
+        )
     now = timezone.now()
     entries[spec.name] = {
         "since": now.isoformat(),
@@ -77,3 +91,15 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
     }
     run.execution.correlation_id = correlation_id
     return StepOutcome(UnitStatus.INTERRUPTED, reason=spec.name)
+
+
+def _correlation_problem(correlation_id: str) -> str | None:
+    """Why ``Execution.correlation_id`` cannot hold ``correlation_id``, or None. Before, the
+    pause's write failed with a database error (``DataError``) out of ``Reactor.run``."""
+    problem = text_problem(correlation_id)
+    if problem is not None:
+        return f"has {problem}, which the database cannot store"
+    longest = Execution._meta.get_field("correlation_id").max_length or len(correlation_id)
+    if len(correlation_id) > longest:
+        return f"is {len(correlation_id)} characters long, more than the {longest} stored"
+    return None

@@ -91,6 +91,25 @@ def test_a_payload_the_codec_cannot_hold_is_refused_and_the_interrupt_still_wait
     assert result.value == {"applied": {"by": "bo"}}
 
 
+@pytest.mark.parametrize(
+    ("correlation", "says"),
+    [("c" * 256, "256 characters long, more than the 255"), ("order\0:1", "a NUL character")],
+    ids=["256-characters", "nul"],
+)
+def test_regression_a_correlation_id_the_row_cannot_hold_fails_the_run_not_the_database(
+    correlation: str, says: str
+) -> None:
+    """Before, the pause's write raised a raw ``DataError`` out of ``Reactor.run``."""
+
+    class PausesOn(Reactor):
+        approval = interrupt(correlation_id=lambda inputs: correlation)
+
+    result = PausesOn.run()
+    assert result.status == ExecutionStatus.FAILED
+    assert says in result.error.message
+    assert Execution.objects.get(pk=result.execution_id).status == ExecutionStatus.FAILED
+
+
 def test_a_second_resume_is_refused() -> None:
     paused = ApprovalReactor.run(order_id=2)
     assert ApprovalReactor.resume(paused.execution_id, step="approval", payload=1).ok
