@@ -1,4 +1,5 @@
-"""The five coordination decorators (``with_lock``...) and the checks of their options.
+"""The five coordination decorators (``with_lock``...); the checks of their options are
+``dsl.option_checks``.
 
 The same decorators apply to ``Reactor`` subclasses (the key function receives the reactor's
 inputs), to ``Step`` subclasses and to inline ``@step`` methods (the key function receives the
@@ -10,16 +11,11 @@ The declarations they record (``LockDeclaration``...) live in ``dsl.declarations
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from reactor_app import bounds
-from reactor_app.coordination.claims import RateWindow
 from reactor_app.coordination.period import validate_every
-from reactor_app.coordination.rate_limit import parse_period
 from reactor_app.dsl.declarations import (
-    CONTENTION_STRATEGIES,
     DECLARATIONS_ATTR,
     CostFunction,
     DebounceDeclaration,
@@ -33,99 +29,21 @@ from reactor_app.dsl.declarations import (
     SemaphoreDeclaration,
     record_on_class,
 )
+from reactor_app.dsl.option_checks import (
+    bool_option,
+    count_option,
+    fair_by_option,
+    key_function,
+    lifetime_option,
+    strategy_option,
+    wait_option,
+    windows_option,
+)
 from reactor_app.dsl.reactor import Reactor
 from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.exceptions import DefinitionError
 
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------------------------
-# validation helpers
-
-
-def _wait(owner: str, option: str, value: Any) -> float:
-    """A wait in seconds, 0 or more. Waits are measured by the waiting process and never reach
-    a script, so ``float("inf")`` is a wait without end (``reactor_app.bounds``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and value >= 0:
-        return float(value)
-    raise DefinitionError(
-        f"{owner}: {option} must be a number of seconds >= 0, got {value!r}",
-        owner=owner,
-        option=option,
-    )
-
-
-def _lifetime(owner: str, option: str, value: Any) -> float:
-    """A duration a script keeps (a lease, a quiet period): within ``reactor_app.bounds``."""
-    try:
-        return bounds.seconds_within(value, option)
-    except ValueError as exc:
-        raise DefinitionError(f"{owner}: {exc}", owner=owner, option=option) from None
-
-
-def _count(owner: str, option: str, value: Any, what: str | None = None) -> int:
-    """A limit or a cost: a whole number within ``reactor_app.bounds``."""
-    try:
-        return bounds.count_within(value, what or option)
-    except ValueError as exc:
-        raise DefinitionError(f"{owner}: {exc}", owner=owner, option=option) from None
-
-
-def _strategy(owner: str, primitive: str, value: Any) -> str:
-    choices = CONTENTION_STRATEGIES[primitive]
-    if value not in choices:
-        raise DefinitionError(
-            f"{owner}: on_contention must be one of {', '.join(map(repr, choices))}, got {value!r}",
-            owner=owner,
-            option="on_contention",
-        )
-    return str(value)
-
-
-def _key_function(owner: str, key: Any) -> KeyFunction:
-    if not callable(key):
-        raise DefinitionError(
-            f"{owner}: the first argument must be a key function such as "
-            f"lambda args: f\"acct:{{args['account_id']}}\", got {key!r}",
-            owner=owner,
-            option="key",
-        )
-    try:
-        signature = inspect.signature(key)
-    except (TypeError, ValueError):  # some builtins and C callables have none to inspect
-        return key  # type: ignore[no-any-return]
-    try:
-        signature.bind({})
-    except TypeError as exc:
-        # Checked now, not when the first run calls it: it is called with one mapping.
-        raise DefinitionError(
-            f"{owner}: the key function {getattr(key, '__name__', key)!r} must accept one "
-            f"argument (the arguments or inputs mapping), but its signature is {signature} "
-            f"({exc})",
-            owner=owner,
-            option="key",
-        ) from exc
-    return key  # type: ignore[no-any-return]
-
-
-def _windows_from(owner: str, limits: Mapping[Any, Any]) -> tuple[RateWindow, ...]:
-    if not isinstance(limits, Mapping) or not limits:
-        raise DefinitionError(
-            f"{owner}: limits must be a non-empty dict such as {{'second': 3, 'minute': 100}}",
-            owner=owner,
-            option="limits",
-        )
-    windows = []
-    for period, limit in limits.items():
-        try:
-            seconds = parse_period(period)
-        except (ValueError, TypeError) as exc:
-            raise DefinitionError(f"{owner}: {exc}", owner=owner, option="limits") from exc
-        limit = _count(owner, "limits", limit, f"the limit for {period!r}")
-        windows.append(RateWindow(seconds=seconds, limit=limit, label=str(period)))
-    return tuple(sorted(windows, key=lambda w: w.seconds))
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,14 +105,14 @@ def with_lock(
     """
     owner = "with_lock"
     declaration = LockDeclaration(
-        key_fn=_key_function(owner, key),
-        ttl=_lifetime(owner, "ttl", ttl),
-        wait=_wait(owner, "wait", wait),
-        auto_extend=_bool(owner, "auto_extend", auto_extend),
+        key_fn=key_function(owner, key),
+        ttl=lifetime_option(owner, "ttl", ttl),
+        wait=wait_option(owner, "wait", wait),
+        auto_extend=bool_option(owner, "auto_extend", auto_extend),
         rollback_wait=None
         if rollback_wait is None
-        else _wait(owner, "rollback_wait", rollback_wait),
-        on_contention=_strategy(owner, "lock", on_contention),
+        else wait_option(owner, "rollback_wait", rollback_wait),
+        on_contention=strategy_option(owner, "lock", on_contention),
     )
     return lambda target: _attach(declaration, target)
 
@@ -242,29 +160,17 @@ def with_semaphore(
             option="limit",
         )
     else:
-        _count(owner, "limit", limit)
+        count_option(owner, "limit", limit)
     declaration = SemaphoreDeclaration(
-        key_fn=_key_function(owner, key),
+        key_fn=key_function(owner, key),
         limit=limit,
-        wait=_wait(owner, "wait", wait),
-        ttl=_lifetime(owner, "ttl", ttl),
-        rollback_wait=_wait(owner, "rollback_wait", rollback_wait),
-        on_contention=_strategy(owner, "semaphore", on_contention),
-        fair_by=None if fair_by is None else _fair_by(owner, fair_by),
+        wait=wait_option(owner, "wait", wait),
+        ttl=lifetime_option(owner, "ttl", ttl),
+        rollback_wait=wait_option(owner, "rollback_wait", rollback_wait),
+        on_contention=strategy_option(owner, "semaphore", on_contention),
+        fair_by=None if fair_by is None else fair_by_option(owner, fair_by),
     )
     return lambda target: _attach(declaration, target)
-
-
-def _fair_by(owner: str, fair_by: Any) -> KeyFunction:
-    """A ``fair_by`` function, checked now as a key function is (it is called the same way)."""
-    if not callable(fair_by):
-        raise DefinitionError(
-            f"{owner}: fair_by must be a function of the arguments naming the waiter's group, "
-            f"such as lambda args: args['tenant'], got {fair_by!r}",
-            owner=owner,
-            option="fair_by",
-        )
-    return _key_function(owner, fair_by)
 
 
 def with_rate_limit(
@@ -292,7 +198,7 @@ def with_rate_limit(
     or exceeds a limit fails the work with ``RateLimitCostError`` (it could never run).
     """
     owner = "with_rate_limit"
-    wait_seconds = _wait(owner, "wait", wait)
+    wait_seconds = wait_option(owner, "wait", wait)
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 1):
         raise DefinitionError(
             f"{owner}: cost must be a positive integer or a function of the arguments such as "
@@ -301,7 +207,7 @@ def with_rate_limit(
             option="cost",
         )
     if not callable(cost):
-        _count(owner, "cost", cost)
+        count_option(owner, "cost", cost)
     if strategy not in ("sliding", "fixed"):
         raise DefinitionError(
             f"{owner}: strategy must be 'sliding' or 'fixed', got {strategy!r}",
@@ -323,7 +229,7 @@ def with_rate_limit(
             key_fn=None, name=key, strategy=strategy, wait=wait_seconds, cost=cost
         )
         return lambda target: _attach(declaration, target)
-    key_fn = _key_function(owner, key)
+    key_fn = key_function(owner, key)
     if limits is not None:
         if limit is not None or period is not None:
             raise DefinitionError(
@@ -331,7 +237,7 @@ def with_rate_limit(
                 owner=owner,
                 option="limits",
             )
-        windows = _windows_from(owner, limits)
+        windows = windows_option(owner, limits)
     else:
         if limit is None or period is None:
             raise DefinitionError(
@@ -339,7 +245,7 @@ def with_rate_limit(
                 owner=owner,
                 option="limit",
             )
-        windows = _windows_from(owner, {period: limit})
+        windows = windows_option(owner, {period: limit})
     if not callable(cost):
         for window in windows:
             if cost > window.limit:
@@ -382,10 +288,10 @@ def with_period(
     except (ValueError, TypeError) as exc:
         raise DefinitionError(f"{owner}: {exc}", owner=owner, option="every") from exc
     declaration = PeriodDeclaration(
-        key_fn=_key_function(owner, key),
+        key_fn=key_function(owner, key),
         every=every,
-        ttl=_lifetime(owner, "ttl", ttl),
-        wait=None if wait is None else _wait(owner, "wait", wait),
+        ttl=lifetime_option(owner, "ttl", ttl),
+        wait=None if wait is None else wait_option(owner, "wait", wait),
     )
     return lambda target: _attach(declaration, target)
 
@@ -400,9 +306,9 @@ def with_debounce(
     "Debounce")."""
     owner = "with_debounce"
     declaration = DebounceDeclaration(
-        key_fn=_key_function(owner, key),
-        seconds=_lifetime(owner, "seconds", seconds),
-        max_wait=None if max_wait is None else _lifetime(owner, "max_wait", max_wait),
+        key_fn=key_function(owner, key),
+        seconds=lifetime_option(owner, "seconds", seconds),
+        max_wait=None if max_wait is None else lifetime_option(owner, "max_wait", max_wait),
     )
 
     def attach(target: T) -> T:
@@ -441,18 +347,10 @@ def with_ordered_lock(
     """
     owner = "with_ordered_lock"
     declaration = OrderedLockDeclaration(
-        key_fn=_key_function(owner, key),
-        ttl=_lifetime(owner, "ttl", ttl),
-        poison_pill_timeout=_lifetime(owner, "poison_pill_timeout", poison_pill_timeout),
-        strict=_bool(owner, "strict", strict),
-        wait=None if wait is None else _wait(owner, "wait", wait),
+        key_fn=key_function(owner, key),
+        ttl=lifetime_option(owner, "ttl", ttl),
+        poison_pill_timeout=lifetime_option(owner, "poison_pill_timeout", poison_pill_timeout),
+        strict=bool_option(owner, "strict", strict),
+        wait=None if wait is None else wait_option(owner, "wait", wait),
     )
     return lambda target: _attach(declaration, target)
-
-
-def _bool(owner: str, option: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise DefinitionError(
-            f"{owner}: {option} must be True or False, got {value!r}", owner=owner, option=option
-        )
-    return value

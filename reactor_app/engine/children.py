@@ -33,7 +33,7 @@ from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.engine.async_order import enter_settled, stamp
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.hand_off_guard import guard_hand_off
-from reactor_app.engine.inputs import input_errors
+from reactor_app.engine.inputs import check_kept_arguments, input_errors
 from reactor_app.engine.outcomes import PassEnd, UnitStatus
 from reactor_app.engine.priority import message_priority
 from reactor_app.engine.result import error_from_dict
@@ -188,19 +188,11 @@ def dispatch_child(
 
 def check_handed_on(args: dict[str, Any], reactor_path: str, label: str) -> None:
     """``InputNotSerializable`` when a worker child could not read ``args`` back as the same
-    values (``reactor_app.serialization``). Before, they were stored as their ``repr``, and
-    the child's step received the text ``"{1, 2}"`` where the parent passed a set — an input
-    of an in-process run, or a ``value(...)`` of the declaration, neither checked until here
-    (results are: ``runner.storable``)."""
-    try:
-        encode(args, where="arguments")
-    except TypeError as exc:
-        raise InputNotSerializable(
-            f"cannot hand step {label!r} of {reactor_path} to a worker: {exc}",
-            reactor=reactor_path,
-            step=label,
-            field_errors={"arguments": str(exc)},
-        ) from exc
+    values. Before, they were stored as their ``repr``, and the child's step received the text
+    ``"{1, 2}"`` where the parent passed a set — an input of an in-process run, or a
+    ``value(...)`` of the declaration, neither checked until here (results are:
+    ``runner.storable``)."""
+    check_kept_arguments(args, reactor_path, label, kept_for="for a worker")
 
 
 def start_worker_child(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from reactor_app.exceptions import InputValidationError
+from reactor_app.exceptions import InputNotSerializable, InputValidationError
 from reactor_app.serialization import encode
 
 if TYPE_CHECKING:
@@ -40,3 +40,20 @@ def stored_inputs(inputs: dict[str, Any]) -> tuple[Any, str | None]:
         return encode(inputs, where="inputs"), None
     except TypeError as exc:
         return encode(inputs, strict=False, where="inputs"), str(exc)
+
+
+def check_kept_arguments(
+    args: dict[str, Any], reactor_path: str, label: str, *, kept_for: str
+) -> None:
+    """``InputNotSerializable`` when a step's arguments, kept ``kept_for`` a later pass or
+    another process, could not come back as the same values (``reactor_app.serialization``):
+    kept anyway, a value the codec cannot hold was only its ``repr`` there."""
+    try:
+        encode(args, where="arguments")
+    except TypeError as exc:
+        raise InputNotSerializable(
+            f"step {label!r} of {reactor_path} cannot keep its arguments {kept_for}: {exc}",
+            reactor=reactor_path,
+            step=label,
+            field_errors={"arguments": str(exc)},
+        ) from exc

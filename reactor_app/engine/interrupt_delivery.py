@@ -72,10 +72,11 @@ def _take_interrupt(
     reactor: type[Reactor], execution_id: Any, step: str | None, payload: Any, background: bool
 ) -> Execution:
     # The payload is the interrupt step's result, read back by later steps (in another process
-    # too): through the codec, as every result (``reactor_app.serialization``) — it was stored
-    # as display JSON, and a Decimal reached the next step as a str, a tuple as a list.
+    # too): kept in the state, which goes through the codec, so checked by it here as every
+    # result is (``runner.storable``). It was stored as display JSON, and a Decimal reached the
+    # next step as a str, a tuple as a list.
     try:
-        stored_payload = encode(payload, where="the resume payload")
+        encode(payload, where="the resume payload")
     except TypeError as exc:
         raise InputNotSerializable(
             f"cannot resume execution {execution_id}: {exc}",
@@ -120,7 +121,7 @@ def _take_interrupt(
             )
         assert entry is not None  # refused above otherwise
         now = timezone.now()
-        entry["payload"] = stored_payload
+        entry["payload"] = payload
         entry["resumed_at"] = now.isoformat()
         if background:
             state.origin.worker = True

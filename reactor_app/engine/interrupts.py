@@ -19,7 +19,6 @@ from reactor_app.engine.outcomes import UnitStatus
 from reactor_app.engine.runner import StepOutcome
 from reactor_app.exceptions import StepFailed
 from reactor_app.models import Execution
-from reactor_app.serialization import decode
 from reactor_app.status import EngineEvent, StepRunKind
 from reactor_app.storable import text_problem
 from reactor_app.tracking import StepRecorder
@@ -47,8 +46,7 @@ def run_interrupt(run: ExecutionRun, spec: InterruptSpec) -> StepOutcome:
         )
     if entry and "payload" in entry:
         recorder.finished(EngineEvent.STEP_SUCCEEDED, resumed=True)
-        # stored through the codec (a payload stored as plain JSON before reads back as it was)
-        return StepOutcome(UnitStatus.COMPLETED, value=decode(entry["payload"]))
+        return StepOutcome(UnitStatus.COMPLETED, value=entry["payload"])
     if entry and entry.get("timed_out"):
         error = StepFailed(
             f"interrupt {spec.name!r} of {run.reactor_path} was not resumed within {spec.timeout}s",

@@ -25,6 +25,7 @@ from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.children import dispatch_child, run_child
 from reactor_app.engine.gate import ParkRequested
 from reactor_app.engine.hand_off_guard import guard_dispatcher_keys
+from reactor_app.engine.inputs import check_kept_arguments
 from reactor_app.engine.interrupts import run_interrupt
 from reactor_app.engine.mapping import run_map
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus
@@ -40,11 +41,9 @@ from reactor_app.engine.worker import note_park
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     CoordinationError,
-    InputNotSerializable,
     InputValidationError,
     StepFailed,
 )
-from reactor_app.serialization import encode
 from reactor_app.status import EngineEvent, ExecutionStatus, StepRunKind
 from reactor_app.tracking import StepRecorder, emit_engine
 
@@ -197,15 +196,5 @@ def _check_kept_arguments(
     undo of a step given ``value({"a"})`` received the text ``"{'a'}"``. Checked in every
     mode, as results are (``runner.storable``), so a workflow behaves the same in both; a step
     without hooks keeps no arguments and takes any."""
-    if not (step_class.has_undo() or step_class.has_compensate()):
-        return
-    try:
-        encode(args, where="arguments")
-    except TypeError as exc:
-        raise InputNotSerializable(
-            f"step {label!r} of {reactor_path} cannot keep its arguments for its undo or "
-            f"compensation: {exc}",
-            reactor=reactor_path,
-            step=label,
-            field_errors={"arguments": str(exc)},
-        ) from exc
+    if step_class.has_undo() or step_class.has_compensate():
+        check_kept_arguments(args, reactor_path, label, kept_for="for its undo or compensation")
