@@ -162,7 +162,8 @@ class Execution(models.Model):
         return row
 
     def wait(self, timeout: float = 30.0, poll_interval: float = 0.05) -> Result:
-        """Block until the execution is terminal (or interrupted) and return its ``Result``."""
+        """Block until the execution is terminal (or interrupted) and return its ``Result``;
+        ``TimeoutError`` after ``timeout`` seconds. The arguments' ranges: ``wait_for``."""
         return wait_for(self, timeout=timeout, poll_interval=poll_interval)
 
 

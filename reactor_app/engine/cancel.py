@@ -59,6 +59,7 @@ from reactor_app.engine.cancelled import end_cancelled
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.enqueueing import enqueue_on_commit, enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun
+from reactor_app.engine.inputs import who_asked
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotCancellable, ReactorError
@@ -78,6 +79,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
     Raises ``Execution.DoesNotExist``, ``ExecutionNotCancellable`` (already ended),
     ``InputValidationError`` (a reason that is not text) or ``CoordinationUnavailable``."""
     text = clean_reason(reason)
+    by = who_asked(by, "cancel")
     execution = Execution.objects.get(pk=execution_id)
     _refuse_ended(execution)
     # The flag first: any pass that starts or reaches a boundary from now on stops.

@@ -3,7 +3,8 @@
 Every way a run starts checks them the same way: ``Reactor.run`` and ``run_async`` (before
 anything is stored), a composed child and an ``async_reactor`` child (against the target's
 inputs). ``stored_inputs`` is the row's copy of inputs that may not have been checked by the
-codec (an in-process run, a call that failed at once).
+codec (an in-process run, a call that failed at once). ``who_asked`` checks the one input of
+an operation on a run, its ``by``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from reactor_app.exceptions import InputNotSerializable, InputValidationError
 from reactor_app.serialization import encode
+from reactor_app.storable import storable_text
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -57,3 +59,19 @@ def check_kept_arguments(
             step=label,
             field_errors={"arguments": str(exc)},
         ) from exc
+
+
+def who_asked(by: Any, action: str) -> str | None:
+    """``by`` of an operation on a run (``cancel``, ``retry``): who asked, shown in the admin
+    and kept in its event and state — text or None. Anything else is an
+    ``InputValidationError``: an object used to come out of the Redis write as a raw
+    ``TypeError``, or be kept as its ``repr``. Text the database cannot store is kept
+    readable (``storable_text``): it is only shown."""
+    if by is None:
+        return None
+    if isinstance(by, str):
+        return storable_text(by)
+    raise InputValidationError(
+        f"{action}: by must be text (who asked), got {type(by).__name__}",
+        field_errors={"by": "must be a string"},
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -130,7 +131,15 @@ def _unsent_hint(execution_id: object) -> str | None:
 
 
 def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Result:
-    """Reload ``execution`` until it is terminal or interrupted, then return its ``Result``."""
+    """Reload ``execution`` until it is terminal or interrupted, then return its ``Result``.
+
+    ``timeout``: seconds, 0 or more (``float("inf")``: no end); ``poll_interval``: seconds
+    between reads, more than 0 and finite. Anything else is an ``InputValidationError``
+    before the first read: a NaN timeout used to wait without end (no time is past NaN), a
+    negative or NaN interval came out of ``time.sleep`` as its own error after a read, and
+    an interval of 0 read the row in a busy loop. No sleep runs past the deadline: a
+    ``poll_interval`` longer than what is left of ``timeout`` is cut to it."""
+    _check_wait(timeout, poll_interval)
     deadline = time.monotonic() + timeout
     settled = {
         ExecutionStatus.SUCCEEDED,
@@ -153,4 +162,20 @@ def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Resu
             if execution.status == ExecutionStatus.PENDING:
                 message += _unsent_hint(execution.id) or _no_consumer_hint()
             raise TimeoutError(message)
-        time.sleep(poll_interval)
+        time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.0)))
+
+
+def _check_wait(timeout: Any, poll_interval: Any) -> None:
+    """``InputValidationError`` naming each of ``wait``'s arguments that is out of range."""
+    problems: dict[str, str] = {}
+    if not _number(timeout) or not timeout >= 0:  # NaN is not >= 0
+        problems["timeout"] = f"must be a number of seconds >= 0 (inf: no end), got {timeout!r}"
+    if not _number(poll_interval) or not 0 < poll_interval < math.inf:
+        problems["poll_interval"] = f"must be a finite number of seconds > 0, got {poll_interval!r}"
+    if problems:
+        described = "; ".join(f"{name} {problem}" for name, problem in problems.items())
+        raise exceptions.InputValidationError(f"wait(): {described}", field_errors=problems)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -54,6 +54,7 @@ from reactor_app.dsl.kinds import AsyncReactorSpec, ComposeSpec, InterruptSpec, 
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.enqueueing import enqueue_new_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
+from reactor_app.engine.inputs import who_asked
 from reactor_app.engine.progress import load_state
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotRetryable
@@ -101,6 +102,7 @@ def retry(
 ) -> Execution:
     """See the module docstring. Returns the new execution: pending (a worker runs it) or as
     its in-process run left it."""
+    by = who_asked(by, "retry") or ""
     reactor = lookup(failed.reactor)
     order = list(reactor.plan.order)
     with transaction.atomic():

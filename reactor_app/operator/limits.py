@@ -27,6 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from reactor_app import bounds
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import live_limits
 from reactor_app.coordination.admission import Coordinator
@@ -42,6 +43,7 @@ from reactor_app.exceptions import (
 )
 from reactor_app.models import ContentionState, LimitOverride
 from reactor_app.status import CoordinationEventKind
+from reactor_app.storable import text_problem
 from reactor_app.tracking import record_coordination
 
 logger = logging.getLogger(__name__)
@@ -50,9 +52,10 @@ PRIMITIVES = live_limits.PRIMITIVES
 #: seconds after a change that the executions parked on the limit are woken: by then every
 #: process has read the new value (``live_limits.REFRESH_SECONDS``), with a little margin
 WAKE_AFTER = live_limits.REFRESH_SECONDS + 0.05
-#: the largest limit an operator may type: the scripts hold numbers as doubles and write them
-#: back for operators (a semaphore's ``\0limit`` field), where a larger one reads "1e+30"
-MAX_LIMIT = 10**12
+#: the largest limit an operator may type: the largest a declaration may give
+#: (``reactor_app.bounds``), which the scripts keep exact and write back for operators (a
+#: semaphore's ``\0limit`` field) as the same whole number
+MAX_LIMIT = bounds.LARGEST_COUNT
 
 
 class InvalidLimit(ValueError):
@@ -110,7 +113,8 @@ def parse_value(primitive: str, name: str, text: Any) -> dict[str, Any]:
 def _whole(text: str) -> bool:
     """``text`` is a limit: ASCII digits (``str.isdigit`` also takes "²", which ``int``
     refuses) of a number from 1 to ``MAX_LIMIT``."""
-    return text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_LIMIT
+    digits = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_LIMIT)) + 20
+    return digits and 1 <= int(text) <= MAX_LIMIT  # (a longer text is no limit: int() not tried)
 
 
 def _periods(configured: Mapping[str, Any]) -> list[str]:
@@ -238,6 +242,7 @@ def set_override(
     """Override ``name`` with ``value`` (operator text, see ``parse_value``, or an already
     parsed dict). Returns ``{"old", "new", "woken"}``; ``InvalidLimit`` for bad input,
     ``CoordinationUnavailable`` when the change is saved but could not be published."""
+    _check_who_and_why(by, reason)
     text = describe(primitive, value) if isinstance(value, Mapping) else value
     parsed = parse_value(primitive, name, text)
     with transaction.atomic():
@@ -259,6 +264,7 @@ def set_override(
 
 def remove_override(primitive: str, name: str, *, by: str, reason: str = "") -> dict[str, Any]:
     """Back to settings. Returns ``{"old", "new", "woken"}`` (``old`` None: there was none)."""
+    _check_who_and_why(by, reason)
     if primitive not in PRIMITIVES:
         raise InvalidLimit(f"only {' and '.join(PRIMITIVES)} limits can be overridden")
     with transaction.atomic():
@@ -280,6 +286,22 @@ def remove_override(primitive: str, name: str, *, by: str, reason: str = "") -> 
     )
     logger.warning("%s removed the override of %s limit %r (was %s)", by, primitive, name, old)
     return {"old": old, "new": configured, "woken": woken}
+
+
+def _check_who_and_why(by: Any, reason: Any) -> None:
+    """``InvalidLimit`` unless ``by`` and ``reason`` are text the override's row and its audit
+    event can hold: ``by`` at most as long as ``LimitOverride.set_by``, neither with a NUL or
+    a lone surrogate. The API's serializer and the admin's form already refuse those; a direct
+    call used to reach the ``INSERT`` with them and fail there (``DataError``)."""
+    longest = LimitOverride._meta.get_field("set_by").max_length or 0
+    for what, text in (("by", by), ("reason", reason)):
+        if not isinstance(text, str):
+            raise InvalidLimit(f"{what} must be text, got {type(text).__name__}")
+        problem = text_problem(text)
+        if problem:
+            raise InvalidLimit(f"{what} holds {problem}, which the database cannot store")
+    if len(by) > longest:
+        raise InvalidLimit(f"by is {len(by)} characters long; at most {longest}")
 
 
 def republish() -> None:

@@ -9,10 +9,18 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
+from reactor_app import Step, Success, with_semaphore
+from reactor_app.bounds import LARGEST_COUNT
 from reactor_app.coordination import live_limits
 from reactor_app.models import CoordinationEvent, LimitOverride
+from reactor_app.operator import limits
+from reactor_app.operator.live import inspect_key
 from reactor_app.status import CoordinationEventKind
+from reactor_app.storable import text_problem
 from tests.api import users
 
 pytestmark = pytest.mark.django_db
@@ -120,4 +128,105 @@ def test_a_bad_body_is_a_400_naming_the_field(
     assert response.status_code == 400, response.content
     if field is not None:
         assert field in response.json(), response.json()
+    assert not LimitOverride.objects.exists()
+
+
+# -- the range of an override, and who and why -----------------------------------------------
+
+
+@hypothesis_settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    limit=st.one_of(
+        st.sampled_from([1, 10**12, 10**12 + 1, LARGEST_COUNT, LARGEST_COUNT + 1, 10**30]),
+        st.integers(min_value=-5, max_value=10 * LARGEST_COUNT),
+    )
+)
+def test_an_override_takes_exactly_the_limits_a_declaration_takes(
+    limiter_client: Client, limit: int
+) -> None:
+    """Before, an operator's override stopped at 10**12, below what a declaration may give
+    (10**15, ``reactor_app.bounds``): a limit declared at 2 * 10**12 could not be set back to
+    its own value by an operator."""
+    LimitOverride.objects.all().delete()
+    body = {"primitive": "semaphore", "name": "partner", "value": str(limit)}
+    response = _post(limiter_client, LIMITS, body)
+    if 1 <= limit <= LARGEST_COUNT:
+        assert response.status_code == 200, response.content
+        assert response.json()["effective"] == {"limit": limit}
+        assert live_limits.semaphore_limit("partner") == limit
+        remove = {"primitive": "semaphore", "name": "partner"}
+        assert _post(limiter_client, f"{LIMITS}remove/", remove).status_code == 200
+    else:
+        assert response.status_code == 400, response.content
+        assert "value" in response.json()
+        assert not LimitOverride.objects.exists()
+
+
+@with_semaphore(lambda args: "partner:largest", limit="partner")
+class UnderPartnerLimit(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success(inspect_key("semaphore", "partner:largest")["semaphore"])
+
+
+def test_the_largest_override_reaches_the_script_as_the_same_number(
+    limiter_client: Client, reactor_redis: Any
+) -> None:
+    body = {"primitive": "semaphore", "name": "partner", "value": str(LARGEST_COUNT)}
+    assert _post(limiter_client, LIMITS, body).status_code == 200
+    outcome = UnderPartnerLimit.call()
+    assert outcome.ok, outcome
+    # what the admission script stored as the key's limit, read back from Redis
+    assert outcome.value["limit"] == LARGEST_COUNT and outcome.value["held"] == 1, outcome.value
+
+
+any_text = st.text(alphabet=st.characters(blacklist_categories=()), max_size=160)
+
+
+@hypothesis_settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(by=any_text, reason=st.one_of(any_text, st.just("r" * 5000)), removing=st.booleans())
+@example(by="b" * 151, reason="", removing=False)
+@example(by="x\x00y", reason="", removing=False)
+@example(by="ops", reason="\ud800", removing=False)
+@example(by="\udfff", reason="", removing=True)
+def test_who_and_why_are_stored_as_given_or_refused_before_anything_is(
+    by: str, reason: str, removing: bool
+) -> None:
+    """``set_override`` / ``remove_override`` called directly (docs/coordination.md): a ``by``
+    longer than the row's column, or text with a NUL or a lone surrogate, reached the
+    ``INSERT`` and failed it with a ``DataError`` (PostgreSQL) or a ``UnicodeEncodeError``."""
+    LimitOverride.objects.all().delete()
+    CoordinationEvent.objects.filter(kind=CoordinationEventKind.LIMIT_CHANGED).delete()
+    if removing:
+        limits.set_override("semaphore", "partner", "3", by="setup")
+    storable = text_problem(by) is None and text_problem(reason) is None and len(by) <= 150
+    verb = limits.remove_override if removing else limits.set_override
+    arguments = () if removing else ("4",)
+    changes = CoordinationEvent.objects.filter(kind=CoordinationEventKind.LIMIT_CHANGED)
+    before = changes.count()
+    if not storable:
+        with pytest.raises(limits.InvalidLimit, match=r"^(by|reason) "):
+            verb("semaphore", "partner", *arguments, by=by, reason=reason)
+        assert LimitOverride.objects.exists() == removing  # nothing changed
+        assert changes.count() == before  # and nothing was audited
+        return
+    verb("semaphore", "partner", *arguments, by=by, reason=reason)
+    event = CoordinationEvent.objects.filter(kind=CoordinationEventKind.LIMIT_CHANGED).latest("id")
+    assert event.detail["by"] == by and event.detail["reason"] == reason
+    if not removing:
+        row = LimitOverride.objects.get()
+        assert (row.set_by, row.reason) == (by, reason)
+
+
+@pytest.mark.parametrize("by", [object(), 5, None], ids=["object", "int", "none"])
+def test_regression_who_must_be_text(by: Any) -> None:
+    with pytest.raises(limits.InvalidLimit, match="by must be text"):
+        limits.set_override("semaphore", "partner", "3", by=by)
     assert not LimitOverride.objects.exists()
