@@ -27,8 +27,8 @@ How a task becomes a reactor (docs/tasks.md has the user's view):
   (``engine.priority.celery_priority`` maps it onto the broker's 0 to 9; brokers that order
   by priority honour it, others ignore it) and the execution's place among the waiters of a
   contended key.
-* ``get_result`` reads the execution row: its status, timestamps, the error, and one attempt
-  per ``StepRun`` of the step.
+* ``get_result`` reads the execution row: its status, timestamps, the error, one attempt per
+  ``StepRun`` of the step, and the arguments and return value decoded from the codec's form.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from reactor_app.dsl.step import Step, step
 from reactor_app.engine.enqueueing import run_async
 from reactor_app.exceptions import ReactorNotRegistered, TaskFunctionFailed
 from reactor_app.models import Execution, StepRun
+from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus, StepRunKind
 
 if TYPE_CHECKING:
@@ -163,7 +164,11 @@ class ReactorTaskBackend(BaseTaskBackend):
         return self._result(task, execution)
 
     def _result(self, task: Task, execution: Execution) -> TaskResult:
-        options = execution.inputs.get("task", {})
+        # the row keeps inputs and result in the codec's form, where a float the database
+        # would not give back as itself is tagged (``serialization``): the task API's
+        # arguments and return value are the values, so they are decoded
+        inputs = decode(execution.inputs)
+        options = inputs.get("task", {})
         run_after = options.get("run_after")
         task = task.using(
             priority=options.get("priority"),
@@ -186,13 +191,13 @@ class ReactorTaskBackend(BaseTaskBackend):
             finished_at=execution.finished_at,
             last_attempted_at=attempts[-1] if attempts else None,
             args=[],
-            kwargs=execution.inputs.get("arguments", {}),
+            kwargs=inputs.get("arguments", {}),
             backend=self.alias,
             errors=_errors(execution),
             worker_ids=[str(execution.pk)] * len(attempts),
         )
         if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", execution.result)
+            object.__setattr__(result, "_return_value", decode(execution.result))
         return result
 
 
