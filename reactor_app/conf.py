@@ -297,6 +297,15 @@ class ReactorSettings:
             raise ConfigurationError(str(exc), setting="EXECUTION_CLAIM_TTL") from None
 
     @property
+    def LONGEST_COUNTDOWN(self) -> float:
+        """Seconds a message may wait in a worker before it is due: a longer countdown (a
+        ``run_after``, a debounce) is sent in hops of at most this (``engine.countdowns``).
+        Keep it below the broker's limit on unacknowledged deliveries: RabbitMQ's
+        ``consumer_timeout`` (30 minutes by default), the Redis transport's
+        ``visibility_timeout`` (1 hour)."""
+        return self._seconds("LONGEST_COUNTDOWN", 600.0, allow_zero=False)
+
+    @property
     def SWEEP_AFTER(self) -> float:
         """Seconds without a heartbeat after which the sweeper re-enqueues a running execution."""
         return self._seconds("SWEEP_AFTER", 120.0, allow_zero=False)

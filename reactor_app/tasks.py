@@ -83,20 +83,27 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
     countdown requeue belongs to (see ``engine.delivery.deliver``)."""
     # deferred: this module loads before the apps do (settings and Celery config call
     # beat_schedule()), and the engine imports the models
+    from reactor_app.engine import countdowns
     from reactor_app.engine.delivery import deliver
 
     # a new execution's first step, in a message header rather than an argument: a worker of
     # an earlier version ignores a header it does not know (engine.enqueueing.START_HEADER)
-    # (a worker's request carries custom headers as attributes, an eager ``apply`` in .headers)
-    start = getattr(self.request, "reactor_start", None) or (self.request.headers or {}).get(
-        "reactor_start"
-    )
+    start = _header(self.request, "reactor_start")
     return deliver(
         execution_id,
         task_id=self.request.id,
         requeue_token=requeue_token,
         start=start if isinstance(start, str) and start else None,
+        # a countdown longer than a broker holds comes in hops (engine.countdowns)
+        due=countdowns.due_from(_header(self.request, countdowns.DUE_HEADER)),
+        priority=countdowns.priority_from(_header(self.request, countdowns.PRIORITY_HEADER)),
     )
+
+
+def _header(request: Any, name: str) -> Any:
+    """A custom header of the message: a worker's request carries them as attributes, an
+    eager ``apply`` in ``.headers``."""
+    return getattr(request, name, None) or (request.headers or {}).get(name)
 
 
 @shared_task(name="reactor_app.sweep", acks_late=True)

@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
 from reactor_app.dsl.registry import lookup
-from reactor_app.engine import debounce
+from reactor_app.engine import countdowns, debounce
 from reactor_app.engine.cancel_flag import flag_keys, note_read
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly
@@ -63,6 +63,8 @@ def deliver(
     task_id: str | None = None,
     requeue_token: str | None = None,
     start: str | None = None,
+    due: float | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
 
@@ -70,9 +72,22 @@ def deliver(
     has parked again since (that newer park has its own requeue), so leftover requeues never
     pile up into extra contention attempts. ``start`` (a new execution's message names its
     first step, ``engine.enqueueing.run_async``): the claim statement also writes the pass's
-    start when the row is still pending and never started — one statement fewer.
+    start when the row is still pending and never started — one statement fewer. ``due`` and
+    ``priority``: a message sent early, because its countdown was longer than a broker holds
+    (``engine.countdowns``), is sent on for what is left and does nothing else.
     """
     summary: dict[str, Any] = {"execution_id": execution_id}
+    left = countdowns.left_until(due)
+    if left > 0:
+        # neither the row nor the claim: a hop costs the broker one message
+        enqueue_quietly(
+            execution_id,
+            countdown=left,
+            requeue_token=requeue_token,
+            priority=priority,
+            start=start,
+        )
+        return {**summary, "outcome": "deferred", "due_in": left}
     execution: Execution | None = None
     if requeue_token is not None:
         # A park's countdown requeue is most often stale by the time it is due (the release

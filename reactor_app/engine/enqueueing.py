@@ -31,6 +31,7 @@ from reactor_app.coordination.claims import (
     Hold,
     Holder,
 )
+from reactor_app.engine import countdowns
 from reactor_app.engine import debounce as debounced
 from reactor_app.engine.inputs import input_errors, stored_inputs
 from reactor_app.engine.outcomes import PassEnd
@@ -75,18 +76,24 @@ def enqueue(
     """Send the execution's task (identities only: the execution id, and for a park's own
     requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
     queue when that is not set. ``priority`` is the message's (Celery's 0 to 9 scale), for brokers
-    that order by it. ``start``: a new execution's first step (``START_HEADER``)."""
+    that order by it. ``start``: a new execution's first step (``START_HEADER``). A
+    ``countdown`` longer than ``REACTOR_LONGEST_COUNTDOWN`` is sent in hops
+    (``engine.countdowns``)."""
     options: dict[str, Any] = {}
     queue = reactor_settings.CELERY_QUEUE
     if queue:
         options["queue"] = queue
+    # a countdown longer than a broker holds goes in hops (engine.countdowns)
+    countdown, headers = countdowns.capped(countdown, priority)
     if countdown is not None and countdown > 0:
         options["countdown"] = countdown
     if priority is not None:
         options["priority"] = priority
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
     if start:
-        options["headers"] = {START_HEADER: start}
+        headers[START_HEADER] = start
+    if headers:
+        options["headers"] = headers
     current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
     note_sent(execution_id)
 

@@ -8,14 +8,26 @@ RabbitMQ as broker): each module starts its own worker with its topology and run
 * ``parked_waiters_are_woken`` — park → wake: with a long park backoff, a waiter that runs
   sooner was re-enqueued by the release (wake-ups go through the coordination Redis and the
   broker's ordinary enqueue, never a broker-specific feature).
+* ``a_long_countdown_arrives_in_hops`` — a ``run_after`` longer than
+  ``REACTOR_LONGEST_COUNTDOWN`` (the module sets 1 s for the worker and this process) is sent
+  on by each early delivery (``engine.countdowns``; the due time travels in a message header,
+  which each broker must carry) and runs once, not before it is due.
 """
 
 from __future__ import annotations
 
+import re
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, StepRunKind, StepRunStatus
 from reactor_app.testing import assert_not_locked
-from tests.worker.helpers import overlapping, wait_until
+from tests.worker import task_functions as tasks
+from tests.worker.helpers import finished, overlapping, wait_until
 from tests.worker.reactors import PaymentReactor, records
 
 EXECUTIONS = 40
@@ -81,3 +93,19 @@ def parked_waiters_are_woken(account: int, waiters: int = 3) -> list[Execution]:
         # resumed before its backoff requeue would have fired: a release woke it
         assert ran.started_at < state.next_attempt_at, (ran.started_at, state.next_attempt_at)
     return [first, *parked]
+
+
+def a_long_countdown_arrives_in_hops(worker: Any, delay: float = 3.5) -> None:
+    label = uuid.uuid4().hex[:8]
+    due = timezone.now() + timedelta(seconds=delay)
+    result = tasks.stamped.using(run_after=due).enqueue(label)
+    finished(result, timeout=60)
+    stamps = [stamp for stamp in records("stamped") if stamp["label"] == label]
+    assert len(stamps) == 1, stamps  # once
+    assert stamps[0]["at"] >= due.timestamp() * 1e9  # not before it was due
+    assert result.started_at >= due
+    # the early deliveries, each a hop that did nothing else (Celery logs each return value)
+    hops = re.findall(
+        rf"'execution_id': '{result.id}', 'outcome': 'deferred'", worker.process.read_log()
+    )
+    assert len(hops) >= 2, worker.process.log()

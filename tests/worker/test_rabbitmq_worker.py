@@ -91,6 +91,8 @@ def celery_worker_settings(amqp_in_this_process: str) -> dict[str, Any]:
         "REACTOR_CONTENTION_CEILING": 500,
         # the park-and-wake path is under test: no in-delivery wait before parking
         "REACTOR_WORKER_WAIT": 0,
+        # a run_after of a few seconds is sent in hops, its due time in an AMQP header
+        "REACTOR_LONGEST_COUNTDOWN": 1.0,
     }
 
 
@@ -108,3 +110,9 @@ def test_forty_executions_on_one_key_never_overlap_with_rabbitmq(worker: Any) ->
 
 def test_parked_waiters_are_woken_by_the_release_with_rabbitmq(worker: Any) -> None:
     scenarios.parked_waiters_are_woken(account=16)
+
+
+def test_a_long_countdown_arrives_in_hops_with_rabbitmq(worker: Any) -> None:
+    """The hazard itself: RabbitMQ closes a channel that holds a delivery unacknowledged past
+    its ``consumer_timeout``, which a worker holding a long countdown does."""
+    scenarios.a_long_countdown_arrives_in_hops(worker)

@@ -20,13 +20,19 @@ from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from reactor_app.testing import assert_not_locked
+from tests.worker import scenarios
 from tests.worker import task_functions as tasks
 from tests.worker.helpers import finished, overlapping
 from tests.worker.reactors import records
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-WORKER_SETTINGS = {"REACTOR_CONTENTION_CEILING": 500, "REACTOR_CONTENTION_BACKOFF": [0.1, 0.5]}
+WORKER_SETTINGS = {
+    "REACTOR_CONTENTION_CEILING": 500,
+    "REACTOR_CONTENTION_BACKOFF": [0.1, 0.5],
+    # a run_after of a few seconds is then sent in hops (engine.countdowns)
+    "REACTOR_LONGEST_COUNTDOWN": 1.0,
+}
 
 
 def test_an_enqueued_task_runs_on_a_worker_as_a_tracked_execution(worker: Any) -> None:
@@ -84,6 +90,10 @@ def test_run_after_defers_the_run_and_the_sweeper_cannot_send_it_early(worker: A
     assert result.started_at >= due
     assert result.task.run_after == due
     assert result.task.priority == 10
+
+
+def test_a_run_after_longer_than_a_broker_holds_arrives_in_hops(worker: Any) -> None:
+    scenarios.a_long_countdown_arrives_in_hops(worker)
 
 
 def test_a_lock_stacked_on_task_serializes_one_accounts_calls(worker: Any) -> None:
