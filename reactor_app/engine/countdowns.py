@@ -7,8 +7,8 @@ consumer that has not acknowledged a delivery within its ``consumer_timeout`` (3
 default), and the Celery worker stops with an unrecoverable ``PreconditionFailed``; the Redis
 transport hands a message left unacknowledged for its ``visibility_timeout`` (1 hour by
 default) to another worker, which holds it again, over and over. A ``run_after`` of a day (the
-``django.tasks`` backend, ``run_async``), a debounce's quiet period or its ``max_wait`` can be
-far longer than either.
+``django.tasks`` backend, ``run_async``), a debounce's quiet period or its ``max_wait``, a park
+until a rate limit's window of hours frees a slot can be far longer than either.
 
 So ``engine.enqueueing.enqueue`` sends a countdown longer than ``REACTOR_LONGEST_COUNTDOWN``
 (10 minutes by default) as that longest countdown (``capped``), with the time it is due (wall

@@ -14,6 +14,7 @@ real-worker test is in ``tests/worker/test_tasks_backend.py``.
 
 from __future__ import annotations
 
+import ast
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from celery import current_app
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app import Reactor, Step, Success, from_input, step, with_rate_limit
 from reactor_app.engine.countdowns import DUE_HEADER, PRIORITY_HEADER
 from reactor_app.engine.enqueueing import START_HEADER
 from reactor_app.engine.priority import celery_priority
@@ -163,3 +164,38 @@ def test_a_debounce_due_later_than_the_longest_countdown_is_sent_in_hops(
     assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PENDING
     [second] = taken(nobody_queue)
     assert second[DUE_HEADER] == pytest.approx(first[DUE_HEADER], abs=0.01)
+
+
+@with_rate_limit(lambda inputs: f"hops:{inputs['x']}", limit=1, period=3 * LONGEST)
+class Metered(Reactor):
+    inputs = ("x",)
+    echo = step(Echo, x=from_input("x"))
+
+
+def test_a_park_until_a_long_window_frees_a_slot_is_sent_in_hops(
+    nobody_queue: str, settings: Any
+) -> None:
+    """A rate limit's refusal parks the execution until its window frees a slot: for a window
+    of hours that was the requeue's countdown, held by a worker the whole time."""
+    settings.REACTOR_WORKER_WAIT = 0
+    key = uuid.uuid4().hex[:8]
+    first, second = Metered.run_async(x=key), Metered.run_async(x=key)
+    taken(nobody_queue)
+    assert hop({START_HEADER: "echo"}, str(first.id))["status"] == ExecutionStatus.SUCCEEDED
+    assert hop({START_HEADER: "echo"}, str(second.id))["status"] == ExecutionStatus.PARKED
+    [requeue] = taken(nobody_queue)
+    assert requeue["countdown"] <= LONGEST + 0.5
+    assert requeue[DUE_HEADER] == pytest.approx(time.time() + 3 * LONGEST, abs=5.0)
+    token = requeue["kwargsrepr"]
+    assert "requeue_token" in token
+    # the early delivery sends the park's own requeue on, token and all, and nothing else
+    summary = run_execution.apply(
+        args=[str(second.id)],
+        kwargs=ast.literal_eval(token),  # Celery's repr of the message's kwargs
+        headers={DUE_HEADER: requeue[DUE_HEADER]},
+    ).get()
+    assert summary["outcome"] == "deferred"
+    [again] = taken(nobody_queue)
+    assert again["kwargsrepr"] == token
+    assert again[DUE_HEADER] == pytest.approx(requeue[DUE_HEADER], abs=0.01)
+    assert Execution.objects.get(pk=second.pk).status == ExecutionStatus.PARKED
