@@ -102,8 +102,9 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
 
 def _header(request: Any, name: str) -> Any:
     """A custom header of the message: a worker's request carries them as attributes, an
-    eager ``apply`` in ``.headers``."""
-    return getattr(request, name, None) or (request.headers or {}).get(name)
+    eager ``apply`` in ``.headers``. (Not ``or``: a priority header may be 0.)"""
+    value = getattr(request, name, None)
+    return value if value is not None else (request.headers or {}).get(name)
 
 
 @shared_task(name="reactor_app.sweep", acks_late=True)

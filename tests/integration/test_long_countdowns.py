@@ -199,3 +199,18 @@ def test_a_park_until_a_long_window_frees_a_slot_is_sent_in_hops(
     assert again["kwargsrepr"] == token
     assert again[DUE_HEADER] == pytest.approx(requeue[DUE_HEADER], abs=0.01)
     assert Execution.objects.get(pk=second.pk).status == ExecutionStatus.PARKED
+
+
+def test_regression_a_priority_header_of_0_is_read_from_a_workers_request() -> None:
+    """A worker's request carries custom headers as attributes (and ``headers`` None): the
+    lowest priority on Celery's scale, 0, was read as no priority by an ``or``, so the next hop
+    went at the default priority."""
+    from types import SimpleNamespace
+
+    from reactor_app.tasks import _header
+
+    on_a_worker = SimpleNamespace(headers=None, **{PRIORITY_HEADER: 0})
+    assert _header(on_a_worker, PRIORITY_HEADER) == 0
+    applied = SimpleNamespace(headers={PRIORITY_HEADER: 0})  # an eager ``apply``
+    assert _header(applied, PRIORITY_HEADER) == 0
+    assert _header(SimpleNamespace(headers=None), PRIORITY_HEADER) is None
