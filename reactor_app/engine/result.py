@@ -9,6 +9,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from django.utils import timezone
+
 from reactor_app import exceptions
 from reactor_app.conf import reactor_settings
 from reactor_app.serialization import decode
@@ -80,6 +82,19 @@ def task_queue() -> str:
     from celery import current_app
 
     return str(current_app.conf.task_default_queue or "celery")
+
+
+def _deferred_hint(execution: Execution) -> str | None:
+    """Why a pending execution that is not due yet has not run: a pending row's heartbeat is
+    the time it is due (``run_after``, a debounce's quiet period), and no worker runs it — nor
+    the sweeper sends it — before then. Without this a wait on it blamed a missing worker."""
+    due = execution.heartbeat_at
+    if due is None or due <= timezone.now():
+        return None
+    return (
+        f": it is not due before {due:%Y-%m-%d %H:%M:%S} UTC (a run_after or a debounce "
+        "deferred it); wait past that time"
+    )
 
 
 def _no_consumer_hint() -> str:
@@ -160,7 +175,9 @@ def wait_for(execution: Execution, timeout: float, poll_interval: float) -> Resu
         if time.monotonic() >= deadline:
             message = f"execution {execution.id} is still {execution.status} after {timeout}s"
             if execution.status == ExecutionStatus.PENDING:
-                message += _unsent_hint(execution.id) or _no_consumer_hint()
+                message += (
+                    _deferred_hint(execution) or _unsent_hint(execution.id) or _no_consumer_hint()
+                )
             raise TimeoutError(message)
         time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.0)))
 

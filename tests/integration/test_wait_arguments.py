@@ -150,3 +150,22 @@ def test_regression_a_long_poll_interval_does_not_sleep_past_the_timeout(
         execution.wait(timeout=0.2, poll_interval=30)
     elapsed = time.monotonic() - started
     assert 0.2 <= elapsed < 5.0, elapsed
+
+
+def test_regression_a_wait_on_a_deferred_execution_says_when_it_is_due(
+    nobody_queue: str,
+) -> None:
+    """A wait that timed out on a run not due yet (a debounce's quiet period, a task's
+    ``run_after``) blamed a missing worker: "no worker has taken it from the Celery queue"."""
+    burst = f"deferred-{uuid.uuid4().hex[:8]}"
+    execution = EchoReactor.run_async(x=1, debounce=(burst, 3600))
+    due = Execution.objects.get(pk=execution.pk).heartbeat_at
+    with pytest.raises(TimeoutError) as raised:
+        execution.wait(timeout=0.1)
+    message = str(raised.value)
+    assert f"not due before {due:%Y-%m-%d %H:%M:%S} UTC" in message, message
+    assert "no worker has taken it" not in message
+    # one due now is blamed on the missing worker, as before
+    now = EchoReactor.run_async(x=2)
+    with pytest.raises(TimeoutError, match="no worker has taken it"):
+        now.wait(timeout=0.1)
