@@ -91,8 +91,9 @@ def _deferred_hint(execution: Execution) -> str | None:
     due = execution.heartbeat_at
     if due is None or due <= timezone.now():
         return None
+    zone = " UTC" if timezone.is_aware(due) else ""  # (a project with USE_TZ = False: local)
     return (
-        f": it is not due before {due:%Y-%m-%d %H:%M:%S} UTC (a run_after or a debounce "
+        f": it is not due before {due:%Y-%m-%d %H:%M:%S}{zone} (a run_after or a debounce "
         "deferred it); wait past that time"
     )
 
