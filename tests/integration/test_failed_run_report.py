@@ -13,8 +13,6 @@ to a queue nobody reads, removed afterwards.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +22,6 @@ from reactor_app.engine.dispatch import deliver
 from reactor_app.exceptions import FailureReason, StepFailed
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from reactor_app.testing.workers import delete_broker_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,12 +66,9 @@ PATH = PlaceOrder.path()
 
 
 @pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
+def nobody_queue(nobody_queue: str) -> str:
     COMPENSATED.clear()
-    yield queue
-    delete_broker_queue(queue)
+    return nobody_queue
 
 
 def test_a_failed_in_process_run_shows_the_failing_step_as_on_a_worker(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,14 +25,14 @@ from celery import current_app
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, step, with_rate_limit
+from reactor_app import Reactor, from_input, step, with_rate_limit
 from reactor_app.engine.countdowns import DUE_HEADER, PRIORITY_HEADER
 from reactor_app.engine.enqueueing import START_HEADER
 from reactor_app.engine.priority import celery_priority
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from reactor_app.tasks import run_execution
-from reactor_app.testing.workers import delete_broker_queue
+from tests.integration.echo import Echo, EchoReactor
 from tests.worker import task_functions as tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,12 +41,9 @@ LONGEST = 60.0
 
 
 @pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
+def nobody_queue(nobody_queue: str, settings: Any) -> str:
     settings.REACTOR_LONGEST_COUNTDOWN = LONGEST
-    yield queue
-    delete_broker_queue(queue)
+    return nobody_queue
 
 
 def taken(queue: str) -> list[dict[str, Any]]:
@@ -120,19 +116,6 @@ def test_no_message_waits_longer_than_the_longest_countdown_and_a_hop_keeps_the_
     elif remaining < LONGEST - 1:
         assert DUE_HEADER not in second  # the last hop runs when it arrives
         assert second["countdown"] == pytest.approx(remaining, abs=1.0)
-
-
-class Echo(Step):
-    inputs = ("x",)
-
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        return Success(args["x"])
-
-
-class EchoReactor(Reactor):
-    inputs = ("x",)
-    echo = step(Echo, x=from_input("x"))
-    returns = "echo"
 
 
 def test_a_message_whose_due_time_has_come_runs(nobody_queue: str) -> None:

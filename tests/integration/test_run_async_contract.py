@@ -8,8 +8,6 @@ queue nobody reads, removed afterwards.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -27,7 +25,6 @@ from reactor_app.exceptions import (
 )
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from reactor_app.testing.workers import delete_broker_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,12 +45,9 @@ class ChargeReactor(Reactor):
 
 
 @pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
+def nobody_queue(nobody_queue: str) -> str:
     SEEN.clear()
-    yield queue
-    delete_broker_queue(queue)
+    return nobody_queue
 
 
 def test_inputs_json_cannot_hold_raise_at_the_call(nobody_queue: str) -> None:

@@ -15,7 +15,6 @@ queue nobody reads, removed afterwards. The broker refusing a send is a patched
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -43,7 +42,6 @@ from reactor_app.exceptions import IdempotencyKeyReused, InputNotSerializable
 from reactor_app.models import Execution
 from reactor_app.serialization import decode
 from reactor_app.status import ExecutionStatus
-from reactor_app.testing.workers import delete_broker_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,12 +62,9 @@ class Pay(Reactor):
 
 
 @pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
+def nobody_queue(nobody_queue: str) -> str:
     SEEN.clear()
-    yield queue
-    delete_broker_queue(queue)
+    return nobody_queue
 
 
 def test_a_tuple_input_reaches_the_worker_as_a_tuple(nobody_queue: str) -> None:

@@ -13,8 +13,6 @@ of the backend are in ``tests/worker/test_tasks_backend.py``.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,18 +21,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reactor_app.engine.dispatch import deliver
-from reactor_app.testing.workers import delete_broker_queue
 from tests.worker import task_functions as tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
-    yield queue
-    delete_broker_queue(queue)
 
 
 #: text the database stores (one with a NUL is refused at the call, as

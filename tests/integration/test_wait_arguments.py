@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,34 +21,12 @@ from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, step
 from reactor_app.exceptions import InputValidationError
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from reactor_app.testing.workers import delete_broker_queue
+from tests.integration.echo import EchoReactor
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Echo(Step):
-    inputs = ("x",)
-
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        return Success(args["x"])
-
-
-class EchoReactor(Reactor):
-    inputs = ("x",)
-    echo = step(Echo, x=from_input("x"))
-    returns = "echo"
-
-
-@pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
-    yield queue
-    delete_broker_queue(queue)
 
 
 #: anything a caller might pass: numbers of every sign and size, the float specials, and

@@ -9,31 +9,22 @@ surrogate) is kept readable instead: it is only shown.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Failure, Reactor, Step, Success, from_input, step
+from reactor_app import Failure, Reactor, Step, from_input, step
 from reactor_app.engine.cancel_flag import cancel_request
 from reactor_app.engine.progress import load_state
 from reactor_app.exceptions import InputValidationError
 from reactor_app.models import CoordinationEvent, Execution
 from reactor_app.status import CoordinationEventKind
 from reactor_app.storable import storable_text
-from reactor_app.testing.workers import delete_broker_queue
+from tests.integration.echo import Echo
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Echo(Step):
-    inputs = ("x",)
-
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        return Success(args["x"])
 
 
 class Refuses(Step):
@@ -50,14 +41,6 @@ class Failing(Reactor):
     inputs = ("x",)
     echo = step(Echo, x=from_input("x"))
     refuses = step(Refuses)
-
-
-@pytest.fixture
-def nobody_queue(settings: Any) -> Iterator[str]:
-    queue = f"reactor-nobody-{uuid.uuid4().hex[:8]}"
-    settings.REACTOR_CELERY_QUEUE = queue
-    yield queue
-    delete_broker_queue(queue)
 
 
 whoever = st.one_of(
