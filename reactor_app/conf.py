@@ -281,9 +281,18 @@ class ReactorSettings:
         return self._seconds("MAP_CHECKPOINT_SECONDS", 1.0, allow_zero=True)
 
     @property
-    def API_PERMISSION_CLASSES(self) -> list[str]:
-        return list(
-            self._get("API_PERMISSION_CLASSES", ["reactor_app.api.permissions.IsStaffUser"])
+    def API_PERMISSION_CLASSES(self) -> list[str | type]:
+        """DRF permission classes of the API, or their dotted paths (imported by the API:
+        ``api.permissions.configured_permissions``)."""
+        value = self._get("API_PERMISSION_CLASSES", ["reactor_app.api.permissions.IsStaffUser"])
+        if isinstance(value, (list, tuple)) and all(
+            (isinstance(item, str) and item) or isinstance(item, type) for item in value
+        ):
+            return list(value)
+        raise ConfigurationError(
+            "REACTOR_API_PERMISSION_CLASSES must be a list of DRF permission classes or their "
+            f"dotted paths, got {value!r}",
+            setting="API_PERMISSION_CLASSES",
         )
 
     @property

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reactor_app.bounds import LONGEST_SECONDS
+from reactor_app.checks import check_settings
 from reactor_app.conf import ReactorSettings, reactor_settings
 from reactor_app.exceptions import ConfigurationError
 
@@ -116,3 +117,41 @@ def test_a_duration_setting_is_a_finite_number_of_seconds_within_the_bounds(
         else:
             with pytest.raises(ConfigurationError, match=f"REACTOR_{name}"):
                 getattr(reactor_settings, name)
+
+
+#: values a settings file may hold by mistake
+misconfigured = st.one_of(
+    st.text(max_size=8),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([None, True, False, [], {}, ["x"], {"x": 1}, ("a", 1), object()]),
+)
+
+
+#: every setting of the typed settings (each property), found here rather than taken from
+#: ``checks``: a setting the check leaves out fails the property below
+EVERY_SETTING = sorted(
+    name
+    for name in dir(ReactorSettings)
+    if name.isupper() and isinstance(getattr(ReactorSettings, name), property)
+)
+
+
+@pytest.mark.parametrize("name", EVERY_SETTING)
+@given(value=misconfigured)
+def test_every_value_a_setting_refuses_is_reported_by_manage_py_check(
+    name: str, value: Any
+) -> None:
+    """``manage.py check`` read twelve settings of a hand-kept list: a bad value of nine others
+    (``REACTOR_WORKER_WAIT = "1"``, ``REACTOR_MAP_CHECKPOINT_EVERY = 0``...) passed it and
+    raised only where it was first read, in a worker; ``REACTOR_API_PERMISSION_CLASSES = 5``
+    raised a ``TypeError`` there. Every setting is read now, and refuses with a
+    ``ConfigurationError`` only."""
+    with override_settings(**{f"REACTOR_{name}": value}):
+        try:
+            getattr(reactor_settings, name)
+            refused = False
+        except ConfigurationError:
+            refused = True
+        reported = {problem.obj for problem in check_settings() if problem.id == "reactor_app.E001"}
+    assert reported == ({f"REACTOR_{name}"} if refused else set())
