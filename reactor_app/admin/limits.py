@@ -20,7 +20,7 @@ from django.template.response import TemplateResponse
 from reactor_app.admin.links import url
 from reactor_app.admin.pages import coordination_context
 from reactor_app.exceptions import CoordinationUnavailable
-from reactor_app.operator import limits
+from reactor_app.operator import limit_input, limits
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -56,14 +56,14 @@ class LimitOverrideForm(forms.Form):
             return data
         setting = (data.get("action") or "set") == "set"
         try:
-            limits.check_named(primitive, name, removing=not setting)
-        except limits.InvalidLimit as exc:
+            limit_input.check_named(primitive, name, removing=not setting)
+        except limit_input.InvalidLimit as exc:
             self.add_error("name", str(exc))
             return data
         if setting:
             try:
-                data["parsed"] = limits.parse_value(primitive, name, data.get("value"))
-            except limits.InvalidLimit as exc:
+                data["parsed"] = limit_input.parse_value(primitive, name, data.get("value"))
+            except limit_input.InvalidLimit as exc:
                 self.add_error("value", str(exc))
         return data
 
@@ -113,14 +113,14 @@ def limits_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
                 messages.success(
                     request,
                     f"removed the override of {primitive} {name!r}: back to settings "
-                    f"({limits.describe(primitive, outcome['new'])})",
+                    f"({limit_input.describe(primitive, outcome['new'])})",
                 )
         else:
             outcome = limits.set_override(primitive, name, data["parsed"], by=by, reason=reason)
-            was = limits.describe(primitive, outcome["old"]) if outcome["old"] else "settings"
+            was = limit_input.describe(primitive, outcome["old"]) if outcome["old"] else "settings"
             messages.success(
                 request,
-                f"{primitive} {name!r} is now {limits.describe(primitive, outcome['new'])} "
+                f"{primitive} {name!r} is now {limit_input.describe(primitive, outcome['new'])} "
                 f"(was {was})"
                 + (
                     f"; woke {len(outcome['woken'])} parked execution(s)"
@@ -136,7 +136,7 @@ def limits_page(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             "(any later change, or the workers' sweep)",
         )
         return _page(model_admin, request, LimitOverrideForm(), status=503)
-    except limits.InvalidLimit as exc:
+    except limit_input.InvalidLimit as exc:
         form.add_error(None, str(exc))
         return _page(model_admin, request, form, status=400)
     return HttpResponseRedirect(url("limits"))

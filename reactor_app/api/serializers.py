@@ -14,7 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
-from reactor_app.operator import limits
+from reactor_app.operator import limit_input
 from reactor_app.operator.live import blocker_data
 from reactor_app.serialization import readable
 from reactor_app.status import ExecutionStatus, StepRunStatus
@@ -295,18 +295,18 @@ class LimitOverrideSerializer(serializers.Serializer):
                 {name: ["unknown field"] for name in sorted(map(str, unknown))}
             )
         try:
-            limits.check_named(
+            limit_input.check_named(
                 attrs["primitive"], attrs["name"], removing=not self.context.get("setting")
             )
-        except limits.InvalidLimit as exc:
+        except limit_input.InvalidLimit as exc:
             raise serializers.ValidationError({"name": [str(exc)]}) from exc
         if self.context.get("setting"):
             value = initial.get("value")
             if isinstance(value, bool) or not isinstance(value, (str, int)):
                 raise serializers.ValidationError({"value": ["required: text such as '5'"]})
             try:
-                attrs["parsed"] = limits.parse_value(attrs["primitive"], attrs["name"], value)
-            except limits.InvalidLimit as exc:
+                attrs["parsed"] = limit_input.parse_value(attrs["primitive"], attrs["name"], value)
+            except limit_input.InvalidLimit as exc:
                 raise serializers.ValidationError({"value": [str(exc)]}) from exc
         return attrs
 

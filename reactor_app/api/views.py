@@ -46,7 +46,7 @@ from reactor_app.exceptions import (
     InputValidationError,
 )
 from reactor_app.models import ContentionState, CoordinationEvent, Execution, StepRun
-from reactor_app.operator import limits, live
+from reactor_app.operator import limit_input, limits, live
 
 UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
 
@@ -362,7 +362,7 @@ class LimitViewSet(ReactorAPIMixin, viewsets.GenericViewSet):
                     data["primitive"], data["name"], by=by, reason=data["reason"]
                 )
             return self._named(data["primitive"], data["name"])
-        except limits.InvalidLimit as exc:
+        except limit_input.InvalidLimit as exc:
             raise ValidationError({"value": [str(exc)]}) from exc
         except CoordinationUnavailable as exc:
             raise CoordinationStoreUnavailable(exc.message) from exc

@@ -43,8 +43,10 @@ def capped(countdown: float | None, priority: int | None) -> tuple[float | None,
     """The countdown to send and the headers that go with it: ``countdown`` itself when the
     broker may hold it, else ``REACTOR_LONGEST_COUNTDOWN`` with the due time (and the
     message's ``priority``) in headers."""
+    if countdown is None:  # most messages (a new execution, a wake): no setting read
+        return None, {}
     longest = reactor_settings.LONGEST_COUNTDOWN
-    if countdown is None or countdown <= longest:
+    if countdown <= longest:
         return countdown, {}
     headers: dict[str, Any] = {DUE_HEADER: time.time() + countdown}
     if priority is not None:
