@@ -132,7 +132,8 @@ DJANGO42_STAMP := $(DJANGO42_VENV)/.reactor-installed
 DJANGO42_TESTS ?= tests/unit tests/api tests/integration/test_run_async_contract.py \
 	tests/integration/test_retention.py tests/integration/test_project_setup_checks.py \
 	tests/integration/test_setup.py tests/integration/test_admin_coordination.py \
-	tests/integration/test_admin_bad_input.py tests/worker/test_execution.py \
+	tests/integration/test_admin_bad_input.py tests/integration/test_time_zones.py \
+	tests/worker/test_execution.py \
 	tests/worker/test_handoff.py
 
 $(DJANGO42_STAMP): pyproject.toml requirements.txt

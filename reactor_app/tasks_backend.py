@@ -112,6 +112,11 @@ class ReactorTaskBackend(BaseTaskBackend):
     supports_priority = True
 
     def validate_task(self, task: Task) -> None:
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            # before the task API's own check, which reads it as a datetime
+            raise InvalidTaskError(
+                f"run_after must be a datetime, not {type(task.run_after).__name__}"
+            )
         super().validate_task(task)
         path = reactor_path(task)
         register_factory(path, lambda: _build_reactor(task, path))

@@ -27,6 +27,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.html import escape
 
+from reactor_app.datetimes import on_screen
 from reactor_app.models import CoordinationEvent
 from reactor_app.status import CoordinationEventKind as Kind
 
@@ -246,7 +247,7 @@ def _ticks(start: datetime, end: datetime) -> list[datetime]:
 
 
 def _when(moment: datetime) -> str:
-    return timezone.localtime(moment).strftime("%H:%M:%S")
+    return on_screen(moment).strftime("%H:%M:%S")
 
 
 def _bar_title(bar: Bar) -> str:
@@ -307,7 +308,7 @@ def render_svg(timeline: Timeline, *, width: int = WIDTH) -> str:
         )
         out.append(
             f'<text x="{tx:.1f}" y="{TOP - 10}" text-anchor="middle" fill="#555">'
-            f"{timezone.localtime(tick).strftime(tick_format)}</text>"
+            f"{on_screen(tick).strftime(tick_format)}</text>"
         )
     out.append(
         f'<line x1="{plot_left}" y1="{axis_bottom}" x2="{plot_right}" y2="{axis_bottom}" '

@@ -21,6 +21,7 @@ from reactor_app.admin.display import (
     status_badge,
     step_or_reactor,
 )
+from reactor_app.datetimes import on_screen
 from reactor_app.models import ParkedExecution
 from reactor_app.operator.live import blocker_data
 
@@ -100,7 +101,7 @@ class ParkedExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         if obj.next_attempt_at is None:
             return "—"
         seconds = (obj.next_attempt_at - timezone.now()).total_seconds()
-        when = timezone.localtime(obj.next_attempt_at).strftime("%H:%M:%S")
+        when = on_screen(obj.next_attempt_at).strftime("%H:%M:%S")
         return f"{when} (in {seconds:.0f}s)" if seconds > 0 else f"{when} (due)"
 
     @admin.display(description="blocked by")
@@ -116,7 +117,7 @@ class ParkedExecutionAdmin(ReadOnlyMixin, admin.ModelAdmin):
             if blocker.get("execution")
             else (blocker.get("owner") or "?"),
             step_or_reactor(blocker.get("step")),
-            timezone.localtime(since).strftime("%H:%M:%S") if since else "?",
+            on_screen(since).strftime("%H:%M:%S") if since else "?",
             self._ttl_left(obj),
         )
 

@@ -8,8 +8,11 @@ description of the parameters (drf-spectacular reads the same classes). Blank va
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -43,8 +46,21 @@ def _text(help_text: str) -> serializers.CharField:
     )
 
 
+class _Moment(serializers.DateTimeField):
+    """DRF's date-time, except that without ``USE_TZ`` an aware one is taken to local time.
+
+    A project without ``USE_TZ`` keeps local time (``TIME_ZONE``) in its columns; DRF turns an
+    aware value into naive *UTC* there, so ``created_after=…Z`` would be compared with local
+    times, off by the zone's offset (``reactor_app.datetimes``)."""
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        if not settings.USE_TZ and timezone.is_aware(value):
+            return timezone.make_naive(value)
+        return super().enforce_timezone(value)
+
+
 def _moment(help_text: str) -> serializers.DateTimeField:
-    return serializers.DateTimeField(
+    return _Moment(
         required=False,
         help_text=help_text + " (ISO 8601, e.g. 2025-01-31T12:00:00Z)",
         error_messages={

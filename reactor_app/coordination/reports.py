@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
+
+from reactor_app.datetimes import from_epoch
 
 
 def to_datetime(epoch_seconds: float | None) -> datetime | None:
-    """An aware UTC datetime of epoch seconds (None stays None)."""
+    """A datetime of epoch seconds, of the project's kind (``datetimes.from_epoch``: aware
+    UTC with ``USE_TZ``, naive local time without); None stays None."""
     if epoch_seconds is None:
         return None
-    return datetime.fromtimestamp(float(epoch_seconds), tz=UTC)
+    return from_epoch(float(epoch_seconds))

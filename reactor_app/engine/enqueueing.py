@@ -31,6 +31,7 @@ from reactor_app.coordination.claims import (
     Hold,
     Holder,
 )
+from reactor_app.datetimes import given
 from reactor_app.engine import countdowns
 from reactor_app.engine import debounce as debounced
 from reactor_app.engine.inputs import input_errors, stored_inputs
@@ -210,6 +211,9 @@ def run_async(
     ``with_debounce``) makes the start one of a burst (``engine.debounce``).
     """
     priority = checked_priority(reactor, priority)
+    if run_after is not None:
+        # the project's kind of datetime (aware with USE_TZ, naive without), or refused
+        run_after = given(run_after, name="run_after", reactor=reactor.path())
     _check_idempotency_key(reactor, idempotency_key)
     error = input_errors(reactor, inputs)
     if error is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -24,6 +23,7 @@ from django.utils.dateparse import parse_datetime
 from reactor_app.coordination import holds_index, primitives, semaphore
 from reactor_app.coordination import state as coordination_state
 from reactor_app.coordination.reports import to_datetime
+from reactor_app.datetimes import from_epoch
 
 #: the primitives an operator can inspect, in admission order (docs/design.md §2.1)
 PRIMITIVES = primitives.NAMES
@@ -187,7 +187,7 @@ def blocker_data(raw: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     since = raw.get("since")
     if isinstance(since, int | float):
-        since = datetime.fromtimestamp(since, tz=UTC)
+        since = from_epoch(since)
     elif isinstance(since, str):
         since = parse_datetime(since)
     ttl = raw.get("ttl", raw.get("ttl_left"))
