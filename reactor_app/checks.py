@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.urls import URLResolver, get_resolver
 
+from reactor_app import databases
 from reactor_app.conf import ReactorSettings, reactor_settings
 from reactor_app.coordination.live_limits import configured_semaphore_limit
 from reactor_app.coordination.rate_limit import named_windows
@@ -37,6 +38,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         except ConfigurationError as exc:
             problems.append(Error(exc.message, id="reactor_app.E001", obj=f"REACTOR_{name}"))
     return problems
+
+
+@register("reactor_app")
+def check_write_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The app's rows are written to ``default`` (``reactor_app.databases``): a router that
+    sends them elsewhere would split a run's writes from the transactions and ``on_commit``
+    hooks they rely on."""
+    wrong = databases.write_database_errors()
+    if not wrong:
+        return []
+    return [
+        Error(
+            f"DATABASE_ROUTERS send reactor_app's rows to another database than 'default': "
+            f"{databases.describe(wrong)}",
+            hint="route reactor_app's models to 'default' for writes (reads follow writes; a "
+            "replica for reads is fine: the app reads its rows where they are written)",
+            obj="DATABASE_ROUTERS",
+            id="reactor_app.E050",
+        )
+    ]
 
 
 @register("reactor_app")

@@ -20,6 +20,7 @@ from django.db import IntegrityError, OperationalError, connections, models, tra
 from django.utils import timezone
 
 from reactor_app.coordination import live_limits
+from reactor_app.databases import RowManager
 from reactor_app.row_statements import (
     LeadingInserts,
     claim_sql,
@@ -120,7 +121,7 @@ class ExecutionQuerySet(models.QuerySet):
 DEADLOCK_ATTEMPTS = 5
 
 
-class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type: ignore[misc]
+class ExecutionManager(RowManager.from_queryset(ExecutionQuerySet)):  # type: ignore[misc]
     def supersede(self, starts: Any, by: Any, now: datetime, *, burst: str) -> int:
         """Mark the ``starts`` of debounce ``burst`` that have not run superseded by ``by``,
         and point the starts they had superseded at ``by`` too, so every superseded row names
@@ -259,7 +260,7 @@ class ExecutionManager(models.Manager.from_queryset(ExecutionQuerySet)):  # type
             return int(cursor.rowcount)
 
 
-class ExecutionProgressManager(models.Manager):
+class ExecutionProgressManager(RowManager):
     """The append-only progress rows of executions (``models.ExecutionProgress``)."""
 
     def changes_of(self, execution_id: Any, after: int, upto: int) -> Any:
@@ -552,3 +553,23 @@ def _is_deadlock(error: OperationalError) -> bool:
     (PostgreSQL SQLSTATE 40P01 / 40001): safe to run the transaction again."""
     cause = error.__cause__
     return getattr(cause, "sqlstate", None) in ("40P01", "40001") or "deadlock" in str(error)
+
+
+# -- the managers of the querysets above: each reads where its model is written
+# (``reactor_app.databases``), as ``Execution.objects`` does
+
+
+class StepRunManager(RowManager.from_queryset(StepRunQuerySet)):  # type: ignore[misc]
+    pass
+
+
+class ContentionStateManager(RowManager.from_queryset(ContentionStateQuerySet)):  # type: ignore[misc]
+    pass
+
+
+class CoordinationEventManager(RowManager.from_queryset(CoordinationEventQuerySet)):  # type: ignore[misc]
+    pass
+
+
+class LimitOverrideManager(RowManager.from_queryset(LimitOverrideQuerySet)):  # type: ignore[misc]
+    pass

@@ -14,12 +14,12 @@ from django.db import models
 from reactor_app.coordination.keys import LONGEST_USER_KEY
 from reactor_app.engine.result import Result, wait_for
 from reactor_app.managers import (
-    ContentionStateQuerySet,
-    CoordinationEventQuerySet,
+    ContentionStateManager,
+    CoordinationEventManager,
     ExecutionManager,
     ExecutionProgressManager,
-    LimitOverrideQuerySet,
-    StepRunQuerySet,
+    LimitOverrideManager,
+    StepRunManager,
 )
 from reactor_app.status import (
     TERMINAL_STATUSES,
@@ -108,6 +108,9 @@ class Execution(models.Model):
 
     class Meta:
         ordering = ("-created_at",)
+        # a row's parent, root, retry or replacement is read where rows are written too
+        # (``reactor_app.databases``), not where a router sends other reads
+        base_manager_name = "objects"
         indexes = [
             models.Index(fields=["status", "-created_at"], name="reactor_exec_status_idx"),
             models.Index(fields=["reactor", "-created_at"], name="reactor_exec_reactor_idx"),
@@ -219,7 +222,7 @@ class StepRun(models.Model):
     error = models.JSONField(null=True, blank=True)
     detail = models.JSONField(default=dict, blank=True)
 
-    objects = StepRunQuerySet.as_manager()
+    objects = StepRunManager()
 
     class Meta:
         ordering = ("started_at", "id")
@@ -248,7 +251,7 @@ class ContentionState(models.Model):
     blocker = models.JSONField(null=True, blank=True, help_text="holder, step, since, ttl left")
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects = ContentionStateQuerySet.as_manager()
+    objects = ContentionStateManager()
 
     class Meta:
         constraints = [
@@ -283,7 +286,7 @@ class CoordinationEvent(models.Model):
     at = models.DateTimeField()
     detail = models.JSONField(default=dict, blank=True)
 
-    objects = CoordinationEventQuerySet.as_manager()
+    objects = CoordinationEventManager()
 
     class Meta:
         ordering = ("-at", "-id")
@@ -314,7 +317,7 @@ class LimitOverride(models.Model):
     set_by = models.CharField(max_length=150, blank=True, default="")
     set_at = models.DateTimeField()
 
-    objects = LimitOverrideQuerySet.as_manager()
+    objects = LimitOverrideManager()
 
     class Meta:
         constraints = [

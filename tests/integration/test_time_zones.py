@@ -23,7 +23,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.contrib import admin
 from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone as django_timezone
@@ -38,6 +37,7 @@ from reactor_app.status import ExecutionStatus
 from reactor_app.write_behind import flush
 from tests.api.holding import PaymentReactor, running
 from tests.integration.echo import EchoReactor
+from tests.integration.pages import operator_pages
 from tests.worker import task_functions as tasks
 
 ZONE = "Asia/Kolkata"
@@ -137,23 +137,8 @@ def test_every_operator_page_answers_and_shows_the_projects_local_time(
     assert span, svg[:500]
     assert near(span.group(2), wall_clock(time.time()), 120)
 
-    # every page of the app's admin, and the change page of a row of each of its models
-    pages = [reverse("admin:app_list", args=["reactor_app"])]
-    for model in admin.site._registry:
-        if model._meta.app_label != "reactor_app":
-            continue
-        name = f"admin:reactor_app_{model._meta.model_name}"
-        pages.append(reverse(f"{name}_changelist"))
-        row = model._default_manager.order_by("pk").first()
-        if row is not None and not model._meta.proxy:
-            pages.append(reverse(f"{name}_change", args=[row.pk]))
-    pages.append(reverse("admin:reactor_app_coordination_limits"))
-    # and every listing of the API, with a row's detail
-    pages += [f"/api/reactor/{name}/" for name in ("executions", "holds", "events", "contention")]
-    pages += [
-        f"/api/reactor/executions/{parked.pk}/",
-        f"/api/reactor/executions/{parked.pk}/step-runs/",
-    ]
+    # every page of the app's admin and of the API
+    pages = operator_pages(parked.pk)
     for url in pages:
         response = superuser_client.get(url)
         assert response.status_code == 200, (url, response.status_code)
