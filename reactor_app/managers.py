@@ -560,16 +560,16 @@ def _is_deadlock(error: OperationalError) -> bool:
 
 
 class StepRunManager(RowManager.from_queryset(StepRunQuerySet)):  # type: ignore[misc]
-    pass
+    """``StepRun.objects``."""
 
 
 class ContentionStateManager(RowManager.from_queryset(ContentionStateQuerySet)):  # type: ignore[misc]
-    pass
+    """``ContentionState.objects`` (and its proxy ``ParkedExecution``)."""
 
 
 class CoordinationEventManager(RowManager.from_queryset(CoordinationEventQuerySet)):  # type: ignore[misc]
-    pass
+    """``CoordinationEvent.objects`` (and its proxy ``Coordination``)."""
 
 
 class LimitOverrideManager(RowManager.from_queryset(LimitOverrideQuerySet)):  # type: ignore[misc]
-    pass
+    """``LimitOverride.objects``."""

@@ -55,7 +55,10 @@ class _Moment(serializers.DateTimeField):
 
     def enforce_timezone(self, value: datetime) -> datetime:
         if not settings.USE_TZ and timezone.is_aware(value):
-            return timezone.make_naive(value)
+            try:
+                return timezone.make_naive(value)
+            except (OverflowError, ValueError):  # no local time past year 1 or 9999: a 400
+                self.fail("overflow")
         return super().enforce_timezone(value)
 
 

@@ -165,6 +165,19 @@ def test_an_api_filter_given_an_aware_time_compares_the_same_instant(
     assert not listed(created_before=instant - hour)
 
 
+@pytest.mark.parametrize(
+    "moment", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-12:00"], ids=["year 1", "9999"]
+)
+def test_regression_an_api_filter_with_no_local_time_is_a_400(
+    use_tz: bool, superuser_client: Client, moment: str
+) -> None:
+    """An aware time whose instant has no local time in the zone's range of years: without
+    ``USE_TZ`` its conversion to local time raised ``OverflowError``, a 500."""
+    response = superuser_client.get("/api/reactor/executions/", {"created_after": moment})
+    assert response.status_code == 400, response.content
+    assert "created_after" in response.json()
+
+
 #: how a caller says when: an aware time in some zone, or a naive one (the project's local time)
 FORMS = st.sampled_from(["UTC", "+05:30", "-08:00", "naive"])
 
