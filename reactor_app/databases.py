@@ -4,9 +4,10 @@ A project's ``DATABASE_ROUTERS`` route every model, this app's included. The com
 primary/replica router of Django's documentation — sends reads to a replica. This app reads
 its rows to decide what to do next, right after writing them: a delivery claims the row it
 was just sent for, a waiter polls the status a worker has just written, a retry reads the run
-that has just failed. Read from a replica that has not caught up, the row is not there yet —
-a worker reported an execution enqueued a moment ago as "missing" and dropped it, and so did
-every delivery the sweeper sent after it — or it is as it was. So every manager of the app
+that has just failed — and ``ExecutionManager.claim`` runs its statement on the manager's
+database. Sent to a replica that had not caught up, a delivery found no row and reported an
+execution enqueued a moment ago as "missing", dropping it, and so did every delivery the
+sweeper sent after it (a read-only standby refused the claim instead). So every manager of the app
 (``RowManager``) reads where the router writes the model (``router.db_for_write``), as a
 queryset pinned with ``using()`` would.
 
