@@ -26,6 +26,7 @@ import pytest
 from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone as django_timezone
+from django_tasks.exceptions import InvalidTaskError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -225,3 +226,10 @@ def test_a_task_deferred_with_an_aware_time_runs_where_the_project_keeps_local_t
     time.sleep(max(0.0, due_at - time.time()) + 0.05)
     deliver(result.id)
     assert tasks.add.get_result(result.id).return_value == 3
+
+
+def test_a_task_deferred_with_anything_but_a_datetime_is_an_invalid_task(use_tz: bool) -> None:
+    """Before, the task API's own check (with ``USE_TZ``) or the backend's ``isoformat``
+    (without) raised an ``AttributeError`` for it."""
+    with pytest.raises(InvalidTaskError, match="run_after must be a datetime, not str"):
+        tasks.add.using(run_after="tomorrow").enqueue(1)
