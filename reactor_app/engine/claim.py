@@ -140,10 +140,16 @@ class ClaimRenewer:
         self._thread: threading.Thread | None = None
         #: the monotonic time the thread sleeps until (0: awake)
         self._sleeping_until = 0.0
+        #: the TTL of the claim added last: the thread's idle sleep is a third of it. Taken
+        #: from the claims, not read from the settings in the thread: a settings read that
+        #: raised there (a test overriding the setting with a value it refuses) ended the
+        #: thread, and with it every renewal of the process
+        self._usual_ttl = 30.0
 
     def add(self, claim: ExecutionClaim) -> None:
         with self._lock:
             self._due[id(claim)] = [time.monotonic() + claim.ttl / 3, claim]
+            self._usual_ttl = claim.ttl
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="reactor-claim-renewal", daemon=True
@@ -177,7 +183,7 @@ class ClaimRenewer:
                 now = time.monotonic()
                 due = [entry for entry in self._due.values() if entry[0] <= now]
                 if not due:
-                    idle = now + claim_ttl() / 3
+                    idle = now + self._usual_ttl / 3
                     self._sleeping_until = min([idle, *(e[0] for e in self._due.values())])
                     self._changed.wait(timeout=self._sleeping_until - now)
                     self._sleeping_until = 0.0

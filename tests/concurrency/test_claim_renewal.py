@@ -16,6 +16,7 @@ import time
 import uuid
 
 import pytest
+from django.test import override_settings
 
 from reactor_app.coordination.redis import get_client
 from reactor_app.engine.claim import ExecutionClaim, _renewer
@@ -84,3 +85,30 @@ def test_a_claim_whose_key_was_taken_away_is_marked_lost_at_its_next_renewal() -
         kept.release()
         taken.release()  # not ours: left alone
     assert get_client().get(taken.name) == "someone-else"
+
+
+@pytest.mark.usefixtures("redis_prefix")
+def test_regression_the_renewer_outlives_a_claim_ttl_setting_it_cannot_read() -> None:
+    """The renewer's idle sleep was a third of ``REACTOR_EXECUTION_CLAIM_TTL``, read in its
+    thread: a read that raised (here a test overriding the setting with a value the settings
+    refuse, as tests/unit/test_conf.py does) ended the thread, and no claim of the process was
+    renewed again — later deliveries lost their claims after one TTL."""
+    first = ExecutionClaim(uuid.uuid4(), "before", ttl=TTL)
+    assert first.acquire()
+    first.start_renewal()
+    try:
+        # the thread goes idle (nothing due) while the setting cannot be read
+        with override_settings(REACTOR_EXECUTION_CLAIM_TTL=0):
+            time.sleep(TTL)
+    finally:
+        first.release()
+    assert len(renewal_threads()) == 1, "the renewal thread died"
+    later = ExecutionClaim(uuid.uuid4(), "after", ttl=TTL)
+    assert later.acquire()
+    later.start_renewal()
+    try:
+        time.sleep(3 * TTL)
+        later.check()
+        assert later.ttl_left() > 0, "the later claim was not renewed"
+    finally:
+        later.release()
