@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.coordination import live_limits
 from reactor_app.databases import RowManager
 from reactor_app.row_statements import (
@@ -147,7 +148,7 @@ class ExecutionManager(RowManager.from_queryset(ExecutionQuerySet)):  # type: ig
         (rows another burst's settle holds) is retried."""
 
         def once() -> int:
-            with transaction.atomic(using=self.db):
+            with isolation.atomic(using=self.db):
                 connection = connections[self.db]
                 if connection.vendor == "postgresql":
                     with connection.cursor() as cursor:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.conf import reactor_settings
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 
@@ -66,7 +66,7 @@ def purge_finished(
         batch = list(roots.values_list("pk", flat=True)[:batch_size])
         if not batch:
             break
-        with transaction.atomic():
+        with isolation.atomic():
             tree_ids = list(Execution.objects.filter(root__in=batch).values_list("pk", flat=True))
             report.step_runs += StepRun.objects.filter(execution__in=tree_ids).count()
             report.events += CoordinationEvent.objects.of_executions(tree_ids).delete()[0]

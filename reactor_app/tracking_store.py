@@ -14,8 +14,9 @@ import operator
 from contextlib import nullcontext
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 
+from reactor_app import isolation
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.row_statements import ASYNC_COMMIT, LeadingInserts
 from reactor_app.serialization import StorableEncoder, to_json
@@ -147,7 +148,7 @@ def _flush_transaction(
     )
     if one_statement and not connections["default"].in_atomic_block:
         return None
-    return transaction.atomic()
+    return isolation.atomic()
 
 
 def _write_one_by_one(
@@ -169,7 +170,7 @@ def _write_one_by_one(
     ]
     for pending, row, is_update in rows:
         try:
-            with transaction.atomic():
+            with isolation.atomic():
                 if is_update:
                     row.save(update_fields=STEP_CLOSING_FIELDS)
                 else:

@@ -50,9 +50,9 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.cancel_flag import cancelled_error, clean_reason, request_cancel
 from reactor_app.engine.cancelled import end_cancelled
@@ -121,7 +121,7 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
     # renewed while the rollback runs, however long: no delivery may take the run over meanwhile
     claim.start_renewal()
     try:
-        with transaction.atomic():
+        with isolation.atomic():
             row = Execution.objects.select_for_update().get(pk=execution.id)
             _refuse_ended(row)
             if row.status not in IDLE:
@@ -159,7 +159,7 @@ def _hand_to_worker(execution: Execution) -> Execution:
     runs) becomes ``pending`` first, under a row lock, so its ``resume()`` is refused from now
     on."""
     if execution.status == ExecutionStatus.INTERRUPTED:
-        with transaction.atomic():
+        with isolation.atomic():
             row = Execution.objects.select_for_update().get(pk=execution.pk)
             _refuse_ended(row)
             if row.status == ExecutionStatus.INTERRUPTED:

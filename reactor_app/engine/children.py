@@ -26,9 +26,9 @@ import uuid
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.dsl.kinds import AsyncReactorSpec, AsyncStepSpec
 from reactor_app.engine.async_order import enter_settled, stamp
 from reactor_app.engine.enqueueing import enqueue_on_commit
@@ -94,7 +94,7 @@ def run_child(
         # (the first left running, its completed steps done twice), and a crash between the
         # two writes must not leave a row nobody names (pending for good).
         persists = run.policy.persists_each_step
-        with transaction.atomic() if persists else nullcontext():
+        with isolation.atomic() if persists else nullcontext():
             execution = Execution.objects.start(
                 reactor=reactor.path(),
                 inputs=encode(inputs, strict=False, where="inputs"),
@@ -161,7 +161,7 @@ def dispatch_child(
             EngineEvent.STEP_FAILED, error=refused.as_dict(), body_started=False
         )
         return StepOutcome(UnitStatus.FAILED, error=refused)
-    with transaction.atomic():
+    with isolation.atomic():
         child_id = start_worker_child(
             run,
             reactor_path=reactor_path,

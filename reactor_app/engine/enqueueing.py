@@ -23,6 +23,7 @@ from celery import current_app
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
@@ -244,7 +245,7 @@ def run_async(
     # COMMIT. Inside one, a savepoint keeps a lost idempotency race from breaking it.
     alone = burst is None and not transaction.get_connection().in_atomic_block
     try:
-        with contextlib.nullcontext() if alone else transaction.atomic():
+        with contextlib.nullcontext() if alone else isolation.atomic():
             execution = Execution.objects.start(
                 id=execution_id,
                 reactor=reactor.path(),

@@ -15,10 +15,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from reactor_app import isolation
 from reactor_app.dsl.registry import is_base, lookup
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_on_commit
@@ -84,7 +84,7 @@ def _take_interrupt(
             step=step,
             field_errors={"payload": str(exc)},
         ) from exc
-    with transaction.atomic():
+    with isolation.atomic():
         execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
         if execution is None:
             raise ExecutionNotResumable(
@@ -164,7 +164,7 @@ def deadline_passed(entry: InterruptEntry, now: datetime) -> bool:
 def time_out_interrupt(execution_id: Any, now: datetime) -> bool:
     """Mark the interrupt timed out and hand the execution to a worker, which fails the
     interrupt step and rolls back."""
-    with transaction.atomic():
+    with isolation.atomic():
         execution = Execution.objects.select_for_update().filter(pk=execution_id).first()
         if execution is None or execution.status != ExecutionStatus.INTERRUPTED:
             return False

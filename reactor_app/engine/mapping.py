@@ -40,8 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
-
+from reactor_app import isolation
 from reactor_app.dsl.arguments import PathError
 from reactor_app.dsl.kinds import MapSpec
 from reactor_app.engine.async_order import enter_log
@@ -217,7 +216,7 @@ def _fan_out(
         prepared.append((label, args))
     if not prepared:
         return None
-    with transaction.atomic():
+    with isolation.atomic():
         elements: list[MapElement] = []
         for label, args in prepared:
             child_id = start_worker_child(

@@ -47,9 +47,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.dsl.kinds import AsyncReactorSpec, ComposeSpec, InterruptSpec, MapSpec
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine.enqueueing import enqueue_new_on_commit
@@ -105,7 +105,7 @@ def retry(
     by = who_asked(by, "retry") or ""
     reactor = lookup(failed.reactor)
     order = list(reactor.plan.order)
-    with transaction.atomic():
+    with isolation.atomic():
         # under a row lock: of two concurrent retries of one execution, one wins
         failed = Execution.objects.select_for_update().get(pk=failed.pk)
         _check(failed)

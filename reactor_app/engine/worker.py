@@ -29,9 +29,10 @@ import random
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import primitives
 from reactor_app.coordination.admission import Coordinator
@@ -143,7 +144,7 @@ def note_park(
         if earlier is not None and rows.update(**fields, updated_at=timezone.now()):
             return
         try:
-            with transaction.atomic():
+            with isolation.atomic():
                 ContentionState.objects.create(execution=run.execution, step=label, **fields)
         except IntegrityError:
             # created meanwhile (only a delivery that lost its claim could): count onto it

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
+from reactor_app import isolation
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import live_limits
 from reactor_app.coordination.admission import Coordinator
@@ -142,7 +142,7 @@ def set_override(
     check_who_and_why(by, reason)
     text = describe(primitive, value) if isinstance(value, Mapping) else value
     parsed = parse_value(primitive, name, text)
-    with transaction.atomic():
+    with isolation.atomic():
         # an upsert: concurrent first overrides of one name both succeed, the last one wins
         old = LimitOverride.objects.put(
             primitive, name, value=parsed, reason=reason, set_by=by, set_at=timezone.now()
@@ -164,7 +164,7 @@ def remove_override(primitive: str, name: str, *, by: str, reason: str = "") -> 
     check_who_and_why(by, reason)
     if primitive not in PRIMITIVES:
         raise InvalidLimit(f"only {' and '.join(PRIMITIVES)} limits can be overridden")
-    with transaction.atomic():
+    with isolation.atomic():
         row = LimitOverride.objects.locked(primitive, name)
         if row is None:
             return {"old": None, "new": None, "woken": []}

@@ -8,6 +8,11 @@ Redis server and a 3-master cluster where Redis is the subject):
   the publisher's ticket and a set of an older ticket is dropped (``live_limits.publish``,
   ``lua/limits_publish.lua``).
 
+Both at every transaction isolation level a project may configure (``tests.isolation_levels``):
+at REPEATABLE READ the loser of a first override's race could not see the row the winner
+committed, and concurrent changes failed to serialize — a server error in the API and the
+admin, before the app ran its own transactions at READ COMMITTED (reactor_app/isolation.py).
+
 The line's order when a limit is raised: test_live_limit_line.py.
 """
 
@@ -18,7 +23,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +36,7 @@ from reactor_app.models import CoordinationEvent, LimitOverride
 from reactor_app.operator import limits
 from reactor_app.status import CoordinationEventKind
 from tests.api import users
+from tests.isolation_levels import LEVELS, at_level
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,10 +48,12 @@ OPERATORS = 6
 ROUNDS = 4
 
 
-@pytest.fixture(autouse=True)
-def named(settings: Any, reactor_redis: Any) -> None:
+@pytest.fixture(autouse=True, params=LEVELS, ids=lambda level: level or "default-level")
+def named(request: pytest.FixtureRequest, settings: Any, reactor_redis: Any) -> Iterator[None]:
     settings.REACTOR_LIMITS = {f"race{n}": {"limit": 1} for n in range(ROUNDS)}
     live_limits.forget_copy()
+    with at_level(request.param):
+        yield
 
 
 def _together(actions: list[Callable[[], Any]]) -> list[Any]:

@@ -33,6 +33,7 @@ from reactor_app.coordination import debounce as bursts
 from reactor_app.engine import debounce, delivery, enqueueing
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
+from tests.isolation_levels import LEVELS, at_level
 from tests.worker.debounce_reactors import PlainRecompute, starts_at_once
 from tests.worker.reactors import records
 
@@ -123,10 +124,21 @@ def _short_deadlock_timeout() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("level", LEVELS, ids=lambda level: level or "default-level")
 def test_the_settles_of_a_burst_take_turns(
-    sent: list[str], caplog: pytest.LogCaptureFixture
+    sent: list[str], caplog: pytest.LogCaptureFixture, level: str | None
 ) -> None:
+    """At every isolation level a project may configure (``tests.isolation_levels``): at
+    REPEATABLE READ a settle that waited its turn read a snapshot older than the previous
+    settle's commit and failed to serialize, one after another (reactor_app/isolation.py)."""
     caplog.set_level(logging.WARNING, logger="reactor_app.managers")
+    with at_level(level):
+        _settle_bursts_at_once()
+    victims = [r.getMessage() for r in caplog.records if "deadlock's victim" in r.getMessage()]
+    assert victims == []
+
+
+def _settle_bursts_at_once() -> None:
     for round_ in range(6):
         burst = f"turns-{round_}-{uuid.uuid4().hex[:8]}"
         started = starts_at_once(burst, 30.0, prepare=_short_deadlock_timeout)
@@ -141,8 +153,6 @@ def test_the_settles_of_a_burst_take_turns(
                     ExecutionStatus.SUPERSEDED,
                     latest,
                 ), (round_, pk)
-    victims = [r.getMessage() for r in caplog.records if "deadlock's victim" in r.getMessage()]
-    assert victims == []
 
 
 @pytest.mark.django_db(transaction=True)
