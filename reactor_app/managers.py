@@ -241,7 +241,7 @@ class ExecutionManager(RowManager.from_queryset(ExecutionQuerySet)):  # type: ig
             return rows[0] if rows else None
 
         # inside a caller's transaction a failed statement aborts the whole of it: not again
-        row = once() if connection.in_atomic_block else _again_on_deadlock(once)
+        row = _one_statement(connection, once)
         if row is not None:
             # the start was this statement's when the row now carries its very timestamp
             row.claimed_start = bool(
@@ -255,10 +255,15 @@ class ExecutionManager(RowManager.from_queryset(ExecutionQuerySet)):  # type: ig
         """A delivery's conditional update of its execution row (SQL and params, from
         ``row_statements.conditional_update``); the number of rows updated (0: the row is gone
         or another delivery claimed it). ``leading``: inserts written in the same statement
-        (PostgreSQL)."""
-        with connections[self.db].cursor() as cursor:
-            execute_led(cursor, *update, leading)
-            return int(cursor.rowcount)
+        (PostgreSQL). Sent again when the database aborts it (``_one_statement``)."""
+        connection = connections[self.db]
+
+        def once() -> int:
+            with connection.cursor() as cursor:
+                execute_led(cursor, *update, leading)
+                return int(cursor.rowcount)
+
+        return _one_statement(connection, once)
 
 
 class ExecutionProgressManager(RowManager):
@@ -328,9 +333,14 @@ class ExecutionProgressManager(RowManager):
         sql, params = progress_append_sql(
             self.model, self.db, update_sql, update_params, first_seq, changes
         )
-        with connections[self.db].cursor() as cursor:
-            execute_led(cursor, sql, params, leading)
-            return 1 if cursor.rowcount else 0
+        connection = connections[self.db]
+
+        def once() -> int:
+            with connection.cursor() as cursor:
+                execute_led(cursor, sql, params, leading)
+                return 1 if cursor.rowcount else 0
+
+        return _one_statement(connection, once)
 
 
 class StepRunQuerySet(models.QuerySet):
@@ -519,6 +529,17 @@ class LimitOverrideQuerySet(models.QuerySet):
         return old
 
 
+def _one_statement(connection: Any, once: Callable[[], _T]) -> _T:
+    """``once()``, one statement of a delivery, sent again while the database aborts it as a
+    deadlock's victim or a serialization failure — outside a transaction only, where the
+    aborted statement wrote nothing. A serialization failure is what a conditional update
+    that waited for a row another delivery's claim changed meets when the server runs single
+    statements at REPEATABLE READ or above (a database's or role's
+    ``default_transaction_isolation``): sent again, the statement sees the claim's generation
+    and updates nothing, and the delivery stops as a lost claim (reactor_app/isolation.py)."""
+    return once() if connection.in_atomic_block else _again_on_deadlock(once)
+
+
 def _again_on_deadlock(once: Callable[[], _T]) -> _T:
     """``once()``, run again (after a short pause, up to ``DEADLOCK_ATTEMPTS``) while the
     database aborts it as a deadlock's victim; ``once`` must be a whole transaction, so that
@@ -530,7 +551,10 @@ def _again_on_deadlock(once: Callable[[], _T]) -> _T:
         except OperationalError as exc:
             if attempt == DEADLOCK_ATTEMPTS or not _is_deadlock(exc):
                 raise
-            logger.warning("a deadlock's victim (attempt %d): running it again", attempt)
+            logger.warning(
+                "a deadlock's victim or a serialization failure (attempt %d): running it again",
+                attempt,
+            )
         time.sleep(0.005 * attempt)
         attempt += 1
 

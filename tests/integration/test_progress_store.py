@@ -360,11 +360,28 @@ def test_a_write_with_a_superseded_claim_generation_writes_nothing() -> None:
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks of PostgreSQL")
 @pytest.mark.django_db(transaction=True)
-def test_a_write_racing_a_claim_inserts_no_rows_once_the_claim_commits() -> None:
+@pytest.mark.parametrize("server_default", ["read committed", "repeatable read", "serializable"])
+def test_a_write_racing_a_claim_inserts_no_rows_once_the_claim_commits(
+    server_default: str,
+) -> None:
     """The claim of another delivery holds the row (not committed yet) when this delivery's
     checkpoint arrives: the checkpoint waits for the row, then sees the new generation and
     writes nothing — its progress rows included (they are inserted only by the statement
-    whose conditional update matched)."""
+    whose conditional update matched).
+
+    Whatever level the server runs single statements at (a database's or role's
+    ``default_transaction_isolation``): above READ COMMITTED the waiting statement was aborted
+    as a serialization failure, an ``OperationalError`` out of the checkpoint instead of the
+    lost claim; it is sent again now (``managers._one_statement``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET SESSION default_transaction_isolation = '{server_default}'")
+    try:
+        _race_a_checkpoint_with_a_claim()
+    finally:
+        connection.close()  # the next test's connection starts at the server's default
+
+
+def _race_a_checkpoint_with_a_claim() -> None:
     execution = fresh_row()
     state = ExecutionState.from_json(execution.context)
     store = ProgressStore(execution, state)
