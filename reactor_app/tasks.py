@@ -8,7 +8,8 @@ re-sent with ``apply_async(countdown=...)``.
 
 ``sweep`` (re-enqueue executions whose worker vanished or whose send failed, renew the holds
 parked executions keep) runs without any setup: every worker process starts a timer
-(``engine.sweeper``, on Celery's ``worker_process_init``) and one sweep per
+(``engine.sweeper``: on Celery's ``worker_process_init`` in a prefork child or a solo worker,
+on ``worker_ready`` in a worker whose pool runs tasks in its own process) and one sweep per
 ``REACTOR_SWEEP_INTERVAL`` runs across the fleet. ``purge`` (delete finished executions older
 than ``REACTOR_RETENTION``) is meant to run periodically; add it (and ``sweep``, if you set
 ``REACTOR_SWEEP_INTERVAL = 0``) to your beat schedule::
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 
 @worker_process_init.connect
@@ -32,6 +33,21 @@ def _start_worker_sweeps(**_: Any) -> None:
     from reactor_app.engine.sweeper import start_worker_sweeps
 
     start_worker_sweeps()
+
+
+@worker_ready.connect
+def _start_sweeps_where_tasks_run_in_the_worker(sender: Any = None, **_: Any) -> None:
+    """A pool that runs tasks in the worker's own process — threads, gevent, eventlet —
+    sends no ``worker_process_init`` (only prefork, in each child, and solo do): there the
+    worker process keeps the timer. Without it such a worker never swept, and executions whose
+    delivery vanished, or parked ones whose kept holds needed renewing, waited for a sweep
+    from beat or cron that the docs say is not needed. A prefork parent runs no task: its
+    children have their own timers."""
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    if isinstance(getattr(sender, "pool", None), PreforkPool):
+        return
+    _start_worker_sweeps()  # a solo worker's started already: once per process
 
 
 def _options(queue: str | None) -> dict[str, Any]:

@@ -140,7 +140,8 @@ class SweepTimer:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.pid = os.getpid()
+        self.owner = f"{socket.gethostname()}:{self.pid}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reactor-sweeper", daemon=True)
 
@@ -188,7 +189,8 @@ def start_worker_sweeps() -> SweepTimer | None:
     if not interval:
         return None
     with _timer_guard:
-        if _timer is None:
+        # a forked child has its parent's timer object, not its thread: it starts its own
+        if _timer is None or _timer.pid != os.getpid():
             _timer = SweepTimer(interval)
             _timer.start()
         return _timer

@@ -19,8 +19,9 @@ Fixtures:
   that request it get that prefix and queue through ``reactor_key_space``. The app is the ini
   option ``reactor_celery_app`` (default: the package of ``DJANGO_SETTINGS_MODULE``). Override
   the module-scoped fixtures ``celery_worker_settings`` (a dict of settings for the worker *and*
-  the test, e.g. ``{"REACTOR_CONTENTION_BACKOFF": [0.2, 1.0]}``) and
-  ``celery_worker_concurrency`` to tune it. Tests using it need
+  the test, e.g. ``{"REACTOR_CONTENTION_BACKOFF": [0.2, 1.0]}``),
+  ``celery_worker_concurrency`` and ``celery_worker_pool`` (``-P``: prefork, threads, solo) to
+  tune it. Tests using it need
   ``@pytest.mark.django_db(transaction=True)``: the worker cannot see an open transaction.
 
 * ``reactor_redis_cluster`` (session) — a real 3-master Redis Cluster started for the run
@@ -246,12 +247,20 @@ def celery_worker_concurrency() -> int:
 
 
 @pytest.fixture(scope="module")
+def celery_worker_pool() -> str:
+    """The module's worker's pool (``celery worker -P``): prefork. Override it (``threads``,
+    ``solo``) to run a module's tests on a worker whose pool runs tasks in its own process."""
+    return "prefork"
+
+
+@pytest.fixture(scope="module")
 def celery_worker_process(
     request: pytest.FixtureRequest,
     django_db_setup: Any,
     django_db_blocker: Any,
     celery_worker_settings: dict[str, Any],
     celery_worker_concurrency: int,
+    celery_worker_pool: str,
 ) -> Iterator[CeleryWorker]:
     """A real Celery worker for the test module; see the module docstring."""
     token = secrets.token_hex(4)
@@ -276,6 +285,7 @@ def celery_worker_process(
         default_celery_app(request.config),
         queues=(queue,),
         concurrency=celery_worker_concurrency,
+        pool=celery_worker_pool,
         name=queue,
         env=env,
         cwd=request.config.rootpath,

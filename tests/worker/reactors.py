@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -49,7 +50,13 @@ def timed(label: str, context: Any, seconds: float, **extra: Any) -> dict[str, A
     record(f"enter:{label}", execution=context.execution_id, pid=os.getpid(), start=start)
     time.sleep(seconds)
     end = time.time_ns()
-    entry = {"execution": context.execution_id, "pid": os.getpid(), "start": start, "end": end}
+    entry = {
+        "execution": context.execution_id,
+        "pid": os.getpid(),
+        "thread": threading.get_ident(),  # a worker slot of a threads pool
+        "start": start,
+        "end": end,
+    }
     record(label, **entry, **extra)
     return entry
 

@@ -2,7 +2,8 @@
 
 The in-process suite runs 4 processes x 50 executions on one account; here 40 executions on one
 account go through two real worker processes, parking and waking on the key, and their
-``charge`` bodies (recorded enter/exit times) never overlap while ``audit`` bodies do.
+``charge`` bodies (recorded enter/exit times) never overlap while ``audit`` bodies do — on a
+prefork worker (two processes) and on a threads-pool worker (two threads of one process).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ WORKER_SETTINGS = {"REACTOR_CONTENTION_CEILING": 500, "REACTOR_CONTENTION_BACKOF
 EXECUTIONS = 40
 
 
+@pytest.fixture(scope="module", params=["prefork", "threads"])
+def celery_worker_pool(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def test_forty_executions_on_one_key_through_two_workers_never_overlap(worker: Any) -> None:
     executions = [PaymentReactor.run_async(account_id=77, hold=0.02) for _ in range(EXECUTIONS)]
     for execution in executions:
@@ -32,7 +38,7 @@ def test_forty_executions_on_one_key_through_two_workers_never_overlap(worker: A
     assert len(charges) == EXECUTIONS
     assert overlapping(charges) == []
     audits = records("audit")
-    assert len({r["pid"] for r in audits}) >= 2, "only one worker process ran"
+    assert len({(r["pid"], r["thread"]) for r in audits}) >= 2, "only one worker slot ran"
     assert overlapping(audits) != []  # the unlocked step did run concurrently
     tokens = [r["token"] for r in sorted(charges, key=lambda r: r["start"])]
     assert tokens == sorted(tokens) and len(set(tokens)) == EXECUTIONS

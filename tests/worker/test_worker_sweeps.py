@@ -3,7 +3,9 @@
 An execution left ``running`` by a delivery that vanished (its message gone with it) is
 re-enqueued by the sweep timer every worker process runs (``engine.sweeper``), once its
 heartbeat is older than ``REACTOR_SWEEP_AFTER``; and the holds a parked execution keeps are
-renewed by the same sweep for as long as it stays parked.
+renewed by the same sweep for as long as it stays parked. On every pool: a threads-pool worker
+(its tasks run in the worker's own process, and Celery sends it no ``worker_process_init``)
+never swept before ``reactor_app.tasks`` started its timer on ``worker_ready``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ from tests.worker.trust_reactors import StrandReactor
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 WORKER_SETTINGS = {"REACTOR_SWEEP_INTERVAL": 1, "REACTOR_SWEEP_AFTER": 2}
+
+
+@pytest.fixture(scope="module", params=["prefork", "threads", "solo"])
+def celery_worker_pool(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def test_an_execution_whose_delivery_vanished_is_swept_by_the_workers(worker: Any) -> None:
