@@ -10,7 +10,7 @@ before it started:
 * the first override of a limit inserts, and when a concurrent first wins the unique
   constraint, locks and changes the row that one committed (``LimitOverrideManager.put``);
 * a conditional update of a row another transaction changed meanwhile re-checks its condition
-  on the row's newest version (a checkpoint's claim generation, a cancel's status).
+  on the row's newest version (a cancel's status, a retry's source row).
 
 At REPEATABLE READ a transaction sees only what committed before its first statement, and an
 update of a row changed since fails ("could not serialize access", SQLSTATE 40001): the
@@ -26,9 +26,10 @@ project's code. A transaction of the app inside a caller's (``ATOMIC_REQUESTS``,
 ``atomic`` around ``run_async``) is a savepoint of the caller's and runs at the caller's level:
 there the caller's level decides, as it decides everything else in that transaction. The app's
 single statements outside a transaction (a delivery's claim, its checkpoints) run at the
-server's default for statements, which Django's option leaves alone; the claim statement is
-sent again when the database aborts it as a serialization failure (``_again_on_deadlock`` in
-``reactor_app.managers``). docs/operations.md, "Transaction isolation", says the same for users.
+server's default, which Django's option leaves alone but a database's or role's
+``default_transaction_isolation`` raises; those statements are sent again when the database
+aborts them as a serialization failure (``_one_statement`` in ``reactor_app.managers``).
+docs/operations.md, "Transaction isolation", says the same for users.
 """
 
 from __future__ import annotations
