@@ -19,6 +19,7 @@ shows live state). No JavaScript and no client library: tooltips are SVG ``<titl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -232,12 +233,17 @@ def for_range(key: str, start: datetime, end: datetime) -> Timeline:
 
 
 def _ticks(start: datetime, end: datetime) -> list[datetime]:
-    """Round tick times, at most ten across the window."""
+    """Round tick times, at most ten across the window: round on the wall clock they are shown
+    in (``on_screen``), not in UTC — in a zone half an hour off UTC, hourly ticks rounded in
+    UTC read 15:30, 16:30. A naive window is local time already (its ``timestamp()`` is taken
+    in the process's zone, which is the project's), so it needs no shift."""
     span = (end - start).total_seconds()
     steps = [10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400]
-    step = next((s for s in steps if span / s <= 10), 86400 * max(1, int(span // (86400 * 10))))
+    step = next((s for s in steps if span / s <= 10), 86400 * math.ceil(span / (86400 * 10)))
     epoch = start.timestamp()
-    first = (int(epoch // step) + 1) * step
+    offset = on_screen(start).utcoffset()
+    shift = offset.total_seconds() if offset is not None else 0.0
+    first = (int((epoch + shift) // step) + 1) * step - shift
     ticks = []
     at = first
     while at <= end.timestamp():

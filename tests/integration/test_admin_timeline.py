@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from django.utils import timezone
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from reactor_app import timeline
 from reactor_app.models import CoordinationEvent
@@ -150,3 +154,44 @@ def test_for_key_reads_the_event_table() -> None:
     drawn = timeline.for_key("acct:2", minutes=15, now=now)
     assert drawn.events == 2 and len(drawn.bars) == 1
     assert timeline.for_key("acct:2", minutes=1, now=now).bars == []
+
+
+#: zones whose offsets are not whole hours (India, Nepal, Newfoundland), one with daylight
+#: saving time, and UTC
+TICK_ZONES = ["Asia/Kolkata", "Asia/Kathmandu", "America/St_Johns", "Europe/Berlin", "UTC"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    zone=st.sampled_from(TICK_ZONES),
+    start=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2090, 1, 1)),
+    span=st.integers(min_value=60, max_value=40 * 86400),
+)
+def test_the_timeline_s_ticks_are_round_on_the_clock_they_are_shown_in(
+    zone: str, start: datetime, span: int
+) -> None:
+    """Ticks are round times of the wall clock their labels show: in Kolkata hourly ticks read
+    15:00, 16:00 (rounded in UTC, they read 15:30, 16:30), and at most ten cross the window.
+    Windows with a change of the zone's offset inside are left out: there a tick's wall clock
+    moves with the change."""
+    with timezone.override(ZoneInfo(zone)):
+        begin = start.replace(tzinfo=UTC)
+        end = begin + timedelta(seconds=span)
+        assume(
+            timezone.localtime(begin).utcoffset() == timezone.localtime(end).utcoffset()
+            and all(
+                timezone.localtime(begin + timedelta(days=d)).utcoffset()
+                == timezone.localtime(begin).utcoffset()
+                for d in range(span // 86400 + 1)
+            )
+        )
+        ticks = timeline._ticks(begin, end)
+        assert 1 <= len(ticks) <= 10
+        assert all(begin < tick <= end for tick in ticks)
+        step = (ticks[1] - ticks[0]).total_seconds() if len(ticks) > 1 else None
+        for tick in ticks:
+            shown = timezone.localtime(tick)
+            since_midnight = shown.hour * 3600 + shown.minute * 60 + shown.second
+            assert shown.microsecond == 0
+            if step is not None:
+                assert since_midnight % min(step, 86400) == 0, (shown, step)
