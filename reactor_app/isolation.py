@@ -50,7 +50,7 @@ def atomic(using: str | None = None) -> Iterator[None]:
     if (
         connection.vendor != "postgresql"
         or connection.in_atomic_block
-        or not connection.get_autocommit()  # a transaction the caller opened by hand
+        or not connection.get_autocommit()  # (connects) a transaction opened by hand
     ):
         with transaction.atomic(using=alias):
             yield
@@ -59,7 +59,6 @@ def atomic(using: str | None = None) -> Iterator[None]:
     from django.db.backends.postgresql.psycopg_any import IsolationLevel
 
     read_committed = IsolationLevel.READ_COMMITTED
-    connection.ensure_connection()
     driver: Any = connection.connection
     own_level = driver.isolation_level
     if own_level == read_committed:
