@@ -177,6 +177,15 @@ class RetriesExhausted(StepFailed):
     attempts: int | None
 
 
+class TaskTimeLimitExceeded(ReactorError):
+    """A step body ran past its Celery task's soft time limit, having had the whole limit."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "limit")
+    reactor: str | None
+    step: str | None
+    limit: float | None
+
+
 class CompensationFailed(ReactorError):
     """A step's compensation failed."""
 

@@ -101,6 +101,10 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
     # beat_schedule()), and the engine imports the models
     from reactor_app.engine import countdowns
     from reactor_app.engine.delivery import deliver
+    from reactor_app.engine.time_slice import task_limits, time_slice
+
+    # started first: Celery's time limit counts from the task's start
+    clock = time_slice(*task_limits(self))
 
     # a new execution's first step, in a message header rather than an argument: a worker of
     # an earlier version ignores a header it does not know (engine.enqueueing.START_HEADER)
@@ -113,6 +117,7 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
         # a countdown longer than a broker holds comes in hops (engine.countdowns)
         due=countdowns.due_from(_header(self.request, countdowns.DUE_HEADER)),
         priority=countdowns.priority_from(_header(self.request, countdowns.PRIORITY_HEADER)),
+        clock=clock,
     )
 
 

@@ -22,6 +22,7 @@ from reactor_app.engine.leftovers import (
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.rollback_progress import roll_back_to, rolling_back
 from reactor_app.engine.settling import children_to_settle
+from reactor_app.engine.time_slice import DeliveryTimeUp, stops_delivery
 from reactor_app.engine.worker import ClaimLost
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ def end_cancelled(run: ExecutionRun, request: dict[str, Any], *, gate_held: bool
     except ClaimLost:
         raise
     except Exception as exc:  # a rollback bug must not leave the run neither here nor there
+        if stops_delivery(run.root.time_slice, exc):
+            raise DeliveryTimeUp("rollback cut off by its time limit") from exc
         logger.exception("rollback of cancelled %s failed", run.execution_id)
         run.state.continuation.rolling_back = None  # ends here: no pass goes on with it
         end.rollback_failures.append(

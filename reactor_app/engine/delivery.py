@@ -45,6 +45,7 @@ from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
 from reactor_app.engine.priority import message_priority
 from reactor_app.engine.state import ExecutionState, ParkedOn
+from reactor_app.engine.time_slice import DeliveryTimeUp, SoftTimeLimitExceeded, TimeSlice
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
 from reactor_app.models import Execution
@@ -65,6 +66,7 @@ def deliver(
     start: str | None = None,
     due: float | None = None,
     priority: int | None = None,
+    clock: TimeSlice | None = None,
 ) -> dict[str, Any]:
     """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
 
@@ -74,7 +76,8 @@ def deliver(
     first step, ``engine.enqueueing.run_async``): the claim statement also writes the pass's
     start when the row is still pending and never started — one statement fewer. ``due`` and
     ``priority``: a message sent early, because its countdown was longer than a broker holds
-    (``engine.countdowns``), is sent on for what is left and does nothing else.
+    (``engine.countdowns``), is sent on for what is left and does nothing else. ``clock``:
+    the delivery's share of its task's time limit (``engine.time_slice``).
     """
     summary: dict[str, Any] = {"execution_id": execution_id}
     left = countdowns.left_until(due)
@@ -155,11 +158,17 @@ def deliver(
             lookup(execution.reactor)
         except ReactorNotRegistered as missing:
             return {**summary, **_fail_unrunnable(execution, missing)}
-        run = _run_pass(execution, claim)
+        run = _run_pass(execution, claim, clock)
     except CoordinationUnavailable:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again
         return {**summary, **_retry_after_outage(execution_id, ExecutionStatus.RUNNING)}
+    except (DeliveryTimeUp, SoftTimeLimitExceeded):
+        # the task's soft time limit ran out outside a body (engine.time_slice): the claim is
+        # given back below, and the next delivery takes over from the last checkpoint
+        logger.warning("delivery of %s stopped by its soft time limit", execution_id)
+        enqueue_quietly(execution_id)
+        return {**summary, "outcome": "time_up"}
     except ClaimLost:
         if _superseded(execution_id):
             # a debounced start replaced after this delivery decided to run it, before its
@@ -257,7 +266,7 @@ def _stale_requeue(execution: Execution, requeue_token: str | None) -> bool:
     return ExecutionState.peek(execution.context).continuation.requeue_token != requeue_token
 
 
-def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
+def _run_pass(execution: Execution, claim: ExecutionClaim, clock: TimeSlice | None) -> ExecutionRun:
     was_parked = execution.status == ExecutionStatus.PARKED
     # Still "running" although this delivery now holds the claim: the delivery that set it
     # died mid-run (or lost its claim). "pending" and "parked" passes ended cleanly.
@@ -267,6 +276,7 @@ def _run_pass(execution: Execution, claim: ExecutionClaim) -> ExecutionRun:
         lookup(execution.reactor), execution, dict(execution.inputs), policy=ON_WORKER
     )
     run.started_by_claim = execution.claimed_start
+    run.time_slice = clock
     run.on_persist = claim.check
     if taken_over:
         drop_stale_holds(run)

@@ -106,6 +106,7 @@ from reactor_app.engine.rollback_progress import go_on, roll_back_to, rolling_ba
 from reactor_app.engine.runner import StepOutcome
 from reactor_app.engine.settling import settle_on_halt
 from reactor_app.engine.steps import execute_async_step, run_spec, run_unit
+from reactor_app.engine.time_slice import DeliveryTimeUp, TimeSlice, stops_delivery
 from reactor_app.engine.worker import ClaimLost, kept_hold_cover
 from reactor_app.exceptions import ExecutionCancelled, ReactorError, StepFailed
 from reactor_app.models import Execution
@@ -162,6 +163,8 @@ class ExecutionRun:
         #: a worker delivery's claim statement started this pass (``engine.delivery``): the
         #: start is not written again
         self.started_by_claim = False
+        #: a worker delivery's share of its Celery task's time limit (``engine.time_slice``)
+        self.time_slice: TimeSlice | None = None
 
     def _new_held_keys(self) -> HeldKeys:
         # A worker delivery mirrors what it holds in Redis, so that the delivery taking over
@@ -198,8 +201,12 @@ class ExecutionRun:
 
     @property
     def worker_wait(self) -> float:
-        """How long a contended unit of a worker delivery waits in-process before parking."""
-        return self.policy.worker_wait
+        """How long a contended unit of a worker delivery waits in-process before parking:
+        never past its share of the task's time limit, so a wait is not cut off mid-way
+        (``engine.time_slice``)."""
+        wait = self.policy.worker_wait
+        clock = self.root.time_slice
+        return wait if clock is None else min(wait, clock.left())
 
     @property
     def priority(self) -> int:
@@ -321,7 +328,7 @@ class ExecutionRun:
         )
         gate: Gate | None = None
         end: RunEnd | None = None
-        abandoned = False
+        abandoned = timed_out = False
         try:
             cancel = None
             if self.parent is None and not created_here and rolling_back(self) is None:
@@ -341,13 +348,29 @@ class ExecutionRun:
             abandoned = True  # another delivery may run it now: give back, decide nothing
             raise
         except Exception as exc:
+            if stops_delivery(self.root.time_slice, exc):
+                # The task's soft time limit ran out outside a body: stop here as a killed
+                # delivery would, keeping what is held for the next one (engine.time_slice)
+                timed_out = True
+                if isinstance(exc, DeliveryTimeUp):
+                    raise
+                raise DeliveryTimeUp(f"{self.reactor_path} cut off by its time limit") from exc
             # Not a step body (those become Failures): our own code, an argument value the ORM
             # cannot store... Fail the run like any step failure instead of leaving the row
             # "running" with its completed steps never undone.
-            end = self._unexpected(exc)
+            try:
+                end = self._unexpected(exc)
+            except DeliveryTimeUp:
+                timed_out = True  # in the rollback that followed
+                raise
             return end
         finally:
-            if gate is not None:
+            if gate is not None and timed_out:
+                # held on (and still listed in its registry) as by a killed delivery: the
+                # next delivery takes over from the checkpoint and takes them again
+                gate.suspend()
+                self.gates.remove(gate)
+            elif gate is not None:
                 if not abandoned and end is not None and end.status == PassEnd.PARKED:
                     # A park keeps the outer reactor-level holds (see step 5.), lengthened to
                     # cover the park (docs/coordination.md, "Guarantees").
@@ -373,6 +396,8 @@ class ExecutionRun:
         except ClaimLost:
             raise
         except Exception as again:
+            if stops_delivery(self.root.time_slice, again):
+                raise DeliveryTimeUp(f"{self.reactor_path} cut off by its time limit") from again
             logger.exception("rollback after an unexpected error failed too")
             self.state.continuation.rolling_back = None  # ends here: no pass goes on with it
             failures = [
@@ -413,6 +438,8 @@ class ExecutionRun:
             cancel = self._cancel_request(fresh=False)  # a step boundary: stop if cancelled
             if cancel is not None:
                 return end_cancelled(self, cancel, gate_held=True)
+            if self.out_of_time():
+                return RunEnd(PassEnd.PARKED)  # requeued at once: a fresh delivery goes on
             name = plan.order[self.state.next_index]
             spec = plan.specs[name]
             self.execution.current_step = name
@@ -458,6 +485,16 @@ class ExecutionRun:
                 return RunEnd(PassEnd.HALTED, reason=awaited.reason)
             return roll_back_to(self, PassEnd.FAILED, awaited.error, [])
         return RunEnd(PassEnd.SUCCEEDED, value=self._value())
+
+    def out_of_time(self) -> bool:
+        """At a unit boundary: this delivery has used its share of the task's time limit
+        (``engine.time_slice``). The pass then parks with a requeue at once — not contention,
+        no attempt spent, a reactor-level lock kept as across any park."""
+        clock = self.root.time_slice
+        if clock is None or not clock.spent():
+            return False
+        self.root.requeue_in = 0.0
+        return True
 
     def _finish_carries_checkpoint(self) -> bool:
         """After the last step of a worker delivery's own execution, with no reactor-level

@@ -100,6 +100,10 @@ def run_map(run: ExecutionRun, spec: MapSpec) -> StepOutcome:
         spec.name, {"elements": [], "values": [], "index": 0}
     )
     while progress["index"] < len(items):
+        if run.out_of_time():
+            # the delivery's share of its time limit is used (engine.time_slice): the next
+            # element starts in a fresh delivery, from the progress kept as across a park
+            return StepOutcome(UnitStatus.PARKED, retry_in=0.0)
         index = progress["index"]
         label = f"{spec.name}[{index}]"
         try:

@@ -21,6 +21,7 @@ from reactor_app.engine.host import gate_scope, host_of, step_context
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.state import RollingBack
+from reactor_app.engine.time_slice import DeliveryTimeUp, cut_off
 from reactor_app.engine.undo_order import plan_undos
 from reactor_app.exceptions import (
     CompensationFailed,
@@ -98,9 +99,15 @@ def run_rollback_hook(
             held_keys=held_keys,
             gate=gate,
         )
+        clock = run.root.time_slice if run is not None else None
+        first = clock is None or not clock.worked
         try:
             call(context)
         except Exception as exc:
+            if clock is not None and cut_off(exc) and not first:
+                # the delivery's time ran out, not the hook's: it runs again in the next
+                # delivery, which goes on with the rollback (engine.time_slice)
+                raise DeliveryTimeUp(f"{kind} of step {label!r} cut off") from exc
             error_class = CompensationFailed if kind == StepRunKind.COMPENSATE else UndoFailed
             failure = error_class(
                 f"{kind} of step {label!r} of {reactor} raised {type(exc).__name__}: {exc}",
@@ -111,6 +118,9 @@ def run_rollback_hook(
             if recorder:
                 recorder.finished(failed_event, error=failure.as_dict())
             return [{"step": label, "kind": kind, "reason": "error", "error": failure.as_dict()}]
+        finally:
+            if clock is not None:
+                clock.worked = True
         if recorder:
             recorder.finished(succeeded_event)
         return []
@@ -198,6 +208,10 @@ class HookCount:
             return hook()
         if self.seen <= self.mark["done"]:
             return []  # ran on an earlier pass; its failures are in the mark
+        if self.run.out_of_time():
+            # this delivery used its share of the task's time limit: the next one goes on
+            # from this count, as after a killed delivery (engine.time_slice)
+            raise DeliveryTimeUp(f"rollback of {self.run.reactor_path} goes on in a new delivery")
         failures = hook()
         self.mark["done"] = self.seen
         self.mark["failures"].extend(failures)

@@ -30,6 +30,7 @@ from reactor_app.engine.host import gate_scope, host_of, step_context
 from reactor_app.engine.locked_call import call_locked, lone_lock
 from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
 from reactor_app.engine.rollback import run_rollback_hook
+from reactor_app.engine.time_slice import TimeSlice, cut_off
 from reactor_app.engine.worker import outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -42,6 +43,7 @@ from reactor_app.exceptions import (
     ReactorError,
     RetriesExhausted,
     StepFailed,
+    TaskTimeLimitExceeded,
     location,
 )
 from reactor_app.serialization import encode
@@ -262,11 +264,22 @@ class UnitRunner:
                     recorder.started(args=self.args)
                 context = self._context(attempt, gate)
                 flags = _cancel_flags(gate, context)
+                clock = self.run.root.time_slice if park and self.run is not None else None
+                first = clock is None or not clock.worked
                 try:
                     outcome: Outcome = as_outcome(instance.run(self.args, context))
                 except Exception as exc:
+                    if clock is not None and cut_off(exc):
+                        if not first:
+                            # the delivery's time ran out, not the body's (engine.time_slice)
+                            release_as = "retry"
+                            return self._cut_off(attempt, recorder, clock)
+                        exc = self._over_time(clock)
                     # a cancelled execution stops here: no further attempt
                     outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                finally:
+                    if clock is not None:
+                        clock.worked = True
                 # when the body completed: its place in a rollback (``engine.async_order``)
                 self.returned_at = time.time_ns()
                 cancel: dict[str, Any] | None = None
@@ -319,10 +332,12 @@ class UnitRunner:
                             },
                         )
                     delay = policy.delay_after(attempt)
-                    if park and delay > 0:
+                    if park and (delay > 0 or (clock is not None and clock.spent())):
                         # A worker never sleeps out a backoff inside its delivery: that would
                         # keep the worker slot, the execution claim and the outer holds. The
                         # step's own holds are released below; the execution is requeued.
+                        # Nor does it retry at once past its share of the task's time limit
+                        # (engine.time_slice): the retry starts a fresh delivery.
                         self._keep_attempts(attempt)
                         return StepOutcome(UnitStatus.PARKED, retry_in=delay)
                 else:
@@ -365,6 +380,37 @@ class UnitRunner:
             cancel, self.host.execution_id, reactor=self.reactor or None, step=self.label
         )
         return StepOutcome(UnitStatus.FAILED, error=error)
+
+    def _cut_off(
+        self, attempt: int, recorder: StepRecorder | None, clock: TimeSlice
+    ) -> StepOutcome:
+        """A body cut off by the soft time limit after an earlier unit of its delivery: the
+        attempt is not spent, and the step runs again first thing in a new delivery."""
+        self._keep_attempts(attempt - 1)
+        if recorder:
+            recorder.finished(
+                EngineEvent.STEP_RETRIED,
+                error={
+                    "type": "DeliveryTimeUp",
+                    "message": (
+                        f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
+                        "during this body, which runs again in a new delivery"
+                    ),
+                },
+            )
+        return StepOutcome(UnitStatus.PARKED, retry_in=0.0)
+
+    def _over_time(self, clock: TimeSlice) -> TaskTimeLimitExceeded:
+        """A body cut off by the soft time limit although it started first in its delivery."""
+        return TaskTimeLimitExceeded(
+            f"{location(self.reactor or None, self.label)} ran past its Celery task's soft "
+            f"time limit ({clock.named:g} s) although it started first in its delivery: raise "
+            "the limit (CELERY_TASK_SOFT_TIME_LIMIT, or the task's soft_time_limit) or split "
+            "the step",
+            reactor=self.reactor or None,
+            step=self.label,
+            limit=clock.named,
+        )
 
     def _keep_attempts(self, spent: int) -> None:
         """Remember the failed attempts of a unit that leaves before its next attempt."""

@@ -37,6 +37,7 @@ from reactor_app.engine.rollback import (
     run_rollback_hook,
 )
 from reactor_app.engine.state import AsyncChild, ChildKind, CompletedStep
+from reactor_app.engine.time_slice import DeliveryTimeUp, stops_delivery
 from reactor_app.engine.worker import ClaimLost
 from reactor_app.exceptions import ReactorError, StepFailed
 from reactor_app.models import Execution
@@ -219,6 +220,8 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
         except ClaimLost:
             raise
         except Exception as exc:  # a rollback bug must not leave the child parked for good
+            if stops_delivery(child.root.time_slice, exc):
+                raise DeliveryTimeUp("rollback cut off by its time limit") from exc
             logger.exception("rollback of composed child %s failed", child.execution_id)
             child.state.continuation.rolling_back = None  # ends here: no pass goes on with it
             end.rollback_failures.append(
