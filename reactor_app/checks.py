@@ -283,3 +283,35 @@ def check_redis_topology_answers(app_configs: Any = None, **kwargs: Any) -> list
     if finding is None:
         return []
     return [Error(finding.problem, hint=finding.hint, obj=setting, id="reactor_app.E031")]
+
+
+@register("reactor_app", deploy=True)
+def check_redis_eviction(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``manage.py check --deploy`` only: a coordination Redis that may evict keys under
+    memory pressure (``maxmemory`` with a policy other than ``noeviction``) can free a held
+    lock, semaphore slot or rate-limit window behind its holder's back
+    (``coordination.eviction``). A warning rather than an error: it happens only once the
+    server reaches its ``maxmemory``."""
+    # deferred: the eviction module is needed by this check alone
+    from reactor_app.coordination.eviction import eviction_hint, eviction_risks
+
+    try:
+        topology = configured_topology()
+    except ConfigurationError:
+        return []  # reactor_app.E030 reports it
+    if topology is None:
+        return []  # the embedded server: started here, without maxmemory
+    setting = "REACTOR_REDIS" if reactor_settings.REDIS is not None else "REACTOR_REDIS_URL"
+    try:
+        risks = eviction_risks(topology)
+    except Exception:  # E031 reports a server it cannot ask; a check never crashes
+        return []
+    return [
+        Warning(
+            f"the coordination Redis may evict keys to free memory ({risk})",
+            hint=eviction_hint(),
+            obj=setting,
+            id="reactor_app.W004",
+        )
+        for risk in risks
+    ]

@@ -393,6 +393,11 @@ class CoordinationUnavailable(CoordinationError):
     cause: Any
 
 
+class CoordinationOutOfMemory(CoordinationUnavailable):
+    """The coordination Redis reached its ``maxmemory`` and refuses writes (policy
+    ``noeviction``): nothing was taken, as for an unreachable one."""
+
+
 class LeaseLost(CoordinationError):
     """The lock's lease could not be renewed; the key may now belong to someone else."""
 

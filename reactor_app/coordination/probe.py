@@ -119,6 +119,11 @@ def hint_for(exc: BaseException, setting: str = "REACTOR_REDIS_URL") -> str | No
             return _not_a_cluster_hint(setting)
         if text.startswith(_CLUSTER_UNREACHABLE):
             return _dead_hint(setting)
+    if isinstance(exc, redis_py.exceptions.OutOfMemoryError):
+        return (
+            "the server reached its maxmemory: raise it or free memory on that server (keep "
+            "maxmemory-policy noeviction, which refuses writes rather than evicting holds)"
+        )
     if isinstance(
         exc, (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError, OSError)
     ):

@@ -37,7 +37,11 @@ from reactor_app.coordination.topology_settings import (
     configured_topology,
     is_topology_url,
 )
-from reactor_app.exceptions import ConfigurationError, CoordinationUnavailable
+from reactor_app.exceptions import (
+    ConfigurationError,
+    CoordinationOutOfMemory,
+    CoordinationUnavailable,
+)
 
 # --------------------------------------------------------------------------------------------
 # Client
@@ -265,7 +269,14 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     redis_py.exceptions.AskError,  # MovedError is a subclass
     # a master demoted by a Sentinel failover answers writes with READONLY
     redis_py.exceptions.ReadOnlyError,
+    # a full server under maxmemory-policy noeviction refuses writes (OOM): nothing was taken,
+    # and memory comes back as keys expire (coordination.eviction says why that policy)
+    redis_py.exceptions.OutOfMemoryError,
 )
+
+
+#: a full server refusing a write: an outage like the others, worded as what it is
+OUT_OF_MEMORY = redis_py.exceptions.OutOfMemoryError
 
 
 #: redis-py's cluster client reports a cluster it cannot map (no node answers, slots uncovered
@@ -339,8 +350,11 @@ class unavailable_on_connection_error:
         # Says nothing of the work: this call may be an admission (nothing ran: the gate
         # says so when it re-words the error), a release or a renewal (the work already ran),
         # a cancel request or an operator's read.
-        raise CoordinationUnavailable(
-            f"the coordination Redis is unreachable ({type(exc).__name__}: {exc}){hint}",
+        full = isinstance(exc, OUT_OF_MEMORY)
+        error_class = CoordinationOutOfMemory if full else CoordinationUnavailable
+        raise error_class(
+            f"the coordination Redis {'is out of memory' if full else 'is unreachable'} "
+            f"({type(exc).__name__}: {exc}){hint}",
             key=self.key,
             primitive=self.primitive,
             # callers that re-word the error quote the cause: keep the hint with it

@@ -72,6 +72,7 @@ from reactor_app.engine import contention, finished_waiters
 from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import (
     CoordinationError,
+    CoordinationOutOfMemory,
     CoordinationUnavailable,
     LeaseLost,
     location,
@@ -566,8 +567,9 @@ class Gate:
 
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
         where = location(self.scope.reactor, self.scope.step)
-        return CoordinationUnavailable(
-            f"coordination store unreachable for {where}: "
+        state = "out of memory" if isinstance(exc, CoordinationOutOfMemory) else "unreachable"
+        return type(exc)(
+            f"coordination store {state} for {where}: "
             f"{exc.cause or exc.message}; the protected work did not run",
             reactor=self.scope.reactor,
             step=self.scope.step,

@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import embedded
+from reactor_app.coordination.eviction import eviction_hint, eviction_risks
 from reactor_app.coordination.probe import Finding, probe
 from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.topology import Topology
@@ -119,6 +120,11 @@ class Command(BaseCommand):
             self.stdout.write(f"problem:      {finding.problem}")
             if finding.hint:
                 self.stdout.write(f"hint:         {finding.hint}")
+        if answering and topology is not None:
+            # a warning, not a failure: it matters only once the server is full
+            for risk in eviction_risks(topology):
+                self.stdout.write(f"warning:      may evict keys to free memory ({risk})")
+                self.stdout.write(f"hint:         {eviction_hint()}")
         if not answering:
             raise CommandError("the coordination Redis does not answer", returncode=1)
         if finding is not None:
