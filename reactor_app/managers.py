@@ -531,10 +531,11 @@ class LimitOverrideQuerySet(models.QuerySet):
 
 def _one_statement(connection: Any, once: Callable[[], _T]) -> _T:
     """``once()``, one statement of a delivery, sent again while the database aborts it as a
-    deadlock's victim or a serialization failure — outside a transaction only, where the
-    aborted statement wrote nothing. A serialization failure is what a conditional update
-    that waited for a row another delivery's claim changed meets when the server runs single
-    statements at REPEATABLE READ or above (a database's or role's
+    deadlock's victim, a serialization failure or a lock wait past the project's
+    ``lock_timeout`` — outside a transaction only, where the aborted statement wrote nothing.
+    A serialization failure is what a conditional update that waited for a row another
+    delivery's claim changed meets when the server runs single statements at REPEATABLE READ
+    or above (a database's or role's
     ``default_transaction_isolation``): sent again, the statement sees the claim's generation
     and updates nothing, and the delivery stops as a lost claim (reactor_app/isolation.py)."""
     return once() if connection.in_atomic_block else _again_on_deadlock(once)
@@ -552,7 +553,8 @@ def _again_on_deadlock(once: Callable[[], _T]) -> _T:
             if attempt == DEADLOCK_ATTEMPTS or not _is_deadlock(exc):
                 raise
             logger.warning(
-                "a deadlock's victim or a serialization failure (attempt %d): running it again",
+                "aborted as a deadlock's victim, a serialization failure or a lock timeout "
+                "(attempt %d): running it again",
                 attempt,
             )
         time.sleep(0.005 * attempt)
@@ -573,11 +575,18 @@ def burst_lock_key(burst: str) -> tuple[int, int]:
     return BURST_LOCK_SPACE, int.from_bytes(digest, "big", signed=True)
 
 
+#: PostgreSQL's SQLSTATEs of a transaction it aborted before it wrote anything that stays, and
+#: that may go through when run again: a deadlock's victim, a serialization failure, and a wait
+#: for a row lock that outlasted the project's ``lock_timeout`` (a database's, role's or
+#: connection's setting; the app never waits with ``NOWAIT``)
+_RUN_AGAIN = ("40P01", "40001", "55P03")
+
+
 def _is_deadlock(error: OperationalError) -> bool:
-    """A deadlock or serialization failure the database resolved by aborting this transaction
-    (PostgreSQL SQLSTATE 40P01 / 40001): safe to run the transaction again."""
+    """A deadlock, a serialization failure or a lock timeout the database resolved by aborting
+    this transaction (``_RUN_AGAIN``): safe to run the transaction again."""
     cause = error.__cause__
-    return getattr(cause, "sqlstate", None) in ("40P01", "40001") or "deadlock" in str(error)
+    return getattr(cause, "sqlstate", None) in _RUN_AGAIN or "deadlock" in str(error)
 
 
 # -- the managers of the querysets above: each reads where its model is written

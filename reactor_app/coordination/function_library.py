@@ -14,7 +14,8 @@ loads the library then (``load``: ``FUNCTION LOAD REPLACE``, on every master of 
 sends the call again — nothing ran, so that resend is safe for any operation.
 
 A server without Functions (Redis < 7: the embedded 6.2 among them) answers ``FCALL`` with
-"unknown command": ``coordination.scripts`` then sends that client's calls as ``EVALSHA``
+"unknown command", and an ACL may refuse the user ``FCALL`` or ``FUNCTION LOAD`` while it
+allows scripts: ``coordination.scripts`` then sends that client's calls as ``EVALSHA``
 scripts, the same Lua with the fragments spliced into each (``script_sources``) — a fallback
 with the same behaviour, only slower on the server (docs/coordination.md, "Scripts and the
 Functions library").
@@ -31,6 +32,8 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
+
+import redis as redis_py
 
 from reactor_app.coordination.script_sources import includes, lua_parts, without_includes
 from reactor_app.coordination.stored_replies import STORES_ITS_REPLY
@@ -146,7 +149,11 @@ def is_missing(error: BaseException) -> bool:
 
 
 def is_unsupported(error: BaseException) -> bool:
-    """Whether ``error`` says the server has no Functions at all (Redis < 7: ``FCALL`` is an
-    unknown command): send ``EVALSHA`` scripts instead."""
+    """Whether ``error`` says this client cannot use Functions: the server has none (Redis < 7:
+    ``FCALL`` is an unknown command), or its ACL refuses the user ``FCALL`` or ``FUNCTION
+    LOAD`` (a managed service may allow scripts and not Functions). Send ``EVALSHA`` scripts
+    instead."""
     text = str(error).lower()
+    if isinstance(error, redis_py.exceptions.NoPermissionError):
+        return "'fcall" in text or "'function" in text
     return "unknown command" in text and "fcall" in text

@@ -119,6 +119,14 @@ def hint_for(exc: BaseException, setting: str = "REACTOR_REDIS_URL") -> str | No
             return _not_a_cluster_hint(setting)
         if text.startswith(_CLUSTER_UNREACHABLE):
             return _dead_hint(setting)
+    if isinstance(exc, redis_py.exceptions.NoPermissionError) or (
+        isinstance(exc, redis_py.exceptions.ResponseError) and "can't run this command" in text
+    ):
+        return (
+            f"grant the ACL user of {setting} what reactor_app uses (docs/operations.md, "
+            '"Redis ACL"): the scripts (EVALSHA and SCRIPT LOAD, or FCALL and FUNCTION LOAD), '
+            "the keys under REACTOR_KEY_PREFIX and their wake channels"
+        )
     if isinstance(exc, redis_py.exceptions.OutOfMemoryError):
         return (
             "the server reached its maxmemory: raise it or free memory on that server (keep "

@@ -291,12 +291,27 @@ CLUSTER_OUTAGE_MESSAGES = (
 )
 
 
+#: how Redis words an ACL refusal met inside a script (a plain error, not ``NOPERM``: Redis 7
+#: "The user executing the script can't run this command", Redis 6 quotes the ``NOPERM``)
+_ACL_REFUSED_IN_SCRIPT = ("can't run this command", "no permissions to")
+
+
+def refused_by_acl(exc: BaseException) -> bool:
+    """Whether ``exc`` is the ACL refusing the configured user a command, a key or a channel —
+    at the call (``NOPERM``), or inside a script."""
+    if isinstance(exc, redis_py.exceptions.NoPermissionError):
+        return True
+    return isinstance(exc, redis_py.exceptions.ResponseError) and any(
+        text in str(exc) for text in _ACL_REFUSED_IN_SCRIPT
+    )
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the coordination Redis cannot answer now (an outage) — or, for
     a server of another kind than configured, cannot answer at all: a one-server client
     pointed at a cluster node (MOVED, CROSSSLOT), a Sentinel URL at a plain server (which
     refuses ``SENTINEL``), a cluster URL at a server without cluster mode."""
-    if isinstance(exc, UNAVAILABLE_ERRORS):
+    if isinstance(exc, UNAVAILABLE_ERRORS) or refused_by_acl(exc):
         return True
     if isinstance(exc, redis_py.exceptions.ClusterCrossSlotError) or is_wrong_topology(exc):
         return True
@@ -315,6 +330,17 @@ def _configuration_hint(exc: BaseException) -> str | None:
     except ConfigurationError:  # a broken setting is reported by the checks
         return None
     return hint_for(exc, setting)
+
+
+def unusable_state(exc: BaseException | None) -> str:
+    """How the coordination Redis is, as an error that makes it unusable says: "out of
+    memory", "refusing its ACL user" or (connection failures, a changing cluster, a server of
+    another kind than configured) "unreachable"."""
+    if isinstance(exc, OUT_OF_MEMORY):
+        return "out of memory"
+    if exc is not None and refused_by_acl(exc):
+        return "refusing its ACL user"
+    return "unreachable"
 
 
 class unavailable_on_connection_error:
@@ -353,8 +379,7 @@ class unavailable_on_connection_error:
         full = isinstance(exc, OUT_OF_MEMORY)
         error_class = CoordinationOutOfMemory if full else CoordinationUnavailable
         raise error_class(
-            f"the coordination Redis {'is out of memory' if full else 'is unreachable'} "
-            f"({type(exc).__name__}: {exc}){hint}",
+            f"the coordination Redis is {unusable_state(exc)} ({type(exc).__name__}: {exc}){hint}",
             key=self.key,
             primitive=self.primitive,
             # callers that re-word the error quote the cause: keep the hint with it

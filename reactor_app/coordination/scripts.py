@@ -133,8 +133,8 @@ class Scripts:
         A server without the library (restarted empty, flushed, a cluster master that never
         had it) answers "Function not found": the library is loaded and the call sent again —
         nothing ran, so any operation may be. A server without Functions (Redis < 7) answers
-        "unknown command": the call, and every later one on this client, is sent as its
-        ``EVALSHA`` script.
+        "unknown command", an ACL that refuses ``FCALL`` "no permissions": the call, and every
+        later one on this client, is sent as its ``EVALSHA`` script.
         """
         script = self._scripts[operation]
         function = self._functions.get(operation) if self.uses_functions else None
@@ -157,9 +157,15 @@ class Scripts:
     def _load_library(self) -> bool:
         """Load the library; False when a cluster could not take it now (a master down in a
         failover: this call goes as its script, and the next one finds the library missing
-        on the new master and loads it there)."""
+        on the new master and loads it there), or when the ACL refuses the user ``FUNCTION
+        LOAD`` (this call and every later one go as scripts)."""
         try:
             function_library.load(self.client)
+        except redis_py.exceptions.NoPermissionError as refused:
+            if not function_library.is_unsupported(refused):
+                raise
+            self.uses_functions = False
+            return False
         except _CLUSTER_CHANGING:
             if not self._cluster:
                 raise

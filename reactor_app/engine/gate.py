@@ -62,6 +62,7 @@ from reactor_app.coordination.claims import (
     SemaphoreClaim,
     with_positions,
 )
+from reactor_app.coordination.redis import unusable_state
 from reactor_app.dsl.declarations import (
     Declaration,
     OrderedLockDeclaration,
@@ -72,7 +73,6 @@ from reactor_app.engine import contention, finished_waiters
 from reactor_app.engine.enqueueing import wake
 from reactor_app.exceptions import (
     CoordinationError,
-    CoordinationOutOfMemory,
     CoordinationUnavailable,
     LeaseLost,
     location,
@@ -567,9 +567,8 @@ class Gate:
 
     def _unavailable(self, exc: CoordinationUnavailable) -> CoordinationUnavailable:
         where = location(self.scope.reactor, self.scope.step)
-        state = "out of memory" if isinstance(exc, CoordinationOutOfMemory) else "unreachable"
         return type(exc)(
-            f"coordination store {state} for {where}: "
+            f"coordination store {unusable_state(exc.__cause__)} for {where}: "
             f"{exc.cause or exc.message}; the protected work did not run",
             reactor=self.scope.reactor,
             step=self.scope.step,

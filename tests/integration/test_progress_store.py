@@ -444,3 +444,39 @@ def test_the_claim_statement_returns_the_row_only_in_a_runnable_status() -> None
     assert claimed.claim_generation == 1
     assert Execution.objects.claim(execution.pk, (ExecutionStatus.PARKED,)) is None
     assert Execution.objects.get(pk=execution.pk).claim_generation == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks of PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_waits_past_the_project_s_lock_timeout_is_sent_again() -> None:
+    """A project may set PostgreSQL's ``lock_timeout`` (here 200 ms on this connection). A
+    claim statement that waits longer than that for the row — held by another delivery's
+    transaction for about half a second — is cancelled by the server, and was an
+    ``OperationalError`` out of the delivery (found running the worker suite with a
+    ``lock_timeout`` of 1 s). An aborted single statement wrote nothing: it is sent again, and
+    claims the row once the other transaction ends."""
+    execution = fresh_row()
+    holding, released = threading.Event(), threading.Event()
+
+    def other_delivery() -> None:
+        try:
+            with transaction.atomic():
+                list(Execution.objects.select_for_update().filter(pk=execution.pk))
+                holding.set()
+                time.sleep(0.5)
+            released.set()
+        finally:
+            connections.close_all()
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '200ms'")
+    thread = threading.Thread(target=other_delivery)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        claimed = Execution.objects.claim(execution.pk, (ExecutionStatus.RUNNING,))
+        assert released.is_set()  # it waited the other transaction out
+        assert claimed is not None and claimed.claim_generation == execution.claim_generation + 1
+    finally:
+        thread.join(10)
+        connection.close()  # the next test's connection has no lock_timeout
