@@ -70,8 +70,16 @@ def _child(target: Callable[..., Any], args: tuple[Any, ...]) -> Any:
 
 
 def run_in_processes(target: Callable[..., Any], arg_list: list[tuple[Any, ...]]) -> list[Any]:
-    """Run ``target(*args)`` in one forked process per entry; return their return values."""
+    """Run ``target(*args)`` in one forked process per entry; return their return values.
+
+    The connections are closed first, and so is a connection pool (``OPTIONS["pool"]``,
+    Django 5.1+): a pool's sockets and worker threads do not survive a fork, and a child
+    waited for them until the test's timeout."""
     connections.close_all()
+    for alias in connections:
+        close_pool = getattr(connections[alias], "close_pool", None)
+        if close_pool is not None:
+            close_pool()
     context = multiprocessing.get_context("fork")
     with context.Pool(len(arg_list)) as pool:
         results = [pool.apply_async(_child, (target, args)) for args in arg_list]
