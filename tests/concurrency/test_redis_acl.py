@@ -18,24 +18,15 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from reactor_app import (
-    Step,
-    Success,
-    with_lock,
-    with_ordered_lock,
-    with_period,
-    with_rate_limit,
-    with_semaphore,
-)
 from reactor_app.exceptions import CoordinationUnavailable
 from reactor_app.testing.servers import StandaloneServer
+from tests.concurrency.guarded_steps import EXCLUSIVE, SPANS, every_primitive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,32 +44,7 @@ DOCUMENTED = [
     "+time",
 ]
 
-SPANS: list[tuple[str, int, int]] = []
-
-
-class Body(Step):
-    inputs = ("n",)
-
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        start = time.monotonic_ns()
-        time.sleep(0.05)
-        SPANS.append((type(self).__name__, start, time.monotonic_ns()))
-        return Success(args["n"])
-
-
-def _key(args: dict[str, Any]) -> str:
-    return f"acl:{args['n']}"
-
-
-#: each primitive, and whether it admits one body at a time (two callers: both run, or the
-#: second is skipped for a period already marked)
-PROTECTED = {
-    "lock": (with_lock(_key, ttl=5, wait=5)(type("Locked", (Body,), {})), True),
-    "semaphore": (with_semaphore(_key, limit=1, ttl=5, wait=5)(type("Pooled", (Body,), {})), True),
-    "rate_limit": (with_rate_limit(_key, limit=5, period=60)(type("Limited", (Body,), {})), False),
-    "period": (with_period(_key, every="hour")(type("Hourly", (Body,), {})), False),
-    "ordered_lock": (with_ordered_lock(_key, wait=5)(type("InLine", (Body,), {})), True),
-}
+PROTECTED = every_primitive("acl", wait=5)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +80,7 @@ def as_user(server: StandaloneServer, settings: Any) -> Any:
 
 def contend(primitive: str) -> list[Any]:
     """Two threads call the primitive's step on one key at once; their outcomes."""
-    step_class, _ = PROTECTED[primitive]
+    step_class = PROTECTED[primitive]
     SPANS.clear()
     outcomes: list[Any] = []
     threads = [
@@ -130,9 +96,8 @@ def contend(primitive: str) -> list[Any]:
 
 def assert_runs_guarded(primitive: str) -> None:
     outcomes = contend(primitive)
-    _, exclusive = PROTECTED[primitive]
     assert len(outcomes) == 2 and all(outcome.ok for outcome in outcomes), outcomes
-    if exclusive:
+    if primitive in EXCLUSIVE:
         assert len(SPANS) == 2
         first, second = sorted(SPANS, key=lambda span: span[1])
         assert first[2] <= second[1], "two bodies of one key overlapped"
@@ -169,8 +134,7 @@ def test_an_acl_refusal_fails_the_step_clearly_and_the_body_does_not_run(
 ) -> None:
     as_user(rules)
     SPANS.clear()
-    step_class, _ = PROTECTED["lock"]
-    outcome = step_class.call(n="refused")
+    outcome = PROTECTED["lock"].call(n="refused")
     assert SPANS == [], "the body ran without coordination"
     assert isinstance(outcome.error, CoordinationUnavailable), repr(outcome.error)
     message = str(outcome.error)

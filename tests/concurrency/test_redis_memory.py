@@ -28,24 +28,12 @@ from django.core.management import call_command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import (
-    Reactor,
-    Step,
-    Success,
-    from_input,
-    step,
-    with_lock,
-    with_ordered_lock,
-    with_period,
-    with_rate_limit,
-    with_semaphore,
-)
+from reactor_app import Reactor, from_input, step
 from reactor_app.exceptions import CoordinationOutOfMemory, CoordinationUnavailable
 from reactor_app.testing.servers import StandaloneServer
+from tests.concurrency.guarded_steps import SPANS, every_primitive
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-RAN: list[str] = []
 
 POLICIES = (
     "noeviction",
@@ -58,26 +46,7 @@ POLICIES = (
     "volatile-ttl",
 )
 
-
-class Body(Step):
-    inputs = ("n",)
-
-    def run(self, args: dict[str, Any], context: Any) -> Any:
-        RAN.append(type(self).__name__)
-        return Success(args["n"])
-
-
-def _key(args: dict[str, Any]) -> str:
-    return f"memory:{args['n']}"
-
-
-PROTECTED = {
-    "lock": with_lock(_key, ttl=5)(type("Locked", (Body,), {})),
-    "semaphore": with_semaphore(_key, limit=2, ttl=5)(type("Pooled", (Body,), {})),
-    "rate_limit": with_rate_limit(_key, limit=5, period=60)(type("Limited", (Body,), {})),
-    "period": with_period(_key, every="hour")(type("Hourly", (Body,), {})),
-    "ordered_lock": with_ordered_lock(_key, wait=1)(type("InLine", (Body,), {})),
-}
+PROTECTED = every_primitive("memory", wait=0)
 
 
 class LockedRun(Reactor):
@@ -135,9 +104,9 @@ def test_a_full_coordination_redis_refuses_the_admission_and_the_body_does_not_r
     admin: redis.Redis, primitive: str
 ) -> None:
     make_full(admin)
-    RAN.clear()
+    SPANS.clear()
     outcome = PROTECTED[primitive].call(n=1)
-    assert RAN == [], "the body ran without coordination"
+    assert SPANS == [], "the body ran without coordination"
     error = outcome.error
     assert isinstance(error, CoordinationOutOfMemory), repr(error)
     assert isinstance(error, CoordinationUnavailable)  # a worker parks for it as for an outage
@@ -146,14 +115,14 @@ def test_a_full_coordination_redis_refuses_the_admission_and_the_body_does_not_r
 
     free(admin)
     assert PROTECTED[primitive].call(n=1).ok
-    assert len(RAN) == 1
+    assert len(SPANS) == 1
 
 
 def test_a_reactor_run_against_a_full_redis_fails_its_step_clearly(admin: redis.Redis) -> None:
     make_full(admin)
-    RAN.clear()
+    SPANS.clear()
     result = LockedRun.run(n=2)
-    assert not result.ok and RAN == []
+    assert not result.ok and SPANS == []
     assert isinstance(result.error, CoordinationOutOfMemory), repr(result.error)
     assert "step 'only'" in str(result.error), result.error
 
