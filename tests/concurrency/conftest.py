@@ -12,6 +12,7 @@ import pytest
 
 from reactor_app.coordination import embedded
 from reactor_app.coordination.redis import get_client
+from reactor_app.testing.servers import StandaloneServer
 
 
 @pytest.fixture
@@ -25,3 +26,14 @@ def private_redis() -> Iterator[Any]:
     finally:
         embedded.stop_server(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[StandaloneServer]:
+    """One plain redis-server on a free loopback TCP port for the module (no cluster mode, no
+    Sentinel), which its tests may reconfigure: stopped by its pid afterwards."""
+    server = StandaloneServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

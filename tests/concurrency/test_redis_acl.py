@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,29 +46,20 @@ DOCUMENTED = [
 PROTECTED = every_primitive("acl", wait=5)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[StandaloneServer]:
-    started = StandaloneServer().start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 USERS = itertools.count()
 
 
 @pytest.fixture
-def as_user(server: StandaloneServer, settings: Any) -> Any:
+def as_user(plain_server: StandaloneServer, settings: Any) -> Any:
     """``as_user(rules)``: a new ACL user with those rules becomes this test's connection."""
-    admin = redis.Redis.from_url(server.url)
+    admin = redis.Redis.from_url(plain_server.url)
 
     def use(rules: list[str]) -> None:
         name = f"app{next(USERS)}"
         admin.execute_command(
             "ACL", "SETUSER", name, "on", ">pw", "resetkeys", "resetchannels", "-@all", *rules
         )
-        settings.REACTOR_REDIS_URL = f"redis://{name}:pw@127.0.0.1:{server.port}/0"
+        settings.REACTOR_REDIS_URL = f"redis://{name}:pw@127.0.0.1:{plain_server.port}/0"
         settings.REACTOR_KEY_PREFIX = PREFIX
         admin.function_flush()  # each case loads the library itself, or cannot
 

@@ -55,20 +55,11 @@ class LockedRun(Reactor):
     only = step(PROTECTED["lock"], n=from_input("n"))
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[StandaloneServer]:
-    started = StandaloneServer().start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 @pytest.fixture
-def admin(server: StandaloneServer, settings: Any) -> Iterator[redis.Redis]:
+def admin(plain_server: StandaloneServer, settings: Any) -> Iterator[redis.Redis]:
     """The server as the coordination Redis of this test, its memory settings reset after."""
-    settings.REACTOR_REDIS_URL = server.url
-    client = redis.Redis.from_url(server.url)
+    settings.REACTOR_REDIS_URL = plain_server.url
+    client = redis.Redis.from_url(plain_server.url)
     try:
         yield client
     finally:

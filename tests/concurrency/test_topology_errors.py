@@ -12,7 +12,6 @@ offline and reports nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -51,16 +50,6 @@ class TwoSlots(Step):
     def run(self, args: dict[str, Any], context: Any) -> Any:
         RAN.append(args["n"])
         return Success(args["n"])
-
-
-@pytest.fixture(scope="module")
-def plain_server() -> Iterator[StandaloneServer]:
-    """One plain redis-server (no cluster mode, no Sentinel) on a free loopback port."""
-    server = StandaloneServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def refused_call(step: type[Step] = Guarded) -> CoordinationUnavailable:
