@@ -7,21 +7,28 @@ workflow of short steps whose delivery outlasted the limit had the step running 
 fail with ``SoftTimeLimitExceeded`` — and the whole saga was rolled back for a time limit no
 step exceeded. So:
 
-* **At a unit boundary** (before a step, before a map element) a delivery that has used half
-  of its limit, and ran a body already, starts nothing more: the execution parks with a requeue
-  at once (``StepOutcome.retry_in = 0``, nothing counted as contention or as an attempt; a
-  reactor-level lock stays held, as across any park) and goes on in a fresh delivery.
+* **At a unit boundary** (before a step, a map element, a rollback hook) a delivery that has
+  used half of its limit, and ran a body already, starts nothing more: the execution parks
+  with a requeue at once (``StepOutcome.retry_in = 0``, nothing counted as contention or as an
+  attempt; a reactor-level lock stays held, as across any park) and goes on in a fresh
+  delivery. A rollback stops as a killed delivery would (``DeliveryTimeUp``): the next one goes
+  on from the hooks it counted (``engine.rollback_progress``).
 * **A body cut off by the soft limit** after an earlier body of the same delivery did not
   have the whole limit: it is not its failure. The delivery ends the same way and the step
   runs again in the next one, where it starts first — the at-least-once rule of a body whose
   delivery was killed (docs/reactors-and-steps.md).
 * **A body cut off although it started first** had the whole limit: that attempt failed
-  (``TaskTimeLimitExceeded``, retryable by the step's policy, a retry in a new delivery).
+  (``TaskTimeLimitExceeded``, retryable by the step's policy; a retry, even one due at once,
+  starts a new delivery).
+* **An undo or compensate cut off** after other work runs again in the next delivery; one that
+  started its delivery is reported as not undone, as a hook that raised.
 * **An in-delivery wait** for a contended key (``REACTOR_WORKER_WAIT``) is cut short at the
   delivery's share: the execution parks as after any wait.
-* **Anywhere else** (the engine's own code, an undo or compensate hook): the delivery ends as
-  if its worker had been killed there (``DeliveryTimeUp``), and is sent again at once; the
-  next delivery takes over from the last checkpoint as after a crash.
+* **Anywhere else** (the engine's own code): the delivery ends as if its worker had been
+  killed there (``DeliveryTimeUp``), and is sent again at once; the next delivery takes over
+  from the last checkpoint as after a crash.
+* **In the caller's process** (``Reactor.run()`` inside a Celery task of the caller's) there
+  is no slice: ``SoftTimeLimitExceeded`` is an error like any other (``stops_delivery``).
 
 Only the prefork pool enforces Celery's time limits; a limit configured for another pool
 still slices its deliveries, which costs a requeue per slice and nothing else.
