@@ -30,8 +30,9 @@ step exceeded. So:
 * **In the caller's process** (``Reactor.run()`` inside a Celery task of the caller's) there
   is no slice: ``SoftTimeLimitExceeded`` is an error like any other (``stops_delivery``).
 
-Only the prefork pool enforces Celery's time limits; a limit configured for another pool
-still slices its deliveries, which costs a requeue per slice and nothing else.
+The prefork pool enforces both of Celery's limits, gevent and eventlet the hard one, solo and
+threads neither; a configured limit slices deliveries on every pool, which costs a requeue per
+slice and nothing else.
 """
 
 from __future__ import annotations
