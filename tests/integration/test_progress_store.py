@@ -451,20 +451,23 @@ def test_the_claim_statement_returns_the_row_only_in_a_runnable_status() -> None
 def test_a_claim_that_waits_past_the_project_s_lock_timeout_is_sent_again() -> None:
     """A project may set PostgreSQL's ``lock_timeout`` (here 200 ms on this connection). A
     claim statement that waits longer than that for the row — held by another delivery's
-    transaction for about half a second — is cancelled by the server, and was an
+    transaction for 0.35 s — is cancelled by the server, and was an
     ``OperationalError`` out of the delivery (found running the worker suite with a
     ``lock_timeout`` of 1 s). An aborted single statement wrote nothing: it is sent again, and
     claims the row once the other transaction ends."""
     execution = fresh_row()
-    holding, released = threading.Event(), threading.Event()
+    holding = threading.Event()
+    committing: list[float] = []
 
     def other_delivery() -> None:
         try:
             with transaction.atomic():
                 list(Execution.objects.select_for_update().filter(pk=execution.pk))
                 holding.set()
-                time.sleep(0.5)
-            released.set()
+                time.sleep(0.35)
+                # the row lock is held until the commit below: a claim that waited for it ends
+                # after this moment (a flag set after the commit raced the claim: CI)
+                committing.append(time.monotonic())
         finally:
             connections.close_all()
 
@@ -475,7 +478,8 @@ def test_a_claim_that_waits_past_the_project_s_lock_timeout_is_sent_again() -> N
     try:
         assert holding.wait(10)
         claimed = Execution.objects.claim(execution.pk, (ExecutionStatus.RUNNING,))
-        assert released.is_set()  # it waited the other transaction out
+        claimed_at = time.monotonic()
+        assert committing and claimed_at > committing[0]  # it waited the other transaction out
         assert claimed is not None and claimed.claim_generation == execution.claim_generation + 1
     finally:
         thread.join(10)
