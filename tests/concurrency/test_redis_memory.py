@@ -4,10 +4,10 @@ Against real servers the harness starts on free loopback ports (``make_full`` fi
 ``maxmemory``, then lowers it below what the server uses):
 
 * a server at its ``maxmemory`` under ``noeviction`` refuses writes. Every primitive's
-  admission then fails with ``CoordinationOutOfMemory`` — a ``CoordinationUnavailable``, so a
-  worker parks for it as for an outage — naming the step and what to change, and the body
-  does not run; once memory is freed the same call runs. Before, the raw redis-py
-  ``OutOfMemoryError`` escaped ``Step.call`` and failed a reactor as an "unexpected" error;
+  admission then fails with ``CoordinationOutOfMemory`` (a ``CoordinationUnavailable``, the
+  class a worker's outage path takes; not run on a worker here), naming the step and what to
+  change, and the body does not run; once memory is freed the same call runs. Before, the raw
+  redis-py ``OutOfMemoryError`` escaped ``Step.call``;
 * a server that may evict (``maxmemory`` set with any other policy) can free a held lock
   behind its holder's back: ``manage.py check --deploy`` warns (``reactor_app.W004``) and
   ``reactor_redis status`` says so — for one server, each primary of a cluster, and the master
@@ -100,7 +100,7 @@ def test_a_full_coordination_redis_refuses_the_admission_and_the_body_does_not_r
     assert SPANS == [], "the body ran without coordination"
     error = outcome.error
     assert isinstance(error, CoordinationOutOfMemory), repr(error)
-    assert isinstance(error, CoordinationUnavailable)  # a worker parks for it as for an outage
+    assert isinstance(error, CoordinationUnavailable)  # the class a worker's outage path takes
     assert str(error).startswith("coordination store out of memory for step "), error
     assert "maxmemory" in str(error) and "the protected work did not run" in str(error)
 
