@@ -275,6 +275,20 @@ class ReactorSettings:
         return value
 
     @property
+    def LOST_DELIVERY_LIMIT(self) -> int:
+        """Worker deliveries of one execution that may be lost in a row at the same point of
+        its work (a killed pool process, a crash, a hard time limit) before the unit at that
+        point fails with ``DeliveryLost`` instead of running again (``engine.lost_deliveries``).
+        0 turns the guard off: such a unit runs again after every loss, without end."""
+        value = self._get("LOST_DELIVERY_LIMIT", 3)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigurationError(
+                "REACTOR_LOST_DELIVERY_LIMIT must be an integer >= 0 (0 turns the guard off)",
+                setting="LOST_DELIVERY_LIMIT",
+            )
+        return value
+
+    @property
     def MAP_CHECKPOINT_SECONDS(self) -> float:
         """...and a batch is written once its oldest unwritten element is this many seconds
         old, so slow elements are checkpointed one by one as before."""

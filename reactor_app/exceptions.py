@@ -186,6 +186,22 @@ class TaskTimeLimitExceeded(ReactorError):
     limit: float | None
 
 
+class DeliveryLost(ReactorError):
+    """A unit whose worker deliveries were lost ``lost`` times in a row, none of them getting
+    past it (a body or hook that kills its process: out of memory, a crash in native code, a
+    hard time limit), is failed instead of run again (``REACTOR_LOST_DELIVERY_LIMIT``;
+    ``engine.lost_deliveries``)."""
+
+    field_names: ClassVar[tuple[str, ...]] = ("reactor", "step", "lost", "limit")
+    reactor: str | None
+    step: str | None
+    lost: int | None
+    limit: int | None
+    #: not a field: the engine gave this verdict once before at the same point (the step's
+    #: compensate is passed over: ``engine.lost_deliveries.skips_compensate``)
+    again: bool = False
+
+
 class CompensationFailed(ReactorError):
     """A step's compensation failed."""
 

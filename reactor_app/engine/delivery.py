@@ -41,6 +41,7 @@ from reactor_app.engine.cancel_flag import flag_keys, note_read
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun
+from reactor_app.engine.lost_deliveries import arm_verdict, note_lost
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
 from reactor_app.engine.priority import message_priority
@@ -280,6 +281,9 @@ def _run_pass(execution: Execution, claim: ExecutionClaim, clock: TimeSlice | No
     run.on_persist = claim.check
     if taken_over:
         drop_stale_holds(run)
+        # counted once the holds are dropped: an outage there sends it again uncounted
+        note_lost(run)
+    arm_verdict(run, taken_over=taken_over)
     if was_parked:
         _record_resumed(run)
     marker = run.state.origin.dispatch

@@ -117,6 +117,7 @@ from reactor_app.write_behind import get_writer
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
+    from reactor_app.engine.state import LostDeliveries
 
 
 logger = logging.getLogger(__name__)
@@ -165,6 +166,9 @@ class ExecutionRun:
         self.started_by_claim = False
         #: a worker delivery's share of its Celery task's time limit (``engine.time_slice``)
         self.time_slice: TimeSlice | None = None
+        #: deliveries lost in a row at the point this delivery starts from: the next unit it
+        #: starts fails instead of running (``engine.lost_deliveries``); None: run it
+        self.lost_verdict: LostDeliveries | None = None
 
     def _new_held_keys(self) -> HeldKeys:
         # A worker delivery mirrors what it holds in Redis, so that the delivery taking over
@@ -268,7 +272,11 @@ class ExecutionRun:
         batches (``ProgressStore.batch_due``); a redelivery re-runs at most the unwritten
         batch (docs/operations.md, "Checkpoints"). In process nothing is written until the
         pass ends."""
-        if self.policy.persists_each_step and self.store.batch_due():
+        if self.policy.persists_each_step and (
+            self.store.batch_due() or self.root.state.continuation.lost_deliveries is not None
+        ):
+            # after a lost delivery, every element: the next loss names the element it met
+            # (``engine.lost_deliveries``)
             self._write({}, durable=False)
 
     def spawn_child(

@@ -18,6 +18,7 @@ from reactor_app.dsl.step import Step, StepSpec
 from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate
 from reactor_app.engine.host import gate_scope, host_of, step_context
+from reactor_app.engine.lost_deliveries import take_verdict
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.state import RollingBack
@@ -101,7 +102,11 @@ def run_rollback_hook(
         )
         clock = run.root.time_slice if run is not None else None
         first = clock is None or not clock.worked
+        # deliveries lost in a row here: this hook is not run again
+        lost = take_verdict(run, label)
         try:
+            if lost is not None:
+                raise lost
             call(context)
         except Exception as exc:
             if clock is not None and cut_off(exc) and not first:

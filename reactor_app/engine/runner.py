@@ -28,6 +28,7 @@ from reactor_app.engine.context import CompletedStep, HeldKeys, StepContext
 from reactor_app.engine.gate import Gate, ParkRequested, Skip, fresh_owner
 from reactor_app.engine.host import gate_scope, host_of, step_context
 from reactor_app.engine.locked_call import call_locked, lone_lock
+from reactor_app.engine.lost_deliveries import skips_compensate, take_verdict
 from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
 from reactor_app.engine.rollback import run_rollback_hook
 from reactor_app.engine.time_slice import TimeSlice, cut_off
@@ -37,6 +38,7 @@ from reactor_app.exceptions import (
     ConfigurationError,
     CoordinationError,
     CoordinationUnavailable,
+    DeliveryLost,
     ExecutionCancelled,
     FailureReason,
     InputValidationError,
@@ -266,7 +268,11 @@ class UnitRunner:
                 flags = _cancel_flags(gate, context)
                 clock = self.run.root.time_slice if park and self.run is not None else None
                 first = clock is None or not clock.worked
+                # deliveries lost in a row here: this body is not run again
+                lost = take_verdict(self.run, self.label)
                 try:
+                    if lost is not None:
+                        raise lost
                     outcome: Outcome = as_outcome(instance.run(self.args, context))
                 except Exception as exc:
                     if clock is not None and cut_off(exc):
@@ -275,8 +281,11 @@ class UnitRunner:
                             release_as = "retry"
                             return self._cut_off(attempt, recorder, clock)
                         exc = self._over_time(clock)
-                    # a cancelled execution stops here: no further attempt
-                    outcome = Failure(exc, retryable=not isinstance(exc, ExecutionCancelled))
+                    # a cancelled execution stops here, and a body that kept killing its
+                    # deliveries: no further attempt
+                    outcome = Failure(
+                        exc, retryable=not isinstance(exc, (ExecutionCancelled, DeliveryLost))
+                    )
                 finally:
                     if clock is not None:
                         clock.worked = True
@@ -499,13 +508,21 @@ class UnitRunner:
         """Compensate the failing step; its coordination is still held, so re-taking re-enters."""
         if not self.step_class.has_compensate():
             return []
+
+        def compensate(ctx: StepContext) -> None:
+            if skips_compensate(error):
+                # the verdict again at the same point: this compensate is what kills its
+                # deliveries (engine.lost_deliveries)
+                raise error
+            instance.compensate(error, self.args, ctx)
+
         return run_rollback_hook(
             self.run,
             self.step_class,
             self.label,
             self.args,
             kind=StepRunKind.COMPENSATE,
-            call=lambda ctx: instance.compensate(error, self.args, ctx),
+            call=compensate,
             owner=self.owner,
             held_keys=self.held_keys,
             parent_context=context,

@@ -211,6 +211,17 @@ class RollingBack(TypedDict):
     done: int
 
 
+class LostDeliveries(TypedDict):
+    """Worker deliveries of this execution lost in a row (``engine.lost_deliveries``):
+    ``count`` of them, all at the point of the work ``at`` names (a fingerprint of the
+    progress made), and whether a unit there was failed for them."""
+
+    count: int
+    at: str
+    #: the count at which the verdict was given at ``at`` (the unit it went to failed)
+    given: NotRequired[int]
+
+
 class ParkedOn(TypedDict):
     """The contention a park met, reported as ``resumed`` by the next delivery; ``at`` is wall
     clock (older parks did not record it)."""
@@ -316,6 +327,10 @@ class Continuation:
     )
     #: a worker's rollback under way: a redelivery goes on with it, not with the steps
     rolling_back: RollingBack | None = field(default=None, metadata={"key": "rolling_back"})
+    #: deliveries lost in a row at one point of the work (``engine.lost_deliveries``)
+    lost_deliveries: LostDeliveries | None = field(
+        default=None, metadata={"key": "lost_deliveries"}
+    )
 
     def attempts(self) -> dict[str, int]:
         if self.spent_attempts is None:
