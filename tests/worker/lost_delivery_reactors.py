@@ -14,7 +14,7 @@ non-retryable failure after its kills.
 rate limit of ``RATE`` admissions per ``WINDOW`` seconds on the order (each killed run spends
 one, so the delivery after ``RATE`` losses parks on it). ``DeadlyComposed``: ``a0``, then a composed
 ``DeadlyChild`` of ``c0`` and ``c1``. ``DeadlyMap``: a sequential ``map_step`` whose elements
-are ``Deadly`` steps named by their index.
+are ``Deadly`` steps named by their index; ``DeadlyParallelMap`` the same, parallel.
 """
 
 from __future__ import annotations
@@ -128,6 +128,19 @@ class DeadlyMap(Reactor):
     each = map_step(
         Deadly,
         over=from_input("names"),
+        order=from_input("order"),
+        name=element(),
+        plan=from_input("plan"),
+    )
+
+
+class DeadlyParallelMap(Reactor):
+    inputs = ("order", "plan", "names")
+
+    each = map_step(
+        Deadly,
+        over=from_input("names"),
+        parallel=True,
         order=from_input("order"),
         name=element(),
         plan=from_input("plan"),

@@ -11,7 +11,7 @@ execution stayed ``running`` and its completed steps were never undone
 (``test_a_body_that_kills_every_delivery_fails_at_the_limit_and_its_saga_is_undone`` waits in
 vain). Now the unit at a point where ``REACTOR_LOST_DELIVERY_LIMIT`` (3) deliveries were lost
 in a row fails with ``DeliveryLost`` instead of running again; losses at different points do
-not add up, those inside a composed child included.
+not add up, those inside a composed child included; a parallel map's element counts its own.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.worker.lost_delivery_reactors import (
     RATE,
     DeadlyComposed,
     DeadlyMap,
+    DeadlyParallelMap,
     DeadlyRated,
     DeadlyReactor,
     ran,
@@ -181,3 +182,20 @@ def test_a_map_element_that_kills_every_delivery_is_the_one_that_fails(worker: A
     assert undone == ["undo:e2", "undo:e1", "undo:e0"]
     failed = StepRun.objects.filter(execution_id=execution.pk, status="failed")
     assert any("DeliveryLost" in str(run.error) for run in failed)
+
+
+def test_a_parallel_map_element_that_kills_every_delivery_fails_its_map(worker: Any) -> None:
+    # each element is an execution of its own, with its own count: the deadly one fails with
+    # DeliveryLost, the map fails with it, and the elements that completed are undone once
+    names = [f"p{i}" for i in range(3)]
+    order, execution = start(DeadlyParallelMap, {"p1": {"body": ALWAYS}}, names=names)
+    ended = settled(execution)
+
+    assert ended.status == ExecutionStatus.FAILED
+    assert "DeliveryLost" in str(ended.error)
+    assert ran(order, "p1", "body") == LIMIT
+    assert (ran(order, "p0", "body"), ran(order, "p2", "body")) == (1, 1)
+    undone = sorted(e for e in ledger(order) if e.startswith("undo:"))
+    assert undone == ["undo:p0", "undo:p2"]
+    element = Execution.objects.get(parent_id=execution.pk, error__type="DeliveryLost")
+    assert element.status == ExecutionStatus.FAILED
