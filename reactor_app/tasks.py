@@ -109,6 +109,7 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
     # a new execution's first step, in a message header rather than an argument: a worker of
     # an earlier version ignores a header it does not know (engine.enqueueing.START_HEADER)
     start = _header(self.request, "reactor_start")
+    outages = _header(self.request, "reactor_outages")
     return deliver(
         execution_id,
         task_id=self.request.id,
@@ -118,6 +119,7 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
         due=countdowns.due_from(_header(self.request, countdowns.DUE_HEADER)),
         priority=countdowns.priority_from(_header(self.request, countdowns.PRIORITY_HEADER)),
         clock=clock,
+        outages=outages if isinstance(outages, int) and not isinstance(outages, bool) else 0,
     )
 
 

@@ -68,6 +68,7 @@ def deliver(
     due: float | None = None,
     priority: int | None = None,
     clock: TimeSlice | None = None,
+    outages: int = 0,
 ) -> dict[str, Any]:
     """Body of the ``run_execution`` task: claim the execution, run one pass, follow up.
 
@@ -78,7 +79,9 @@ def deliver(
     start when the row is still pending and never started — one statement fewer. ``due`` and
     ``priority``: a message sent early, because its countdown was longer than a broker holds
     (``engine.countdowns``), is sent on for what is left and does nothing else. ``clock``:
-    the delivery's share of its task's time limit (``engine.time_slice``).
+    the delivery's share of its task's time limit (``engine.time_slice``). ``outages``: the
+    coordination outages the deliveries before this one met in a row before they could claim
+    the execution (``_retry_after_outage``).
     """
     summary: dict[str, Any] = {"execution_id": execution_id}
     left = countdowns.left_until(due)
@@ -90,6 +93,7 @@ def deliver(
             requeue_token=requeue_token,
             priority=priority,
             start=start,
+            outages=outages,
         )
         return {**summary, "outcome": "deferred", "due_in": left}
     execution: Execution | None = None
@@ -117,7 +121,7 @@ def deliver(
         execution = execution or Execution.objects.filter(pk=execution_id).first()
         if execution is None or execution.status not in RUNNABLE:
             return {**summary, **_unrunnable(execution)}
-        return {**summary, **_retry_after_outage(execution.id, execution.status)}
+        return {**summary, **_retry_after_outage(execution.id, execution.status, outages)}
     if not claimed:
         execution = Execution.objects.filter(pk=execution_id).first()
         if execution is None:
@@ -163,7 +167,7 @@ def deliver(
     except CoordinationUnavailable:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again
-        return {**summary, **_retry_after_outage(execution_id, ExecutionStatus.RUNNING)}
+        return {**summary, **_retry_after_outage(execution_id, ExecutionStatus.RUNNING, outages)}
     except (DeliveryTimeUp, SoftTimeLimitExceeded):
         # the task's soft time limit ran out outside a body (engine.time_slice): the claim is
         # given back below, and the next delivery takes over from the last checkpoint
@@ -192,14 +196,23 @@ def _unrunnable(execution: Execution | None) -> dict[str, Any]:
     return {"outcome": "nothing_to_do", "status": execution.status}
 
 
-def _retry_after_outage(execution_id: Any, status: str) -> dict[str, Any]:
+def _retry_after_outage(execution_id: Any, status: str, outages: int = 0) -> dict[str, Any]:
     """The coordination Redis is unreachable before this delivery could claim the execution
     (or drop the holds of the dead delivery it takes over from): nothing ran; send it again
-    after a backoff. If the broker is unreachable too, the sweeper
-    re-enqueues it once the heartbeat is stale (docs/operations.md, "Recovery")."""
-    delay = backoff_seconds(1)
-    logger.warning("coordination store unreachable; %s requeued in %.1fs", execution_id, delay)
-    enqueue_quietly(execution_id, countdown=delay)
+    after a backoff that grows with the outages met in a row (``outages`` before this one,
+    carried by the message: there is no state to keep them in before a claim) — a long outage
+    costs each waiting execution a message per backoff cap, not one per base delay. If the
+    broker is unreachable too, the sweeper re-enqueues it once the heartbeat is stale
+    (docs/operations.md, "Recovery")."""
+    met = max(outages, 0) + 1
+    delay = backoff_seconds(met)
+    logger.warning(
+        "coordination store unreachable; %s requeued in %.1fs (outage %d)",
+        execution_id,
+        delay,
+        met,
+    )
+    enqueue_quietly(execution_id, countdown=delay, outages=met)
     return {"outcome": "coordination_unavailable", "status": status}
 
 

@@ -65,6 +65,9 @@ RUN_EXECUTION = "reactor_app.run_execution"
 #: writes the pass's start too (``engine.delivery.deliver``). A header, not an argument, so a
 #: message sent by this version to a worker of an earlier one still runs there.
 START_HEADER = "reactor_start"
+#: the coordination outages the execution's deliveries met in a row before they could claim it
+#: (``engine.delivery``): each such requeue backs off further. A header, as ``START_HEADER``.
+OUTAGES_HEADER = "reactor_outages"
 
 
 def enqueue(
@@ -74,13 +77,14 @@ def enqueue(
     requeue_token: str | None = None,
     priority: int | None = None,
     start: str | None = None,
+    outages: int | None = None,
 ) -> None:
     """Send the execution's task (identities only: the execution id, and for a park's own
     requeue the token naming that park) to ``REACTOR_CELERY_QUEUE``, or to Celery's default
     queue when that is not set. ``priority`` is the message's (Celery's 0 to 9 scale), for brokers
-    that order by it. ``start``: a new execution's first step (``START_HEADER``). A
-    ``countdown`` longer than ``REACTOR_LONGEST_COUNTDOWN`` is sent in hops
-    (``engine.countdowns``)."""
+    that order by it. ``start``: a new execution's first step (``START_HEADER``). ``outages``:
+    the outages met in a row before a claim (``OUTAGES_HEADER``). A ``countdown`` longer than
+    ``REACTOR_LONGEST_COUNTDOWN`` is sent in hops (``engine.countdowns``)."""
     options: dict[str, Any] = {}
     queue = reactor_settings.CELERY_QUEUE
     if queue:
@@ -94,6 +98,8 @@ def enqueue(
     kwargs = {"requeue_token": requeue_token} if requeue_token else {}
     if start:
         headers[START_HEADER] = start
+    if outages:
+        headers[OUTAGES_HEADER] = outages
     if headers:
         options["headers"] = headers
     current_app.tasks[RUN_EXECUTION].apply_async(args=[str(execution_id)], kwargs=kwargs, **options)
