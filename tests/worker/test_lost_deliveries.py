@@ -20,6 +20,8 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from reactor_app.models import CoordinationEvent, Execution, StepRun
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
@@ -45,6 +47,80 @@ WORKER_SETTINGS = {
 }
 #: a loss costs a claim TTL, a new pool process and a requeue: well under 5 s each here
 SETTLES_WITHIN = 90.0
+
+
+#: how often a generated step's body or undo kills its process: never, once, every time
+KILLS = st.sampled_from([0, 1, ALWAYS])
+NAMES = ("s0", "s1", "s2")
+
+
+def expected(plan: dict[str, Any]) -> tuple[str | None, str | None, list[str], dict[str, int]]:
+    """What ``DeadlyReactor`` under ``plan`` ends in: the failing step and its error type (None
+    for a success), the ledger, and how many times each body and undo starts."""
+    effects: list[str] = []
+    runs: dict[str, int] = {}
+    failed_at, error = None, None
+    for index, name in enumerate(NAMES):
+        kills = plan[name]["body"]
+        runs[f"{name}:body"] = LIMIT if kills >= LIMIT else kills + 1
+        effects += [f"enter:{name}"] * runs[f"{name}:body"]
+        if kills >= LIMIT or plan[name]["fail"]:
+            failed_at, error = index, ("DeliveryLost" if kills >= LIMIT else "StepFailed")
+            effects.append(f"compensate:{name}")
+            break
+        effects.append(f"do:{name}")
+    if failed_at is None:
+        return None, None, effects, runs
+    for name in reversed(NAMES[:failed_at]):
+        kills = plan[name]["undo"]
+        runs[f"{name}:undo"] = LIMIT if kills >= LIMIT else kills + 1
+        if kills < LIMIT:
+            effects.append(f"undo:{name}")
+    return NAMES[failed_at], error, effects, runs
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    plan=st.fixed_dictionaries(
+        {
+            name: st.fixed_dictionaries({"body": KILLS, "undo": KILLS, "fail": st.booleans()})
+            for name in NAMES
+        }
+    )
+)
+@example(  # a kill on every side of the limit: s0 once, s1's undo every time, s2 every time
+    plan={
+        "s0": {"body": 1, "undo": 1, "fail": False},
+        "s1": {"body": 0, "undo": ALWAYS, "fail": False},
+        "s2": {"body": ALWAYS, "undo": 0, "fail": False},
+    }
+)
+def test_the_saga_promise_holds_whatever_the_kills(worker: Any, plan: dict[str, Any]) -> None:
+    """Every body that completed wrote its effect once and, after a failure, is undone once,
+    newest first — but for an undo that killed its deliveries up to the limit, reported not
+    done; a body or undo killed fewer times than the limit runs again until it completes; one
+    killed up to the limit fails its step with ``DeliveryLost`` and is not started again."""
+    failing, error, effects, runs = expected(plan)
+    order, execution = start(DeadlyReactor, plan)
+    ended = settled(execution)
+
+    assert ledger(order) == effects, plan
+    for counted_run, times in runs.items():
+        name, kind = counted_run.split(":")
+        assert ran(order, name, kind) == times, (counted_run, plan)
+    if failing is None:
+        assert ended.status == ExecutionStatus.SUCCEEDED, (ended.error, plan)
+        return
+    assert ended.status == ExecutionStatus.FAILED, plan
+    assert (ended.error["type"], ended.error["step"]) == (error, failing), (ended.error, plan)
+    not_undone = sorted(f["step"] for f in ended.rollback_failures if f["kind"] == "undo")
+    assert not_undone == sorted(
+        name for name in NAMES[: NAMES.index(failing)] if plan[name]["undo"] >= LIMIT
+    ), (ended.rollback_failures, plan)
 
 
 def settled(execution: Execution) -> Execution:
