@@ -113,7 +113,8 @@ SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers
 	tests/chaos/test_worker_cluster_failover_histories.py tests/worker/test_fair_priority.py \
 	tests/linearizability/test_checker_properties.py tests/unit/test_undo_order.py \
 	tests/unit/test_codec_round_trip.py tests/unit/test_stored_replies.py \
-	tests/integration/test_debounce_schedules.py
+	tests/integration/test_debounce_schedules.py tests/worker/test_lost_deliveries.py \
+	tests/unit/test_lost_delivery_rules.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_HYPOTHESIS_PROFILE=reactor-explore \

@@ -16,6 +16,7 @@ not add up, those inside a composed child included; a parallel map's element cou
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -49,6 +50,9 @@ WORKER_SETTINGS = {
 SETTLES_WITHIN = 90.0
 
 
+#: kill plans per run: a few in ``make test`` (each costs up to nine losses of a few seconds),
+#: more under ``make soak``'s random seeds
+EXAMPLES = 20 if os.environ.get("REACTOR_HYPOTHESIS_PROFILE") == "reactor-explore" else 3
 #: how often a generated step's body or undo kills its process: never, once, every time
 KILLS = st.sampled_from([0, 1, ALWAYS])
 NAMES = ("s0", "s1", "s2")
@@ -80,7 +84,7 @@ def expected(plan: dict[str, Any]) -> tuple[str | None, str | None, list[str], d
 
 
 @settings(
-    max_examples=3,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -67,10 +67,18 @@ SHORT, MIDDLE, LONG = 0.15, 1.2, 3.0
 
 
 def deliveries(worker: Any, execution: Execution) -> int:
-    """How many deliveries of ``execution`` the worker finished (Celery logs each)."""
-    return len(
-        re.findall(rf"succeeded in [0-9.]+s: \{{'execution_id': '{execution.id}'", worker.log())
+    """How many deliveries of ``execution`` the worker finished (Celery logs each once its task
+    returns). The execution's end is written inside the last delivery, before that line: a
+    test that has seen the end waits for the line of the delivery that wrote it, first (an
+    embedded run under load counted one delivery short)."""
+    status = Execution.objects.get(pk=execution.pk).status
+    done = rf"succeeded in [0-9.]+s: \{{'execution_id': '{execution.id}'"
+    wait_until(
+        lambda: re.search(rf"{done}, 'outcome': '{status}'", worker.log()),
+        10,
+        message=f"no delivery of {execution.id} logged its end ({status})",
     )
+    return len(re.findall(done, worker.log()))
 
 
 def assert_the_promise(effects: list[str], completed: list[str], failed: bool) -> None:
