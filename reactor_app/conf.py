@@ -123,6 +123,17 @@ class ReactorSettings:
             setting=name,
         )
 
+    def _count(self, name: str, default: int | None, *, minimum: int, note: str = "") -> int:
+        """A whole-number setting, at least ``minimum`` (``True`` is not one)."""
+        value = self._get(name, default)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+            return value
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigurationError(
+            f"REACTOR_{name} must be {what}{' ' + note if note else ''}, got {value!r}",
+            setting=name,
+        )
+
     @property
     def REDIS_URL(self) -> str | None:
         """Coordination Redis URL; ``"embedded"`` opts in to a development server started on
@@ -239,13 +250,7 @@ class ReactorSettings:
     def TRACKING_BUFFER_SIZE(self) -> int:
         """Size bound: this many buffered tracking rows wake the writer before the freshness
         bound is up (values under 64 act as 64: below that the bound is not even checked)."""
-        value = self._get("TRACKING_BUFFER_SIZE", 1000)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigurationError(
-                "REACTOR_TRACKING_BUFFER_SIZE must be a positive integer",
-                setting="TRACKING_BUFFER_SIZE",
-            )
-        return value
+        return self._count("TRACKING_BUFFER_SIZE", 1000, minimum=1)
 
     @property
     def TRACKING_FLUSH_ON_FINISH(self) -> bool:
@@ -266,13 +271,7 @@ class ReactorSettings:
         """A sequential ``map_step`` on a worker checkpoints its elements in batches: at most
         this many completed elements wait unwritten (a redelivery after a crash re-runs at most
         them; docs/operations.md, "Checkpoints"). 1 writes every element."""
-        value = self._get("MAP_CHECKPOINT_EVERY", 50)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigurationError(
-                "REACTOR_MAP_CHECKPOINT_EVERY must be a positive integer",
-                setting="MAP_CHECKPOINT_EVERY",
-            )
-        return value
+        return self._count("MAP_CHECKPOINT_EVERY", 50, minimum=1)
 
     @property
     def LOST_DELIVERY_LIMIT(self) -> int:
@@ -280,13 +279,7 @@ class ReactorSettings:
         its work (a killed pool process, a crash, a hard time limit) before the unit at that
         point fails with ``DeliveryLost`` instead of running again (``engine.lost_deliveries``).
         0 turns the guard off: such a unit runs again after every loss, without end."""
-        value = self._get("LOST_DELIVERY_LIMIT", 3)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigurationError(
-                "REACTOR_LOST_DELIVERY_LIMIT must be an integer >= 0 (0 turns the guard off)",
-                setting="LOST_DELIVERY_LIMIT",
-            )
-        return value
+        return self._count("LOST_DELIVERY_LIMIT", 3, minimum=0, note="(0 turns the guard off)")
 
     @property
     def MAP_CHECKPOINT_SECONDS(self) -> float:
@@ -350,15 +343,9 @@ class ReactorSettings:
     @property
     def ORDERED_WAIT_CEILING(self) -> int | None:
         """Parks of one unit on an ordered lock before it fails (None: unbounded)."""
-        value = self._get("ORDERED_WAIT_CEILING", None)
-        if value is None:
+        if self._get("ORDERED_WAIT_CEILING", None) is None:
             return None
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigurationError(
-                "REACTOR_ORDERED_WAIT_CEILING must be a positive integer or None",
-                setting="ORDERED_WAIT_CEILING",
-            )
-        return value
+        return self._count("ORDERED_WAIT_CEILING", None, minimum=1, note="or None")
 
     @property
     def WORKER_WAIT(self) -> float:
