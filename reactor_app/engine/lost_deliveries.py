@@ -25,9 +25,9 @@ again, it fails the body and passes over that compensate too.
 
 The point is a fingerprint of what the progress writes change (``engine.progress``): the
 number of progress rows, the next step, the rollback's hooks done, the attempts spent and the
-failures waiting for a retry — of the execution and of the composed children it runs inside
-its deliveries, whose units its deliveries run. A park, a requeue or a kept hold's renewal
-changes none of them: a unit that parks between two losses is still where it was.
+failures waiting for a retry — of the execution and of the composed children in progress under
+it (their units run in its deliveries). A park, a requeue or a kept hold's renewal changes
+none of them: a unit that parks between two losses is still where it was.
 
 A sequential map writes its elements in batches (``REACTOR_MAP_CHECKPOINT_EVERY``); after a
 loss it writes each element (``ExecutionRun.element_done``), so that the point names the
@@ -47,9 +47,6 @@ from reactor_app.models import Execution
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
-
-#: the context keys a progress write changes and a park does not (``position``)
-_PROGRESS_KEYS = ("next_index", "attempts", "rolling_back")
 
 
 def position(contexts: list[dict[str, Any]]) -> str:
