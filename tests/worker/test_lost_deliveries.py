@@ -45,6 +45,9 @@ LIMIT = 3
 WORKER_SETTINGS = {
     "REACTOR_EXECUTION_CLAIM_TTL": 1,
     "REACTOR_LOST_DELIVERY_LIMIT": LIMIT,
+    # a map's elements are written in batches of 50 or once a second: never by age here, so
+    # the batch a first loss cuts short is certainly unwritten, however slow the machine
+    "REACTOR_MAP_CHECKPOINT_SECONDS": 60,
 }
 #: a loss costs a claim TTL, a new pool process and a requeue: well under 5 s each here
 SETTLES_WITHIN = 90.0
