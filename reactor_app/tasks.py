@@ -101,15 +101,16 @@ def run_execution(self: Any, execution_id: str, requeue_token: str | None = None
     # beat_schedule()), and the engine imports the models
     from reactor_app.engine import countdowns
     from reactor_app.engine.delivery import deliver
+    from reactor_app.engine.enqueueing import OUTAGES_HEADER, START_HEADER
     from reactor_app.engine.time_slice import task_limits, time_slice
 
     # started first: Celery's time limit counts from the task's start
     clock = time_slice(*task_limits(self))
 
-    # a new execution's first step, in a message header rather than an argument: a worker of
-    # an earlier version ignores a header it does not know (engine.enqueueing.START_HEADER)
-    start = _header(self.request, "reactor_start")
-    outages = _header(self.request, "reactor_outages")
+    # a new execution's first step, and the outages met before a claim, in message headers
+    # rather than arguments: a worker of an earlier version ignores a header it does not know
+    start = _header(self.request, START_HEADER)
+    outages = _header(self.request, OUTAGES_HEADER)
     return deliver(
         execution_id,
         task_id=self.request.id,

@@ -35,21 +35,19 @@ from reactor_app.coordination.claims import (
 from reactor_app.datetimes import given
 from reactor_app.engine import countdowns
 from reactor_app.engine import debounce as debounced
+from reactor_app.engine.idempotency import check_idempotency_key, same_call
 from reactor_app.engine.inputs import input_errors, stored_inputs
 from reactor_app.engine.outcomes import PassEnd
 from reactor_app.engine.priority import checked_priority, in_process_context, message_priority
 from reactor_app.engine.result import Result, note_sent, note_unsent
 from reactor_app.engine.state import REACTOR_SLOT, ExecutionState
 from reactor_app.exceptions import (
-    IdempotencyKeyReused,
     InputNotSerializable,
-    InputValidationError,
     ReactorError,
 )
 from reactor_app.models import Execution
-from reactor_app.serialization import encode, encoded_form
+from reactor_app.serialization import encode
 from reactor_app.status import ExecutionStatus
-from reactor_app.storable import text_problem
 
 if TYPE_CHECKING:
     from reactor_app.dsl.reactor import Reactor
@@ -167,26 +165,6 @@ def _worker_context(priority: int | None = None, burst: str | None = None) -> di
     return state.to_json()
 
 
-def _check_idempotency_key(reactor: type[Reactor], idempotency_key: Any) -> None:
-    """``InputValidationError`` at the call for a key its column cannot store as it is (a NUL
-    character or a lone surrogate, more characters than the column holds): before, the row's
-    ``INSERT`` failed with a database error."""
-    if idempotency_key is None:
-        return
-    text = str(idempotency_key)
-    longest = Execution._meta.get_field("idempotency_key").max_length or len(text)
-    problem = text_problem(text)
-    if problem is None and len(text) > longest:
-        problem = f"{len(text)} characters, more than the {longest} stored"
-    if problem is not None:
-        raise InputValidationError(
-            f"run_async of {reactor.__qualname__}: the idempotency key has {problem}",
-            reactor=reactor.path(),
-            step=None,
-            field_errors={"idempotency_key": f"has {problem}"},
-        )
-
-
 def run_async(
     reactor: type[Reactor],
     inputs: dict[str, Any],
@@ -221,7 +199,7 @@ def run_async(
     if run_after is not None:
         # the project's kind of datetime (aware with USE_TZ, naive without), or refused
         run_after = given(run_after, name="run_after", reactor=reactor.path())
-    _check_idempotency_key(reactor, idempotency_key)
+    check_idempotency_key(reactor, idempotency_key)
     error = input_errors(reactor, inputs)
     if error is not None:
         raise error
@@ -237,7 +215,7 @@ def run_async(
                 field_errors={name: str(exc)},
             ) from exc
     if idempotency_key is not None:
-        existing = _same_call(reactor, stored_inputs, idempotency_key)
+        existing = same_call(reactor, stored_inputs, idempotency_key)
         if existing is not None:
             return existing
     burst = debounced.burst_of(reactor, inputs, debounce)
@@ -274,37 +252,11 @@ def run_async(
                 debounced.settle_on_commit(burst, placed.earlier, str(execution_id))
     except IntegrityError:
         # A concurrent call with the same key won the insert (the unique constraint decides).
-        existing = _same_call(reactor, stored_inputs, idempotency_key)
+        existing = same_call(reactor, stored_inputs, idempotency_key)
         if existing is None:
             raise
         return existing
     return execution
-
-
-def _same_call(
-    reactor: type[Reactor], stored_inputs: dict[str, Any], idempotency_key: str | None
-) -> Execution | None:
-    """The execution an earlier call with ``idempotency_key`` made, if it was the same call."""
-    if idempotency_key is None:
-        return None
-    existing = Execution.objects.with_idempotency_key(idempotency_key)
-    if existing is None:
-        return None
-    # compared as stored JSON, not as Python values: True == 1 == 1.0 in Python, yet
-    # amount=True and amount=1 are different calls (a worker reads back what was stored)
-    if existing.reactor != reactor.path() or encoded_form(existing.inputs) != encoded_form(
-        stored_inputs
-    ):
-        raise IdempotencyKeyReused(
-            f"the idempotency key {idempotency_key!r} was used for execution {existing.id} "
-            f"({existing.reactor} with other inputs or another reactor); use a new key for a "
-            "different call",
-            reactor=reactor.path(),
-            step=None,
-            field_errors={"idempotency_key": "already used for a different call"},
-            execution_id=str(existing.id),
-        )
-    return existing
 
 
 def enqueue_new_on_commit(

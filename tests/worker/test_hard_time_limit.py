@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 
-from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from tests.worker.helpers import wait_until
 from tests.worker.lost_delivery_reactors import DeadlyReactor, ran
 from tests.worker.promise_reactors import ledger
+from tests.worker.test_lost_deliveries import settled
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -38,13 +37,8 @@ WORKER_SETTINGS = {
 def test_a_body_past_the_hard_time_limit_fails_after_the_limit_of_kills(worker: Any) -> None:
     order = uuid.uuid4().hex
     execution = DeadlyReactor.run_async(order=order, plan={"s1": {"sleep": 4}})
-    wait_until(
-        lambda: Execution.objects.get(pk=execution.pk).is_terminal,
-        120,
-        interval=0.2,
-        message="the execution never ended",
-    )
-    ended = Execution.objects.get(pk=execution.pk)
+    # each kill costs the limit, then the sweep's wait for a stale heartbeat
+    ended = settled(execution, within=120)
 
     assert ended.status == ExecutionStatus.FAILED
     assert (ended.error["type"], ended.error["step"]) == ("DeliveryLost", "s1")

@@ -130,10 +130,11 @@ def test_the_saga_promise_holds_whatever_the_kills(worker: Any, plan: dict[str, 
     ), (ended.rollback_failures, plan)
 
 
-def settled(execution: Execution) -> Execution:
+def settled(execution: Execution, within: float = SETTLES_WITHIN) -> Execution:
+    """The execution's row once it ended (within ``within`` seconds)."""
     wait_until(
         lambda: Execution.objects.get(pk=execution.pk).is_terminal,
-        SETTLES_WITHIN,
+        within,
         interval=0.2,
         message=f"{execution.id} did not end",
     )
