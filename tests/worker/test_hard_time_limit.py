@@ -44,7 +44,7 @@ def test_a_body_past_the_hard_time_limit_fails_after_the_limit_of_kills(worker: 
     assert (ended.error["type"], ended.error["step"]) == ("DeliveryLost", "s1")
     assert ran(order, "s1", "body") == LIMIT
     # killed by the pool: Celery's own report of each of them
-    assert worker.log().count("TimeLimitExceeded") >= LIMIT
+    assert worker.process.read_log().count("TimeLimitExceeded") >= LIMIT
     assert ledger(order) == [
         "enter:s0",
         "do:s0",

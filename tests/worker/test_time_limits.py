@@ -74,11 +74,11 @@ def deliveries(worker: Any, execution: Execution) -> int:
     status = Execution.objects.get(pk=execution.pk).status
     done = rf"succeeded in [0-9.]+s: \{{'execution_id': '{execution.id}'"
     wait_until(
-        lambda: re.search(rf"{done}, 'outcome': '{status}'", worker.log()),
+        lambda: re.search(rf"{done}, 'outcome': '{status}'", worker.process.read_log()),
         10,
         message=f"no delivery of {execution.id} logged its end ({status})",
     )
-    return len(re.findall(done, worker.log()))
+    return len(re.findall(done, worker.process.read_log()))
 
 
 def assert_the_promise(effects: list[str], completed: list[str], failed: bool) -> None:
