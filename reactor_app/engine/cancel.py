@@ -61,6 +61,7 @@ from reactor_app.engine.enqueueing import enqueue_on_commit, enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.inputs import who_asked
 from reactor_app.engine.outcomes import RunEnd
+from reactor_app.engine.priority import stored_message_priority
 from reactor_app.engine.state import ExecutionState
 from reactor_app.exceptions import ExecutionNotCancellable, ReactorError
 from reactor_app.models import Execution
@@ -116,7 +117,11 @@ def cancel_execution(execution_id: Any, reason: Any = "", *, by: str | None = No
             countdown = claim.ttl_left() + 0.5
         except ReactorError:
             countdown = claim.ttl
-        enqueue_quietly(execution.id, countdown=countdown)
+        enqueue_quietly(
+            execution.id,
+            countdown=countdown,
+            priority=stored_message_priority(execution.context),
+        )
         return execution
     # renewed while the rollback runs, however long: no delivery may take the run over meanwhile
     claim.start_renewal()
@@ -169,7 +174,7 @@ def _hand_to_worker(execution: Execution) -> Execution:
             execution = row
     # once the caller's transaction commits: a delivery sent earlier could find the row before
     # the run's own on-commit work (its ordered-lock position) is saved
-    enqueue_on_commit(execution.id)
+    enqueue_on_commit(execution.id, priority=stored_message_priority(execution.context))
     return execution
 
 

@@ -44,7 +44,7 @@ from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.lost_deliveries import arm_verdict, note_lost
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
-from reactor_app.engine.priority import message_priority
+from reactor_app.engine.priority import message_priority, stored_message_priority
 from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.time_slice import DeliveryTimeUp, SoftTimeLimitExceeded, TimeSlice
 from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
@@ -121,7 +121,7 @@ def deliver(
         execution = execution or Execution.objects.filter(pk=execution_id).first()
         if execution is None or execution.status not in RUNNABLE:
             return {**summary, **_unrunnable(execution)}
-        return {**summary, **_retry_after_outage(execution.id, execution.status, outages)}
+        return {**summary, **_retry_after_outage(execution, outages, start=start)}
     if not claimed:
         execution = Execution.objects.filter(pk=execution_id).first()
         if execution is None:
@@ -140,6 +140,7 @@ def deliver(
                 execution_id,
                 countdown=countdown,
                 requeue_token=token if execution.status == ExecutionStatus.PARKED else None,
+                priority=_priority_of(execution),
             )
         return {**summary, "outcome": "claimed_elsewhere", "status": execution.status}
     run: ExecutionRun | None = None
@@ -167,12 +168,13 @@ def deliver(
     except CoordinationUnavailable:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again
-        return {**summary, **_retry_after_outage(execution_id, ExecutionStatus.RUNNING, outages)}
+        taking_over = execution if execution is not None else execution_id
+        return {**summary, **_retry_after_outage(taking_over, outages, ExecutionStatus.RUNNING)}
     except (DeliveryTimeUp, SoftTimeLimitExceeded):
         # the task's soft time limit ran out outside a body (engine.time_slice): the claim is
         # given back below, and the next delivery takes over from the last checkpoint
         logger.warning("delivery of %s stopped by its soft time limit", execution_id)
-        enqueue_quietly(execution_id)
+        enqueue_quietly(execution_id, priority=_priority_of(execution))
         return {**summary, "outcome": "time_up"}
     except ClaimLost:
         if _superseded(execution_id):
@@ -182,7 +184,7 @@ def deliver(
         # Another delivery may run it now, or nobody (the claim vanished with a restarted
         # Redis): look again once a claim would have lapsed; a duplicate is harmless.
         logger.warning("delivery of %s stopped: its claim lapsed", execution_id)
-        enqueue_quietly(execution_id, countdown=claim.ttl)
+        enqueue_quietly(execution_id, countdown=claim.ttl, priority=_priority_of(execution))
         return {**summary, "outcome": "claim_lost"}
     finally:
         claim.release()
@@ -196,14 +198,23 @@ def _unrunnable(execution: Execution | None) -> dict[str, Any]:
     return {"outcome": "nothing_to_do", "status": execution.status}
 
 
-def _retry_after_outage(execution_id: Any, status: str, outages: int = 0) -> dict[str, Any]:
-    """The coordination Redis is unreachable before this delivery could claim the execution
+def _retry_after_outage(
+    execution: Execution | str,
+    outages: int = 0,
+    status: str | None = None,
+    *,
+    start: str | None = None,
+) -> dict[str, Any]:
+    """The coordination Redis is unreachable before this delivery could claim ``execution``
     (or drop the holds of the dead delivery it takes over from): nothing ran; send it again
     after a backoff that grows with the outages met in a row (``outages`` before this one,
     carried by the message: there is no state to keep them in before a claim) — a long outage
-    costs each waiting execution a message per backoff cap, not one per base delay. If the
-    broker is unreachable too, the sweeper re-enqueues it once the heartbeat is stale
-    (docs/operations.md, "Recovery")."""
+    costs each waiting execution a message per backoff cap, not one per base delay. The
+    message keeps what the one it replaces carried: the execution's priority and a new
+    execution's ``start``. If the broker is unreachable too, the sweeper re-enqueues it once
+    the heartbeat is stale (docs/operations.md, "Recovery")."""
+    row = execution if isinstance(execution, Execution) else None
+    execution_id = row.pk if row is not None else execution
     met = max(outages, 0) + 1
     delay = backoff_seconds(met)
     logger.warning(
@@ -212,8 +223,18 @@ def _retry_after_outage(execution_id: Any, status: str, outages: int = 0) -> dic
         delay,
         met,
     )
-    enqueue_quietly(execution_id, countdown=delay, outages=met)
+    enqueue_quietly(
+        execution_id, countdown=delay, outages=met, priority=_priority_of(row), start=start
+    )
+    if status is None and row is not None:
+        status = row.status
     return {"outcome": "coordination_unavailable", "status": status}
+
+
+def _priority_of(execution: Execution | None) -> int | None:
+    """The message priority of a requeue of ``execution`` (None when the row was not read: it
+    is then sent as a default-priority message is)."""
+    return stored_message_priority(execution.context) if execution is not None else None
 
 
 def _fail_unrunnable(execution: Execution, missing: ReactorNotRegistered) -> dict[str, Any]:
@@ -256,7 +277,7 @@ def _debounced(execution: Execution) -> dict[str, Any] | None:
     try:
         decision = debounce.at_delivery(execution, str(burst))
     except CoordinationUnavailable:
-        return _retry_after_outage(execution.pk, execution.status)
+        return _retry_after_outage(execution)
     if decision == "wait":
         enqueue_quietly(execution.pk, countdown=debounce.WAIT_FOR_LATEST)
         return {"outcome": "debounce_wait", "status": execution.status}

@@ -99,6 +99,7 @@ from reactor_app.engine.finishing import finish_pass, result_of
 from reactor_app.engine.gate import Gate
 from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_outcome
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
+from reactor_app.engine.priority import message_priority
 from reactor_app.engine.progress import ProgressStore, load_state
 from reactor_app.engine.reactor_gate import enter_reactor_gate
 from reactor_app.engine.result import Result
@@ -564,5 +565,5 @@ def run_inline(run: ExecutionRun) -> Result:
     end = run.execute()
     run.finish(end)
     if end.status == PassEnd.HANDED_OFF:
-        enqueue_on_commit(run.execution.id)
+        enqueue_on_commit(run.execution.id, priority=message_priority(run.priority))
     return run.result(end)

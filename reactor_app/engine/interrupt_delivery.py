@@ -24,6 +24,7 @@ from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_on_commit
 from reactor_app.engine.executor import ExecutionRun, run_inline
 from reactor_app.engine.outcomes import PassEnd
+from reactor_app.engine.priority import message_priority
 from reactor_app.engine.progress import load_state
 from reactor_app.engine.result import Result
 from reactor_app.engine.state import InterruptEntry
@@ -130,7 +131,7 @@ def _take_interrupt(
         execution.heartbeat_at = now
         execution.save(update_fields=["context", "status", "heartbeat_at", "updated_at"])
         if background:
-            enqueue_on_commit(execution.id)
+            enqueue_on_commit(execution.id, priority=message_priority(state.origin.priority))
     return execution
 
 
@@ -178,5 +179,5 @@ def time_out_interrupt(execution_id: Any, now: datetime) -> bool:
         execution.status = ExecutionStatus.PENDING
         execution.heartbeat_at = now
         execution.save(update_fields=["context", "status", "heartbeat_at", "updated_at"])
-        enqueue_on_commit(execution.id)
+        enqueue_on_commit(execution.id, priority=message_priority(state.origin.priority))
     return True

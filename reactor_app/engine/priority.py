@@ -68,3 +68,10 @@ def message_priority(priority: int | None) -> int | None:
     """The Celery message priority of an execution of ``priority`` (its state's), or None for
     the default: such a message is sent as every other execution's is."""
     return celery_priority(priority) if priority else None
+
+
+def stored_message_priority(context: dict[str, Any] | None) -> int | None:
+    """``message_priority`` of an execution whose stored state is ``context``: for the messages
+    sent for a row read back (a sweep's, a requeue after an outage, a cancel's), so a broker
+    that orders by priority serves each of them as it served the first."""
+    return message_priority(ExecutionState.peek(context).origin.priority)

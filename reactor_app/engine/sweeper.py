@@ -39,6 +39,7 @@ from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.delivery import RUNNABLE
 from reactor_app.engine.enqueueing import enqueue
 from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_interrupt
+from reactor_app.engine.priority import stored_message_priority
 from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, kept_hold
 from reactor_app.engine.stranded_positions import complete_stranded_heads
 from reactor_app.engine.waiting_positions import keep_waiting_positions
@@ -78,7 +79,7 @@ def sweep(now: datetime | None = None) -> list[str]:
             heartbeat_at=now
         )
         if won:
-            enqueue(execution.id)
+            enqueue(execution.id, priority=stored_message_priority(execution.context))
             enqueued.append(str(execution.id))
     renew_kept_holds(now)
     keep_waiting_positions(now)

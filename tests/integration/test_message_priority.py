@@ -1,0 +1,143 @@
+"""Every message sent for an execution carries its priority, not only the first and a park's
+requeue: a broker that orders by priority serves each later delivery as it served the first.
+
+Before, the messages a delivery, the sweeper, a cancel or an in-process hand-off sent for an
+execution read back from its row went without one. On the Redis transport a message without
+a priority counts as the highest, so a low-priority execution that met a coordination outage,
+found its claim taken, was swept or cancelled jumped ahead of everything queued.
+
+The messages are read back from a queue nobody consumes (``nobody_queue``); each way of
+sending one is the product's own code run here on a real broker, Redis and database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date, timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app.engine.claim import ExecutionClaim
+from reactor_app.engine.dispatch import deliver, sweep
+from reactor_app.engine.enqueueing import OUTAGES_HEADER, START_HEADER
+from reactor_app.engine.priority import celery_priority
+from reactor_app.models import Execution
+from tests.integration.test_long_countdowns import taken
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UNREACHABLE = "redis://127.0.0.1:1/0"
+
+
+class Note(Step):
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        return Success({"noted": args["n"]})
+
+
+class Twice(Reactor):
+    inputs = ("n", "day")
+    first = step(Note, n=from_input("n"))
+    second = step(Note, n=from_input("n"))
+
+
+class HandedOff(Reactor):
+    """Its first step runs in the caller's process, the rest on a worker."""
+
+    inputs = ("n", "day")
+    background = "after:first"
+    first = step(Note, n=from_input("n"))
+    second = step(Note, n=from_input("n"))
+
+
+def _outage_before_the_claim(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    with override_settings(REACTOR_REDIS_URL=UNREACHABLE):
+        report = deliver(str(execution.id), start=first.get(START_HEADER))
+    assert report["outcome"] == "coordination_unavailable"
+    return {OUTAGES_HEADER: 1, START_HEADER: first.get(START_HEADER)}
+
+
+def _claimed_elsewhere(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    other = ExecutionClaim(execution.id, "elsewhere")
+    assert other.acquire(wait=0.0)
+    try:
+        assert deliver(str(execution.id))["outcome"] == "claimed_elsewhere"
+    finally:
+        other.release()
+    return {}
+
+
+def _swept(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    long_ago = timezone.now() - timedelta(hours=1)
+    Execution.objects.filter(pk=execution.pk).update(heartbeat_at=long_ago)
+    assert str(execution.id) in sweep()
+    return {}
+
+
+def _cancelled_idle(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    Execution.objects.get(pk=execution.pk).cancel("no longer needed")
+    return {}
+
+
+def _cancelled_while_claimed(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    other = ExecutionClaim(execution.id, "elsewhere")
+    assert other.acquire(wait=0.0)
+    try:
+        Execution.objects.get(pk=execution.pk).cancel("no longer needed")
+    finally:
+        other.release()
+    return {}
+
+
+SENDERS: dict[str, Callable[[Execution, dict[str, Any]], dict[str, Any]]] = {
+    "outage before the claim": _outage_before_the_claim,
+    "claimed elsewhere": _claimed_elsewhere,
+    "swept": _swept,
+    "cancelled while idle": _cancelled_idle,
+    "cancelled while claimed": _cancelled_while_claimed,
+}
+
+#: 0 too: the default priority sends none, before and after
+PRIORITIES = st.integers(min_value=-100, max_value=100)
+
+
+@pytest.mark.parametrize("sender", sorted(SENDERS))
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(priority=PRIORITIES)
+def test_every_message_sent_for_an_execution_carries_its_priority(
+    nobody_queue: str, priority: int, sender: str
+) -> None:
+    taken(nobody_queue)  # an earlier example's messages (a failing one's)
+    execution = Twice.run_async(n=1, day=date(2026, 1, 1), priority=priority)
+    (first,) = taken(nobody_queue)
+    if priority:  # (the default sends none: the broker shows its own default)
+        assert first["priority"] == celery_priority(priority)
+    kept = SENDERS[sender](execution, first)
+    (again,) = taken(nobody_queue)
+    assert again["priority"] == first["priority"], sender
+    for header, value in kept.items():
+        assert again.get(header) == value, header
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(priority=PRIORITIES.filter(bool))
+def test_an_in_process_run_hands_its_priority_on_to_the_worker_message(
+    nobody_queue: str, priority: int
+) -> None:
+    result = HandedOff.run(n=2, day=date(2026, 1, 1), priority=priority)
+    assert result.status == "handed_off"
+    (message,) = taken(nobody_queue)
+    assert message["priority"] == celery_priority(priority)
