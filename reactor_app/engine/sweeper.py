@@ -38,6 +38,7 @@ from reactor_app.coordination.redis import get_client
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.delivery import RUNNABLE
 from reactor_app.engine.enqueueing import enqueue
+from reactor_app.engine.failure_streak import FailureStreak
 from reactor_app.engine.interrupt_delivery import deadline_passed, time_out_interrupt
 from reactor_app.engine.priority import stored_message_priority
 from reactor_app.engine.state import KEPT_HOLDS, WORKER, ExecutionState, kept_hold
@@ -145,6 +146,9 @@ class SweepTimer:
         self.owner = f"{socket.gethostname()}:{self.pid}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reactor-sweeper", daemon=True)
+        # an outage fails every interval of every process: a traceback once, then a line a
+        # minute (engine.failure_streak)
+        self.streak = FailureStreak("worker sweep")
 
     def start(self) -> None:
         self._thread.start()
@@ -158,8 +162,10 @@ class SweepTimer:
             try:
                 if self._won():
                     self.sweep()
-            except Exception:  # Redis or the database away: try again next interval
-                logger.warning("worker sweep failed", exc_info=True)
+            except Exception as error:  # Redis or the database away: try again next interval
+                self.streak.failed(error)
+            else:
+                self.streak.succeeded()
             finally:
                 close_old_connections()
 
