@@ -153,6 +153,31 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+#: how much of a module's Celery worker log a failed test that used it shows
+WORKER_LOG_ON_FAILURE = 300
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that ran on a real Celery worker reports the end of that worker's log:
+    a timeout's cause (a stuck pool, an error in a delivery) is there, and the log is deleted
+    with the worker at the end of the module — in CI nothing else keeps it."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    worker = funcargs.get("worker") or funcargs.get("celery_worker_process")
+    log = getattr(worker, "log", None)
+    if callable(log):
+        report.sections.append(
+            (
+                f"celery worker log (its last {WORKER_LOG_ON_FAILURE} lines)",
+                log(WORKER_LOG_ON_FAILURE),
+            )
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # A key space per test
 # --------------------------------------------------------------------------------------------
