@@ -47,7 +47,7 @@ from reactor_app.engine.policy import ON_WORKER
 from reactor_app.engine.priority import message_priority, stored_message_priority
 from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.time_slice import DeliveryTimeUp, SoftTimeLimitExceeded, TimeSlice
-from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
+from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds, outage_reason
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
@@ -117,11 +117,11 @@ def deliver(
         claimed = claim.acquire(wait=CLAIM_WAIT, read_with=tuple(flag_keys(execution_id)))
         if claim.read is not None:
             note_read(execution_id, claim.read[0])
-    except CoordinationUnavailable:
+    except CoordinationUnavailable as outage:
         execution = execution or Execution.objects.filter(pk=execution_id).first()
         if execution is None or execution.status not in RUNNABLE:
             return {**summary, **_unrunnable(execution)}
-        return {**summary, **_retry_after_outage(execution, outages, start=start)}
+        return {**summary, **_retry_after_outage(execution, outage, outages, start=start)}
     if not claimed:
         execution = Execution.objects.filter(pk=execution_id).first()
         if execution is None:
@@ -165,11 +165,14 @@ def deliver(
         except ReactorNotRegistered as missing:
             return {**summary, **_fail_unrunnable(execution, missing)}
         run = _run_pass(execution, claim, clock)
-    except CoordinationUnavailable:
+    except CoordinationUnavailable as outage:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again
         taking_over = execution if execution is not None else execution_id
-        return {**summary, **_retry_after_outage(taking_over, outages, ExecutionStatus.RUNNING)}
+        return {
+            **summary,
+            **_retry_after_outage(taking_over, outage, outages, ExecutionStatus.RUNNING),
+        }
     except (DeliveryTimeUp, SoftTimeLimitExceeded):
         # the task's soft time limit ran out outside a body (engine.time_slice): the claim is
         # given back below, and the next delivery takes over from the last checkpoint
@@ -200,6 +203,7 @@ def _unrunnable(execution: Execution | None) -> dict[str, Any]:
 
 def _retry_after_outage(
     execution: Execution | str,
+    outage: CoordinationUnavailable,
     outages: int = 0,
     status: str | None = None,
     *,
@@ -218,10 +222,11 @@ def _retry_after_outage(
     met = max(outages, 0) + 1
     delay = backoff_seconds(met)
     logger.warning(
-        "coordination store unreachable; %s requeued in %.1fs (outage %d)",
+        "coordination store unavailable; %s requeued in %.1fs (outage %d): %s",
         execution_id,
         delay,
         met,
+        outage_reason(outage),
     )
     enqueue_quietly(
         execution_id, countdown=delay, outages=met, priority=_priority_of(row), start=start
@@ -276,8 +281,8 @@ def _debounced(execution: Execution) -> dict[str, Any] | None:
         return None
     try:
         decision = debounce.at_delivery(execution, str(burst))
-    except CoordinationUnavailable:
-        return _retry_after_outage(execution)
+    except CoordinationUnavailable as outage:
+        return _retry_after_outage(execution, outage)
     if decision == "wait":
         enqueue_quietly(execution.pk, countdown=debounce.WAIT_FOR_LATEST)
         return {"outcome": "debounce_wait", "status": execution.status}

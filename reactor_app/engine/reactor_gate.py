@@ -75,7 +75,7 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
         # A worker waits the outage out: it comes back later, nothing ran at this gate.
         if kept:
             run.state.continuation.kept_holds = kept  # not verified: still the execution's
-        run.root.requeue_in = outage_delay(run)
+        run.root.requeue_in = outage_delay(run, outage)
         return None, RunEnd(PassEnd.PARKED)
     except ParkRequested as parked:
         ceiling = note_park(run, "", parked)

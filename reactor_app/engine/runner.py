@@ -247,7 +247,7 @@ class UnitRunner:
                             # A worker comes back when the store may be back: nothing ran,
                             # nothing is held; an outage is neither contention nor a failure.
                             self._keep_attempts(attempt - 1)
-                            delay = outage_delay(self.run)
+                            delay = outage_delay(self.run, refusal)
                             return StepOutcome(UnitStatus.PARKED, error=refusal, retry_in=delay)
                         # Contention, an uncomputable key, an unknown named limit or Redis
                         # down: the body never ran, so there is nothing to compensate.

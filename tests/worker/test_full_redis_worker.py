@@ -112,7 +112,7 @@ def requeues_before_a_claim(worker: Any, execution: Execution) -> list[tuple[int
     last 80 lines (``worker.log()``): a CI rehearsal found fewer than five of these lines in
     those within 30 s; the message below shows what the log held if it happens again."""
     pattern = (
-        r"WARNING/[^\]]*\] coordination store unreachable; "
+        r"WARNING/[^\]]*\] coordination store unavailable; "
         rf"{execution.pk} requeued in ([0-9.]+)s \(outage (\d+)\)"
     )
     return [(int(n), float(d)) for d, n in re.findall(pattern, worker.process.read_log())]
