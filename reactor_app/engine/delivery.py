@@ -209,11 +209,12 @@ def _retry_after_outage(
     *,
     start: str | None = None,
 ) -> dict[str, Any]:
-    """The coordination Redis is unreachable before this delivery could claim ``execution``
-    (or drop the holds of the dead delivery it takes over from): nothing ran; send it again
-    after a backoff that grows with the outages met in a row (``outages`` before this one,
-    carried by the message: there is no state to keep them in before a claim) — a long outage
-    costs each waiting execution a message per backoff cap, not one per base delay. The
+    """The coordination Redis is unavailable (``outage``: down, full, refusing its ACL user)
+    before this delivery could claim ``execution`` (or drop the holds of the dead delivery it
+    takes over from): nothing ran; send it again after a backoff that grows with the outages
+    met in a row (``outages`` before this one, carried by the message: there is no state to
+    keep them in before a claim) — a long outage costs each waiting execution a message per
+    backoff cap, not one per base delay. The
     message keeps what the one it replaces carried: the execution's priority and a new
     execution's ``start``. If the broker is unreachable too, the sweeper re-enqueues it once
     the heartbeat is stale (docs/operations.md, "Recovery")."""

@@ -22,12 +22,14 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, step
+from reactor_app import Reactor, Step, Success, from_input, interrupt, step
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.dispatch import deliver, sweep
 from reactor_app.engine.enqueueing import OUTAGES_HEADER, START_HEADER
+from reactor_app.engine.interrupt_delivery import time_out_interrupt
 from reactor_app.engine.priority import celery_priority
 from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
 from tests.integration.test_long_countdowns import taken
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,6 +55,34 @@ class HandedOff(Reactor):
     background = "after:first"
     first = step(Note, n=from_input("n"))
     second = step(Note, n=from_input("n"))
+
+
+class Approved(Reactor):
+    """Waits for an approval (at most a second) between its two steps, on workers."""
+
+    inputs = ("n", "day")
+    background = True
+    first = step(Note, n=from_input("n"))
+    approval = interrupt(timeout=1)
+    second = step(Note, n=from_input("n"))
+
+
+def _interrupted(execution: Execution) -> None:
+    """Deliver ``execution`` here up to its interrupt (it sends no message of its own)."""
+    deliver(str(execution.id))
+    assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.INTERRUPTED
+
+
+def _resumed(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    _interrupted(execution)
+    Approved.resume(execution.id, step="approval", payload={"by": "ann"})
+    return {}
+
+
+def _interrupt_timed_out(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    _interrupted(execution)
+    time_out_interrupt(execution.id, timezone.now() + timedelta(seconds=5))
+    return {}
 
 
 def _outage_before_the_claim(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
@@ -94,14 +124,18 @@ def _cancelled_while_claimed(execution: Execution, first: dict[str, Any]) -> dic
     return {}
 
 
-SENDERS: dict[str, Callable[[Execution, dict[str, Any]], dict[str, Any]]] = {
-    "outage before the claim": _outage_before_the_claim,
-    "claimed elsewhere": _claimed_elsewhere,
-    "swept": _swept,
-    "cancelled while idle": _cancelled_idle,
-    "cancelled while claimed": _cancelled_while_claimed,
-}
+Sender = Callable[[Execution, dict[str, Any]], dict[str, Any]]
 
+#: each way a message is sent for an execution after its first, with the reactor it needs
+SENDERS: dict[str, tuple[type[Reactor], Sender]] = {
+    "outage before the claim": (Twice, _outage_before_the_claim),
+    "claimed elsewhere": (Twice, _claimed_elsewhere),
+    "swept": (Twice, _swept),
+    "cancelled while idle": (Twice, _cancelled_idle),
+    "cancelled while claimed": (Twice, _cancelled_while_claimed),
+    "resumed on a worker": (Approved, _resumed),
+    "interrupt timed out": (Approved, _interrupt_timed_out),
+}
 #: 0 too: the default priority sends none, before and after
 PRIORITIES = st.integers(min_value=-100, max_value=100)
 
@@ -117,11 +151,12 @@ def test_every_message_sent_for_an_execution_carries_its_priority(
     nobody_queue: str, priority: int, sender: str
 ) -> None:
     taken(nobody_queue)  # an earlier example's messages (a failing one's)
-    execution = Twice.run_async(n=1, day=date(2026, 1, 1), priority=priority)
+    reactor, send = SENDERS[sender]
+    execution = reactor.run_async(n=1, day=date(2026, 1, 1), priority=priority)
     (first,) = taken(nobody_queue)
     if priority:  # (the default sends none: the broker shows its own default)
         assert first["priority"] == celery_priority(priority)
-    kept = SENDERS[sender](execution, first)
+    kept = send(execution, first)
     (again,) = taken(nobody_queue)
     assert again["priority"] == first["priority"], sender
     for header, value in kept.items():
