@@ -121,7 +121,12 @@ def deliver(
         execution = execution or Execution.objects.filter(pk=execution_id).first()
         if execution is None or execution.status not in RUNNABLE:
             return {**summary, **_unrunnable(execution)}
-        return {**summary, **_retry_after_outage(execution, outage, outages, start=start)}
+        return {
+            **summary,
+            **_retry_after_outage(
+                execution, outage, outages, start=start, requeue_token=requeue_token
+            ),
+        }
     if not claimed:
         execution = Execution.objects.filter(pk=execution_id).first()
         if execution is None:
@@ -208,16 +213,18 @@ def _retry_after_outage(
     status: str | None = None,
     *,
     start: str | None = None,
+    requeue_token: str | None = None,
 ) -> dict[str, Any]:
     """The coordination Redis is unavailable (``outage``: down, full, refusing its ACL user)
     before this delivery could claim ``execution`` (or drop the holds of the dead delivery it
     takes over from): nothing ran; send it again after a backoff that grows with the outages
     met in a row (``outages`` before this one, carried by the message: there is no state to
     keep them in before a claim) — a long outage costs each waiting execution a message per
-    backoff cap, not one per base delay. The
-    message keeps what the one it replaces carried: the execution's priority and a new
-    execution's ``start``. If the broker is unreachable too, the sweeper re-enqueues it once
-    the heartbeat is stale (docs/operations.md, "Recovery")."""
+    backoff cap, not one per base delay. The message keeps what the one it replaces carried:
+    the execution's priority, a new execution's ``start`` and a park's ``requeue_token``
+    (without it, a countdown requeue that met an outage would not be recognised as stale once
+    the execution parked again). If the broker is unreachable too, the sweeper re-enqueues it
+    once the heartbeat is stale (docs/operations.md, "Recovery")."""
     row = execution if isinstance(execution, Execution) else None
     execution_id = row.pk if row is not None else execution
     met = max(outages, 0) + 1
@@ -230,7 +237,12 @@ def _retry_after_outage(
         outage_reason(outage),
     )
     enqueue_quietly(
-        execution_id, countdown=delay, outages=met, priority=_priority_of(row), start=start
+        execution_id,
+        countdown=delay,
+        outages=met,
+        priority=_priority_of(row),
+        start=start,
+        requeue_token=requeue_token,
     )
     if status is None and row is not None:
         status = row.status

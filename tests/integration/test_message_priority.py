@@ -22,7 +22,9 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, Step, Success, from_input, interrupt, step
+from reactor_app import Reactor, Step, Success, from_input, interrupt, step, with_lock
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Admitted, Holder, LockClaim
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.dispatch import deliver, sweep
 from reactor_app.engine.enqueueing import OUTAGES_HEADER, START_HEADER
@@ -176,3 +178,46 @@ def test_an_in_process_run_hands_its_priority_on_to_the_worker_message(
     assert result.status == "handed_off"
     (message,) = taken(nobody_queue)
     assert message["priority"] == celery_priority(priority)
+
+
+@with_lock(lambda inputs: f"message-priority:{inputs['n']}", ttl=30)
+class Locked(Reactor):
+    inputs = ("n", "day")
+    only = step(Note, n=from_input("n"))
+
+
+def _requeue_tokens(queue: str) -> list[Any]:
+    """The ``requeue_token`` of each message waiting in ``queue``, consumed."""
+    from celery import current_app
+
+    found = []
+    with current_app.connection_for_read() as connection:
+        channel = connection.default_channel
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            _, kwargs, _ = message.decode()
+            found.append(kwargs.get("requeue_token"))
+    return found
+
+
+def test_an_outage_keeps_the_requeue_token_of_the_park_it_delays(
+    nobody_queue: str, settings: Any
+) -> None:
+    """A park's countdown requeue that meets an outage is sent again with that park's token:
+    without it, once the execution had parked again, the message would not be recognised as
+    stale and would take the claim for one more contention attempt."""
+    settings.REACTOR_WORKER_WAIT = 0
+    held = Coordinator().admit([LockClaim("message-priority:9")], Holder(owner="test"))
+    assert isinstance(held, Admitted)
+    try:
+        execution = Locked.run_async(n=9, day=date(2026, 1, 1))
+        taken(nobody_queue)
+        deliver(str(execution.id))  # refused: parks, and its countdown requeue is sent
+        assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PARKED
+        (token,) = _requeue_tokens(nobody_queue)
+        assert token
+        with override_settings(REACTOR_REDIS_URL=UNREACHABLE):
+            report = deliver(str(execution.id), requeue_token=token)
+        assert report["outcome"] == "coordination_unavailable"
+        assert _requeue_tokens(nobody_queue) == [token]
+    finally:
+        Coordinator().release(held, "success")
