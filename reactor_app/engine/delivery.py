@@ -47,7 +47,7 @@ from reactor_app.engine.policy import ON_WORKER
 from reactor_app.engine.priority import message_priority, stored_message_priority
 from reactor_app.engine.state import ExecutionState, ParkedOn
 from reactor_app.engine.time_slice import DeliveryTimeUp, SoftTimeLimitExceeded, TimeSlice
-from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds, outage_reason
+from reactor_app.engine.worker import ClaimLost, backoff_seconds, drop_stale_holds
 from reactor_app.exceptions import CoordinationUnavailable, ReactorNotRegistered
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind, ExecutionStatus
@@ -234,7 +234,7 @@ def _retry_after_outage(
         execution_id,
         delay,
         met,
-        outage_reason(outage),
+        outage.message,
     )
     enqueue_quietly(
         execution_id,

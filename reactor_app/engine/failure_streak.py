@@ -34,9 +34,9 @@ class FailureStreak:
     clock: Callable[[], float] = time.monotonic
     log: logging.Logger = field(default=logger)
     #: failures since the last success
-    failures: int = 0
-    _since: float = 0.0
-    _reported_at: float = 0.0
+    failures: int = field(default=0, init=False)
+    _since: float = field(default=0.0, init=False, repr=False)
+    _reported_at: float = field(default=0.0, init=False, repr=False)
 
     def failed(self, error: BaseException) -> None:
         """Call from the job's ``except`` block (the traceback is the one being handled)."""

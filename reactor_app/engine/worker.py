@@ -68,28 +68,20 @@ def backoff_seconds(attempts: int, rng: random.Random | None = None) -> float:
     return step / 2 + (rng or random).uniform(0, step / 2)
 
 
-def outage_delay(run: ExecutionRun, outage: BaseException | None = None) -> float:
-    """The requeue delay of a worker unit that met ``CoordinationUnavailable`` (``outage``):
-    the contention backoff, growing with the outages this execution met (never counted as
-    contention). The log line carries the error's message: down, full and refusing its ACL
-    user are fixed in different places."""
+def outage_delay(run: ExecutionRun, outage: CoordinationUnavailable) -> float:
+    """The requeue delay of a worker unit that met ``outage``: the contention backoff, growing
+    with the outages this execution met (never counted as contention). The log line carries
+    the error's message, which says what the server does — unreachable, out of memory,
+    refusing its ACL user — and what to change: each is fixed in a different place."""
     continuation = run.root.state.continuation
     outages = continuation.outages = int(continuation.outages or 0) + 1
     logger.warning(
         "coordination store unavailable for %s; requeued (outage %d): %s",
         run.reactor_path,
         outages,
-        outage_reason(outage),
+        outage.message,
     )
     return backoff_seconds(outages)
-
-
-def outage_reason(outage: BaseException | None) -> str:
-    """What an outage's log line says of it: the error's own message (it names what the
-    server does — unreachable, out of memory, refusing its ACL user — and what to change)."""
-    if outage is None:
-        return "no detail"
-    return getattr(outage, "message", None) or str(outage) or type(outage).__name__
 
 
 def kept_hold_cover(requeue_in: float | None) -> float:

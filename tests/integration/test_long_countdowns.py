@@ -48,7 +48,8 @@ def nobody_queue(nobody_queue: str, settings: Any) -> str:
 
 def taken(queue: str) -> list[dict[str, Any]]:
     """The headers of the messages waiting in ``queue``, consumed (nobody else reads it), with
-    each one's priority and its countdown from now (its ETA), in seconds."""
+    each one's priority, its countdown from now (its ETA), in seconds, and the task's keyword
+    arguments (``kwargs``: a park's requeue names its ``requeue_token`` there)."""
     found = []
     with current_app.connection_for_read() as connection:
         channel = connection.default_channel
@@ -59,6 +60,7 @@ def taken(queue: str) -> list[dict[str, Any]]:
                 (datetime.fromisoformat(eta) - datetime.now(UTC)).total_seconds() if eta else 0.0
             )
             headers["priority"] = message.properties.get("priority")
+            headers["kwargs"] = message.decode()[1]
             found.append(headers)
     return found
 

@@ -186,19 +186,6 @@ class Locked(Reactor):
     only = step(Note, n=from_input("n"))
 
 
-def _requeue_tokens(queue: str) -> list[Any]:
-    """The ``requeue_token`` of each message waiting in ``queue``, consumed."""
-    from celery import current_app
-
-    found = []
-    with current_app.connection_for_read() as connection:
-        channel = connection.default_channel
-        while (message := channel.basic_get(queue, no_ack=True)) is not None:
-            _, kwargs, _ = message.decode()
-            found.append(kwargs.get("requeue_token"))
-    return found
-
-
 def test_an_outage_keeps_the_requeue_token_of_the_park_it_delays(
     nobody_queue: str, settings: Any
 ) -> None:
@@ -213,11 +200,12 @@ def test_an_outage_keeps_the_requeue_token_of_the_park_it_delays(
         taken(nobody_queue)
         deliver(str(execution.id))  # refused: parks, and its countdown requeue is sent
         assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PARKED
-        (token,) = _requeue_tokens(nobody_queue)
+        (parked,) = taken(nobody_queue)
+        token = parked["kwargs"].get("requeue_token")
         assert token
         with override_settings(REACTOR_REDIS_URL=UNREACHABLE):
             report = deliver(str(execution.id), requeue_token=token)
         assert report["outcome"] == "coordination_unavailable"
-        assert _requeue_tokens(nobody_queue) == [token]
+        assert [m["kwargs"].get("requeue_token") for m in taken(nobody_queue)] == [token]
     finally:
         Coordinator().release(held, "success")
