@@ -2,7 +2,9 @@
 requeue: a broker that orders by priority serves each later delivery as it served the first.
 
 Before, the messages a delivery, the sweeper, a cancel or an in-process hand-off sent for an
-execution read back from its row went without one. On the Redis transport a message without
+execution read back from its row went without one (the requeues after a claim lost mid-pass
+and after a soft time limit spent in engine code are tested here since; they were fixed with
+the others). On the Redis transport a message without
 a priority counts as the highest, so a low-priority execution that met a coordination outage,
 found its claim taken, was swept or cancelled jumped ahead of everything queued.
 
@@ -17,6 +19,8 @@ from datetime import date, timedelta
 from typing import Any
 
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -28,8 +32,10 @@ from reactor_app.coordination.claims import Admitted, Holder, LockClaim
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.dispatch import deliver, sweep
 from reactor_app.engine.enqueueing import OUTAGES_HEADER, START_HEADER
+from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.interrupt_delivery import time_out_interrupt
 from reactor_app.engine.priority import celery_priority
+from reactor_app.engine.time_slice import time_slice
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
 from tests.integration.test_long_countdowns import taken
@@ -47,6 +53,22 @@ class Note(Step):
 class Twice(Reactor):
     inputs = ("n", "day")
     first = step(Note, n=from_input("n"))
+    second = step(Note, n=from_input("n"))
+
+
+class TakenOver(Step):
+    """Another delivery claims the row while this body runs (its claim generation moves)."""
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        Execution.objects.filter(pk=context.execution_id).update(
+            claim_generation=F("claim_generation") + 1
+        )
+        return Success(None)
+
+
+class ClaimedMidway(Reactor):
+    inputs = ("n", "day")
+    first = step(TakenOver)
     second = step(Note, n=from_input("n"))
 
 
@@ -126,12 +148,42 @@ def _cancelled_while_claimed(execution: Execution, first: dict[str, Any]) -> dic
     return {}
 
 
+def _claim_lost(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    """Another delivery claims the row during the first body: this one stops at its checkpoint
+    and looks again once a claim would have lapsed."""
+    assert deliver(str(execution.id), start=first.get(START_HEADER))["outcome"] == "claim_lost"
+    return {}
+
+
+def _time_up_in_engine_code(execution: Execution, first: dict[str, Any]) -> dict[str, Any]:
+    """The task's soft limit runs out between a body and its checkpoint (engine code)."""
+
+    def spent(self: ExecutionRun, **fields: Any) -> None:
+        ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+        raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+
+    original = ExecutionRun.checkpoint
+    ExecutionRun.checkpoint = spent  # type: ignore[method-assign]
+    try:
+        # the worker task's clock: a soft limit of a minute (its share is far off)
+        clock = time_slice(hard=None, soft=60)
+        report = deliver(str(execution.id), start=first.get(START_HEADER), clock=clock)
+    finally:
+        ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+    assert report["outcome"] == "time_up", report
+    # ended as a killed delivery would: nothing failed, the next delivery takes over
+    assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.RUNNING
+    return {}
+
+
 Sender = Callable[[Execution, dict[str, Any]], dict[str, Any]]
 
 #: each way a message is sent for an execution after its first, with the reactor it needs
 SENDERS: dict[str, tuple[type[Reactor], Sender]] = {
     "outage before the claim": (Twice, _outage_before_the_claim),
     "claimed elsewhere": (Twice, _claimed_elsewhere),
+    "claim lost mid-pass": (ClaimedMidway, _claim_lost),
+    "soft limit spent in engine code": (Twice, _time_up_in_engine_code),
     "swept": (Twice, _swept),
     "cancelled while idle": (Twice, _cancelled_idle),
     "cancelled while claimed": (Twice, _cancelled_while_claimed),
