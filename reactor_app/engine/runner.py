@@ -304,6 +304,12 @@ class UnitRunner:
                     if isinstance(outcome, Failure):
                         outcome = Failure(outcome.exception(), retryable=False)
                 except Exception as exc:  # a lease lost while the body ran
+                    if clock is not None and cut_off(exc):
+                        # the task's soft limit in the engine's own code, after the body: as
+                        # a delivery killed before the checkpoint, the step runs again in the
+                        # next one (engine.time_slice); not this attempt's failure
+                        release_as = "retry"
+                        return self._cut_off(attempt, recorder, clock, after_body=True)
                     if not isinstance(outcome, Failure):
                         outcome = Failure(exc)
                 if self.host.stores_results:
@@ -391,11 +397,20 @@ class UnitRunner:
         return StepOutcome(UnitStatus.FAILED, error=error)
 
     def _cut_off(
-        self, attempt: int, recorder: StepRecorder | None, clock: TimeSlice
+        self,
+        attempt: int,
+        recorder: StepRecorder | None,
+        clock: TimeSlice,
+        *,
+        after_body: bool = False,
     ) -> StepOutcome:
-        """A body cut off by the soft time limit after an earlier unit of its delivery: the
-        attempt is not spent, and the step runs again first thing in a new delivery."""
+        """A body cut off by the soft time limit after an earlier unit of its delivery — or,
+        ``after_body``, the engine's own code between a body and its checkpoint, wherever the
+        body stood in its delivery: the attempt is not spent, and the step runs again first
+        thing in a new delivery (the at-least-once rule of a body whose delivery was killed
+        before its checkpoint)."""
         self._keep_attempts(attempt - 1)
+        when = "after this body returned, before its checkpoint" if after_body else "during it"
         if recorder:
             recorder.finished(
                 EngineEvent.STEP_RETRIED,
@@ -403,7 +418,7 @@ class UnitRunner:
                     "type": "DeliveryTimeUp",
                     "message": (
                         f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
-                        "during this body, which runs again in a new delivery"
+                        f"{when}: the body runs again in a new delivery"
                     ),
                 },
             )

@@ -37,6 +37,7 @@ from reactor_app.engine.runner import (
     validate_arguments,
 )
 from reactor_app.engine.settling import compensate_pending
+from reactor_app.engine.time_slice import stops_delivery
 from reactor_app.engine.worker import note_park
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -59,6 +60,10 @@ def run_spec(run: ExecutionRun, spec: StepSpec) -> StepOutcome:
             )
             return StepOutcome(UnitStatus.SKIPPED, reason="where")
     except Exception as exc:
+        if stops_delivery(run.root.time_slice, exc):
+            # the task's soft limit, not the predicate's failure: the delivery ends as a
+            # killed one would, and the next one evaluates it again (engine.time_slice)
+            raise
         return StepOutcome(
             UnitStatus.FAILED,
             error=StepFailed(

@@ -24,9 +24,10 @@ step exceeded. So:
   started its delivery is reported as not undone, as a hook that raised.
 * **An in-delivery wait** for a contended key (``REACTOR_WORKER_WAIT``) is cut short at the
   delivery's share: the execution parks as after any wait.
-* **Anywhere else** (the engine's own code): the delivery ends as if its worker had been
-  killed there (``DeliveryTimeUp``), and is sent again at once; the next delivery takes over
-  from the last checkpoint as after a crash.
+* **Anywhere else** (the engine's own code — also between a body and its checkpoint, and in a
+  ``where=`` predicate, which are no body's failure): the delivery ends as if its worker had
+  been killed there (``DeliveryTimeUp``), and is sent again at once; the next delivery takes
+  over from the last checkpoint as after a crash.
 * **In the caller's process** (``Reactor.run()`` inside a Celery task of the caller's) there
   is no slice: ``SoftTimeLimitExceeded`` is an error like any other (``stops_delivery``).
 
