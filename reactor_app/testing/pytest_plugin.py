@@ -114,6 +114,32 @@ def configured_redis_url() -> str | None:
     return embedded.url(directory)
 
 
+#: the Celery options a task copies from the app's configuration when it is first bound, and
+#: the configuration each comes from
+_TIME_LIMITS = (("time_limit", "task_time_limit"), ("soft_time_limit", "task_soft_time_limit"))
+
+
+def refresh_task_time_limits() -> None:
+    """Make reactor_app's tasks take their time limits from the Celery configuration as it is
+    now (the test's settings).
+
+    WHY: Celery copies ``task_time_limit`` and ``task_soft_time_limit`` onto a task class the
+    first time it binds it, keeps them, and stamps them on every message the task sends (the
+    task's execution options, cached too); a worker applies a message's limits before its own.
+    A module whose ``WORKER_SETTINGS`` set limits shares them with this process while its tests
+    run, so when the task was first bound there, every later module's messages carried them:
+    a worker given no soft limit cut its deliveries by one of 2 s. (Only the limits, and only
+    reactor_app's tasks, which declare none of their own.)"""
+    from reactor_app.tasks import purge, run_execution, sweep
+
+    for proxy in (run_execution, sweep, purge):
+        task = getattr(proxy, "_get_current_object", lambda p=proxy: p)()  # shared_task's proxy
+        conf = task.app.conf
+        for attribute, setting in _TIME_LIMITS:
+            setattr(type(task), attribute, conf.get(setting))
+        task._exec_options = None  # recomputed from the above at the next send
+
+
 def apply_settings(request: pytest.FixtureRequest, values: dict[str, Any]) -> None:
     """Set Django settings for the current test: through pytest-django's ``settings`` fixture
     when it exists (so its own overrides unwind in order), else ``override_settings``."""
@@ -345,7 +371,11 @@ def reactor_key_space(request: pytest.FixtureRequest) -> Iterator[str]:
     # Resolved before the test runs: a test may point REACTOR_REDIS_URL elsewhere (even at a
     # dead server), and that override is still in force when this fixture tears down.
     url = configured_redis_url()
+    # registered before the settings' own undo, so it runs after it: later tests' messages
+    # carry the limits of their own settings, not this module's
+    request.addfinalizer(refresh_task_time_limits)
     apply_settings(request, {**(worker.settings if worker else {}), "REACTOR_KEY_PREFIX": prefix})
+    refresh_task_time_limits()
     yield prefix
     _flush_tracking()
     if url is None:
