@@ -6,7 +6,9 @@ the engine's bookkeeping around them. docs/operations.md ("Celery time limits") 
 each place means: a body cut off after other work of its delivery runs again in the next
 one, a body cut off although it started its delivery failed that attempt, and anywhere else
 the delivery ends as if its worker had been killed there. Whatever the place, the following
-deliveries finish the run, and every effect a body made stands once or is undone once.
+deliveries finish the run, and every effect a body made stands or is undone — once, but for
+the at-least-once rule of a killed delivery: a unit cut between its effect and its record
+runs again (docs/reactors-and-steps.md, "A worker that dies during the rollback").
 
 Each generated case runs a three-step reactor (its last step failing or not) on the real
 database and Redis, delivering it here as the worker task would (with the task's clock), and
@@ -145,9 +147,8 @@ def _run(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitAt, lis
         if outcomes[-1] == "raised" and ExecutionClaim.is_held(execution.id):
             # the task ended with the exception: its claim lapses with its TTL (the sweep
             # waits longer than that before sending the execution again)
-            ExecutionClaim(execution.id, "lapsed").client.delete(
-                ExecutionClaim(execution.id, "lapsed").name
-            )
+            lapsed = ExecutionClaim(execution.id, "lapsed")
+            lapsed.client.delete(lapsed.name)
         outcomes.append(_deliver(execution, {}, None))
         taken(queue)
     execution.refresh_from_db()
