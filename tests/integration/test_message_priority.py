@@ -2,11 +2,11 @@
 requeue: a broker that orders by priority serves each later delivery as it served the first.
 
 Before, the messages a delivery, the sweeper, a cancel or an in-process hand-off sent for an
-execution read back from its row went without one (the requeues after a claim lost mid-pass
-and after a soft time limit spent in engine code are tested here since; they were fixed with
-the others). On the Redis transport a message without
+execution read back from its row went without one. On the Redis transport a message without
 a priority counts as the highest, so a low-priority execution that met a coordination outage,
-found its claim taken, was swept or cancelled jumped ahead of everything queued.
+found its claim taken, was swept or cancelled jumped ahead of everything queued. (The
+requeues after a claim lost mid-pass and after a soft time limit spent in engine code were
+fixed with the others and are tested here since.)
 
 The messages are read back from a queue nobody consumes (``nobody_queue``); each way of
 sending one is the product's own code run here on a real broker, Redis and database.
