@@ -133,12 +133,11 @@ def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | 
     return str(report["outcome"])
 
 
-def _run(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitAt, list[str]]:
-    LEDGER.clear()
-    taken(queue)
-    execution = ThreeEffects.run_async(fail=fail)
-    (first,) = taken(queue)
-    tracer = SoftLimitAt(line)
+def _until_ended(
+    execution: Execution, first: dict[str, Any], queue: str, tracer: SoftLimitAt | None = None
+) -> list[str]:
+    """Deliver ``execution`` (the first delivery under ``tracer``), then again, as the requeue
+    or the sweep would, until it ends or ``MORE_DELIVERIES`` more were made; their outcomes."""
     outcomes = [_deliver(execution, first, tracer)]
     for _ in range(MORE_DELIVERIES):
         execution.refresh_from_db()
@@ -152,7 +151,16 @@ def _run(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitAt, lis
         outcomes.append(_deliver(execution, {}, None))
         taken(queue)
     execution.refresh_from_db()
-    return execution, tracer, outcomes
+    return outcomes
+
+
+def _run(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitAt, list[str]]:
+    LEDGER.clear()
+    taken(queue)
+    execution = ThreeEffects.run_async(fail=fail)
+    (first,) = taken(queue)
+    tracer = SoftLimitAt(line)
+    return execution, tracer, _until_ended(execution, first, queue, tracer)
 
 
 def lines_of_a_clean_delivery(fail: bool, queue: str) -> int:
@@ -192,12 +200,14 @@ def saga_problems(fail: bool, execution: Execution) -> list[str]:
     problems = []
     counts = Counter(LEDGER)
     for name in STEPS:
-        dos, undos = counts[f"do:{name}"], counts[f"compensate:{name}"]
-        if not dos <= 2 or counts[f"undo:{name}"] > 2 or undos > 2:
+        dos, undos, compensates = (
+            counts[f"{kind}:{name}"] for kind in ("do", "undo", "compensate")
+        )
+        if dos > 2 or undos > 2 or compensates > 2:
             problems.append(f"{name} ran more than twice: {counts}")
         # (a compensate may come without a "do": a body cut off on its first line, before
         # its effect, failed like any body that raised, and is compensated as one)
-        if counts[f"undo:{name}"] and not dos:
+        if undos and not dos:
             problems.append(f"{name} undone without its body")
     if execution.status == ExecutionStatus.SUCCEEDED:
         if fail:
@@ -247,17 +257,6 @@ class GuardedEffects(Reactor):
     s2 = step(Effect, name=value("s2"), fail=value(False))
 
 
-def _until_ended(execution: Execution, first: dict[str, Any]) -> list[str]:
-    outcomes = [_deliver(execution, first, None)]
-    while len(outcomes) <= MORE_DELIVERIES:
-        execution.refresh_from_db()
-        if execution.status in TERMINAL_STATUSES:
-            break
-        outcomes.append(_deliver(execution, {}, None))
-    execution.refresh_from_db()
-    return outcomes
-
-
 def test_a_soft_limit_between_a_body_and_its_checkpoint_runs_the_step_again(
     nobody_queue: str,
 ) -> None:
@@ -277,7 +276,7 @@ def test_a_soft_limit_between_a_body_and_its_checkpoint_runs_the_step_again(
 
     StepContext.checkpoint = spent  # type: ignore[method-assign]
     try:
-        outcomes = _until_ended(execution, first)
+        outcomes = _until_ended(execution, first, nobody_queue)
     finally:
         StepContext.checkpoint = original  # type: ignore[method-assign]
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
@@ -300,7 +299,7 @@ def test_a_soft_limit_in_a_where_predicate_ends_the_delivery_not_the_run(
     taken(nobody_queue)
     execution = GuardedEffects.run_async(fail=False)
     (first,) = taken(nobody_queue)
-    outcomes = _until_ended(execution, first)
+    outcomes = _until_ended(execution, first, nobody_queue)
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
