@@ -101,7 +101,7 @@ from reactor_app.engine.outcomes import PassEnd, RunEnd, UnitStatus, release_out
 from reactor_app.engine.policy import IN_PROCESS, RunPolicy
 from reactor_app.engine.priority import message_priority
 from reactor_app.engine.progress import ProgressStore, load_state
-from reactor_app.engine.reactor_gate import enter_reactor_gate
+from reactor_app.engine.reactor_gate import enter_reactor_gate, remember_admission
 from reactor_app.engine.result import Result
 from reactor_app.engine.rollback_progress import go_on, roll_back_to, rolling_back
 from reactor_app.engine.runner import StepOutcome
@@ -348,7 +348,10 @@ class ExecutionRun:
                 # what the tree holds outside it belongs to its parent.)
                 end = end_cancelled(self, cancel, gate_held=False)
                 return end
+            first_admission = not self.state.continuation.reactor_admitted
             gate, end = enter_reactor_gate(self)
+            if gate is not None and first_admission:
+                remember_admission(self)  # written down where a takeover would need it
             if end is None:
                 # a rollback under way (an earlier delivery died in it) is gone on with
                 end = go_on(self) if rolling_back(self) is not None else self._run_steps()

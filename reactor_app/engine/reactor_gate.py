@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reactor_app.coordination import primitives
+from reactor_app.coordination import period, primitives
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.enqueueing import wake
 from reactor_app.engine.gate import Gate, GateScope, ParkRequested, Skip
@@ -18,6 +18,7 @@ from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.rollback_progress import roll_back_to, rolling_back
 from reactor_app.engine.settling import children_to_settle
 from reactor_app.engine.state import REACTOR_SLOT
+from reactor_app.engine.time_slice import limit_behind
 from reactor_app.engine.worker import note_park, outage_delay
 from reactor_app.exceptions import (
     ConfigurationError,
@@ -84,6 +85,12 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
         parked.gate.abandon_position()
         return None, fail_at_gate(run, ceiling)
     except (CoordinationError, ConfigurationError) as error:
+        limit = limit_behind(run.root.time_slice, error)
+        if limit is not None:
+            # the task's soft limit in a key or cost function: the delivery ends, nothing was
+            # taken (engine.time_slice); what was kept stays the next delivery's
+            run.state.continuation.kept_holds = kept
+            raise limit from None
         return None, fail_at_gate(run, error)
     if isinstance(skip, Skip):
         if continuing and skip.reason == "period":
@@ -104,6 +111,27 @@ def enter_reactor_gate(run: ExecutionRun) -> tuple[Gate | None, RunEnd | None]:
     run.state.continuation.reactor_admitted = True
     run.gates.append(gate)
     return gate, None
+
+
+#: the reactor-level primitives whose later admissions continue the first one: a rate limit is
+#: not charged again, and a period bucket marked meanwhile fails the run instead of halting it
+CONTINUED: tuple[str, ...] = (*primitives.CHARGING, period.PRIMITIVE)
+
+
+def remember_admission(run: ExecutionRun) -> None:
+    """Write down, before any body runs, that a worker delivery admitted the run for the first
+    time, when its reactor declares a primitive whose continuation differs (``CONTINUED``).
+
+    WHY: a delivery killed between its admission and its first checkpoint left no trace of the
+    admission, so the one that took over was admitted as a first run: its rate limit charged a
+    second time for one run, and a period bucket another run completed meanwhile halted it as
+    if nothing had started, though its body may have run half-way (docs/coordination.md,
+    "Period"). One statement, not waiting for the WAL flush (like a checkpoint), and only for
+    those reactors; an in-process run is never taken over from its row."""
+    if not run.policy.persists_each_step:
+        return
+    if any(d.primitive in CONTINUED for d in run.reactor.declarations().ordered()):
+        run.checkpoint()
 
 
 def fail_at_gate(run: ExecutionRun, error: ReactorError) -> RunEnd:

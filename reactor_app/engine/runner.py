@@ -31,7 +31,7 @@ from reactor_app.engine.locked_call import call_locked, lone_lock
 from reactor_app.engine.lost_deliveries import skips_compensate, take_verdict
 from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
 from reactor_app.engine.rollback import run_rollback_hook
-from reactor_app.engine.time_slice import TimeSlice, cut_off
+from reactor_app.engine.time_slice import TimeSlice, cut_off, limit_behind
 from reactor_app.engine.worker import outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
@@ -243,6 +243,13 @@ class UnitRunner:
                         self._keep_attempts(attempt - 1)
                         return StepOutcome(UnitStatus.PARKED, park=parked)
                     except (CoordinationError, ConfigurationError) as refusal:
+                        limit = limit_behind(
+                            self.run.root.time_slice if self.run else None, refusal
+                        )
+                        if limit is not None:
+                            # the task's soft limit in a key or cost function: the delivery
+                            # ends, nothing was taken or run (engine.time_slice)
+                            raise limit from None
                         if park and self.run and isinstance(refusal, CoordinationUnavailable):
                             # A worker comes back when the store may be back: nothing ran,
                             # nothing is held; an outage is neither contention nor a failure.

@@ -24,10 +24,12 @@ step exceeded. So:
   started its delivery is reported as not undone, as a hook that raised.
 * **An in-delivery wait** for a contended key (``REACTOR_WORKER_WAIT``) is cut short at the
   delivery's share: the execution parks as after any wait.
-* **Anywhere else** (the engine's own code — also between a body and its checkpoint, and in a
-  ``where=`` predicate, which are no body's failure): the delivery ends as if its worker had
-  been killed there (``DeliveryTimeUp``), and is sent again at once; the next delivery takes
-  over from the last checkpoint as after a crash.
+* **Anywhere else** (the engine's own code — also between a body and its checkpoint, in a
+  ``where=`` predicate and in a declaration's key, cost or ``fair_by`` function, which are no
+  body's failure; ``limit_behind`` finds the limit inside the error such a function's failure
+  is reported as): the delivery ends as if its worker had been killed there
+  (``DeliveryTimeUp``), and is sent again at once; the next delivery takes over from the last
+  checkpoint as after a crash.
 * **In the caller's process** (``Reactor.run()`` inside a Celery task of the caller's) there
   is no slice: ``SoftTimeLimitExceeded`` is an error like any other (``stops_delivery``).
 
@@ -50,6 +52,7 @@ __all__ = [
     "SoftTimeLimitExceeded",
     "TimeSlice",
     "cut_off",
+    "limit_behind",
     "stops_delivery",
     "task_limits",
     "time_slice",
@@ -127,3 +130,12 @@ def stops_delivery(clock: TimeSlice | None, exc: BaseException) -> bool:
     slice). In the caller's process (no slice) Celery's exception, raised in a task of the
     caller's own, is an error like any other: nothing would resume a run left where it is."""
     return isinstance(exc, DeliveryTimeUp) or (clock is not None and cut_off(exc))
+
+
+def limit_behind(clock: TimeSlice | None, error: BaseException) -> BaseException | None:
+    """The task's time limit ``error`` was raised from, when it ends the delivery, else None:
+    a declaration's key, cost or ``fair_by`` function is user code the DSL reports the failure
+    of as ``CoordinationKeyError`` (``RateLimitCostError``) — a soft limit landing in it is
+    not that function's failure, and must not fail the step for good."""
+    cause = error.__cause__
+    return cause if cause is not None and stops_delivery(clock, cause) else None

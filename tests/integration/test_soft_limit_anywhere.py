@@ -10,7 +10,8 @@ deliveries finish the run, and every effect a body made stands or is undone — 
 the at-least-once rule of a killed delivery: a unit cut between its effect and its record
 runs again (docs/reactors-and-steps.md, "A worker that dies during the rollback").
 
-Each generated case runs a three-step reactor (its last step failing or not) on the real
+Each generated case runs a three-step reactor (its last step failing or not; plain, or with a
+step-level lock and a reactor-level rate limit, whose charge is counted too) on the real
 database and Redis, delivering it here as the worker task would (with the task's clock), and
 raises the exception at the ``line``-th line the delivery runs in ``reactor_app``'s own code
 or the steps' (a trace function: one thread's, fired once, as the signal is). Then it delivers
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import linecache
 import sys
+import uuid
 from collections import Counter
 from pathlib import Path
 from types import FrameType
@@ -33,14 +35,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reactor_app
-from reactor_app import Reactor, Step, Success, from_input, step, value
+from reactor_app import (
+    Reactor,
+    Step,
+    Success,
+    from_input,
+    step,
+    value,
+    with_lock,
+    with_rate_limit,
+)
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.context import StepContext
 from reactor_app.engine.dispatch import deliver
 from reactor_app.engine.enqueueing import START_HEADER
+from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.time_slice import time_slice
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
+from reactor_app.testing import coordination_state
 from reactor_app.write_behind import flush
 from tests.integration.test_long_countdowns import taken
 
@@ -78,6 +91,55 @@ class ThreeEffects(Reactor):
     s2 = step(Effect, name=value("s2"), fail=from_input("fail"))
 
 
+#: how many more times a key or cost function below raises the soft limit
+FUNCTION_CUTS: list[int] = [0]
+
+
+def _cut_key(values: dict[str, Any]) -> str:
+    if FUNCTION_CUTS[0]:
+        FUNCTION_CUTS[0] -= 1
+        raise SoftTimeLimitExceeded()
+    return "soft-limit"
+
+
+def _cut_cost(values: dict[str, Any]) -> int:
+    _cut_key(values)
+    return 1
+
+
+@with_lock(_cut_key, ttl=30)
+class LockedEffect(Effect):
+    """``Effect`` under a step-level lock whose key function may be cut off."""
+
+
+@with_rate_limit(lambda args: "soft-limit", limit=100, period=60, cost=_cut_cost)
+class ChargedEffect(Effect):
+    """``Effect`` under a step-level rate limit whose cost function may be cut off."""
+
+
+class StepKeyCut(ThreeEffects):
+    s1 = step(LockedEffect, name=value("s1"), fail=value(False))
+
+
+class StepCostCut(ThreeEffects):
+    s1 = step(ChargedEffect, name=value("s1"), fail=value(False))
+
+
+@with_rate_limit(lambda inputs: f"soft-limit:{inputs['tag']}", limit=1000, period=60)
+class GatedThreeEffects(ThreeEffects):
+    """The property's coordinated variant: a step-level lock on ``s1`` and a reactor-level
+    rate limit (a run is charged once, whatever its deliveries), on a key of each run's."""
+
+    inputs = ("fail", "tag")
+    s1 = step(LockedEffect, name=value("s1"), fail=value(False))
+
+
+@with_lock(_cut_key, ttl=30)
+class ReactorKeyCut(ThreeEffects):
+    """A reactor-level lock whose key function may be cut off (in the gate, before any
+    step)."""
+
+
 class SoftLimitAt:
     """A trace function that raises ``SoftTimeLimitExceeded`` at the ``line``-th traced line
     (0: never; it only counts them)."""
@@ -86,6 +148,8 @@ class SoftLimitAt:
         self.line = line
         self.seen = 0
         self.fired_in: str | None = None
+        #: the hooks that had run when it fired
+        self.ledger_then = 0
 
     def __enter__(self) -> SoftLimitAt:
         sys.settrace(self._call)
@@ -112,6 +176,7 @@ class SoftLimitAt:
         self.seen += 1
         if self.seen == self.line:
             self.fired_in = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+            self.ledger_then = len(LEDGER)
             sys.settrace(None)
             raise SoftTimeLimitExceeded()
         return self._line
@@ -154,17 +219,20 @@ def _until_ended(
     return outcomes
 
 
-def _run(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitAt, list[str]]:
+def _run(
+    reactor: type[ThreeEffects], fail: bool, line: int, queue: str
+) -> tuple[Execution, SoftLimitAt, list[str]]:
     LEDGER.clear()
     taken(queue)
-    execution = ThreeEffects.run_async(fail=fail)
+    tags = {"tag": uuid.uuid4().hex} if reactor is GatedThreeEffects else {}
+    execution = reactor.run_async(fail=fail, **tags)
     (first,) = taken(queue)
     tracer = SoftLimitAt(line)
     return execution, tracer, _until_ended(execution, first, queue, tracer)
 
 
-def lines_of_a_clean_delivery(fail: bool, queue: str) -> int:
-    _, counter, _ = _run(fail, 0, queue)
+def lines_of_a_clean_delivery(reactor: type[ThreeEffects], fail: bool, queue: str) -> int:
+    _, counter, _ = _run(reactor, fail, 0, queue)
     return counter.seen
 
 
@@ -173,16 +241,31 @@ def lines_of_a_clean_delivery(fail: bool, queue: str) -> int:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(share=st.floats(min_value=0, max_value=1, exclude_max=True), fail=st.booleans())
+@given(
+    share=st.floats(min_value=0, max_value=1, exclude_max=True),
+    fail=st.booleans(),
+    reactor=st.sampled_from([ThreeEffects, GatedThreeEffects]),
+)
 def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
-    nobody_queue: str, share: float, fail: bool
+    nobody_queue: str, share: float, fail: bool, reactor: type[ThreeEffects]
 ) -> None:
     # (how many lines a delivery runs varies a little from one to the next: the point is
     # drawn as a share of a clean delivery's)
-    lines = lines_of_a_clean_delivery(fail, nobody_queue)
+    lines = lines_of_a_clean_delivery(reactor, fail, nobody_queue)
     line = 1 + int(share * lines)
-    execution, tracer, outcomes = _run(fail, line, nobody_queue)
+    execution, tracer, outcomes = _run(reactor, fail, line, nobody_queue)
     problems = saga_problems(fail, execution)
+    if reactor is GatedThreeEffects and LEDGER:
+        # A body ran, so the run was admitted: charged once, whatever its deliveries — the
+        # admission is written down before the first body. Cut before that write, the charge
+        # was made and not recorded: the next delivery charges again (the at-least-once rule
+        # of a killed delivery; one cut, so twice at most).
+        charged = coordination_state().rate_limit(f"soft-limit:{execution.inputs['tag']}", 60)
+        if charged > (1 if tracer.ledger_then else 2):
+            problems.append(
+                f"the reactor's rate limit charged {charged} times for one run "
+                f"(cut after {tracer.ledger_then} hooks ran)"
+            )
     assert not problems, (
         f"cut at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
         problems,
@@ -288,6 +371,37 @@ def test_a_soft_limit_between_a_body_and_its_checkpoint_runs_the_step_again(
     assert "before its checkpoint" in retried.error["message"], retried.error
 
 
+def test_a_soft_limit_before_the_first_checkpoint_charges_the_reactor_rate_limit_once(
+    nobody_queue: str,
+) -> None:
+    """Found by the property: a delivery cut off after its first body, in the progress write
+    after it, left no record of the run's reactor-level admission, so the delivery that went
+    on was charged the rate limit again — twice for one run. The admission is now written
+    down before the first body."""
+    LEDGER.clear()
+    taken(nobody_queue)
+    tag = uuid.uuid4().hex
+    execution = GatedThreeEffects.run_async(fail=False, tag=tag)
+    (first,) = taken(nobody_queue)
+    original = ExecutionRun.checkpoint
+
+    def cut_after_the_first_body(self: ExecutionRun, **fields: Any) -> None:
+        if LEDGER == ["do:s0"]:
+            ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+        original(self, **fields)
+
+    ExecutionRun.checkpoint = cut_after_the_first_body  # type: ignore[method-assign]
+    try:
+        outcomes = _until_ended(execution, first, nobody_queue)
+    finally:
+        ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s0", "do:s1", "do:s2"], LEDGER  # s0 again: at least once
+    assert coordination_state().rate_limit(f"soft-limit:{tag}", 60) == 1
+
+
 def test_a_soft_limit_in_a_where_predicate_ends_the_delivery_not_the_run(
     nobody_queue: str,
 ) -> None:
@@ -300,6 +414,26 @@ def test_a_soft_limit_in_a_where_predicate_ends_the_delivery_not_the_run(
     execution = GuardedEffects.run_async(fail=False)
     (first,) = taken(nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue)
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
+
+
+@pytest.mark.parametrize("reactor", [StepKeyCut, StepCostCut, ReactorKeyCut])
+def test_a_soft_limit_in_a_key_or_cost_function_ends_the_delivery_not_the_run(
+    nobody_queue: str, reactor: type[Reactor]
+) -> None:
+    """A declaration's key or cost function cut off was reported as that function's failure
+    (``CoordinationKeyError``, ``RateLimitCostError``): the step failed, the run rolled back.
+    Nothing was taken and no body ran: the delivery ends as a killed one would, and the next
+    one computes the key again."""
+    LEDGER.clear()
+    FUNCTION_CUTS[0] = 1
+    taken(nobody_queue)
+    execution = reactor.run_async(fail=False)
+    (first,) = taken(nobody_queue)
+    outcomes = _until_ended(execution, first, nobody_queue)
+    assert FUNCTION_CUTS == [0]
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER

@@ -26,6 +26,8 @@ from reactor_app import (
     step,
     with_lock,
     with_ordered_lock,
+    with_period,
+    with_rate_limit,
     with_semaphore,
 )
 from reactor_app.conf import reactor_settings
@@ -147,6 +149,46 @@ class LongLeaseCrashReactor(Reactor):
 
     before = step(AuditStep, account_id=from_input("key"))
     fragile = step(LongLeaseFragileStep, key=from_input("key"))
+
+
+class FirstEntryKilledStep(Step):
+    """Per key, the first entry waits to be killed; later entries (the killed one's
+    redelivery, another execution's) pass quickly."""
+
+    inputs = ("key",)
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        entries = get_client().incr(trace_key(f"key-entries:{args['key']}"))
+        timed("first-killed", context, 60.0 if entries == 1 else 0.2, entry=entries)
+        return Success({"entry": entries})
+
+
+@with_period(lambda inputs: f"crash-period:{inputs['key']}", every="day", ttl=2)
+class CrashPeriodReactor(Reactor):
+    """A reactor-level period whose first holder is killed mid-body, in its first step."""
+
+    inputs = ("key",)
+
+    fragile = step(FirstEntryKilledStep, key=from_input("key"))
+
+
+@with_period(lambda inputs: f"crash-period:{inputs['key']}", every="day", ttl=2)
+class CrashPeriodAfterAStepReactor(Reactor):
+    """The same, killed in its second step: the first one completed."""
+
+    inputs = ("key",)
+
+    before = step(AuditStep, account_id=from_input("key"))
+    fragile = step(FirstEntryKilledStep, key=from_input("key"))
+
+
+@with_rate_limit(lambda inputs: f"crash-rate:{inputs['key']}", limit=5, period=60)
+class CrashRateLimitReactor(Reactor):
+    """A reactor-level rate limit whose first run is killed mid-body."""
+
+    inputs = ("key",)
+
+    fragile = step(FirstEntryKilledStep, key=from_input("key"))
 
 
 # --------------------------------------------------------------------------------------------

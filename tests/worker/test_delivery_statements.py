@@ -30,6 +30,7 @@ from reactor_app import (
     map_step,
     step,
     with_lock,
+    with_rate_limit,
 )
 from reactor_app.engine.dispatch import deliver
 from reactor_app.engine.state import ExecutionState
@@ -74,6 +75,11 @@ class HandedOff(ThreeSteps):
 @with_lock(lambda inputs: f"statements:{inputs['n']}", ttl=30)
 class GatedThreeSteps(ThreeSteps):
     """A reactor-level lock: leaving it decides things in Redis, so its last checkpoint stays."""
+
+
+@with_rate_limit(lambda inputs: f"statements:{inputs['n']}", limit=100, period=60)
+class RateLimitedThreeSteps(ThreeSteps):
+    """A reactor-level rate limit: its admission is written down before the first body."""
 
 
 class MapOver(Reactor):
@@ -219,6 +225,19 @@ def test_a_reactor_level_gate_keeps_the_last_checkpoint() -> None:
     updates = on_execution(sqls, "UPDATE")
     # the claim with the start, a checkpoint after every step, the finish
     assert len(updates) == 1 + 3 + 1, updates
+
+
+def test_a_reactor_level_rate_limit_writes_its_admission_before_the_first_body() -> None:
+    """One statement more than a lock's gate, not waiting for the disk: a delivery that takes
+    over from one killed in the first step continues the admission instead of charging again
+    (``tests/worker/test_execution.py`` kills one)."""
+    sqls = deliver_captured(RateLimitedThreeSteps, n=3)
+    updates = on_execution(sqls, "UPDATE")
+    # the claim with the start, the admission, a checkpoint after every step, the finish
+    assert len(updates) == 1 + 1 + 3 + 1, updates
+    assert '"context"' in updates[1].split(" WHERE ")[0], updates
+    if connection.vendor == "postgresql":
+        assert "synchronous_commit" in updates[1], updates
 
 
 def test_the_first_delivery_starts_the_execution_and_a_later_one_resumes_it() -> None:

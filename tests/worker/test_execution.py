@@ -20,6 +20,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_celery_results.models import TaskResult
 
+from reactor_app import Reactor
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim, OrderedLockClaim
 from reactor_app.engine.dispatch import ExecutionClaim
@@ -34,6 +35,9 @@ from reactor_app.testing import (
 )
 from tests.worker.helpers import overlapping, wait_until
 from tests.worker.reactors import (
+    CrashPeriodAfterAStepReactor,
+    CrashPeriodReactor,
+    CrashRateLimitReactor,
     CrashReactor,
     LongLeaseCrashReactor,
     OrderedReactor,
@@ -256,6 +260,64 @@ def test_a_redelivery_drops_the_holds_its_killed_predecessor_left(worker: Any) -
     assert acquired[1].token > acquired[0].token
     (run,) = records("fragile")
     assert run["pid"] != entered["pid"]
+
+
+def kill_the_first_entry() -> None:
+    """SIGKILL the pool process in the first body of ``FirstEntryKilledStep``."""
+    entered = wait_until(lambda: records("enter:first-killed"), 30)[0]
+    os.kill(entered["pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("reactor", [CrashPeriodReactor, CrashPeriodAfterAStepReactor])
+def test_a_killed_period_holder_whose_bucket_another_run_completed_fails_and_rolls_back(
+    worker: Any, reactor: type[Reactor]
+) -> None:
+    """The run holding a reactor-level period bucket is killed mid-body; its reservation
+    lapses and another run completes the bucket before the redelivery. The redelivery must
+    not run the body again in that bucket, nor halt as if nothing had started: it fails with
+    the period's error and undoes the step it completed, if any (docs/coordination.md,
+    "Period"). Found by the SIGKILL schedule on real workers (``test_worker_fault_histories``):
+    killed in its first step, before any checkpoint, the redelivery had no trace of the
+    admission and halted."""
+    first = reactor.run_async(key="p1")
+    kill_the_first_entry()
+    wait_until(
+        lambda: coordination_state().period_reserved("crash-period:p1", "day") is None,
+        10,
+        message="the killed holder's reservation never lapsed",
+    )
+
+    other = reactor.run(key="p1")
+    assert other.ok, other.error
+    marked_by = coordination_state().period_marked_by("crash-period:p1", "day")
+    assert marked_by == str(other.execution_id)
+
+    result = first.wait(timeout=60)
+    assert result.status == ExecutionStatus.FAILED, result
+    assert result.error.primitive == "period"
+    assert "was marked by another execution" in str(result.error)
+    # the killed body did not run again; a step completed before it was undone
+    assert [r["execution"] for r in records("first-killed")] == [str(other.execution_id)]
+    undone = [r for r in records("rollback") if r["execution"] == str(first.id)]
+    if reactor is CrashPeriodAfterAStepReactor:
+        assert undone == [{"step": "audit", "kind": "undo", "execution": str(first.id)}]
+    else:
+        assert undone == []
+    # the bucket's one success stays the other run's
+    assert coordination_state().period_marked_by("crash-period:p1", "day") == marked_by
+
+
+def test_a_killed_run_is_charged_its_reactor_rate_limit_once(worker: Any) -> None:
+    """A run admitted under a reactor-level rate limit is killed in its first body: the
+    delivery that takes over continues that admission, it is not charged again (one run, one
+    slot of the window). Before, a kill ahead of the first checkpoint left no trace of the
+    admission and the takeover was charged as a new run."""
+    execution = CrashRateLimitReactor.run_async(key="r1")
+    kill_the_first_entry()
+    result = execution.wait(timeout=60)
+    assert result.ok, result.error
+    assert [r["entry"] for r in records("first-killed")] == [2]  # the killed entry never ended
+    assert coordination_state().rate_limit("crash-rate:r1", 60) == 1
 
 
 def test_sweeper_requeues_an_execution_whose_worker_vanished(worker: Any) -> None:
