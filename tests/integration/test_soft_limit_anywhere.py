@@ -43,6 +43,7 @@ from reactor_app import (
     step,
     value,
     with_lock,
+    with_period,
     with_rate_limit,
 )
 from reactor_app.engine.claim import ExecutionClaim
@@ -132,6 +133,25 @@ class GatedThreeEffects(ThreeEffects):
 
     inputs = ("fail", "tag")
     s1 = step(LockedEffect, name=value("s1"), fail=value(False))
+
+
+@with_period(lambda inputs: f"soft-limit:{inputs['tag']}", every="day", ttl=30)
+class PeriodThreeEffects(ThreeEffects):
+    """A reactor-level period, on a bucket of each run's."""
+
+    inputs = ("fail", "tag")
+
+
+@with_period(lambda args: f"soft-limit-step:{args['tag']}", every="day", ttl=30)
+class PeriodEffect(Effect):
+    """``Effect`` under a step-level period, on a bucket of each run's."""
+
+    inputs = ("name", "fail", "tag")
+
+
+class StepPeriodThreeEffects(ThreeEffects):
+    inputs = ("fail", "tag")
+    s1 = step(PeriodEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
 
 
 @with_lock(_cut_key, ttl=30)
@@ -437,3 +457,73 @@ def test_a_soft_limit_in_a_key_or_cost_function_ends_the_delivery_not_the_run(
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
+
+
+def test_a_soft_limit_after_a_period_s_success_mark_ends_the_run_as_it_succeeded(
+    nobody_queue: str,
+) -> None:
+    """Found by a scan of a reactor-level period's delivery: cut after the reactor's release
+    had marked the bucket done (every step had succeeded) and before the run's end was
+    written, the next delivery found the bucket marked, took the mark for another run's and
+    failed the run, undoing all three steps of a success. Its own mark ends the run as the
+    cut delivery would have: succeeded, nothing undone, the bucket its own."""
+    LEDGER.clear()
+    taken(nobody_queue)
+    tag = uuid.uuid4().hex
+    execution = PeriodThreeEffects.run_async(fail=False, tag=tag)
+    (first,) = taken(nobody_queue)
+    original = ExecutionRun.finish
+
+    def cut_before_the_end(self: ExecutionRun, end: Any) -> None:
+        ExecutionRun.finish = original  # type: ignore[method-assign]
+        raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+
+    ExecutionRun.finish = cut_before_the_end  # type: ignore[method-assign]
+    try:
+        outcomes = _until_ended(execution, first, nobody_queue)
+    finally:
+        ExecutionRun.finish = original  # type: ignore[method-assign]
+    assert outcomes[0] == "time_up", outcomes  # the end was never written
+    assert coordination_state().period_marked_by(f"soft-limit:{tag}", "day") == str(execution.id)
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_soft_limit_after_a_step_s_period_mark_runs_the_step_again(
+    nobody_queue: str, fail: bool
+) -> None:
+    """Found by the same scan, at step level: cut after a step's release had marked its
+    period bucket and before its checkpoint, the next delivery found the bucket marked and
+    skipped the step — its body had run, but the run did not know, so a later failure left
+    its effect in place, never undone. The mark of the unit's own success now lets the unit
+    run again (at least once, as any unit whose record was lost), and it is undone with the
+    others."""
+    LEDGER.clear()
+    taken(nobody_queue)
+    tag = uuid.uuid4().hex
+    execution = StepPeriodThreeEffects.run_async(fail=fail, tag=tag)
+    (first,) = taken(nobody_queue)
+    original = ExecutionRun.checkpoint
+
+    def cut_after_the_mark(self: ExecutionRun, **fields: Any) -> None:
+        if LEDGER == ["do:s0", "do:s1"]:
+            ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+        original(self, **fields)
+
+    ExecutionRun.checkpoint = cut_after_the_mark  # type: ignore[method-assign]
+    try:
+        outcomes = _until_ended(execution, first, nobody_queue)
+    finally:
+        ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+    assert outcomes[0] == "time_up", outcomes
+    assert saga_problems(fail, execution) == [], (outcomes, LEDGER, execution.error)
+    ran = ["do:s0", "do:s1", "do:s1", "do:s2"]
+    if fail:
+        assert list(LEDGER) == [*ran, "compensate:s2", "undo:s1", "undo:s0"], LEDGER
+    else:
+        assert execution.status == ExecutionStatus.SUCCEEDED, execution.error
+        assert list(LEDGER) == ran, LEDGER
+        marked_by = coordination_state().period_marked_by(f"soft-limit-step:{tag}", "day")
+        assert marked_by == str(execution.id)

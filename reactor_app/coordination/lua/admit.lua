@@ -12,7 +12,8 @@ about to run.
 KEYS — one group per claim, in claim order; a claim's group size is its spec's `n`:
   ordered_lock (4): state hash, positions zset (nonce -> heartbeat ms), holders hash
                     (nonce -> holder json), waiters zset (waiter id -> nonce)
-  period       (3): done mark hash (bucket = start epoch s, by = execution or owner, at = ms),
+  period       (3): done mark hash (bucket = start epoch s, by = execution or owner, unit =
+                    the marking unit, at = ms),
                     reservations hash (bucket start s -> json {owner, count, unit, step,
                     execution, reactor, acquired_at ms, expires ms}), waiters zset
   lock       (3+I): hold hash (owner, count, step, execution, reactor, acquired_at ms, token),

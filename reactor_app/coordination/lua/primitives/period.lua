@@ -10,8 +10,13 @@ local function check_period(claim)
     return redis.error_reply('unknown period unit: ' .. tostring(claim.every))
   end
   local mark, reserved = claim.keys[1], claim.keys[2]
-  local marked = redis.call('HMGET', mark, 'bucket', 'by')
-  if marked[1] and tonumber(marked[1]) == start then
+  local marked = redis.call('HMGET', mark, 'bucket', 'by', 'unit')
+  -- a mark of this very unit's own success (an execution's step, map element or reactor) is
+  -- no other run's: its delivery ended before the success was recorded (killed, or cut by a
+  -- time limit), and the unit runs again, at least once, as any unit whose record was lost
+  -- (docs/coordination.md, "Period"). A call outside an execution has no unit of its own.
+  local own = holder.execution ~= nil and marked[3] == unit_of(holder)
+  if marked[1] and tonumber(marked[1]) == start and not own then
     return nil, refusal(PERIOD_MARKED, {marked_by = marked[2], bucket = start, bucket_end = finish})
   end
   local plan = {bucket = start, bucket_end = finish}
@@ -94,7 +99,7 @@ local function release_period(keys, spec)
     local current = tonumber(redis.call('HGET', mark, 'bucket') or '-1')
     if current < start or (current == start and ours) then
       redis.call('HSET', mark, 'bucket', start, 'by', holder.execution or holder.owner,
-        'at', now.ms)
+        'unit', holder.execution and unit_of(holder) or '', 'at', now.ms)
       redis.call('PEXPIREAT', mark, int(finish * 1000))
       table.insert(report.marked, mark)
       done = true
