@@ -10,13 +10,16 @@ deliveries finish the run, and every effect a body made stands or is undone — 
 the at-least-once rule of a killed delivery: a unit cut between its effect and its record
 runs again (docs/reactors-and-steps.md, "A worker that dies during the rollback").
 
-Each generated case runs a three-step reactor (its last step failing or not; plain, or with a
-step-level lock and a reactor-level rate limit, whose charge is counted too) on the real
-database and Redis, delivering it here as the worker task would (with the task's clock), and
-raises the exception at the ``line``-th line the delivery runs in ``reactor_app``'s own code
-or the steps' (a trace function: one thread's, fired once, as the signal is). Then it delivers
-again, as the requeue or the sweep would, until the run ends, and checks the ledger the hooks
-wrote.
+Each generated case runs a three-step reactor (its last step failing or not; plain, with a
+step-level lock and a reactor-level rate limit, whose charge is counted too, or with a
+reactor-level period, a semaphore and a step-level period) on the real database and Redis,
+delivering it here as the worker task would (with the task's clock), and raises the exception
+at the ``line``-th line the delivery runs in ``reactor_app``'s own code or the steps' (a trace
+function: one thread's, fired once, as the signal is). Then it delivers again, as the requeue
+or the sweep would, until the run ends, and checks the ledger the hooks wrote, and that the
+ended run holds nothing in Redis. (An ordered lock is left out: a cut between the place its
+line gave and the place's record leaves the unit behind its own lost place until
+``poison_pill_timeout`` — docs/coordination.md, "Losing a place in line".)
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from reactor_app import (
     with_lock,
     with_period,
     with_rate_limit,
+    with_semaphore,
 )
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.context import StepContext
@@ -154,6 +158,23 @@ class StepPeriodThreeEffects(ThreeEffects):
     s1 = step(PeriodEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
 
 
+@with_semaphore(lambda args: f"soft-limit-slot:{args['tag']}", limit=1, ttl=30)
+class SlotEffect(Effect):
+    """``Effect`` under a step-level semaphore of one slot, of each run's."""
+
+    inputs = ("name", "fail", "tag")
+
+
+@with_period(lambda inputs: f"soft-limit:{inputs['tag']}", every="day", ttl=30)
+class PeriodsThreeEffects(ThreeEffects):
+    """The property's other coordinated variant: a reactor-level period, a semaphore on
+    ``s0`` and a step-level period on ``s1``, on buckets and keys of each run's."""
+
+    inputs = ("fail", "tag")
+    s0 = step(SlotEffect, name=value("s0"), fail=value(False), tag=from_input("tag"))
+    s1 = step(PeriodEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
+
+
 @with_lock(_cut_key, ttl=30)
 class ReactorKeyCut(ThreeEffects):
     """A reactor-level lock whose key function may be cut off (in the gate, before any
@@ -244,7 +265,7 @@ def _run(
 ) -> tuple[Execution, SoftLimitAt, list[str]]:
     LEDGER.clear()
     taken(queue)
-    tags = {"tag": uuid.uuid4().hex} if reactor is GatedThreeEffects else {}
+    tags = {"tag": uuid.uuid4().hex} if "tag" in reactor.inputs else {}
     execution = reactor.run_async(fail=fail, **tags)
     (first,) = taken(queue)
     tracer = SoftLimitAt(line)
@@ -264,7 +285,7 @@ def lines_of_a_clean_delivery(reactor: type[ThreeEffects], fail: bool, queue: st
 @given(
     share=st.floats(min_value=0, max_value=1, exclude_max=True),
     fail=st.booleans(),
-    reactor=st.sampled_from([ThreeEffects, GatedThreeEffects]),
+    reactor=st.sampled_from([ThreeEffects, GatedThreeEffects, PeriodsThreeEffects]),
 )
 def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     nobody_queue: str, share: float, fail: bool, reactor: type[ThreeEffects]
@@ -275,6 +296,10 @@ def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     line = 1 + int(share * lines)
     execution, tracer, outcomes = _run(reactor, fail, line, nobody_queue)
     problems = saga_problems(fail, execution)
+    # an ended run holds nothing: what a cut delivery kept, the next one took over and gave back
+    held = [h for h in coordination_state().holds() if h["execution"] == str(execution.id)]
+    if held:
+        problems.append(f"still held after the run ended: {held}")
     if reactor is GatedThreeEffects and LEDGER:
         # A body ran, so the run was admitted: charged once, whatever its deliveries — the
         # admission is written down before the first body. Cut before that write, the charge
