@@ -260,14 +260,22 @@ def _until_ended(
     return outcomes
 
 
+def _started(
+    reactor: type[Reactor], inputs: dict[str, Any], queue: str
+) -> tuple[Execution, dict[str, Any]]:
+    """A new run of ``reactor`` (the ledger cleared) and the message ``run_async`` sent."""
+    LEDGER.clear()
+    taken(queue)
+    execution = reactor.run_async(**inputs)
+    (first,) = taken(queue)
+    return execution, first
+
+
 def _run(
     reactor: type[ThreeEffects], fail: bool, line: int, queue: str
 ) -> tuple[Execution, SoftLimitAt, list[str]]:
-    LEDGER.clear()
-    taken(queue)
     tags = {"tag": uuid.uuid4().hex} if "tag" in reactor.inputs else {}
-    execution = reactor.run_async(fail=fail, **tags)
-    (first,) = taken(queue)
+    execution, first = _started(reactor, {"fail": fail, **tags}, queue)
     tracer = SoftLimitAt(line)
     return execution, tracer, _until_ended(execution, first, queue, tracer)
 
@@ -367,6 +375,34 @@ def saga_problems(fail: bool, execution: Execution) -> list[str]:
 
 # -- named regressions: the places the property found, cut there on purpose -----------------
 
+
+def _run_cut_once(
+    reactor: type[Reactor],
+    inputs: dict[str, Any],
+    queue: str,
+    when: list[str] | None = None,
+    method: str = "checkpoint",
+) -> tuple[Execution, list[str]]:
+    """Run ``reactor`` as the property does, with ``ExecutionRun.<method>`` raising the soft
+    limit once — the first time it is called with the ledger at ``when`` (``None``: the first
+    call) — then deliver until the run ends; the execution and the deliveries' outcomes."""
+    execution, first = _started(reactor, inputs, queue)
+    original = getattr(ExecutionRun, method)
+
+    def cut(self: ExecutionRun, *args: Any, **kwargs: Any) -> Any:
+        if when is None or list(LEDGER) == when:
+            setattr(ExecutionRun, method, original)
+            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+        return original(self, *args, **kwargs)
+
+    setattr(ExecutionRun, method, cut)
+    try:
+        outcomes = _until_ended(execution, first, queue)
+    finally:
+        setattr(ExecutionRun, method, original)
+    return execution, outcomes
+
+
 #: how many more times the where= predicate below raises the soft limit
 WHERE_CUTS: list[int] = [0]
 
@@ -392,10 +428,7 @@ def test_a_soft_limit_between_a_body_and_its_checkpoint_runs_the_step_again(
     flag's read) caught the exception as the body's failure — the run was compensated and
     failed for a limit no body exceeded. Now the step runs again in the next delivery, as
     after a delivery killed before its checkpoint."""
-    LEDGER.clear()
-    taken(nobody_queue)
-    execution = ThreeEffects.run_async(fail=False)
-    (first,) = taken(nobody_queue)
+    execution, first = _started(ThreeEffects, {"fail": False}, nobody_queue)
     original = StepContext.checkpoint
 
     def spent(self: StepContext) -> None:
@@ -423,24 +456,9 @@ def test_a_soft_limit_before_the_first_checkpoint_charges_the_reactor_rate_limit
     after it, left no record of the run's reactor-level admission, so the delivery that went
     on was charged the rate limit again — twice for one run. The admission is now written
     down before the first body."""
-    LEDGER.clear()
-    taken(nobody_queue)
     tag = uuid.uuid4().hex
-    execution = GatedThreeEffects.run_async(fail=False, tag=tag)
-    (first,) = taken(nobody_queue)
-    original = ExecutionRun.checkpoint
-
-    def cut_after_the_first_body(self: ExecutionRun, **fields: Any) -> None:
-        if LEDGER == ["do:s0"]:
-            ExecutionRun.checkpoint = original  # type: ignore[method-assign]
-            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
-        original(self, **fields)
-
-    ExecutionRun.checkpoint = cut_after_the_first_body  # type: ignore[method-assign]
-    try:
-        outcomes = _until_ended(execution, first, nobody_queue)
-    finally:
-        ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+    inputs = {"fail": False, "tag": tag}
+    execution, outcomes = _run_cut_once(GatedThreeEffects, inputs, nobody_queue, ["do:s0"])
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s0", "do:s1", "do:s2"], LEDGER  # s0 again: at least once
@@ -453,11 +471,8 @@ def test_a_soft_limit_in_a_where_predicate_ends_the_delivery_not_the_run(
     """Found by the property: a ``where=`` predicate cut off failed its step (``where= ...
     raised SoftTimeLimitExceeded``) and rolled the run back. The predicate is not a body: the
     delivery ends as a killed one would, and the next one evaluates it again."""
-    LEDGER.clear()
     WHERE_CUTS[0] = 1
-    taken(nobody_queue)
-    execution = GuardedEffects.run_async(fail=False)
-    (first,) = taken(nobody_queue)
+    execution, first = _started(GuardedEffects, {"fail": False}, nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue)
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
@@ -472,11 +487,8 @@ def test_a_soft_limit_in_a_key_or_cost_function_ends_the_delivery_not_the_run(
     (``CoordinationKeyError``, ``RateLimitCostError``): the step failed, the run rolled back.
     Nothing was taken and no body ran: the delivery ends as a killed one would, and the next
     one computes the key again."""
-    LEDGER.clear()
     FUNCTION_CUTS[0] = 1
-    taken(nobody_queue)
-    execution = reactor.run_async(fail=False)
-    (first,) = taken(nobody_queue)
+    execution, first = _started(reactor, {"fail": False}, nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue)
     assert FUNCTION_CUTS == [0]
     assert outcomes[0] == "time_up", outcomes
@@ -492,22 +504,9 @@ def test_a_soft_limit_after_a_period_s_success_mark_ends_the_run_as_it_succeeded
     written, the next delivery found the bucket marked, took the mark for another run's and
     failed the run, undoing all three steps of a success. Its own mark ends the run as the
     cut delivery would have: succeeded, nothing undone, the bucket its own."""
-    LEDGER.clear()
-    taken(nobody_queue)
     tag = uuid.uuid4().hex
-    execution = PeriodThreeEffects.run_async(fail=False, tag=tag)
-    (first,) = taken(nobody_queue)
-    original = ExecutionRun.finish
-
-    def cut_before_the_end(self: ExecutionRun, end: Any) -> None:
-        ExecutionRun.finish = original  # type: ignore[method-assign]
-        raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
-
-    ExecutionRun.finish = cut_before_the_end  # type: ignore[method-assign]
-    try:
-        outcomes = _until_ended(execution, first, nobody_queue)
-    finally:
-        ExecutionRun.finish = original  # type: ignore[method-assign]
+    inputs = {"fail": False, "tag": tag}
+    execution, outcomes = _run_cut_once(PeriodThreeEffects, inputs, nobody_queue, method="finish")
     assert outcomes[0] == "time_up", outcomes  # the end was never written
     assert coordination_state().period_marked_by(f"soft-limit:{tag}", "day") == str(execution.id)
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
@@ -524,24 +523,10 @@ def test_a_soft_limit_after_a_step_s_period_mark_runs_the_step_again(
     its effect in place, never undone. The mark of the unit's own success now lets the unit
     run again (at least once, as any unit whose record was lost), and it is undone with the
     others."""
-    LEDGER.clear()
-    taken(nobody_queue)
     tag = uuid.uuid4().hex
-    execution = StepPeriodThreeEffects.run_async(fail=fail, tag=tag)
-    (first,) = taken(nobody_queue)
-    original = ExecutionRun.checkpoint
-
-    def cut_after_the_mark(self: ExecutionRun, **fields: Any) -> None:
-        if LEDGER == ["do:s0", "do:s1"]:
-            ExecutionRun.checkpoint = original  # type: ignore[method-assign]
-            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
-        original(self, **fields)
-
-    ExecutionRun.checkpoint = cut_after_the_mark  # type: ignore[method-assign]
-    try:
-        outcomes = _until_ended(execution, first, nobody_queue)
-    finally:
-        ExecutionRun.checkpoint = original  # type: ignore[method-assign]
+    inputs = {"fail": fail, "tag": tag}
+    when = ["do:s0", "do:s1"]
+    execution, outcomes = _run_cut_once(StepPeriodThreeEffects, inputs, nobody_queue, when)
     assert outcomes[0] == "time_up", outcomes
     assert saga_problems(fail, execution) == [], (outcomes, LEDGER, execution.error)
     ran = ["do:s0", "do:s1", "do:s1", "do:s2"]
