@@ -1,4 +1,5 @@
-"""Ordered-line heads whose execution has ended: completed by the sweep.
+"""Ordered-line heads whose execution has ended, or whose unit lost them: completed by the
+sweep.
 
 An ordered position is completed by its holder's release. A release Redis acknowledged and
 then lost — a Sentinel or cluster failover promotes a replica that never received it — leaves
@@ -11,7 +12,11 @@ The sweep (``engine.sweeper``) now looks at the lines parked executions wait in
 when all of these hold:
 
 * its registration names an execution (a ``Step.call`` head names none: left to the pill),
-  and that execution has ended (a terminal status) or is gone;
+  and that execution has ended (a terminal status) or is gone — or records a later place of
+  this line for the same unit (step, map element, or the reactor): a place the line gave and
+  the execution never recorded, its delivery having ended between the two (killed, or cut by
+  a time limit), so that the unit took a new place when it came back and waited behind its
+  own lost one;
 * the position has shown no sign of life for ``REACTOR_SWEEP_AFTER`` — the bound after which
   the sweep treats a delivery as vanished, and far longer than a running head's heartbeat
   interval — so a head whose delivery still runs (a duplicate that lost its claim) is left
@@ -43,6 +48,7 @@ from reactor_app.coordination.claims import (
     OrderedPosition,
 )
 from reactor_app.engine.enqueueing import wake
+from reactor_app.engine.state import REACTOR_SLOT
 from reactor_app.exceptions import ReactorError
 from reactor_app.models import ContentionState, Execution
 from reactor_app.status import TERMINAL_STATUSES, CoordinationEventKind
@@ -84,7 +90,8 @@ def _complete_if_stranded(coordinator: Coordinator, key: str) -> int | None:
     if head.heartbeat_age < reactor_settings.SWEEP_AFTER:
         return None
     ended, exists = _ended(head.execution)
-    if not ended:
+    lost = not ended and _lost_by_its_unit(head, key, line.epoch)
+    if not (ended or lost):
         return None
     # the line's own lifetime, kept as it is (the release refreshes it with the claim's ttl)
     left_ms = coordinator.client.pttl(ordered_lock.state_key(key, coordinator.prefix))
@@ -114,16 +121,39 @@ def _complete_if_stranded(coordinator: Coordinator, key: str) -> int | None:
         execution_id=head.execution if exists else None,
         by="sweep",
         nonce=head.nonce,
-        reason="its execution had ended and its position was silent",
+        reason=(
+            "its unit had recorded a later place and this one was silent"
+            if lost
+            else "its execution had ended and its position was silent"
+        ),
         woken=list(released.woken),
     )
     logger.warning(
-        "sweep completed position %s of ordered lock %r: its execution %s had ended",
+        "sweep completed position %s of ordered lock %r: %s",
         head.nonce,
         key,
-        head.execution,
+        f"a place lost by {head.execution}" if lost else f"its execution {head.execution} ended",
     )
     return head.nonce
+
+
+def _lost_by_its_unit(head: ordered_lock.Position, key: str, epoch: int) -> bool:
+    """Whether the head is a place its unit was given and lost: the unit's execution records a
+    later place of the same line for the same unit (step, map element, or the reactor). Its
+    delivery ended between the script's answer and the record, and the unit took a new place
+    when it came back — it will never use this one, and without this the unit waited behind
+    its own lost place until ``poison_pill_timeout``."""
+    try:
+        pk = uuid.UUID(str(head.execution))
+    except ValueError:
+        return False
+    context = Execution.objects.filter(pk=pk).values_list("context", flat=True).first()
+    if not isinstance(context, dict):
+        return False
+    recorded = (context.get("ordered") or {}).get(head.step or REACTOR_SLOT)
+    if not isinstance(recorded, dict) or recorded.get("key") != key:
+        return False
+    return int(recorded.get("epoch", -1)) == epoch and int(recorded.get("nonce", 0)) > head.nonce
 
 
 def _ended(execution_id: str) -> tuple[bool, bool]:

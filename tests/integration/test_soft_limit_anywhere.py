@@ -18,14 +18,16 @@ at the ``line``-th line the delivery runs in ``reactor_app``'s own code or the s
 function: one thread's, fired once, as the signal is). Then it delivers again, as the requeue
 or the sweep would, until the run ends, and checks the ledger the hooks wrote, and that the
 ended run holds nothing in Redis. (An ordered lock is left out: a cut between the place its
-line gave and the place's record leaves the unit behind its own lost place until
-``poison_pill_timeout`` — docs/coordination.md, "Losing a place in line".)
+line gave and the place's record leaves the unit behind its own lost place until the sweep
+completes it, which this loop of deliveries does not run — a named regression below does;
+docs/coordination.md, "Losing a place in line".)
 """
 
 from __future__ import annotations
 
 import linecache
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -46,6 +48,7 @@ from reactor_app import (
     step,
     value,
     with_lock,
+    with_ordered_lock,
     with_period,
     with_rate_limit,
     with_semaphore,
@@ -55,6 +58,7 @@ from reactor_app.engine.context import StepContext
 from reactor_app.engine.dispatch import deliver
 from reactor_app.engine.enqueueing import START_HEADER
 from reactor_app.engine.executor import ExecutionRun
+from reactor_app.engine.stranded_positions import complete_stranded_heads
 from reactor_app.engine.time_slice import time_slice
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
@@ -173,6 +177,18 @@ class PeriodsThreeEffects(ThreeEffects):
     inputs = ("fail", "tag")
     s0 = step(SlotEffect, name=value("s0"), fail=value(False), tag=from_input("tag"))
     s1 = step(PeriodEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
+
+
+@with_ordered_lock(lambda args: f"soft-limit-line:{args['tag']}", strict=False)
+class InLineEffect(Effect):
+    """``Effect`` under an ordered lock, on a line of each run's."""
+
+    inputs = ("name", "fail", "tag")
+
+
+class OrderedThreeEffects(ThreeEffects):
+    inputs = ("fail", "tag")
+    s1 = step(InLineEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
 
 
 @with_lock(_cut_key, ttl=30)
@@ -537,3 +553,28 @@ def test_a_soft_limit_after_a_step_s_period_mark_runs_the_step_again(
         assert list(LEDGER) == ran, LEDGER
         marked_by = coordination_state().period_marked_by(f"soft-limit-step:{tag}", "day")
         assert marked_by == str(execution.id)
+
+
+def test_a_soft_limit_before_a_place_in_line_is_recorded_costs_a_sweep_not_the_pill(
+    nobody_queue: str, settings: Any
+) -> None:
+    """Found by a scan with an ordered lock: cut after the line gave ``s1`` its place and
+    before the execution recorded it, the next delivery took a new place and parked behind
+    the lost one — its own — until ``poison_pill_timeout`` (ten minutes by default). The
+    sweep now completes a silent head whose execution records a later place for the same
+    unit, and the run goes on."""
+    settings.REACTOR_SWEEP_AFTER = 0.2
+    tag = uuid.uuid4().hex
+    inputs = {"fail": False, "tag": tag}
+    execution, outcomes = _run_cut_once(
+        OrderedThreeEffects, inputs, nobody_queue, ["do:s0"], method="persist"
+    )
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.PARKED, outcomes  # behind its own lost place
+    line = coordination_state().ordered_lock(f"soft-limit-line:{tag}")
+    assert [p.execution for p in line.positions] == [str(execution.id)] * 2, line
+    time.sleep(0.4)  # the lost place silent for REACTOR_SWEEP_AFTER
+    assert complete_stranded_heads() == [f"soft-limit-line:{tag}#{line.positions[0].nonce}"]
+    outcomes = _until_ended(execution, {}, nobody_queue)
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER

@@ -124,3 +124,45 @@ def test_a_second_sweep_leaves_the_next_head_alone(
     time.sleep(0.4)  # the running head is silent too now, but its execution has not ended
     assert stranded_positions.complete_stranded_heads() == []
     assert ordered_state(key).in_flight == claims[1].position.nonce
+
+
+@pytest.mark.parametrize("recorded", ["a later place", "this place", "another step's place"])
+def test_the_sweep_completes_a_place_its_unit_lost_and_no_other(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, recorded: str
+) -> None:
+    """A delivery that ends between the line's answer and the execution's record of it leaves
+    the place registered to the unit; the unit comes back, takes a new place and parks behind
+    the lost one — its own. The sweep completes a silent head whose execution (still running)
+    records a later place of the same line for the same unit; not the place it records, not a
+    place another unit of it holds."""
+    woken: list[str] = []
+    monkeypatch.setattr(stranded_positions, "wake", lambda ids: woken.extend(ids))
+    settings.REACTOR_SWEEP_AFTER = 0.2
+    coordinator = Coordinator()
+    key = f"stranded:{uuid.uuid4().hex}"
+    row = execution(ExecutionStatus.PARKED)
+    unit = Holder(owner=str(row.pk), execution_id=str(row.pk), step="Ordered")
+    lost = coordinator.assign_position(key, unit)  # given, never recorded
+    again = coordinator.assign_position(key, unit)  # the unit's place when it came back
+    claim = OrderedLockClaim(key=key, position=again, ttl=LINE_TTL)
+    assert isinstance(coordinator.admit([claim], unit, waiter_id=str(row.pk)), Refused)
+    place = {"a later place": again, "this place": lost, "another step's place": again}[recorded]
+    slot = "Other" if recorded == "another step's place" else "Ordered"
+    context = {"ordered": {slot: {"key": key, "nonce": place.nonce, "epoch": place.epoch}}}
+    Execution.objects.filter(pk=row.pk).update(context=context)
+    ContentionState.objects.create(execution=row, step="Ordered", primitive="ordered_lock", key=key)
+    time.sleep(0.4)
+
+    completed = stranded_positions.complete_stranded_heads()
+
+    if recorded != "a later place":
+        assert completed == [] and woken == []
+        assert ordered_state(key).last_completed == 0
+        assert isinstance(coordinator.admit([claim], unit), Refused)
+        return
+    assert completed == [f"{key}#{lost.nonce}"]
+    assert woken == [str(row.pk)]
+    assert isinstance(coordinator.admit([claim], unit), Admitted)
+    flush()
+    event = CoordinationEvent.objects.get(key=key, kind="ordered_skipped")
+    assert event.detail["nonce"] == lost.nonce and "later place" in event.detail["reason"]
