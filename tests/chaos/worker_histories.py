@@ -162,7 +162,8 @@ def worker_histories(
     that delivery too, as these reactors never park after it), ``Reached`` (the step before
     a step-level primitive) done, the enqueue — to its body's start, with what the body was
     given (token, position, bucket) and the claim's lease or window; a rate limit's admission
-    is its charge, spent even when the body is killed. Releases (a period's complete) are
+    is its charge, spent even when the body is killed — at reactor level once per run, its
+    redeliveries' bodies continuing that admission. Releases (a period's complete) are
     invoked at the body's end and left open: the worker releases after the body, and may be
     killed first. A nemesis's ``lose`` (the store restarted empty) concerns every key."""
     claims: dict[str, dict[str, Any]] = {
@@ -189,10 +190,17 @@ def worker_histories(
         return session
 
     keys: dict[str, str] = {}  # session -> the key its operations are checked under
+    charged: set[str] = set()  # executions a reactor-level rate limit has charged
     for o in ops:
         if o.f != "entered" or o.status != "ok":
             continue
         execution, name = o.value["execution"], o.value["primitive"]
+        if name == "reactor_rate_limit":
+            # a run is charged once: a redelivery's body continues the first admission,
+            # which the engine records before the first body (docs/coordination.md)
+            if execution in charged:
+                continue
+            charged.add(execution)
         before = [t for t in reached.get(execution, []) if t <= o.call]
         before += [t for t in started.get(o.value["pid"], []) if t <= o.call]
         call = max([enqueued[execution][1], *before])

@@ -533,12 +533,12 @@ def test_a_soft_limit_after_a_period_s_success_mark_ends_the_run_as_it_succeeded
 def test_a_soft_limit_after_a_step_s_period_mark_runs_the_step_again(
     nobody_queue: str, fail: bool
 ) -> None:
-    """Found by the same scan, at step level: cut after a step's release had marked its
-    period bucket and before its checkpoint, the next delivery found the bucket marked and
-    skipped the step — its body had run, but the run did not know, so a later failure left
-    its effect in place, never undone. The mark of the unit's own success now lets the unit
-    run again (at least once, as any unit whose record was lost), and it is undone with the
-    others."""
+    """Found by reading, after the scan's reactor-level case, and confirmed by a probe: cut
+    after a step's release had marked its period bucket and before its checkpoint, the next
+    delivery found the bucket marked and skipped the step — its body had run, but the run did
+    not know, so a later failure left its effect in place, never undone. The mark of the
+    unit's own success now lets the unit run again (at least once, as any unit whose record
+    was lost), and it is undone with the others."""
     tag = uuid.uuid4().hex
     inputs = {"fail": fail, "tag": tag}
     when = ["do:s0", "do:s1"]

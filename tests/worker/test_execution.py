@@ -276,9 +276,9 @@ def test_a_killed_period_holder_whose_bucket_another_run_completed_fails_and_rol
     lapses and another run completes the bucket before the redelivery. The redelivery must
     not run the body again in that bucket, nor halt as if nothing had started: it fails with
     the period's error and undoes the step it completed, if any (docs/coordination.md,
-    "Period"). Found by the SIGKILL schedule on real workers (``test_worker_fault_histories``):
-    killed in its first step, before any checkpoint, the redelivery had no trace of the
-    admission and halted."""
+    "Period"). Found while reproducing a CI failure of the SIGKILL schedule on real workers
+    (``test_worker_fault_histories``): killed in its first step, before any checkpoint, the
+    redelivery had no trace of the admission and halted."""
     first = reactor.run_async(key="p1")
     kill_the_first_entry()
     wait_until(
