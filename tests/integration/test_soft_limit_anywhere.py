@@ -11,8 +11,10 @@ the at-least-once rule of a killed delivery: a unit cut between its effect and i
 runs again (docs/reactors-and-steps.md, "A worker that dies during the rollback").
 
 Each generated case runs a three-step reactor (its last step failing or not; plain, with a
-step-level lock and a reactor-level rate limit, whose charge is counted too, or with a
-reactor-level period, a semaphore and a step-level period) on the real database and Redis,
+step-level lock and a reactor-level rate limit, whose charge is counted too, with a
+reactor-level period, a semaphore and a step-level period, with a ``map_step`` of three
+elements each under a lock and a period of its own, or with a composed child — a semaphore in
+it — under the parent's reactor-level lock) on the real database and Redis,
 delivering it here as the worker task would (with the task's clock), and raises the exception
 at the ``line``-th line the delivery runs in ``reactor_app``'s own code or the steps' (a trace
 function: one thread's, fired once, as the signal is). Then it delivers again, as the requeue
@@ -26,6 +28,7 @@ docs/coordination.md, "Losing a place in line".)
 from __future__ import annotations
 
 import linecache
+import os
 import sys
 import time
 import uuid
@@ -44,7 +47,10 @@ from reactor_app import (
     Reactor,
     Step,
     Success,
+    compose,
+    element,
     from_input,
+    map_step,
     step,
     value,
     with_lock,
@@ -75,6 +81,8 @@ STEPS = ("s0", "s1", "s2")
 TRACED = (str(Path(reactor_app.__file__).parent), __file__)
 #: deliveries after the cut one before a run must have ended (a park or a requeue each)
 MORE_DELIVERIES = 6
+#: generated cases per run (``make soak`` sets more: ``REACTOR_SOFT_LIMIT_EXAMPLES``)
+EXAMPLES = int(os.environ.get("REACTOR_SOFT_LIMIT_EXAMPLES", "150"))
 
 
 class Effect(Step):
@@ -191,6 +199,56 @@ class OrderedThreeEffects(ThreeEffects):
     s1 = step(InLineEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
 
 
+@with_period(lambda args: f"soft-limit-element:{args['tag']}:{args['name']}", every="day", ttl=30)
+@with_lock(lambda args: f"soft-limit-element:{args['tag']}:{args['name']}", ttl=30)
+class ElementEffect(Effect):
+    """``Effect`` under a lock and a period of each element's own, of each run's."""
+
+    inputs = ("name", "fail", "tag")
+
+
+class MappedThreeEffects(ThreeEffects):
+    """The property's map: ``s1`` is three elements, each coordinated on its own arguments —
+    units of their own, checkpointed, undone and run again each in its place."""
+
+    inputs = ("fail", "tag")
+    s1 = map_step(
+        ElementEffect,
+        over=value(["s1[0]", "s1[1]", "s1[2]"]),
+        name=element(),
+        fail=value(False),
+        tag=from_input("tag"),
+    )
+
+
+class ChildEffects(Reactor):
+    """Two steps composed into a parent: the first under a semaphore of one slot."""
+
+    inputs = ("tag",)
+    c0 = step(SlotEffect, name=value("c0"), fail=value(False), tag=from_input("tag"))
+    c1 = step(Effect, name=value("c1"), fail=value(False))
+
+
+@with_lock(lambda inputs: f"soft-limit-parent:{inputs['tag']}", ttl=30)
+class ComposedThreeEffects(ThreeEffects):
+    """The property's composed child, in a parent under a reactor-level lock: the child's
+    steps are part of the parent's run and of its rollback."""
+
+    inputs = ("fail", "tag")
+    s1 = compose(ChildEffects, tag=from_input("tag"))
+
+
+#: the units of each reactor the property generates, in the order they run (an element of a
+#: map and a step of a composed child are units of their own, undone in their place)
+UNITS: dict[type[Reactor], tuple[str, ...]] = {
+    ThreeEffects: STEPS,
+    GatedThreeEffects: STEPS,
+    PeriodsThreeEffects: STEPS,
+    MappedThreeEffects: ("s0", "s1[0]", "s1[1]", "s1[2]", "s2"),
+    ComposedThreeEffects: ("s0", "c0", "c1", "s2"),
+}
+
+
 @with_lock(_cut_key, ttl=30)
 class ReactorKeyCut(ThreeEffects):
     """A reactor-level lock whose key function may be cut off (in the gate, before any
@@ -302,14 +360,14 @@ def lines_of_a_clean_delivery(reactor: type[ThreeEffects], fail: bool, queue: st
 
 
 @settings(
-    max_examples=100,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     share=st.floats(min_value=0, max_value=1, exclude_max=True),
     fail=st.booleans(),
-    reactor=st.sampled_from([ThreeEffects, GatedThreeEffects, PeriodsThreeEffects]),
+    reactor=st.sampled_from(list(UNITS)),
 )
 def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     nobody_queue: str, share: float, fail: bool, reactor: type[ThreeEffects]
@@ -319,7 +377,7 @@ def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     lines = lines_of_a_clean_delivery(reactor, fail, nobody_queue)
     line = 1 + int(share * lines)
     execution, tracer, outcomes = _run(reactor, fail, line, nobody_queue)
-    problems = saga_problems(fail, execution)
+    problems = saga_problems(fail, execution, UNITS[reactor])
     # an ended run holds nothing: what a cut delivery kept, the next one took over and gave back
     held = [h for h in coordination_state().holds() if h["execution"] == str(execution.id)]
     if held:
@@ -342,16 +400,17 @@ def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     )
 
 
-def saga_problems(fail: bool, execution: Execution) -> list[str]:
+def saga_problems(fail: bool, execution: Execution, units: tuple[str, ...] = STEPS) -> list[str]:
     """What the ended run and the ledger break of the promise, with the at-least-once rule of
     a delivery killed (here: cut) between a unit's effect and its record — one cut, so a body
     or a hook runs at most twice (docs/reactors-and-steps.md, "A worker that dies during the
-    rollback")."""
+    rollback"). ``units``: the run's units in the order they run, the last one failing when
+    ``fail``."""
     if execution.status not in TERMINAL_STATUSES:
         return [f"not ended: {execution.status}"]
     problems = []
     counts = Counter(LEDGER)
-    for name in STEPS:
+    for name in units:
         dos, undos, compensates = (
             counts[f"{kind}:{name}"] for kind in ("do", "undo", "compensate")
         )
@@ -364,7 +423,7 @@ def saga_problems(fail: bool, execution: Execution) -> list[str]:
     if execution.status == ExecutionStatus.SUCCEEDED:
         if fail:
             problems.append("succeeded although its last step fails")
-        if not all(counts[f"do:{name}"] for name in STEPS):
+        if not all(counts[f"do:{name}"] for name in units):
             problems.append("succeeded without running every body")
         if [e for e in LEDGER if not e.startswith("do:")]:
             problems.append("succeeded with effects undone or compensated")
@@ -375,12 +434,12 @@ def saga_problems(fail: bool, execution: Execution) -> list[str]:
         # only a body cut off although it started its delivery fails its attempt
         problems.append(f"failed for another reason than a cut-off body: {execution.error}")
     failed_step = next(
-        (n for n in reversed(STEPS) if counts[f"do:{n}"] or counts[f"compensate:{n}"]), None
+        (n for n in reversed(units) if counts[f"do:{n}"] or counts[f"compensate:{n}"]), None
     )
     if failed_step is None:
         return [*problems, f"failed before any body ran: {execution.error}"]
     # every completed body undone (newest first), each attempt of the failing step compensated
-    completed_before = list(STEPS[: STEPS.index(failed_step)])
+    completed_before = list(units[: units.index(failed_step)])
     undone = list(dict.fromkeys(e[5:] for e in LEDGER if e.startswith("undo:")))
     if undone != completed_before[::-1]:
         problems.append(f"undone {undone}, not {completed_before[::-1]} newest first")
