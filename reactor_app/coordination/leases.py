@@ -110,10 +110,12 @@ def keep_alive(
     *,
     on_lost: Callable[[LeaseLost], None] | None = None,
     on_extended: Callable[[str, int], None] | None = None,
+    start: bool = True,
 ) -> Renewal | None:
     """Start the renewal thread for ``admitted`` (None when nothing needs renewing):
     auto-extended locks, semaphore leases and ordered-lock heartbeats. ``on_extended``
-    receives ``(key, granted lease ms)`` per renewed lease."""
+    receives ``(key, granted lease ms)`` per renewed lease. ``start=False``: the renewal is
+    returned unstarted, for a caller that must hold it before it runs (``engine.gate``)."""
     global _start_renewal
     if _start_renewal is None:
         # imported on first use: renewal imports admission, which imports this module (an
@@ -123,7 +125,7 @@ def keep_alive(
 
         _start_renewal = start_renewal
     return _start_renewal(  # type: ignore[no-any-return]
-        admitted, coordinator=coordinator, on_lost=on_lost, on_extended=on_extended
+        admitted, coordinator=coordinator, on_lost=on_lost, on_extended=on_extended, start=start
     )
 
 

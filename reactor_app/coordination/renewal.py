@@ -442,7 +442,11 @@ def start_renewal(
     coordinator: Coordinator | None = None,
     on_lost: Callable[[LeaseLost], None] | None = None,
     on_extended: Callable[[str, int], None] | None = None,
+    start: bool = True,
 ) -> Renewal | None:
-    """Start a ``Renewal`` when the admission has anything to renew; else None."""
+    """Start a ``Renewal`` when the admission has anything to renew (``start=False``: return
+    it unstarted); else None."""
     renewal = Renewal(admitted, coordinator=coordinator, on_lost=on_lost, on_extended=on_extended)
-    return renewal.start() if renewal.needed else None
+    if not renewal.needed:
+        return None
+    return renewal.start() if start else renewal

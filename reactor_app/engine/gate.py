@@ -601,9 +601,16 @@ class Gate:
                 reentrant=not hold.fresh,
                 **limit,
             )
+        # Held by the gate before it runs: an exception landing while it starts (Celery's soft
+        # limit, raised by a signal handler at any call) still finds it in ``exit``/``suspend``,
+        # which stop it. Started first, it would go on renewing the holds after the delivery
+        # ended, with no work under them, until another delivery gave them back — and then log
+        # them lost (docs/operations.md, "Celery time limits").
         self.keep_alive = self.coordinator.keep_alive(
-            admitted, on_lost=self._on_lost, on_extended=self._on_extended
+            admitted, on_lost=self._on_lost, on_extended=self._on_extended, start=False
         )
+        if self.keep_alive is not None:
+            self.keep_alive.start()
 
     def _on_lost(self, error: LeaseLost) -> None:
         error.reactor = self.scope.reactor

@@ -59,7 +59,7 @@ from reactor_app import (
     with_rate_limit,
     with_semaphore,
 )
-from reactor_app.coordination.renewal import scheduler
+from reactor_app.coordination.renewal import Renewal, RenewalScheduler, scheduler
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.context import StepContext
 from reactor_app.engine.dispatch import deliver
@@ -652,3 +652,31 @@ def test_a_soft_limit_before_a_place_in_line_is_recorded_costs_a_sweep_not_the_p
     outcomes = _until_ended(execution, {}, nobody_queue)
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
+
+
+def test_a_soft_limit_while_a_renewal_starts_leaves_no_renewal_running(
+    nobody_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by reading, after the property's check of renewals: the gate started a step's
+    renewal and only then kept it, so a soft limit landing in between (a signal handler runs
+    at any call, here the scheduler's) left the renewal running after the delivery ended —
+    renewing a semaphore's lease with no work under it until the next delivery gave the slot
+    back, then logging it lost. The gate now holds the renewal before it starts."""
+    original = RenewalScheduler.add
+
+    def add_then_cut(self: RenewalScheduler, renewal: Renewal) -> None:
+        original(self, renewal)
+        if renewal.holds[0].claim.primitive == "semaphore":
+            monkeypatch.setattr(RenewalScheduler, "add", original)
+            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+
+    monkeypatch.setattr(RenewalScheduler, "add", add_then_cut)
+    renewing_before = scheduler().active()
+    execution, first = _started(
+        PeriodsThreeEffects, {"fail": False, "tag": uuid.uuid4().hex}, nobody_queue
+    )
+    outcomes = _until_ended(execution, first, nobody_queue)
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER  # cut before s0's body
+    assert scheduler().active() == renewing_before
