@@ -676,7 +676,9 @@ class Gate:
             released = self._give_back(admitted, outcome, unless=flags)
             if released.flagged is not None:
                 self.admitted = admitted
-                self.keep_alive = renewal.restart() if renewal is not None else None
+                self.keep_alive = renewal  # held before it runs again (see ``_admitted``)
+                if renewal is not None:
+                    renewal.restart()
                 return released.flagged
             self._released(admitted, outcome, released)
             return None

@@ -27,6 +27,7 @@ regression below does; docs/coordination.md, "Losing a place in line".)"""
 from __future__ import annotations
 
 import dis
+import json
 import linecache
 import os
 import sys
@@ -60,6 +61,8 @@ from reactor_app import (
     with_semaphore,
 )
 from reactor_app.coordination.renewal import Renewal, RenewalScheduler, scheduler
+from reactor_app.coordination.redis import get_client
+from reactor_app.engine import cancel_flag
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.context import StepContext
 from reactor_app.engine.dispatch import deliver
@@ -679,4 +682,49 @@ def test_a_soft_limit_while_a_renewal_starts_leaves_no_renewal_running(
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER  # cut before s0's body
+    assert scheduler().active() == renewing_before
+
+
+@with_semaphore(lambda args: f"soft-limit-slot:{args['tag']}", limit=1, ttl=30)
+class CancelsItself(Effect):
+    """``Effect`` under a semaphore that raises its own execution's cancel flag in its body,
+    as another process would: the release after it finds the flag and keeps the slot."""
+
+    inputs = ("name", "fail", "tag")
+
+    def run(self, args: dict[str, Any], context: Any) -> Any:
+        request = {"reason": "mid-body", "by": "test", "at": "now"}
+        get_client().set(cancel_flag._key(context.execution_id), json.dumps(request), ex=60)
+        return super().run(args, context)
+
+
+class CancelledInItsFirstStep(ThreeEffects):
+    inputs = ("fail", "tag")
+    s0 = step(CancelsItself, name=value("s0"), fail=value(False), tag=from_input("tag"))
+
+
+def test_a_soft_limit_while_a_kept_renewal_restarts_leaves_no_renewal_running(
+    nobody_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same order, where a release finds the run cancelled and keeps its holds (renewed
+    again while the step is undone under them): the gate restarted the renewal, then kept
+    it. Now it keeps it first."""
+    original = RenewalScheduler.add
+    adds: list[Renewal] = []
+
+    def second_add_cut(self: RenewalScheduler, renewal: Renewal) -> None:
+        original(self, renewal)
+        adds.append(renewal)
+        if len(adds) == 2:  # the restart after the release found the cancel flag
+            monkeypatch.setattr(RenewalScheduler, "add", original)
+            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+
+    monkeypatch.setattr(RenewalScheduler, "add", second_add_cut)
+    renewing_before = scheduler().active()
+    inputs = {"fail": False, "tag": uuid.uuid4().hex}
+    execution, first = _started(CancelledInItsFirstStep, inputs, nobody_queue)
+    outcomes = _until_ended(execution, first, nobody_queue)
+    assert adds[0] is adds[1]  # the same renewal, restarted
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.CANCELLED, (outcomes, execution.error)
     assert scheduler().active() == renewing_before
