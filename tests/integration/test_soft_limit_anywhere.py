@@ -60,8 +60,8 @@ from reactor_app import (
     with_rate_limit,
     with_semaphore,
 )
-from reactor_app.coordination.renewal import Renewal, RenewalScheduler, scheduler
 from reactor_app.coordination.redis import get_client
+from reactor_app.coordination.renewal import Renewal, RenewalScheduler, scheduler
 from reactor_app.engine import cancel_flag
 from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.context import StepContext
