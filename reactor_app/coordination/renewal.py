@@ -30,6 +30,10 @@ are renewed without it: the callback names only a key, which a lock may share). 
 removes the renewal and, while a round in flight is renewing it, waits for that part of the
 round (its client's pipeline and callbacks: one round trip at most), so no callback runs after
 it.
+
+One module, a little over the usual size, on purpose: a ``Renewal`` and the scheduler that
+runs it are one protocol — stopping, removing and restarting a renewal while a round may be
+renewing it — read together.
 """
 
 from __future__ import annotations
@@ -316,8 +320,9 @@ class RenewalScheduler:
             self._stale = 0
 
     def active(self) -> int:
+        """How many renewals are scheduled and not stopped: those that renew."""
         with self._lock:
-            return len(self._active)
+            return sum(1 for entry in self._active.values() if not entry[2].stopped)
 
     def _run(self) -> None:
         while True:
@@ -336,21 +341,8 @@ class RenewalScheduler:
                         break
                     self._wake.wait(timeout=left)
                 self._sleeping_until = 0.0  # busy: whatever is added now is seen after the round
-                now = time.monotonic()
-                # the entries this round takes out of the heap: they go back in after it, as
-                # they are, unless their renewal was stopped meanwhile (cleared by ``_forget``;
-                # a restart during the round pushed an entry of its own)
-                taken: list[list[Any]] = []
-                while self._heap:
-                    when, _, renewal = self._heap[0]
-                    if renewal is None:
-                        heapq.heappop(self._heap)
-                        self._stale -= 1
-                        continue
-                    if when > now + renewal.interval * COALESCE_FRACTION:
-                        break
-                    taken.append(heapq.heappop(self._heap))
-                due: list[Renewal] = [entry[2] for entry in taken]
+                taken = self._take_due()
+            due: list[Renewal] = [entry[2] for entry in taken]
             try:
                 self._renew(due)
             except Exception:  # never let the thread die silently
@@ -361,15 +353,43 @@ class RenewalScheduler:
                 self._renewing_now([])
             with self._lock:
                 self.rounds += 1
-                for entry, renewal in zip(taken, due, strict=True):
-                    if entry[2] is None:  # stopped during the round: counted stale, never pushed
-                        self._stale = max(0, self._stale - 1)
-                    elif renewal.lost is None:
-                        entry[0], entry[1] = renewal.due, next(self._order)
-                        heapq.heappush(self._heap, entry)
-                    else:
-                        entry[2] = None
-                        self._active.pop(id(renewal), None)
+                self._put_back(taken)
+            # nothing of this round stays referenced while the thread waits for the next: a
+            # renewal let go of here must not outlive it in this frame
+            del taken, due
+
+    def _take_due(self) -> list[list[Any]]:
+        """Take this round's entries out of the heap (lock held): every one due by now, and
+        those due within ``COALESCE_FRACTION`` of their interval. They go back in after the
+        round, as they are, unless their renewal was stopped meanwhile (cleared by
+        ``_forget``; a restart during the round pushed an entry of its own)."""
+        now = time.monotonic()
+        taken: list[list[Any]] = []
+        while self._heap:
+            when, _, renewal = self._heap[0]
+            if renewal is None:
+                heapq.heappop(self._heap)
+                self._stale -= 1
+                continue
+            if when > now + renewal.interval * COALESCE_FRACTION:
+                break
+            taken.append(heapq.heappop(self._heap))
+        return taken
+
+    def _put_back(self, taken: list[list[Any]]) -> None:
+        """After a round (lock held): push back the entries of renewals that go on."""
+        for entry in taken:
+            renewal = entry[2]
+            if renewal is None:  # stopped during the round: counted stale, never pushed
+                self._stale = max(0, self._stale - 1)
+            elif renewal.lost is None and not renewal.stopped:
+                entry[0], entry[1] = renewal.due, next(self._order)
+                heapq.heappush(self._heap, entry)
+            else:
+                # lost; or stopped and never removed (an exception — Celery's soft limit —
+                # landed between the two): let go of it here
+                entry[2] = None
+                self._active.pop(id(renewal), None)
 
     def _renewing_now(self, renewals: list[Renewal]) -> list[Renewal]:
         """Mark the part of the round about to run (its renewals not stopped meanwhile, which

@@ -330,6 +330,31 @@ def test_a_stopped_renewal_is_let_go_at_once_and_a_restarted_one_renewed_once(
     assert 1 <= rounds <= elapsed / ROUND + 1 and len(extended) == rounds, (rounds, elapsed)
 
 
+def test_a_renewal_stopped_but_never_removed_is_let_go_at_its_next_round(prefix: str) -> None:
+    """An exception can land between a renewal's ``stopped`` and its removal from the
+    scheduler (Celery's soft limit, raised by a signal handler as ``remove`` is called): the
+    scheduler renews it no more, no longer counts it, and lets go of it when it comes due,
+    instead of carrying it — its callbacks, its gate — for the life of the process."""
+    coordinator = Coordinator(client=get_client(redis_url()), prefix=prefix)
+    admitted = coordinator.admit([LockClaim("half-stopped", ttl=LEASE)], holder("half-stopped"))
+    assert isinstance(admitted, Admitted)
+    before = scheduler().active()
+    try:
+        renewal = Renewal(admitted, coordinator=coordinator).start()
+        assert scheduler().active() == before + 1
+        renewal.stopped = True  # stop() cut off before it called remove()
+        assert scheduler().active() == before
+        gone = weakref.ref(renewal)
+        del renewal
+        deadline = time.monotonic() + 10 * ROUND
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            gc.collect()
+        assert gone() is None, "still held by the scheduler"
+    finally:
+        coordinator.release(admitted, "success")
+
+
 def test_a_renewal_stopped_and_restarted_during_its_round_is_renewed_once_per_round(
     prefix: str,
 ) -> None:
