@@ -395,8 +395,8 @@ def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     if held:
         problems.append(f"still held after the run ended: {held}")
     # nor does any renewal of this process run on: a cut delivery's gates stopped theirs (one
-    # left running would keep a hold alive with no work under it, as long as the process
-    # lives, and log it "lost" once the next delivery gave it back)
+    # left running would renew a hold with no work under it until the next delivery gave it
+    # back, then log it lost)
     renewing = scheduler().active() - renewing_before
     if renewing:
         problems.append(f"{renewing} renewal(s) still running after the run ended")
