@@ -319,10 +319,14 @@ class RenewalScheduler:
             heapq.heapify(self._heap)
             self._stale = 0
 
-    def active(self) -> int:
-        """How many renewals are scheduled and not stopped: those that renew."""
+    def renewing(self) -> list[Renewal]:
+        """The renewals scheduled and not stopped: those that renew."""
         with self._lock:
-            return sum(1 for entry in self._active.values() if not entry[2].stopped)
+            return [entry[2] for entry in self._active.values() if not entry[2].stopped]
+
+    def active(self) -> int:
+        """How many renewals renew (``renewing``)."""
+        return len(self.renewing())
 
     def _run(self) -> None:
         while True:
