@@ -324,10 +324,6 @@ class RenewalScheduler:
         with self._lock:
             return [entry[2] for entry in self._active.values() if not entry[2].stopped]
 
-    def active(self) -> int:
-        """How many renewals renew (``renewing``)."""
-        return len(self.renewing())
-
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -351,8 +347,7 @@ class RenewalScheduler:
                 self._renew(due)
             except Exception:  # never let the thread die silently
                 logger.exception("renewal round crashed")
-                for renewal in due:
-                    renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
+                _due_again_soon(due)
             finally:
                 self._renewing_now([])
             with self._lock:
@@ -442,6 +437,12 @@ class RenewalScheduler:
                     continue  # stopped while the pipeline was out: its callbacks are over
                 if renewal._renewed(sent_at, extended):
                     renewal.due = sent_at + renewal.interval
+
+
+def _due_again_soon(renewals: list[Renewal]) -> None:
+    """After a round that crashed: try its renewals again in a third of their interval."""
+    for renewal in renewals:
+        renewal.due = time.monotonic() + max(renewal.interval / 3, 0.01)
 
 
 _scheduler: RenewalScheduler | None = None
