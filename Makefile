@@ -101,7 +101,9 @@ pytest: install
 # * the fair-sharing test on real workers (tests/worker/test_fair_priority.py) with the issue's
 #   backlog of FAIR_BACKLOG executions instead of 30;
 # * the soft-limit property (tests/integration/test_soft_limit_anywhere.py: a Celery soft time
-#   limit at a generated line of a delivery) with SOFT_LIMIT_EXAMPLES cases instead of 150;
+#   limit at a generated line of a delivery) with SOFT_LIMIT_EXAMPLES cases instead of 150, and
+#   its cancel variant (test_cancel_after_lost_delivery.py: the run cancelled after the cut)
+#   with CANCEL_AFTER_LOSS_EXAMPLES instead of 60;
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
@@ -109,6 +111,7 @@ SOAK_SECONDS ?= 1800
 FAULT_SOAK_SECONDS ?= 300
 FAIR_BACKLOG ?= 200
 SOFT_LIMIT_EXAMPLES ?= 3000
+CANCEL_AFTER_LOSS_EXAMPLES ?= 1500
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
 	tests/chaos/test_fault_histories.py tests/chaos/test_worker_fault_histories.py \
 	tests/chaos/test_worker_restart_histories.py tests/chaos/test_worker_lost_replies.py \
@@ -117,13 +120,15 @@ SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers
 	tests/linearizability/test_checker_properties.py tests/unit/test_undo_order.py \
 	tests/unit/test_codec_round_trip.py tests/unit/test_stored_replies.py \
 	tests/integration/test_debounce_schedules.py tests/worker/test_lost_deliveries.py \
-	tests/unit/test_lost_delivery_rules.py tests/integration/test_soft_limit_anywhere.py
+	tests/unit/test_lost_delivery_rules.py tests/integration/test_soft_limit_anywhere.py \
+	tests/integration/test_cancel_after_lost_delivery.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_HYPOTHESIS_PROFILE=reactor-explore \
 		REACTOR_SAGA_SOAK_SECONDS=$(SOAK_SECONDS) \
 		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) REACTOR_FAIR_BACKLOG=$(FAIR_BACKLOG) \
 		REACTOR_SOFT_LIMIT_EXAMPLES=$(SOFT_LIMIT_EXAMPLES) \
+		REACTOR_CANCEL_AFTER_LOSS_EXAMPLES=$(CANCEL_AFTER_LOSS_EXAMPLES) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------

@@ -66,7 +66,9 @@ class Step(Coordinated):
         raise NotImplementedError(f"{type(self).__qualname__} must implement run(args, context)")
 
     def compensate(self, error: BaseException, args: dict[str, Any], context: StepContext) -> Any:
-        """This step failed after its body started; clean up what the body did. Default: nothing."""
+        """This step failed after its body started, or its run ended while the body's result
+        was unknown (a lost delivery, docs/reactors-and-steps.md): clean up whatever part of
+        the effect exists, none included. Default: nothing."""
 
     def undo(self, result: Any, args: dict[str, Any], context: StepContext) -> Any:
         """A later step failed; reverse this step's success. Default: nothing."""

@@ -41,6 +41,7 @@ from reactor_app.engine.cancel_flag import flag_keys, note_read
 from reactor_app.engine.claim import CLAIM_WAIT, ExecutionClaim, delivery_owner
 from reactor_app.engine.enqueueing import enqueue_quietly
 from reactor_app.engine.executor import ExecutionRun
+from reactor_app.engine.in_flight import mark_in_flight
 from reactor_app.engine.lost_deliveries import arm_verdict, note_lost
 from reactor_app.engine.outcomes import RunEnd
 from reactor_app.engine.policy import ON_WORKER
@@ -333,7 +334,11 @@ def _run_pass(execution: Execution, claim: ExecutionClaim, clock: TimeSlice | No
     run.on_persist = claim.check
     if taken_over:
         drop_stale_holds(run)
-        # counted once the holds are dropped: an outage there sends it again uncounted
+        # what the lost delivery may have been running, to compensate if the run ends before
+        # it runs again; a delivery that took over from none wrote a map's elements in batches
+        mark_in_flight(run, batched=run.state.continuation.lost_deliveries is None)
+        # counted (and the marks written) once the holds are dropped: an outage there sends
+        # it again uncounted
         note_lost(run)
     arm_verdict(run, taken_over=taken_over)
     if was_parked:

@@ -101,12 +101,15 @@ class ExecutionHost:
             self._run.state.continuation.attempts()[label] = spent
 
     def note_pending_failure(self, label: str, failure: PendingFailure) -> None:
-        """A failed attempt of ``label`` that is to be retried: the rollback compensates it if
-        the run ends before the next attempt's body starts (``engine.settling``)."""
+        """A failed attempt of ``label`` that is to be retried — or a body whose delivery ended
+        before its result was recorded (``lost``, ``engine.in_flight``): the rollback
+        compensates it if the run ends before the unit's next body starts
+        (``engine.settling``)."""
         self._run.state.continuation.failures()[label] = failure
 
     def drop_pending_failure(self, label: str) -> None:
-        """The next attempt's body starts: the failed one before it is no longer the last."""
+        """The unit's next body starts: the failed (or lost) one before it is no longer the
+        last."""
         pending = self._run.state.continuation.pending_failures
         if pending:
             pending.pop(label, None)

@@ -41,7 +41,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from reactor_app.conf import reactor_settings
-from reactor_app.engine.state import ROWS, LostDeliveries
+from reactor_app.engine.state import ROWS, LostDeliveries, is_lost_mark
 from reactor_app.exceptions import DeliveryLost
 from reactor_app.models import Execution
 
@@ -63,7 +63,12 @@ def position(contexts: list[dict[str, Any]]) -> str:
                 len(context.get("completed") or []),
                 context.get("next_index", 0),
                 sorted((context.get("attempts") or {}).items()),
-                sorted(context.get("pending_failures") or {}),
+                # a lost delivery's marks are not progress (``engine.in_flight``)
+                sorted(
+                    label
+                    for label, entry in (context.get("pending_failures") or {}).items()
+                    if not is_lost_mark(entry)
+                ),
                 [rolling.get("status"), rolling.get("done")] if rolling else None,
             ]
         )
@@ -89,7 +94,8 @@ def fails_next_unit(count: int, limit: int) -> bool:
 
 def note_lost(run: ExecutionRun) -> None:
     """Count the loss of the delivery ``run``'s delivery takes over from, durably, before any
-    unit runs."""
+    unit runs (in the same write as the units the lost delivery may have been running,
+    ``engine.in_flight``, which the caller marked)."""
     entry = counted(run.state.continuation.lost_deliveries, position(_contexts(run)))
     run.state.continuation.lost_deliveries = entry
     run.persist()

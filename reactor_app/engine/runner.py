@@ -266,8 +266,9 @@ class UnitRunner:
                         self.host.drop_pending_failure(self.label)
                         self._record_skip(attempt, skip.reason, key=skip.key)
                         return StepOutcome(UnitStatus.SKIPPED, reason=skip.reason)
-                if attempt > 1:
-                    self.host.drop_pending_failure(self.label)  # this body is the last now
+                # this body is the last now, after a failed attempt or a lost delivery's (a
+                # delivery lost in it marks it again: ``engine.in_flight``)
+                self.host.drop_pending_failure(self.label)
                 recorder = self._recorder(StepRunKind.RUN, attempt)
                 if recorder:
                     recorder.started(args=self.args)
@@ -418,16 +419,21 @@ class UnitRunner:
         before its checkpoint)."""
         self._keep_attempts(attempt - 1)
         when = "after this body returned, before its checkpoint" if after_body else "during it"
+        error = {
+            "type": "DeliveryTimeUp",
+            "message": (
+                f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
+                f"{when}: the body runs again in a new delivery"
+            ),
+        }
         if recorder:
-            recorder.finished(
-                EngineEvent.STEP_RETRIED,
-                error={
-                    "type": "DeliveryTimeUp",
-                    "message": (
-                        f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
-                        f"{when}: the body runs again in a new delivery"
-                    ),
-                },
+            recorder.finished(EngineEvent.STEP_RETRIED, error=error)
+        if self.step_name is not None:
+            # its effect may stand: compensated if the run ends before it runs again, as a
+            # unit a killed delivery may have been running (``engine.in_flight``)
+            self.host.note_pending_failure(
+                self.label,
+                {"step": self.step_name, "args": self.args, "error": error, "lost": True},
             )
         return StepOutcome(UnitStatus.PARKED, retry_in=0.0)
 

@@ -191,13 +191,23 @@ def kept_hold(entry: KeptHold) -> Hold | None:
 class PendingFailure(TypedDict):
     """A unit's failed attempt that is to be retried (``engine.runner``): if the run ends before
     the retry's body starts, it was the final attempt, compensated by the rollback
-    (``engine.settling.compensate_pending``)."""
+    (``engine.settling.compensate_pending``). Also a unit a lost delivery may have been running
+    (``lost``, ``engine.in_flight``): compensated alike if the run ends before it runs again."""
 
     #: the step of the reactor (a map's step for one of its elements)
     step: str
     args: dict[str, Any]
     #: the failure as the step's history recorded it (``ReactorError.as_dict``)
     error: dict[str, Any]
+    #: not a failed attempt: a lost delivery may have been running the unit's body
+    #: (``engine.in_flight``); not progress, so the lost deliveries' point leaves it out
+    lost: NotRequired[bool]
+
+
+def is_lost_mark(entry: Any) -> bool:
+    """Whether a stored pending failure is a lost delivery's mark (``engine.in_flight``), not
+    a failed attempt."""
+    return isinstance(entry, dict) and bool(entry.get("lost"))
 
 
 class RollingBack(TypedDict):
