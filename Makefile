@@ -103,7 +103,7 @@ pytest: install
 # * the soft-limit property (tests/integration/test_soft_limit_anywhere.py: a Celery soft time
 #   limit at a generated line of a delivery) with SOFT_LIMIT_EXAMPLES cases instead of 150, and
 #   its cancel variant (test_cancel_after_lost_delivery.py: the run cancelled after the cut)
-#   with CANCEL_AFTER_LOSS_EXAMPLES instead of 60;
+#   with CANCEL_AFTER_LOSS_EXAMPLES instead of 40;
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.

@@ -32,9 +32,11 @@ The units at the point:
   (``REACTOR_MAP_CHECKPOINT_EVERY`` in all): elements completed and not yet written;
 * inside a composed child in progress (a ``compose`` step, an element of a map of reactors),
   the unit at the child's own point, marked in the child's state and written to its row;
-* nothing for an ``async_step``, an ``async_reactor`` or a parallel map's elements (each is an
-  execution of its own, with its own deliveries and takeovers), an interrupt (no body), or a
-  rollback under way (the redelivery goes on with it: ``engine.rollback_progress``).
+* of the execution of an ``async_step`` or of a parallel map's element, its one unit (the
+  parent's step at that point dispatched it: nothing of the parent ran there, and the child
+  has its own deliveries and takeovers);
+* nothing for an interrupt (no body), or a rollback under way (the redelivery goes on with it:
+  ``engine.rollback_progress``).
 """
 
 from __future__ import annotations
@@ -61,15 +63,20 @@ def mark_in_flight(run: ExecutionRun, *, batched: bool) -> None:
     ``batched``: the lost delivery wrote a sequential map's elements in batches."""
     if run.state.continuation.rolling_back is not None:
         return
+    marker = run.state.origin.dispatch
+    if marker is not None and marker["kind"] == "async_step":
+        # an async step's (or a parallel map element's) execution: its one unit
+        _mark_dispatched(run, marker["step"], marker.get("label") or marker["step"])
+        return
     plan = run.reactor.plan
     if run.state.next_index >= len(plan.order):
         return
     name = plan.order[run.state.next_index]
     spec = plan.specs[name]
     if isinstance(spec, (AsyncStepSpec, AsyncReactorSpec, InterruptSpec)):
-        return
+        return  # a dispatch or a pause: no body of this execution's
     if isinstance(spec, MapSpec) and spec.parallel:
-        return
+        return  # its elements are executions of their own
     try:
         if not evaluate_where(spec, run.inputs, run.state.results):
             return
@@ -88,6 +95,17 @@ def mark_in_flight(run: ExecutionRun, *, batched: bool) -> None:
             failures[label] = PendingFailure(
                 step=name, args=args, error=_lost_error(run, label), lost=True
             )
+    if not failures:
+        run.state.continuation.pending_failures = None
+
+
+def _mark_dispatched(run: ExecutionRun, name: str, label: str) -> None:
+    spec = run.reactor.steps.get(name)
+    failures = run.state.continuation.failures()
+    if spec is not None and spec.step_class() is not None and label not in failures:
+        failures[label] = PendingFailure(
+            step=name, args=dict(run.inputs), error=_lost_error(run, label), lost=True
+        )
     if not failures:
         run.state.continuation.pending_failures = None
 

@@ -431,9 +431,16 @@ class UnitRunner:
         if self.step_name is not None:
             # its effect may stand: compensated if the run ends before it runs again, as a
             # unit a killed delivery may have been running (``engine.in_flight``)
+            lost = {
+                "type": "DeliveryTimeUp",
+                "message": (
+                    f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
+                    f"{when}, and the run ended before the body ran again: its effect may stand"
+                ),
+            }
             self.host.note_pending_failure(
                 self.label,
-                {"step": self.step_name, "args": self.args, "error": error, "lost": True},
+                {"step": self.step_name, "args": self.args, "error": lost, "lost": True},
             )
         return StepOutcome(UnitStatus.PARKED, retry_in=0.0)
 

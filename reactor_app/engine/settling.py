@@ -41,7 +41,7 @@ from reactor_app.engine.time_slice import DeliveryTimeUp, stops_delivery
 from reactor_app.engine.worker import ClaimLost
 from reactor_app.exceptions import ReactorError, StepFailed
 from reactor_app.models import Execution
-from reactor_app.status import TERMINAL_STATUSES, StepRunKind
+from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus, StepRunKind
 
 if TYPE_CHECKING:
     from reactor_app.engine.executor import ExecutionRun
@@ -193,7 +193,9 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
     back — its completed steps undone, newest first, while what it kept is still held — then
     gives back what it kept (holds, ordered positions, waiter places) and ends ``cancelled``
     when the tree was cancelled, else ``failed``. Left alone, it stayed ``parked`` for good,
-    its kept holds renewed by every sweep. Returns what could not be undone."""
+    its kept holds renewed by every sweep. A child still listed although it ``succeeded`` (a
+    delivery lost between its end and this run's record of it) has its steps undone. Returns
+    what could not be undone."""
     failures: list[dict[str, Any]] = []
     composed = run.state.children.composed or {}
     for label in list(composed):
@@ -203,6 +205,13 @@ def settle_composed(run: ExecutionRun) -> list[dict[str, Any]]:
         except ReactorError:  # its reactor is not importable here: nothing can undo it
             logger.exception("composed child %s of %s cannot be loaded", child_id, run.reactor_path)
             failures.append({"step": label, "kind": "undo", "reason": "error"})
+            continue
+        if child is not None and child.execution.status == ExecutionStatus.SUCCEEDED:
+            # It ended, and the delivery that ran it was lost before this run recorded the
+            # step (the next one would have taken its result): its completed steps are undone
+            # here, as a recorded composed step's are (``engine.rollback``).
+            failures += roll_back(child, with_ancestors=False)
+            child.persist()
             continue
         if child is None or child.execution.status in TERMINAL_STATUSES:
             continue
