@@ -59,6 +59,7 @@ from reactor_app.coordination.claims import (
 )
 from reactor_app.coordination.leases import Extended
 from reactor_app.coordination.refusals import lease_lost
+from reactor_app.coordination.renewal_scope import note_started
 from reactor_app.exceptions import CoordinationUnavailable, LeaseLost
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class Renewal:
 
     def start(self) -> Renewal:
         if self.needed and self._scheduler is None:
+            note_started(self)  # first: whatever lands after it, the scope stops this one
             self._scheduler = scheduler()
             self._scheduler.add(self)
         return self

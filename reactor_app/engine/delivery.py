@@ -35,6 +35,7 @@ from typing import Any
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
+from reactor_app.coordination.renewal_scope import renewals_scope
 from reactor_app.dsl.registry import lookup
 from reactor_app.engine import countdowns, debounce
 from reactor_app.engine.cancel_flag import flag_keys, note_read
@@ -170,7 +171,8 @@ def deliver(
             lookup(execution.reactor)
         except ReactorNotRegistered as missing:
             return {**summary, **_fail_unrunnable(execution, missing)}
-        run = _run_pass(execution, claim, clock)
+        with renewals_scope():  # a soft limit that cut a gate's exit leaves no renewal on
+            run = _run_pass(execution, claim, clock)
     except CoordinationUnavailable as outage:
         # only from dropping a dead delivery's holds (an outage in a pass parks it instead):
         # nothing ran, the row is still "running", so the next delivery takes over again

@@ -65,30 +65,32 @@ def run_rollback_hook(
     reactor = host.reactor_path
     declarations = (declared if declared is not None else step_class.declarations()).for_rollback()
     gate = None
-    if declarations:
-        rollback_waits = {
-            d.primitive: d.effective_rollback_wait  # type: ignore[attr-defined]
-            for d in declarations
-        }
-        scope = gate_scope(host, step=label, owner=owner, held_keys=held_keys, parks=False)
-        gate = Gate(declarations, args, scope, waits=rollback_waits)
-        wait = max(rollback_waits.values())
-        try:
-            gate.enter(wait=wait, park=False)  # rollback never parks
-        except (CoordinationError, ConfigurationError) as error:
-            return [
-                {
-                    "step": label,
-                    "kind": kind,
-                    "reason": "coordination_unavailable",
-                    "key": getattr(error, "key", None),
-                    "primitive": getattr(error, "primitive", None),
-                    "error": error.as_dict(),
-                }
-            ]
-    recorder = host.recorder(label, kind, 1)
-    succeeded_event, failed_event = _EVENTS[kind]  # type: ignore[index]
     try:
+        # Entering sits inside the try, as the runner's does: whatever ends the hook after an
+        # admission, the finally below gives the holds back (a no-op when nothing was taken).
+        if declarations:
+            rollback_waits = {
+                d.primitive: d.effective_rollback_wait  # type: ignore[attr-defined]
+                for d in declarations
+            }
+            scope = gate_scope(host, step=label, owner=owner, held_keys=held_keys, parks=False)
+            gate = Gate(declarations, args, scope, waits=rollback_waits)
+            wait = max(rollback_waits.values())
+            try:
+                gate.enter(wait=wait, park=False)  # rollback never parks
+            except (CoordinationError, ConfigurationError) as error:
+                return [
+                    {
+                        "step": label,
+                        "kind": kind,
+                        "reason": "coordination_unavailable",
+                        "key": getattr(error, "key", None),
+                        "primitive": getattr(error, "primitive", None),
+                        "error": error.as_dict(),
+                    }
+                ]
+        recorder = host.recorder(label, kind, 1)
+        succeeded_event, failed_event = _EVENTS[kind]  # type: ignore[index]
         if recorder:
             recorder.started()
         context = step_context(
