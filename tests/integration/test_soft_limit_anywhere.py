@@ -34,6 +34,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -325,12 +326,20 @@ def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | 
 
 
 def _until_ended(
-    execution: Execution, first: dict[str, Any], queue: str, tracer: SoftLimitAt | None = None
+    execution: Execution,
+    first: dict[str, Any],
+    queue: str,
+    tracer: SoftLimitAt | None = None,
+    before: Callable[[Execution, int], None] | None = None,
 ) -> list[str]:
     """Deliver ``execution`` (the first delivery under ``tracer``), then again, as the requeue
-    or the sweep would, until it ends or ``MORE_DELIVERIES`` more were made; their outcomes."""
+    or the sweep would, until it ends or ``MORE_DELIVERIES`` more were made; their outcomes.
+    ``before(execution, n)`` runs before the ``n``-th delivery after the first (an operator's
+    cancel)."""
     outcomes = [_deliver(execution, first, tracer)]
-    for _ in range(MORE_DELIVERIES):
+    for number in range(1, MORE_DELIVERIES + 1):
+        if before is not None:
+            before(execution, number)
         execution.refresh_from_db()
         if execution.status in TERMINAL_STATUSES:
             break
@@ -370,16 +379,26 @@ def lines_of_a_clean_delivery(reactor: type[ThreeEffects], fail: bool, queue: st
     return counter.seen
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    share=st.floats(min_value=0, max_value=1, exclude_max=True),
-    fail=st.booleans(),
-    reactor=st.sampled_from(list(UNITS)),
-)
+#: a generated cut: where (a share of a clean delivery's lines), whether the last step fails,
+#: and the reactor
+CUTS = {
+    "share": st.floats(min_value=0, max_value=1, exclude_max=True),
+    "fail": st.booleans(),
+    "reactor": st.sampled_from(list(UNITS)),
+}
+
+
+def cut_settings(examples: int) -> settings:
+    """The settings of a property over generated cuts (each case runs real deliveries)."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
+@cut_settings(EXAMPLES)
+@given(**CUTS)
 def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     nobody_queue: str, share: float, fail: bool, reactor: type[ThreeEffects]
 ) -> None:
@@ -390,16 +409,7 @@ def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     line = 1 + int(share * lines)
     execution, tracer, outcomes = _run(reactor, fail, line, nobody_queue)
     problems = saga_problems(fail, execution, UNITS[reactor])
-    # an ended run holds nothing: what a cut delivery kept, the next one took over and gave back
-    held = [h for h in coordination_state().holds() if h["execution"] == str(execution.id)]
-    if held:
-        problems.append(f"still held after the run ended: {held}")
-    # nor does any renewal of this process run on: a cut delivery's gates stopped theirs (one
-    # left running would renew a hold with no work under it until the next delivery gave it
-    # back, then log it lost)
-    renewing = renewing_since(renewing_before)
-    if renewing:
-        problems.append(f"renewals still running after the run ended: {renewing}")
+    problems += left_behind(execution, renewing_before)
     if reactor is GatedThreeEffects and LEDGER:
         # A body ran, so the run was admitted: charged once, whatever its deliveries — the
         # admission is written down before the first body. Cut before that write, the charge
@@ -424,14 +434,28 @@ def renewing_since(before: list[Renewal]) -> list[Renewal]:
     return [r for r in scheduler().renewing() if not any(r is b for b in before)]
 
 
-def saga_problems(fail: bool, execution: Execution, units: tuple[str, ...] = STEPS) -> list[str]:
-    """What the ended run and the ledger break of the promise, with the at-least-once rule of
-    a delivery killed (here: cut) between a unit's effect and its record — one cut, so a body
-    or a hook runs at most twice (docs/reactors-and-steps.md, "A worker that dies during the
-    rollback"). ``units``: the run's units in the order they run, the last one failing when
-    ``fail``."""
-    if execution.status not in TERMINAL_STATUSES:
-        return [f"not ended: {execution.status}"]
+def left_behind(execution: Execution, renewing_before: list[Renewal]) -> list[str]:
+    """What an ended run left: holds in Redis (what a cut delivery kept, the next one took
+    over and gave back), renewals of this process still running (one left would renew a hold
+    with no work under it until the next delivery gave it back, then log it lost)."""
+    problems = []
+    held = [h for h in coordination_state().holds() if h["execution"] == str(execution.id)]
+    if held:
+        problems.append(f"still held after the run ended: {held}")
+    renewing = renewing_since(renewing_before)
+    if renewing:
+        holds = [[(h.claim.primitive, h.claim.key) for h in r.holds] for r in renewing]
+        problems.append(f"renewals still running after the run ended: {holds}")
+    return problems
+
+
+def ledger_problems(units: tuple[str, ...], *, reversed_once: bool = False) -> list[str]:
+    """What the ledger breaks of any run's rules, unit by unit: a body or hook run more than
+    twice (one cut: the at-least-once rule), an undo without its body (a compensate may come
+    without one: a body cut off on its first line, before its effect, failed like any body
+    that raised; or a unit a lost delivery may have been running, ``engine.in_flight``).
+    ``reversed_once``: the run was rolled back, so every body that ran was undone or
+    compensated — one of the two."""
     problems = []
     counts = Counter(LEDGER)
     for name in units:
@@ -440,10 +464,25 @@ def saga_problems(fail: bool, execution: Execution, units: tuple[str, ...] = STE
         )
         if dos > 2 or undos > 2 or compensates > 2:
             problems.append(f"{name} ran more than twice: {counts}")
-        # (a compensate may come without a "do": a body cut off on its first line, before
-        # its effect, failed like any body that raised, and is compensated as one)
         if undos and not dos:
             problems.append(f"{name} undone without its body")
+        if reversed_once and dos and not (undos or compensates):
+            problems.append(f"{name}'s effect stands: neither undone nor compensated")
+        if reversed_once and undos and compensates:
+            problems.append(f"{name} both undone and compensated")
+    return problems
+
+
+def saga_problems(fail: bool, execution: Execution, units: tuple[str, ...] = STEPS) -> list[str]:
+    """What the ended run and the ledger break of the promise, with the at-least-once rule of
+    a delivery killed (here: cut) between a unit's effect and its record — one cut, so a body
+    or a hook runs at most twice (docs/reactors-and-steps.md, "A worker that dies during the
+    rollback"). ``units``: the run's units in the order they run, the last one failing when
+    ``fail``."""
+    if execution.status not in TERMINAL_STATUSES:
+        return [f"not ended: {execution.status}"]
+    problems = ledger_problems(units)
+    counts = Counter(LEDGER)
     if execution.status == ExecutionStatus.SUCCEEDED:
         if fail:
             problems.append("succeeded although its last step fails")
@@ -479,26 +518,30 @@ def _run_cut_once(
     reactor: type[Reactor],
     inputs: dict[str, Any],
     queue: str,
-    when: list[str] | None = None,
+    when: list[str] | Callable[[Any], bool] | None = None,
     method: str = "checkpoint",
+    *,
+    target: Any = ExecutionRun,
+    before: Callable[[Execution, int], None] | None = None,
 ) -> tuple[Execution, list[str]]:
-    """Run ``reactor`` as the property does, with ``ExecutionRun.<method>`` raising the soft
-    limit once — the first time it is called with the ledger at ``when`` (``None``: the first
-    call) — then deliver until the run ends; the execution and the deliveries' outcomes."""
+    """Run ``reactor`` as the property does, with ``target.<method>`` raising the soft limit
+    once — the first time it is called with the ledger at ``when`` (or, a function, when it
+    says so of the object called; ``None``: the first call) — then deliver until the run
+    ends (``before``: as ``_until_ended``); the execution and the deliveries' outcomes."""
     execution, first = _started(reactor, inputs, queue)
-    original = getattr(ExecutionRun, method)
+    original = getattr(target, method)
 
-    def cut(self: ExecutionRun, *args: Any, **kwargs: Any) -> Any:
-        if when is None or list(LEDGER) == when:
-            setattr(ExecutionRun, method, original)
+    def cut(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if when is None or (when(self) if callable(when) else list(LEDGER) == when):
+            setattr(target, method, original)
             raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
         return original(self, *args, **kwargs)
 
-    setattr(ExecutionRun, method, cut)
+    setattr(target, method, cut)
     try:
-        outcomes = _until_ended(execution, first, queue)
+        outcomes = _until_ended(execution, first, queue, before=before)
     finally:
-        setattr(ExecutionRun, method, original)
+        setattr(target, method, original)
     return execution, outcomes
 
 
