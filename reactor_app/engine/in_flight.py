@@ -3,11 +3,11 @@
 WHY: nothing records that a body ran until its unit's checkpoint. A delivery killed (or cut by
 its soft time limit) after a body's effect and before that record leaves the unit to run again
 in the next delivery — the at-least-once rule — and the run goes on as if it ran once. But
-when the run ends *before* the unit runs again — a cancel seen at the start of the next pass, a
-refusal at the reactor gate, the contention ceiling, a failure of an earlier element of a map
-re-run — nothing undid or compensated that body's effect: it stood, and the saga promise ("every
-effect stands, or is undone once") was broken (docs/reactors-and-steps.md, "A cancel between a
-lost delivery and the next").
+when the run ends *before* the unit runs again — a cancel seen at the start of the next pass
+(what the tests exercise) or anything else that rolls it back first, such as a refusal at the
+reactor gate or the contention ceiling — nothing undid or compensated that body's effect: it
+stood, and the saga promise ("every effect stands, or is undone once") was broken
+(docs/reactors-and-steps.md, "A cancel between a lost delivery and the next").
 
 A delivery that takes over knows the point the lost one had reached (``engine.lost_deliveries``),
 not whether the lost one entered the unit there: the step-run rows that would say so are
@@ -86,28 +86,27 @@ def mark_in_flight(run: ExecutionRun, *, batched: bool) -> None:
             raise  # the task's soft limit: the delivery ends here, counting nothing
         return  # a where= or an argument that fails: no body ran with it
     composed = run.state.children.composed or {}
-    failures = run.state.continuation.failures()
     for label, args in reversed(units):  # newest first, as a rollback undoes
         if label in composed:
             _mark_child(run, composed[label], batched=batched)
-        elif spec.step_class() is not None and label not in failures:
-            # (a failed attempt waiting for its retry is compensated as that already)
-            failures[label] = PendingFailure(
-                step=name, args=args, error=_lost_error(run, label), lost=True
-            )
-    if not failures:
-        run.state.continuation.pending_failures = None
+        elif spec.step_class() is not None:
+            _mark(run, name, label, args)
 
 
 def _mark_dispatched(run: ExecutionRun, name: str, label: str) -> None:
     spec = run.reactor.steps.get(name)
-    failures = run.state.continuation.failures()
-    if spec is not None and spec.step_class() is not None and label not in failures:
-        failures[label] = PendingFailure(
-            step=name, args=dict(run.inputs), error=_lost_error(run, label), lost=True
-        )
-    if not failures:
-        run.state.continuation.pending_failures = None
+    if spec is not None and spec.step_class() is not None:
+        _mark(run, name, label, dict(run.inputs))
+
+
+def _mark(run: ExecutionRun, name: str, label: str, args: dict[str, Any]) -> None:
+    """Mark ``label`` (of the reactor's step ``name``) — unless a failed attempt of it waits
+    for its retry: that is compensated as such already."""
+    if label in (run.state.continuation.pending_failures or {}):
+        return
+    run.state.continuation.failures()[label] = PendingFailure(
+        step=name, args=args, error=_lost_error(run, label), lost=True
+    )
 
 
 def _units(run: ExecutionRun, spec: StepSpec, batched: bool) -> Iterator[tuple[str, Any]]:

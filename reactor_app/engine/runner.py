@@ -419,24 +419,21 @@ class UnitRunner:
         before its checkpoint)."""
         self._keep_attempts(attempt - 1)
         when = "after this body returned, before its checkpoint" if after_body else "during it"
-        error = {
-            "type": "DeliveryTimeUp",
-            "message": (
-                f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
-                f"{when}: the body runs again in a new delivery"
-            ),
-        }
+        reached = f"the delivery reached its Celery soft time limit ({clock.named:g} s) {when}"
         if recorder:
-            recorder.finished(EngineEvent.STEP_RETRIED, error=error)
+            recorder.finished(
+                EngineEvent.STEP_RETRIED,
+                error={
+                    "type": "DeliveryTimeUp",
+                    "message": f"{reached}: the body runs again in a new delivery",
+                },
+            )
         if self.step_name is not None:
             # its effect may stand: compensated if the run ends before it runs again, as a
             # unit a killed delivery may have been running (``engine.in_flight``)
             lost = {
                 "type": "DeliveryTimeUp",
-                "message": (
-                    f"the delivery reached its Celery soft time limit ({clock.named:g} s) "
-                    f"{when}, and the run ended before the body ran again: its effect may stand"
-                ),
+                "message": f"{reached}, and the run ended before the body ran again",
             }
             self.host.note_pending_failure(
                 self.label,
