@@ -54,6 +54,7 @@ from typing import Any
 from celery import signals as celery_signals
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
+from reactor_app.background import BackgroundThread
 from reactor_app.conf import reactor_settings
 from reactor_app.row_statements import LeadingInserts
 from reactor_app.tracking_store import PendingStepRun, Row, leading_inserts, write_rows
@@ -83,7 +84,7 @@ class TrackingWriter:
         #: execution pk -> progress fields (``current_step``) of an in-process run, latest wins
         self._progress: dict[Any, dict[str, Any]] = {}
         self._oldest: float | None = None  # monotonic time the oldest buffered row arrived
-        self._thread: threading.Thread | None = None
+        self._background = BackgroundThread(self._run, "reactor-tracking-writer")
         #: callers waiting for the writer thread to let go of its database connection
         self._release: list[threading.Event] = []
         self._pid = os.getpid()
@@ -160,16 +161,9 @@ class TrackingWriter:
             self.written += written
 
     def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._start()
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="reactor-tracking-writer", daemon=True
-                )
-                self._thread.start()
+        if not self._background.running():
+            with self._lock:
+                self._background.ensure()
 
     @property
     def pending(self) -> int:
@@ -300,8 +294,7 @@ class TrackingWriter:
         """Have the writer thread write what is buffered and close its database connection now,
         not after ``IDLE_CLOSE_AFTER`` without rows (a test database about to be dropped).
         True once it has (or when there is no writer thread)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
+        if not self._background.running():
             return True
         done = threading.Event()
         with self._lock:

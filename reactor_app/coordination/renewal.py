@@ -48,6 +48,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from reactor_app.background import BackgroundThread
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
     Admitted,
@@ -254,7 +255,7 @@ class RenewalScheduler:
         #: too): it only decides when to compact
         self._stale = 0
         self._order = itertools.count()
-        self._thread: threading.Thread | None = None
+        self._background = BackgroundThread(self._run, "reactor-renewal")
         #: the monotonic deadline the thread is waiting for (inf: no deadline, or busy)
         self._sleeping_until = 0.0
         self.pid = os.getpid()
@@ -263,17 +264,12 @@ class RenewalScheduler:
 
     @property
     def thread(self) -> threading.Thread | None:
-        return self._thread
+        return self._background.thread
 
     def add(self, renewal: Renewal) -> None:
         with self._lock:
             self._push(renewal)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="reactor-renewal", daemon=True
-                )
-                self._thread.start()
-            elif renewal.due < self._sleeping_until:
+            if not self._background.ensure() and renewal.due < self._sleeping_until:
                 # an earlier deadline than the one the thread sleeps for. Only then: waking it
                 # for every hold would cost each admission a context switch.
                 self._wake.notify()
@@ -288,7 +284,7 @@ class RenewalScheduler:
             # Only its own part: another client's pipeline, stuck on a slow Redis, must not
             # hold up every gate's exit in the process. (Not on the thread itself: a callback
             # of that part stopping its own renewal would wait for itself.)
-            if threading.current_thread() is self._thread:
+            if self._background.is_current():
                 return
             deadline = time.monotonic() + timeout
             while id(renewal) in self._renewing:

@@ -20,6 +20,7 @@ from typing import Any
 
 from redis.exceptions import LockError
 
+from reactor_app.background import BackgroundThread
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.keys import key as redis_key
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
@@ -137,7 +138,7 @@ class ClaimRenewer:
         self._due: dict[int, list[Any]] = {}
         #: id() of the claim the thread is renewing right now, if any
         self._in_flight: int | None = None
-        self._thread: threading.Thread | None = None
+        self._background = BackgroundThread(self._run, "reactor-claim-renewal")
         #: the monotonic time the thread sleeps until (0: awake)
         self._sleeping_until = 0.0
         #: the TTL of the claim added last: the thread's idle sleep is a third of it. Taken
@@ -150,12 +151,7 @@ class ClaimRenewer:
         with self._lock:
             self._due[id(claim)] = [time.monotonic() + claim.ttl / 3, claim]
             self._usual_ttl = claim.ttl
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="reactor-claim-renewal", daemon=True
-                )
-                self._thread.start()
-            elif self._due[id(claim)][0] < self._sleeping_until:
+            if not self._background.ensure() and self._due[id(claim)][0] < self._sleeping_until:
                 # Only then: the thread sleeps at most a third of a TTL even with nothing to
                 # renew, so a claim of the usual TTL is never due before it wakes — waking it
                 # for every delivery would cost each one a context switch.
@@ -167,7 +163,7 @@ class ClaimRenewer:
         with self._lock:
             self._due.pop(id(claim), None)
             deadline = time.monotonic() + timeout
-            while self._in_flight == id(claim) and threading.current_thread() is not self._thread:
+            while self._in_flight == id(claim) and not self._background.is_current():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

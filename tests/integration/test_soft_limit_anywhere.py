@@ -262,10 +262,12 @@ class ReactorKeyCut(ThreeEffects):
 
 class SoftLimitAt:
     """A trace function that raises ``SoftTimeLimitExceeded`` at the ``line``-th traced line
-    (0: never; it only counts them)."""
+    (0: never; it only counts them) of the files under ``traced`` (the project and this
+    test, unless told)."""
 
-    def __init__(self, line: int) -> None:
+    def __init__(self, line: int, traced: tuple[str, ...] = TRACED) -> None:
         self.line = line
+        self.traced = traced
         self.seen = 0
         self.fired_in: str | None = None
         #: the hooks that had run when it fired
@@ -279,7 +281,7 @@ class SoftLimitAt:
         sys.settrace(None)
 
     def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if self.fired_in is None and frame.f_code.co_filename.startswith(TRACED):
+        if self.fired_in is None and frame.f_code.co_filename.startswith(self.traced):
             return self._line
         return None
 
