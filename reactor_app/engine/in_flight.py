@@ -3,9 +3,10 @@
 WHY: nothing records that a body ran until its unit's checkpoint. A delivery killed (or cut by
 its soft time limit) after a body's effect and before that record leaves the unit to run again
 in the next delivery — the at-least-once rule — and the run goes on as if it ran once. But
-when the run ends *before* the unit runs again — a cancel seen at the start of the next pass
-(what the tests exercise) or anything else that rolls it back first, such as a refusal at the
-reactor gate or the contention ceiling — nothing undid or compensated that body's effect: it
+when the run ends *before* the unit runs again — a cancel seen at the start of the next pass,
+the contention ceiling reached on the unit's own key (what the tests exercise), or anything
+else that rolls it back first, such as a refusal at the reactor gate — nothing undid or
+compensated that body's effect: it
 stood, and the saga promise ("every effect stands, or is undone once") was broken
 (docs/reactors-and-steps.md, "A cancel between a lost delivery and the next").
 

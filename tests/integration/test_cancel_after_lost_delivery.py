@@ -26,7 +26,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, async_step, step, value
+from reactor_app import Reactor, async_step, signals, step, value
+from reactor_app.coordination.admission import Coordinator
+from reactor_app.coordination.claims import Holder, LockClaim
 from reactor_app.coordination.renewal import scheduler
 from reactor_app.engine.context import StepContext
 from reactor_app.engine.executor import ExecutionRun
@@ -39,6 +41,7 @@ from tests.integration.test_soft_limit_anywhere import (
     UNITS,
     ComposedThreeEffects,
     Effect,
+    GatedThreeEffects,
     MappedThreeEffects,
     SoftLimitAt,
     ThreeEffects,
@@ -244,3 +247,46 @@ def test_a_cancel_after_a_lost_delivery_of_an_async_step_compensates_its_unit(
     assert child.status == ExecutionStatus.CANCELLED, child.error
     assert execution.status == ExecutionStatus.CANCELLED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "compensate:s1", "undo:s0"], LEDGER
+
+
+def test_a_contention_ceiling_after_a_lost_delivery_compensates_the_unit_it_refused(
+    nobody_queue: str, settings: Any
+) -> None:
+    """The run can end before a lost unit runs again without a cancel: ``s1`` (under a
+    step-level lock) is lost after its body; before the next delivery another holder takes
+    ``s1``'s key, so the deliveries park on it until the contention ceiling fails the run,
+    ``s1`` never run again. The rollback compensates ``s1`` (its lost mark) and undoes ``s0``.
+    The holder lets the key go as the refusal is recorded: the compensation re-takes ``s1``'s
+    lock, as every rollback hook does (held by another, it would be a rollback failure)."""
+    settings.REACTOR_CONTENTION_CEILING = 1
+    coordinator = Coordinator()
+    held: list[Any] = []
+
+    def contend(execution: Execution, delivery: int) -> None:
+        if delivery == 1:
+            claim = LockClaim("soft-limit", ttl=60)
+            held.append(coordinator.admit([claim], Holder(owner="test-holder")))
+
+    def let_go(**event: Any) -> None:
+        if event.get("step") == "s1" and held:
+            coordinator.release(held.pop(), "success")
+
+    signals.step_failed.connect(let_go, weak=False)
+    try:
+        execution, outcomes = _run_cut_once(
+            GatedThreeEffects,
+            {"fail": False, "tag": uuid.uuid4().hex},
+            nobody_queue,
+            ["do:s0", "do:s1"],
+            before=contend,
+        )
+    finally:
+        signals.step_failed.disconnect(let_go)
+        for admitted in held:
+            coordinator.release(admitted, "success")
+    assert outcomes == ["time_up", "parked", "failed"], outcomes
+    assert execution.status == ExecutionStatus.FAILED, (outcomes, execution.error)
+    assert execution.error["type"] == "ContentionCeilingExceeded", execution.error
+    assert not execution.rollback_failures, execution.rollback_failures
+    assert LEDGER == ["do:s0", "do:s1", "compensate:s1", "undo:s0"], LEDGER
+    assert left_behind(execution, []) == []
