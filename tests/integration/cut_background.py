@@ -47,9 +47,9 @@ def _within(predicate: Callable[[], bool]) -> bool:
     return False
 
 
-#: a lease whose renewals come every 0.1 s: the checks wait for one. Short on purpose; nothing
+#: a lease whose renewals come every 20 ms: the checks wait for one. Short on purpose; nothing
 #: here needs the lease kept (a renewal that comes too late still counts as the thread's work)
-LEASE = 0.3
+LEASE = 0.06
 #: renewal rounds seen by ``KeptLock`` bodies, read whatever their outcome
 ROUNDS: list[int] = []
 
