@@ -11,9 +11,8 @@ does, over the same reactors: plain, coordinated, a map of three elements, a com
 cancels the run before the next delivery or the one after, delivers until the run ends and
 checks the ledger its hooks wrote: every unit whose body ran is undone or compensated — one
 or the other, never both, and at most twice (one cut) — and none is undone without its body.
-The named tests are the windows the property meets, cut there on purpose, and two ways the
-run ends first without a cancel or a recorded child: the contention ceiling, and a map of
-reactors."""
+The named tests are the windows the property meets, cut there on purpose; one more ends the
+run by the contention ceiling instead of a cancel, and two lose a map of reactors' delivery."""
 
 from __future__ import annotations
 
