@@ -4,11 +4,10 @@ WHY: nothing records that a body ran until its unit's checkpoint. A delivery kil
 its soft time limit) after a body's effect and before that record leaves the unit to run again
 in the next delivery — the at-least-once rule — and the run goes on as if it ran once. But
 when the run ends *before* the unit runs again — a cancel seen at the start of the next pass,
-the contention ceiling reached on the unit's own key (what the tests exercise), or anything
-else that rolls it back first, such as a refusal at the reactor gate — nothing undid or
-compensated that body's effect: it stood, and the saga promise ("every effect stands, or is
-undone once") was broken (docs/reactors-and-steps.md, "A cancel between a lost delivery and
-the next").
+the contention ceiling reached on the unit's own key, a refusal at the reactor gate (what the
+tests exercise), or anything else that rolls it back first — nothing undid or compensated
+that body's effect: it stood, and the saga promise ("every effect stands, or is undone once")
+was broken (docs/reactors-and-steps.md, "A cancel between a lost delivery and the next").
 
 A delivery that takes over knows the point the lost one had reached (``engine.lost_deliveries``),
 not whether the lost one entered the unit there: the step-run rows that would say so are

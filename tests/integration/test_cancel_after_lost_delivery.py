@@ -11,13 +11,15 @@ does, over the same reactors: plain, coordinated, a map of three elements, a com
 cancels the run before the next delivery or the one after, delivers until the run ends and
 checks the ledger its hooks wrote: every unit whose body ran is undone or compensated — one
 or the other, never both, and at most twice (one cut) — and none is undone without its body.
-The named tests are the windows the property meets, cut there on purpose; one more ends the
-run by the contention ceiling instead of a cancel, and two lose a map of reactors' delivery."""
+The named tests are the windows the property meets, cut there on purpose; two more end the run
+by the contention ceiling and by a refusal at the reactor gate instead of a cancel, and two
+lose a map of reactors' delivery."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +29,16 @@ from celery.exceptions import SoftTimeLimitExceeded
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reactor_app import Reactor, async_step, from_input, map_step, signals, step, value
+from reactor_app import (
+    Reactor,
+    async_step,
+    from_input,
+    map_step,
+    signals,
+    step,
+    value,
+    with_period,
+)
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import Holder, LockClaim
 from reactor_app.coordination.renewal import scheduler
@@ -36,6 +47,7 @@ from reactor_app.engine.executor import ExecutionRun
 from reactor_app.exceptions import ExecutionNotCancellable
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
+from reactor_app.testing import coordination_state
 from tests.integration.test_soft_limit_anywhere import (
     CUTS,
     LEDGER,
@@ -342,4 +354,52 @@ def test_a_cancel_after_a_lost_delivery_in_a_map_of_reactors_reverses_what_it_ra
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.CANCELLED, (outcomes, execution.error)
     assert ledger == LEDGER, LEDGER
+    assert left_behind(execution, []) == []
+
+
+@with_period(lambda inputs: f"lost-then-refused:{inputs['tag']}", every="day", ttl=1)
+class BriefPeriodThreeEffects(ThreeEffects):
+    """A reactor-level period whose reservation lapses a second after its holder is gone."""
+
+    inputs = ("fail", "tag")
+
+
+def test_a_reactor_gate_refusal_after_a_lost_delivery_compensates_the_lost_unit(
+    nobody_queue: str,
+) -> None:
+    """The run can end before a lost unit runs again at its reactor gate too: ``s1`` is lost
+    after its body; its run's period reservation lapses, and another run completes the bucket
+    before the next delivery, whose re-admission the period then refuses. The run fails with
+    the period's error, and its rollback compensates ``s1`` (its lost mark) and undoes
+    ``s0``."""
+    tag = uuid.uuid4().hex
+    bucket = f"lost-then-refused:{tag}"
+    others: list[Any] = []
+
+    def complete_the_bucket_elsewhere(execution: Execution, delivery: int) -> None:
+        if delivery != 1:
+            return
+        deadline = time.monotonic() + 15
+        while coordination_state().period_reserved(bucket, "day") is not None:
+            assert time.monotonic() < deadline, "the lost delivery's reservation never lapsed"
+            time.sleep(0.05)
+        ours = list(LEDGER)
+        others.append(BriefPeriodThreeEffects.run(fail=False, tag=tag))
+        LEDGER[:] = ours  # the other run's effects are its own
+
+    execution, outcomes = _run_cut_once(
+        BriefPeriodThreeEffects,
+        {"fail": False, "tag": tag},
+        nobody_queue,
+        ["do:s0", "do:s1"],
+        before=complete_the_bucket_elsewhere,
+    )
+    (other,) = others
+    assert other.ok, other.error
+    assert coordination_state().period_marked_by(bucket, "day") == str(other.execution_id)
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.FAILED, (outcomes, execution.error)
+    assert execution.error["primitive"] == "period", execution.error
+    assert not execution.rollback_failures, execution.rollback_failures
+    assert LEDGER == ["do:s0", "do:s1", "compensate:s1", "undo:s0"], LEDGER
     assert left_behind(execution, []) == []
