@@ -28,13 +28,13 @@ from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 import reactor_app.background  # noqa: E402
-from reactor_app import Step, Success, with_lock  # noqa: E402
+from reactor_app import Step, Success, with_lock, write_behind  # noqa: E402
 from reactor_app.coordination import renewal  # noqa: E402
 from reactor_app.engine import claim  # noqa: E402
 from reactor_app.models import CoordinationEvent  # noqa: E402
 from tests.integration.test_soft_limit_anywhere import SoftLimitAt  # noqa: E402
 
-#: seconds the thread has to do the second use's work (a third of a lease, many times over)
+#: seconds the thread has to do the second use's work (a renewal is due every 20 ms)
 PATIENCE = 10.0
 
 
@@ -126,8 +126,6 @@ def claim_renewer(n: int, cut: SoftLimitAt) -> bool:
 def tracking_writer(n: int, cut: SoftLimitAt) -> bool:
     """The tracking writer: after the cut, another call's events reach the database, written
     by the writer thread (nobody here flushes)."""
-    from reactor_app import write_behind
-
     write_behind._writer = write_behind.TrackingWriter()  # fresh: no thread yet
     with cut:
         _call(QuickLock, f"cut:writer:{n}")
@@ -141,14 +139,12 @@ def tracking_writer(n: int, cut: SoftLimitAt) -> bool:
 THREADS: dict[str, tuple[Callable[[int, SoftLimitAt], bool], Any]] = {
     "hold renewer": (hold_renewer, renewal),
     "claim renewer": (claim_renewer, claim),
-    "tracking writer": (tracking_writer, None),
+    "tracking writer": (tracking_writer, write_behind),
 }
 
 
 def main(name: str) -> None:
     use, module = THREADS[name]
-    if module is None:
-        from reactor_app import write_behind as module
     settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.05  # the writer's checks wait for no more
     # Every other thread runs already, so only the one under test starts during a cut.
     QuickLock.call(key="cut:warm")
