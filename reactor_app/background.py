@@ -8,9 +8,9 @@ is often inside a worker delivery, where Celery's soft time limit can raise
 ``SoftTimeLimitExceeded`` at any line (a signal handler runs wherever the interpreter checks
 for one). Each used to remember its thread before starting it, and to start one only while it
 remembered none: a soft limit landing between the two left a thread remembered and never
-started, so that process renewed no hold again (its locks expired under their holders), or
-wrote no tracking row again. A thread that died of an unexpected exception was never replaced
-either.
+started, so that process renewed no hold again (a lock held past its lease would lapse under
+its holder), or wrote no tracking row again. A thread that died of an unexpected exception
+was never replaced either.
 
 ``BackgroundThread.ensure`` asks instead whether the thread it remembers is alive, and starts
 a new one when it is not. Wherever the limit lands, the next caller's ``ensure`` starts it.

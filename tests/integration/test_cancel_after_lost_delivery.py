@@ -126,7 +126,14 @@ def test_a_cancel_after_a_delivery_cut_at_any_line_undoes_every_effect(
     )
 
 
-# -- named: the windows the property meets, cut there on purpose ------------------------------
+# -- named: the windows the property meets, and a map of reactors', cut there on purpose ------
+
+
+class MappedChildren(ThreeEffects):
+    """``s1`` is a map of reactors: each element a ``ChildEffects`` run of its own."""
+
+    inputs = ("fail", "tag")
+    s1 = map_step(ChildEffects, over=value([0, 1]), tag=from_input("tag"))
 
 
 #: each named case: the reactor, the method cut once (and where), the ledger it is cut at,
@@ -185,6 +192,30 @@ NAMED: dict[str, tuple[type[ThreeEffects], Any, str, Any, str, list[str]]] = {
         lambda run: run.parent is None and LEDGER == ["do:s0", "do:c0", "do:c1"],
         "time_up",
         ["do:s0", "do:c0", "do:c1", "undo:c1", "undo:c0", "undo:s0"],
+    ),
+    # a map of reactors: each element a child run, named in the parent's state from its
+    # start. Element 0's child succeeded and the parent had not recorded the element: the
+    # child is undone as a recorded one
+    "lost once a map element's child succeeded": (
+        MappedChildren,
+        ExecutionRun,
+        "element_done",
+        lambda run: run.parent is None and LEDGER == ["do:s0", "do:c0", "do:c1"],
+        "time_up",
+        ["do:s0", "do:c0", "do:c1", "undo:c1", "undo:c0", "undo:s0"],
+    ),
+    # inside element 1's child, before its c0 was recorded: c0 is marked in that child and
+    # compensated; element 0's child, recorded when element 1's was started, is undone
+    "lost inside the next map element's child": (
+        MappedChildren,
+        ExecutionRun,
+        "checkpoint",
+        lambda run: run.parent is not None and LEDGER == ["do:s0", "do:c0", "do:c1", "do:c0"],
+        "time_up",
+        [
+            *("do:s0", "do:c0", "do:c1", "do:c0"),
+            *("compensate:c0", "undo:c1", "undo:c0", "undo:s0"),
+        ],
     ),
 }
 
@@ -303,57 +334,6 @@ def test_a_contention_ceiling_after_a_lost_delivery_compensates_the_unit_it_refu
     assert execution.error["type"] == "ContentionCeilingExceeded", execution.error
     assert not execution.rollback_failures, execution.rollback_failures
     assert LEDGER == ["do:s0", "do:s1", "compensate:s1", "undo:s0"], LEDGER
-    assert left_behind(execution, []) == []
-
-
-class MappedChildren(ThreeEffects):
-    """``s1`` is a map of reactors: each element a ``ChildEffects`` run of its own."""
-
-    inputs = ("fail", "tag")
-    s1 = map_step(ChildEffects, over=value([0, 1]), tag=from_input("tag"))
-
-
-#: where a map of reactors' delivery is lost: the method cut once, when, and the ledger once
-#: the run is cancelled and has ended
-MAPPED_CHILDREN: dict[str, tuple[str, Callable[[Any], bool], list[str]]] = {
-    # element 0's child succeeded; the parent had not recorded the element: the child, still
-    # named in the parent's state, is undone as a recorded one
-    "after an element's child succeeded": (
-        "element_done",
-        lambda run: run.parent is None and LEDGER == ["do:s0", "do:c0", "do:c1"],
-        ["do:s0", "do:c0", "do:c1", "undo:c1", "undo:c0", "undo:s0"],
-    ),
-    # inside element 1's child, before its c0 was recorded: c0 is marked in that child and
-    # compensated; element 0's child, recorded when element 1's was started, is undone
-    "inside the next element's child": (
-        "checkpoint",
-        lambda run: run.parent is not None and LEDGER == ["do:s0", "do:c0", "do:c1", "do:c0"],
-        [
-            *("do:s0", "do:c0", "do:c1", "do:c0"),
-            *("compensate:c0", "undo:c1", "undo:c0", "undo:s0"),
-        ],
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(MAPPED_CHILDREN))
-def test_a_cancel_after_a_lost_delivery_in_a_map_of_reactors_reverses_what_it_ran(
-    nobody_queue: str, case: str
-) -> None:
-    """A map of reactors: each element a run of its own, composed into the parent's. Lost at
-    either point, then cancelled: every child step that ran is undone or compensated."""
-    method, when, ledger = MAPPED_CHILDREN[case]
-    execution, outcomes = _run_cut_once(
-        MappedChildren,
-        {"fail": False, "tag": uuid.uuid4().hex},
-        nobody_queue,
-        when,
-        method,
-        before=cancel_before(1),
-    )
-    assert outcomes[0] == "time_up", outcomes
-    assert execution.status == ExecutionStatus.CANCELLED, (outcomes, execution.error)
-    assert ledger == LEDGER, LEDGER
     assert left_behind(execution, []) == []
 
 
