@@ -13,16 +13,17 @@ runs again (docs/reactors-and-steps.md, "A worker that dies during the rollback"
 Each generated case runs a three-step reactor (its last step failing or not; plain, with a
 step-level lock and a reactor-level rate limit, whose charge is counted too, with a
 reactor-level period, a semaphore and a step-level period, with a ``map_step`` of three
-elements each under a lock and a period of its own, or with a composed child — a semaphore in
-it — under the parent's reactor-level lock) on the real database and Redis, delivering it here
-as the worker task would (with the task's clock), and raises the exception at the ``line``-th
-line the delivery runs in ``reactor_app``'s own code or the steps' (a trace function: one
-thread's, fired once, as the signal is). Then it delivers again, as the requeue or the sweep
-would, until the run ends, and checks the ledger the hooks wrote, and that the ended run holds
-nothing in Redis and left no renewal running in the process. (An ordered lock is left out: a
-cut between the place its line gave and the place's record leaves the unit behind its own lost
-place until the sweep completes it, which this loop of deliveries does not run — a named
-regression below does; docs/coordination.md, "Losing a place in line".)"""
+elements each under a lock and a period of its own, with a composed child — a semaphore in
+it — under the parent's reactor-level lock, or with an ordered lock on its middle step) on the
+real database and Redis, delivering it here as the worker task would (with the task's clock),
+and raises the exception at the ``line``-th line the delivery runs in ``reactor_app``'s own
+code or the steps' (a trace function: one thread's, fired once, as the signal is). Then it
+delivers again, as the requeue or the sweep would, until the run ends, and checks the ledger
+the hooks wrote, and that the ended run holds nothing in Redis and left no renewal running in
+the process. Before delivering a parked execution again it runs the sweep's completion of lost
+places in line: a cut between the place an ordered line gave and the place's record leaves the
+unit parked behind its own lost place until the sweep completes it (docs/coordination.md,
+"Losing a place in line"; a named regression below checks that step alone)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from typing import Any
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
+from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -251,6 +253,7 @@ UNITS: dict[type[Reactor], tuple[str, ...]] = {
     PeriodsThreeEffects: STEPS,
     MappedThreeEffects: ("s0", "s1[0]", "s1[1]", "s1[2]", "s2"),
     ComposedThreeEffects: ("s0", "c0", "c1", "s2"),
+    OrderedThreeEffects: STEPS,
 }
 
 
@@ -333,11 +336,14 @@ def _until_ended(
     queue: str,
     tracer: SoftLimitAt | None = None,
     before: Callable[[Execution, int], None] | None = None,
+    *,
+    sweeps: bool = True,
 ) -> list[str]:
     """Deliver ``execution`` (the first delivery under ``tracer``), then again, as the requeue
     or the sweep would, until it ends or ``MORE_DELIVERIES`` more were made; their outcomes.
     ``before(execution, n)`` runs before the ``n``-th delivery after the first (an operator's
-    cancel)."""
+    cancel). ``sweeps``: a parked execution's lost places in line are swept first
+    (``_sweep_lost_places``)."""
     outcomes = [_deliver(execution, first, tracer)]
     for number in range(1, MORE_DELIVERIES + 1):
         if before is not None:
@@ -350,10 +356,27 @@ def _until_ended(
             # waits longer than that before sending the execution again)
             lapsed = ExecutionClaim(execution.id, "lapsed")
             lapsed.client.delete(lapsed.name)
+        if sweeps and execution.status == ExecutionStatus.PARKED:
+            _sweep_lost_places()
         outcomes.append(_deliver(execution, {}, None))
         taken(queue)
     execution.refresh_from_db()
     return outcomes
+
+
+def _sweep_lost_places() -> None:
+    """What the sweep does for a parked execution's ordered lines: a place in line that a cut
+    delivery took and never recorded is completed once it has been silent for
+    ``REACTOR_SWEEP_AFTER`` (set short here: no delivery runs between two of this loop's), so
+    the unit that took a new place when it came back is not parked behind its own lost one
+    (``engine.stranded_positions``)."""
+    with override_settings(REACTOR_SWEEP_AFTER=SWEEP_AFTER):
+        time.sleep(SWEEP_AFTER)
+        complete_stranded_heads()
+
+
+#: seconds a lost place in line stays silent before this loop's sweep completes it
+SWEEP_AFTER = 0.02
 
 
 def _started(
@@ -525,11 +548,13 @@ def _run_cut_once(
     *,
     target: Any = ExecutionRun,
     before: Callable[[Execution, int], None] | None = None,
+    sweeps: bool = True,
 ) -> tuple[Execution, list[str]]:
     """Run ``reactor`` as the property does, with ``target.<method>`` raising the soft limit
     once — the first time it is called with the ledger at ``when`` (or, a function, when it
     says so of the object called; ``None``: the first call) — then deliver until the run
-    ends (``before``: as ``_until_ended``); the execution and the deliveries' outcomes."""
+    ends (``before``, ``sweeps``: as ``_until_ended``); the execution and the deliveries'
+    outcomes."""
     execution, first = _started(reactor, inputs, queue)
     original = getattr(target, method)
 
@@ -541,7 +566,7 @@ def _run_cut_once(
 
     setattr(target, method, cut)
     try:
-        outcomes = _until_ended(execution, first, queue, before=before)
+        outcomes = _until_ended(execution, first, queue, before=before, sweeps=sweeps)
     finally:
         setattr(target, method, original)
     return execution, outcomes
@@ -695,7 +720,7 @@ def test_a_soft_limit_before_a_place_in_line_is_recorded_costs_a_sweep_not_the_p
     tag = uuid.uuid4().hex
     inputs = {"fail": False, "tag": tag}
     execution, outcomes = _run_cut_once(
-        OrderedThreeEffects, inputs, nobody_queue, ["do:s0"], method="persist"
+        OrderedThreeEffects, inputs, nobody_queue, ["do:s0"], method="persist", sweeps=False
     )
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.PARKED, outcomes  # behind its own lost place
