@@ -17,6 +17,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 
 from reactor_app import signals
@@ -62,6 +63,12 @@ def _send(signal: EventSignal, sender: type, payload: dict[str, Any]) -> None:
     ``send_robust`` does — its log record for a failing receiver included — without its
     per-send walk of the receivers (``EventSignal``); a signal with a coroutine receiver
     (Django 5) goes through ``send_robust`` itself, which runs those.
+
+    Celery's soft time limit is not a receiver's failure: its signal handler raises it in
+    whatever code the thread is running, a receiver's included, and it goes on up as it would
+    from any other line, so the delivery stops as the limit asks (docs/operations.md, "Celery
+    time limits"). Caught here, the delivery ran on past its soft limit, towards the hard one
+    that kills its process.
     """
     if not signal.receivers:
         return
@@ -72,11 +79,16 @@ def _send(signal: EventSignal, sender: type, payload: dict[str, Any]) -> None:
             for receiver, response in signal.send_robust(sender=sender, **payload)
             if isinstance(response, Exception)
         ]
+        cut = next((e for _, e in failures if isinstance(e, SoftTimeLimitExceeded)), None)
+        if cut is not None:
+            raise cut
     else:
         failures = []
         for receiver in receivers:
             try:
                 receiver(signal=signal, sender=sender, **payload)
+            except SoftTimeLimitExceeded:
+                raise
             except Exception as error:
                 failures.append((receiver, error))
     for receiver, failure in failures:

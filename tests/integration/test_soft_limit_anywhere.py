@@ -55,6 +55,7 @@ from reactor_app import (
     element,
     from_input,
     map_step,
+    signals,
     step,
     value,
     with_lock,
@@ -804,3 +805,28 @@ def test_a_soft_limit_while_a_kept_renewal_restarts_leaves_no_renewal_running(
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.CANCELLED, (outcomes, execution.error)
     assert renewing_since(renewing_before) == []
+
+
+def test_a_soft_limit_in_a_signal_receiver_ends_the_delivery(nobody_queue: str) -> None:
+    """Found by the fan-out property (``test_soft_limit_fan_out.py``), where the limit landed
+    in the metrics' receiver of ``step_started``: the signals' dispatch caught it as that
+    receiver's failure, logged it, and the delivery ran on past its soft limit. It now goes
+    on up as from any other line: the delivery stops before ``s1``'s body, and the next one
+    runs it."""
+    cuts = [1]
+
+    def cut_at_s1(sender: Any, step: str, **payload: Any) -> None:
+        if step == "s1" and cuts[0]:
+            cuts[0] -= 1
+            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+
+    signals.step_started.connect(cut_at_s1)
+    try:
+        execution, first = _started(ThreeEffects, {"fail": False}, nobody_queue)
+        outcomes = _until_ended(execution, first, nobody_queue)
+    finally:
+        signals.step_started.disconnect(cut_at_s1)
+    assert cuts == [0]
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
