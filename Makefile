@@ -103,7 +103,9 @@ pytest: install
 # * the soft-limit property (tests/integration/test_soft_limit_anywhere.py: a Celery soft time
 #   limit at a generated line of a delivery) with SOFT_LIMIT_EXAMPLES cases instead of 150, and
 #   its cancel variant (test_cancel_after_lost_delivery.py: the run cancelled after the cut)
-#   with CANCEL_AFTER_LOSS_EXAMPLES instead of 40;
+#   with CANCEL_AFTER_LOSS_EXAMPLES instead of 40, and its fan-out variant
+#   (test_soft_limit_fan_out.py: any delivery of a run with a parallel map) with
+#   FAN_OUT_SOFT_LIMIT_EXAMPLES instead of 40;
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
@@ -112,6 +114,7 @@ FAULT_SOAK_SECONDS ?= 300
 FAIR_BACKLOG ?= 200
 SOFT_LIMIT_EXAMPLES ?= 3000
 CANCEL_AFTER_LOSS_EXAMPLES ?= 1500
+FAN_OUT_SOFT_LIMIT_EXAMPLES ?= 600
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
 	tests/chaos/test_fault_histories.py tests/chaos/test_worker_fault_histories.py \
 	tests/chaos/test_worker_restart_histories.py tests/chaos/test_worker_lost_replies.py \
@@ -121,7 +124,8 @@ SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers
 	tests/unit/test_codec_round_trip.py tests/unit/test_stored_replies.py \
 	tests/integration/test_debounce_schedules.py tests/worker/test_lost_deliveries.py \
 	tests/unit/test_lost_delivery_rules.py tests/integration/test_soft_limit_anywhere.py \
-	tests/integration/test_cancel_after_lost_delivery.py
+	tests/integration/test_cancel_after_lost_delivery.py \
+	tests/integration/test_soft_limit_fan_out.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_HYPOTHESIS_PROFILE=reactor-explore \
@@ -129,6 +133,7 @@ soak: install
 		REACTOR_FAULT_SOAK_SECONDS=$(FAULT_SOAK_SECONDS) REACTOR_FAIR_BACKLOG=$(FAIR_BACKLOG) \
 		REACTOR_SOFT_LIMIT_EXAMPLES=$(SOFT_LIMIT_EXAMPLES) \
 		REACTOR_CANCEL_AFTER_LOSS_EXAMPLES=$(CANCEL_AFTER_LOSS_EXAMPLES) \
+		REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES=$(FAN_OUT_SOFT_LIMIT_EXAMPLES) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------
