@@ -499,6 +499,27 @@ def ledger_problems(units: tuple[str, ...], *, reversed_once: bool = False) -> l
     return problems
 
 
+def end_problems(fail: bool, execution: Execution, units: tuple[str, ...]) -> list[str]:
+    """What the way the ended ``execution`` ended breaks: a success although its last unit
+    fails, without every body, or with effects undone or compensated; an end neither
+    succeeded nor failed; a failure for another reason than a cut-off body."""
+    counts = Counter(LEDGER)
+    problems = []
+    if execution.status == ExecutionStatus.SUCCEEDED:
+        if fail:
+            problems.append("succeeded although its last step fails")
+        if not all(counts[f"do:{name}"] for name in units):
+            problems.append("succeeded without running every body")
+        if [e for e in LEDGER if not e.startswith("do:")]:
+            problems.append("succeeded with effects undone or compensated")
+    elif execution.status != ExecutionStatus.FAILED:
+        problems.append(f"ended {execution.status}")
+    elif not fail and "TaskTimeLimitExceeded" not in str(execution.error):
+        # only a body cut off although it started its delivery fails its attempt
+        problems.append(f"failed for another reason than a cut-off body: {execution.error}")
+    return problems
+
+
 def saga_problems(fail: bool, execution: Execution, units: tuple[str, ...] = STEPS) -> list[str]:
     """What the ended run and the ledger break of the promise, with the at-least-once rule of
     a delivery killed (here: cut) between a unit's effect and its record — one cut, so a body
@@ -507,21 +528,10 @@ def saga_problems(fail: bool, execution: Execution, units: tuple[str, ...] = STE
     ``fail``."""
     if execution.status not in TERMINAL_STATUSES:
         return [f"not ended: {execution.status}"]
-    problems = ledger_problems(units)
-    counts = Counter(LEDGER)
-    if execution.status == ExecutionStatus.SUCCEEDED:
-        if fail:
-            problems.append("succeeded although its last step fails")
-        if not all(counts[f"do:{name}"] for name in units):
-            problems.append("succeeded without running every body")
-        if [e for e in LEDGER if not e.startswith("do:")]:
-            problems.append("succeeded with effects undone or compensated")
-        return problems
+    problems = ledger_problems(units) + end_problems(fail, execution, units)
     if execution.status != ExecutionStatus.FAILED:
-        return [*problems, f"ended {execution.status}"]
-    if not fail and "TaskTimeLimitExceeded" not in str(execution.error):
-        # only a body cut off although it started its delivery fails its attempt
-        problems.append(f"failed for another reason than a cut-off body: {execution.error}")
+        return problems
+    counts = Counter(LEDGER)
     failed_step = next(
         (n for n in reversed(units) if counts[f"do:{n}"] or counts[f"compensate:{n}"]), None
     )
