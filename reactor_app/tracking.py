@@ -67,8 +67,8 @@ def _send(signal: EventSignal, sender: type, payload: dict[str, Any]) -> None:
     Celery's soft time limit is not a receiver's failure: its signal handler raises it in
     whatever code the thread is running, a receiver's included, and it goes on up as it would
     from any other line, so the delivery stops as the limit asks (docs/operations.md, "Celery
-    time limits"). Caught here, the delivery ran on past its soft limit, towards the hard one
-    that kills its process.
+    time limits"). Caught here, it would let the delivery run on past its soft limit, towards
+    the hard one that kills its process.
     """
     if not signal.receivers:
         return

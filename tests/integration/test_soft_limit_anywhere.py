@@ -818,11 +818,11 @@ def test_a_soft_limit_while_a_kept_renewal_restarts_leaves_no_renewal_running(
 
 
 def test_a_soft_limit_in_a_signal_receiver_ends_the_delivery(nobody_queue: str) -> None:
-    """Found by the fan-out property (``test_soft_limit_fan_out.py``), where the limit landed
-    in the metrics' receiver of ``step_started``: the signals' dispatch caught it as that
-    receiver's failure, logged it, and the delivery ran on past its soft limit. It now goes
-    on up as from any other line: the delivery stops before ``s1``'s body, and the next one
-    runs it."""
+    """Seen in the log of a scan of the fan-out property (``test_soft_limit_fan_out.py``; the
+    runs' outcomes were right, so its checks passed), where the limit landed in the metrics'
+    receiver of ``step_started``: the signals' dispatch caught it as that receiver's failure,
+    logged it, and the delivery ran on past its soft limit. It now goes on up as from any
+    other line: the delivery stops before ``s1``'s body, and the next one runs it."""
     cuts = [1]
 
     def cut_at_s1(sender: Any, step: str, **payload: Any) -> None:
