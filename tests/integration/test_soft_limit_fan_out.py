@@ -57,7 +57,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: generated cases per run (``make soak`` sets more: ``REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES``)
 EXAMPLES = int(os.environ.get("REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES", "20"))
-#: rounds of deliveries after the first before a run must have ended
+#: rounds of deliveries (each delivers every execution with a message waiting) a run gets
 ROUNDS = 12
 ELEMENTS = ("s1[0]", "s1[1]", "s1[2]")
 UNITS = ("s0", *ELEMENTS, "s2")
@@ -199,6 +199,7 @@ def test_a_clean_fanned_out_run_delivers_each_element_on_its_own(nobody_queue: s
     root, tracer, outcomes = run_fanned(False, 0, nobody_queue)
     assert tracer.fired_in is None and tracer.seen > 0
     assert root.status == ExecutionStatus.SUCCEEDED, (outcomes, root.error)
+    assert outcomes[0] == f"{str(root.pk)[:4]}:parked", outcomes  # waiting for its elements
     children = [e for e in _tree(root) if e.pk != root.pk]
     assert len(children) == 3 and all(c.status == ExecutionStatus.SUCCEEDED for c in children)
     assert Counter(LEDGER) == Counter(f"do:{name}" for name in UNITS), LEDGER
