@@ -59,6 +59,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 EXAMPLES = int(os.environ.get("REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES", "20"))
 #: rounds of deliveries (each delivers every execution with a message waiting) a run gets
 ROUNDS = 12
+#: the statuses of an execution of the run that a message sends on (a parked one's requeue
+#: only finds it waiting again)
+RUNNABLE_HERE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 ELEMENTS = ("s1[0]", "s1[1]", "s1[2]")
 UNITS = ("s0", *ELEMENTS, "s2")
 
@@ -115,8 +118,8 @@ def run_fanned(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitA
     tracer = SoftLimitAt(line)
     outcomes = []
     pending = [(str(root.pk), first.get(START_HEADER))]
+    tree = {str(root.pk): root.status}
     for _ in range(ROUNDS):
-        tree = {str(e.pk): e.status for e in _tree(root)}
         for execution_id, start in dict(pending).items():
             if tree.get(execution_id, ExecutionStatus.SUCCEEDED) in TERMINAL_STATUSES:
                 continue  # ended, or another run's (the sweep sends any it finds)
@@ -126,10 +129,9 @@ def run_fanned(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitA
         if root.status in TERMINAL_STATUSES:
             break
         pending = _waiting(queue)
-        parked = set(
-            Execution.objects.filter(status=ExecutionStatus.PARKED).values_list("pk", flat=True)
-        )
-        if all(uuid.UUID(execution_id) in parked for execution_id, _ in pending):
+        tree = {str(e.pk): e.status for e in _tree(root)}
+        runnable = [i for i, _ in pending if tree.get(i) in RUNNABLE_HERE]
+        if not runnable:
             # nothing runnable was sent: a cut delivery left its execution running, or never
             # sent an element's message. The sweep sends those again once they have been
             # silent for REACTOR_SWEEP_AFTER (its clock moved on by that much here).
