@@ -22,11 +22,11 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 # Checks `make test` runs before pytest (the same as `make lint`).
 TEST_CHECKS ?= ruff-check format-check mypy lint-imports
-# Two pytest processes, each taking whole files (a module's Celery worker and servers stay in
-# one process): the suite mostly waits on workers, servers and timeouts, not on the CPU, so two
-# processes on two cores halve its wall time (docs/testing.md, "Running in parallel").
-# `make test PYTEST_WORKERS=0` runs it in this one process.
-PYTEST_WORKERS ?= 2
+# Three pytest processes, each taking whole files (a module's Celery worker and servers stay in
+# one process): the suite mostly waits on workers, servers and timeouts, not on the CPU, so
+# three processes on two cores take about two thirds of two's wall time (docs/testing.md,
+# "Running in parallel"). `make test PYTEST_WORKERS=0` runs it in this one process.
+PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 export DJANGO_SETTINGS_MODULE ?= demo_project.settings

@@ -347,7 +347,7 @@ def test_a_woken_parked_delivery_is_admitted_by_its_grant_without_waiting(
     assert coordinator.asked == [f"{WAITING_PREFIX}{execution_id}"]
     assert coordinator.waited == []
     assert gate.admitted is not None
-    coordinator.release(gate.admitted, "success")
+    gate.exit("success")  # its release, and the end of the renewal its admission started
 
 
 def test_a_waiter_waiting_in_process_wakes_on_a_grant_to_its_parked_form(
