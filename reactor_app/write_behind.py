@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery import signals as celery_signals
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
 from reactor_app.background import BackgroundThread
@@ -227,7 +228,12 @@ class TrackingWriter:
         together they share one round trip and one synchronous commit, and they are atomic.
         If that statement fails, nothing of it was written: the rows are written on their own
         (each one alone if need be, as any flush), then ``final_write`` alone, whose error is
-        the caller's. Inside a transaction this writes no buffered row (``flush``)."""
+        the caller's. Inside a transaction this writes no buffered row (``flush``).
+
+        Celery's soft time limit raised in that statement is not a failed write to try again:
+        the rows are written on their own, and the limit goes on up without the final write —
+        the pass stops there, as a delivery killed there would, and the next delivery ends it
+        (docs/operations.md, "Celery time limits")."""
         if _in_transaction():
             final_write(None)
             return
@@ -240,9 +246,12 @@ class TrackingWriter:
             if leading is not None:
                 try:
                     final_write(leading)
-                except Exception:
+                except Exception as error:
                     if leading.written:
                         self._count(leading.rows)
+                        raise
+                    if isinstance(error, SoftTimeLimitExceeded):
+                        self._count(write_rows(events, snapshot, progress))
                         raise
                     logger.warning("history carried by an execution's final write failed")
                 else:

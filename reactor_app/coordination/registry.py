@@ -26,6 +26,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from reactor_app.coordination.keys import key
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
 
@@ -79,6 +81,8 @@ class HoldRegistry:
             return
         try:
             self.client.hdel(self.name, *entries)
+        except SoftTimeLimitExceeded:
+            raise  # the task's time limit stops the delivery here (docs/operations.md)
         except Exception:
             logger.warning("could not withdraw %s from %s", entries, self.name, exc_info=True)
 

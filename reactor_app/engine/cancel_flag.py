@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 
 from reactor_app.conf import reactor_settings
@@ -126,6 +127,11 @@ def cancel_request(*execution_ids: Any, fresh: bool = True) -> dict[str, Any] | 
     except ConfigurationError:
         # no coordination Redis configured: nothing can have been cancelled through it
         _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
+    except SoftTimeLimitExceeded:
+        # the task's time limit, not an outage: it stops the delivery here, and no rest
+        # hides a cancel from this process's next polls (docs/operations.md, "Celery time
+        # limits")
+        raise
     except Exception as exc:
         _rest = (reactor_settings.version(), time.monotonic() + POLL_REST)
         # one line, no traceback: an outage is the expected cause, and the poll goes on for

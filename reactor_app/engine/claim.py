@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from redis.exceptions import LockError
 
 from reactor_app.background import BackgroundThread
@@ -110,6 +111,10 @@ class ExecutionClaim:
             _renewer().remove(self)  # and waits for a renewal of it in flight
         try:
             self._lock.release()
+        except SoftTimeLimitExceeded:
+            # the task's time limit, not a failed release: it ends the delivery here as on
+            # any other line (docs/operations.md, "Celery time limits"); the TTL frees it
+            raise
         except Exception:  # lapsed or Redis unreachable: the TTL frees it either way
             logger.debug("claim %s was not released by its owner", self.name, exc_info=True)
 

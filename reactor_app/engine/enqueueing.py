@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -118,6 +119,8 @@ def enqueue_on_commit(execution_id: Any, **options: Any) -> None:
 def _enqueue_or_leave_to_sweeper(execution_id: Any, **options: Any) -> None:
     try:
         enqueue(execution_id, **options)
+    except SoftTimeLimitExceeded:
+        raise  # the task's time limit, not a broker's refusal (docs/operations.md)
     except Exception as exc:
         note_unsent(execution_id, exc)  # what a wait() on it is told
         logger.warning(
@@ -133,6 +136,8 @@ def enqueue_quietly(execution_id: Any, **options: Any) -> bool:
     safety net for a message that could not be sent."""
     try:
         enqueue(execution_id, **options)
+    except SoftTimeLimitExceeded:
+        raise  # the task's time limit, not a broker's refusal (docs/operations.md)
     except Exception as exc:
         note_unsent(execution_id, exc)
         logger.exception("could not enqueue %s; the sweeper will", execution_id)
@@ -153,6 +158,8 @@ def wake(waiter_ids: Iterable[str]) -> None:
             continue
         try:
             enqueue(waiter)
+        except SoftTimeLimitExceeded:
+            raise  # the task's time limit, not a broker's refusal (docs/operations.md)
         except Exception:
             logger.exception("could not wake %s; its backoff requeue will", waiter)
 

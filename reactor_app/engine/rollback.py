@@ -22,7 +22,7 @@ from reactor_app.engine.lost_deliveries import take_verdict
 from reactor_app.engine.outcomes import PassEnd, RunEnd
 from reactor_app.engine.result import error_from_dict
 from reactor_app.engine.state import RollingBack
-from reactor_app.engine.time_slice import DeliveryTimeUp, cut_off
+from reactor_app.engine.time_slice import DeliveryTimeUp, cut_off, limit_behind
 from reactor_app.engine.undo_order import plan_undos
 from reactor_app.exceptions import (
     CompensationFailed,
@@ -79,6 +79,11 @@ def run_rollback_hook(
             try:
                 gate.enter(wait=wait, park=False)  # rollback never parks
             except (CoordinationError, ConfigurationError) as error:
+                limit = limit_behind(run.root.time_slice if run is not None else None, error)
+                if limit is not None:
+                    # the task's soft limit in a key function, not the hook's failure: the
+                    # delivery ends, and the next one runs this hook (engine.time_slice)
+                    raise limit from None
                 return [
                     {
                         "step": label,

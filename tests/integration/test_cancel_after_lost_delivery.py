@@ -68,6 +68,7 @@ from tests.integration.test_soft_limit_anywhere import (
     left_behind,
     lines_of_a_clean_delivery,
     saga_problems,
+    stop_problems,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,6 +120,7 @@ def test_a_cancel_after_a_delivery_cut_at_any_line_undoes_every_effect(
     outcomes = _until_ended(execution, first, nobody_queue, tracer, cancel_before(cancel_at))
     problems = cancel_problems(fail, execution, UNITS[reactor])
     problems += left_behind(execution, renewing_before)
+    problems += stop_problems(tracer)
     assert not problems, (
         f"cut at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
         problems,

@@ -274,8 +274,13 @@ class SoftLimitAt:
         self.traced = traced
         self.seen = 0
         self.fired_in: str | None = None
-        #: the hooks that had run when it fired
+        #: the hooks that had run when it fired, and when the delivery it cut ended
         self.ledger_then = 0
+        self.ledger_after = 0
+        #: how the delivery it cut ended (``_deliver``)
+        self.outcome: str | None = None
+        #: it fired in a body, a hook or a declaration's function, or on the line calling one
+        self.in_user_code = False
 
     def __enter__(self) -> SoftLimitAt:
         sys.settrace(self._call)
@@ -310,9 +315,62 @@ class SoftLimitAt:
         if self.seen == self.line:
             self.fired_in = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
             self.ledger_then = len(LEDGER)
+            self.in_user_code = _in_user_code(frame)
             sys.settrace(None)
             raise SoftTimeLimitExceeded()
         return self._line
+
+
+#: how the engine's lines that call a body or a rollback hook read (``engine.runner``,
+#: ``engine.rollback``), and those before the call in the same ``try`` (a verdict of lost
+#: deliveries, raised in the unit's place): a limit raised on such a line is the unit's own
+CALLING = (
+    "instance.run(",
+    "instance.undo(",
+    "instance.compensate(",
+    "call(context)",
+    "if lost is not None:",
+    "raise lost",
+)
+
+
+def _in_user_code(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs a body, a hook or a declaration's function of this module (or
+    the engine's line calling one) for the delivery: the frames above ``deliver`` only (this
+    module's own delivery loop is below it)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "deliver" and code.co_filename.endswith("delivery.py"):
+            return False
+        if code.co_filename == __file__:
+            return True
+        if any(call in linecache.getline(code.co_filename, frame.f_lineno) for call in CALLING):
+            return True
+        frame = frame.f_back
+    return False
+
+
+#: how a delivery ends when it stops where it was cut: by the limit itself (out of the task,
+#: or caught at its top), or parked for a new delivery at once (a cut between a body and its
+#: checkpoint, ``engine.time_slice``)
+STOPPED = ("raised", "time_up", "parked")
+
+
+def stop_problems(tracer: SoftLimitAt) -> list[str]:
+    """What the delivery ``tracer`` cut broke of "a soft limit in the engine's own code ends
+    the delivery there, as if its worker had been killed" (docs/operations.md, "Celery time
+    limits"): once cut outside any body or hook, it started none, and did not end the run.
+    A place that catches every ``Exception`` around the engine's own work would run the
+    delivery on past its limit, towards the hard one that kills its process."""
+    if tracer.fired_in is None or tracer.in_user_code:
+        return []
+    problems = []
+    if tracer.outcome not in STOPPED:
+        problems.append(f"the cut delivery went on past its soft limit to {tracer.outcome!r}")
+    if tracer.ledger_after != tracer.ledger_then:
+        ran = LEDGER[tracer.ledger_then : tracer.ledger_after]
+        problems.append(f"the cut delivery ran {ran} after its soft limit")
+    return problems
 
 
 def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | None) -> str:
@@ -320,15 +378,19 @@ def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | 
     only the trace function cuts it). An exception out of it ends the task; the sweep sends
     the execution again, once its claim has lapsed."""
     clock = time_slice(hard=None, soft=600)
+    armed = tracer is not None and tracer.fired_in is None
     try:
         if tracer is None:
             report = deliver(str(execution.id), start=first.get(START_HEADER), clock=clock)
         else:
             with tracer:
                 report = deliver(str(execution.id), start=first.get(START_HEADER), clock=clock)
+        outcome = str(report["outcome"])
     except SoftTimeLimitExceeded:
-        return "raised"
-    return str(report["outcome"])
+        outcome = "raised"
+    if armed and tracer is not None and tracer.fired_in is not None:
+        tracer.outcome, tracer.ledger_after = outcome, len(LEDGER)
+    return outcome
 
 
 def _until_ended(
@@ -436,6 +498,7 @@ def test_a_soft_limit_at_any_line_keeps_the_saga_promise(
     execution, tracer, outcomes = _run(reactor, fail, line, nobody_queue)
     problems = saga_problems(fail, execution, UNITS[reactor])
     problems += left_behind(execution, renewing_before)
+    problems += stop_problems(tracer)
     if reactor is GatedThreeEffects and LEDGER:
         # A body ran, so the run was admitted: charged once, whatever its deliveries — the
         # admission is written down before the first body. Cut before that write, the charge

@@ -51,12 +51,13 @@ from tests.integration.test_soft_limit_anywhere import (
     end_problems,
     ledger_problems,
     renewing_since,
+    stop_problems,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: generated cases per run (``make soak`` sets more: ``REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES``)
-EXAMPLES = int(os.environ.get("REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES", "40"))
 #: rounds of deliveries (each delivers every execution with a message waiting) a run gets
 ROUNDS = 12
 #: the statuses of an execution of the run that a message sends on (a parked one's requeue
@@ -188,6 +189,7 @@ def test_a_soft_limit_at_any_line_of_a_fanned_out_run_keeps_the_saga_promise(
     line = 1 + int(share * lines)
     root, tracer, outcomes = run_fanned(fail, line, nobody_queue)
     problems = fan_out_problems(fail, root) + left_by_the_tree(root, renewing_before)
+    problems += stop_problems(tracer)
     assert not problems, (
         f"cut at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
         problems,
