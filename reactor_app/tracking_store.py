@@ -14,6 +14,7 @@ import operator
 from contextlib import nullcontext
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connections
 
 from reactor_app import isolation
@@ -92,16 +93,24 @@ def write_rows(
                 StepRun.objects.bulk_update(updates, STEP_CLOSING_FIELDS)
             for pk, fields in progress.items():
                 _running(pk).update(**fields)
-    except Exception:
+    except Exception as error:
         # One bad row (its execution deleted meanwhile...) must not cost the others.
-        logger.warning("bulk write of tracking rows failed; writing them one by one")
+        cut = isinstance(error, SoftTimeLimitExceeded)
+        if not cut:
+            logger.warning("bulk write of tracking rows failed; writing them one by one")
         _drop_lost_connection()
         events = [
             CoordinationEvent(**_jsonable(dict(zip(EVENT_COLUMNS, row, strict=True))))
             for row in raw_events
         ]
         inserts = [(pending, StepRun(**_jsonable(fields))) for pending, fields in new_steps]
-        return _write_one_by_one(events, inserts, updates, progress)
+        written = _write_one_by_one(events, inserts, updates, progress)
+        if cut:
+            # Celery's soft time limit, not a bad row: the rows (other threads' too) are
+            # written, and the limit goes on up — the delivery stops here, as a killed one
+            # would (docs/operations.md, "Celery time limits")
+            raise
+        return written
     if new_steps:
         for (pending, _), pk in zip(new_steps, pks, strict=True):
             pending.pk = pk
