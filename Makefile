@@ -105,7 +105,7 @@ pytest: install
 #   its cancel variant (test_cancel_after_lost_delivery.py: the run cancelled after the cut)
 #   with CANCEL_AFTER_LOSS_EXAMPLES instead of 40, and its fan-out variant
 #   (test_soft_limit_fan_out.py: any delivery of a run with a parallel map) with
-#   FAN_OUT_SOFT_LIMIT_EXAMPLES instead of 20;
+#   FAN_OUT_SOFT_LIMIT_EXAMPLES instead of 40;
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.

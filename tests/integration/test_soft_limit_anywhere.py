@@ -19,8 +19,9 @@ real database and Redis, delivering it here as the worker task would (with the t
 and raises the exception at the ``line``-th line the delivery runs in ``reactor_app``'s own
 code or the steps' (a trace function: one thread's, fired once, as the signal is). Then it
 delivers again, as the requeue or the sweep would, until the run ends, and checks the ledger
-the hooks wrote, and that the ended run holds nothing in Redis and left no renewal running in
-the process. Before delivering a parked execution again it runs the sweep's completion of lost
+the hooks wrote, that the ended run holds nothing in Redis and left no renewal running in the
+process, and that a cut in the engine's own code stopped its delivery there (``stop_problems``).
+Before delivering a parked execution again it runs the sweep's completion of lost
 places in line: a cut between the place an ordered line gave and the place's record leaves the
 unit parked behind its own lost place until the sweep completes it (docs/coordination.md,
 "Losing a place in line"; a named regression below checks that step alone)."""

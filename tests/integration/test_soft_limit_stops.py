@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,6 +45,22 @@ from tests.integration.test_soft_limit_fan_out import ELEMENTS, UNITS, run_fanne
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+class CutOnce:
+    """Calls ``original`` — but the first time ``when`` says so of a call's arguments, raises
+    the soft limit instead, once, as Celery's signal handler does. ``fired``: it has."""
+
+    def __init__(self, original: Callable[..., Any], when: Callable[..., bool]) -> None:
+        self.original = original
+        self.when = when
+        self.fired = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.fired and self.when(*args, **kwargs):
+            self.fired = True
+            raise SoftTimeLimitExceeded()
+        return self.original(*args, **kwargs)
+
+
 def _ledger_after_first(seen: list[list[str]]) -> Any:
     """A ``before`` hook of the delivery loop that keeps the ledger as the first delivery
     left it (the hook runs before the second)."""
@@ -63,21 +80,13 @@ def test_a_soft_limit_in_a_pass_s_final_write_ends_the_delivery_and_keeps_its_hi
     and a soft limit raised in it was taken for a failed statement: the write was made again
     and the delivery ended the run (``succeeded``). Now the history is written on its own and
     the limit goes on up: the delivery ends ``time_up``, and the next one ends the run."""
-    original = ProgressStore.write
-    cuts = [1]
-
-    def cut_once(store: ProgressStore, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("leading") is not None and cuts[0]:
-            cuts[0] -= 1
-            raise SoftTimeLimitExceeded()
-        return original(store, *args, **kwargs)
-
     if connection.vendor != "postgresql":
         pytest.skip("only PostgreSQL carries a pass's history in its final write")
-    monkeypatch.setattr(ProgressStore, "write", cut_once)
+    cut = CutOnce(ProgressStore.write, lambda store, *a, **kw: kw.get("leading") is not None)
+    monkeypatch.setattr(ProgressStore, "write", lambda *a, **kw: cut(*a, **kw))
     execution, first = _started(ThreeEffects, {"fail": False}, nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue)
-    assert not cuts[0], "no final write carried history"
+    assert cut.fired, "no final write carried history"
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER[:3] == ["do:s0", "do:s1", "do:s2"] and "undo:s0" not in LEDGER, LEDGER
@@ -96,21 +105,17 @@ def test_a_soft_limit_in_a_pass_s_history_write_ends_the_delivery_and_keeps_the_
     threads') and the limit goes on up: the delivery ends ``time_up``; the next ends the run."""
     if connection.vendor == "postgresql":
         pytest.skip("PostgreSQL carries the history in the final write (the test above)")
-    original = tracking_store._insert
     delivering = threading.get_ident()
-    cuts = [1]
-
-    def cut_once(*args: Any, **kwargs: Any) -> Any:
-        done = LEDGER == ["do:s0", "do:s1", "do:s2"]
-        if done and threading.get_ident() == delivering and cuts[0]:
-            cuts[0] -= 1
-            raise SoftTimeLimitExceeded()
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(tracking_store, "_insert", cut_once)
+    cut = CutOnce(
+        tracking_store._insert,
+        lambda *a, **kw: (
+            LEDGER == ["do:s0", "do:s1", "do:s2"] and threading.get_ident() == delivering
+        ),
+    )
+    monkeypatch.setattr(tracking_store, "_insert", cut)
     execution, first = _started(ThreeEffects, {"fail": False}, nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue)
-    assert not cuts[0], "the delivery wrote no history of its own"
+    assert cut.fired, "the delivery wrote no history of its own"
     assert outcomes[0] == "time_up", outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     names = set(StepRun.objects.filter(execution=execution).values_list("step", flat=True))
@@ -126,20 +131,12 @@ def test_a_soft_limit_in_the_cancel_poll_ends_the_delivery_and_the_poll_goes_on(
     a cancel requested meanwhile went unseen by every run of the process. Now the limit goes
     on up: the delivery stops at the step boundary, and the next poll reads the flag."""
     settings.REACTOR_CANCEL_POLL = 0  # every boundary reads the flag
-    original = cancel_flag.get_client
-    cuts = [1]
-
-    def cut_once() -> Any:
-        if LEDGER == ["do:s0"] and cuts[0]:
-            cuts[0] -= 1
-            raise SoftTimeLimitExceeded()
-        return original()
-
-    monkeypatch.setattr(cancel_flag, "get_client", cut_once)
+    cut = CutOnce(cancel_flag.get_client, lambda: LEDGER == ["do:s0"])
+    monkeypatch.setattr(cancel_flag, "get_client", cut)
     seen: list[list[str]] = []
     execution, first = _started(ThreeEffects, {"fail": False}, nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue, before=_ledger_after_first(seen))
-    assert not cuts[0], "the poll was never cut"
+    assert cut.fired, "the poll was never cut"
     assert outcomes[0] in STOPPED, outcomes
     assert seen == [["do:s0"]], seen  # s1 was not started by the cut delivery
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
@@ -155,22 +152,14 @@ def test_a_soft_limit_while_forgetting_a_released_key_ends_the_delivery(
     effort (a leftover entry costs the next takeover a no-op). A soft limit raised in that
     forgetting was logged as a failed one: the delivery went on with ``s2``. Now it ends
     there; the next delivery takes over, and the run succeeds holding nothing."""
-    original = registry.get_client
-    cuts = [1]
-
-    def cut_once() -> Any:
-        # after s1's body, the registry's first use is forgetting s1's released lock
-        if LEDGER == ["do:s0", "do:s1"] and cuts[0]:
-            cuts[0] -= 1
-            raise SoftTimeLimitExceeded()
-        return original()
-
-    monkeypatch.setattr(registry, "get_client", cut_once)
+    # after s1's body, the registry's first use is forgetting s1's released lock
+    cut = CutOnce(registry.get_client, lambda: LEDGER == ["do:s0", "do:s1"])
+    monkeypatch.setattr(registry, "get_client", cut)
     seen: list[list[str]] = []
     tags = {"fail": False, "tag": uuid.uuid4().hex}
     execution, first = _started(GatedThreeEffects, tags, nobody_queue)
     outcomes = _until_ended(execution, first, nobody_queue, before=_ledger_after_first(seen))
-    assert not cuts[0], "the registry was never cut"
+    assert cut.fired, "the registry was never cut"
     assert outcomes[0] in STOPPED, outcomes
     assert seen == [["do:s0", "do:s1"]], seen  # s2 was not started by the cut delivery
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
@@ -259,19 +248,14 @@ def test_a_soft_limit_while_a_finished_element_wakes_its_parent_ends_that_delive
     a broker's refusal — the delivery of a parallel map's last element, waking its parent,
     reported ``succeeded`` past its limit. Now that delivery ends with the limit; the sweep
     sends the parent again, and the run succeeds with each body once."""
-    original = enqueueing.enqueue
-    cuts = [1]
-
-    def cut_once(execution_id: Any, **options: Any) -> Any:
-        done = {f"do:{name}" for name in ELEMENTS}
-        if done <= set(LEDGER) and "do:s2" not in LEDGER and cuts[0]:
-            cuts[0] -= 1
-            raise SoftTimeLimitExceeded()
-        return original(execution_id, **options)
-
-    monkeypatch.setattr(enqueueing, "enqueue", cut_once)
+    elements = {f"do:{name}" for name in ELEMENTS}
+    cut = CutOnce(
+        enqueueing.enqueue,
+        lambda *a, **kw: elements <= set(LEDGER) and "do:s2" not in LEDGER,
+    )
+    monkeypatch.setattr(enqueueing, "enqueue", cut)
     root, _, outcomes = run_fanned(False, 0, nobody_queue)
-    assert not cuts[0], "no message was cut"
+    assert cut.fired, "no message was cut"
     # the element's delivery ended with the limit (the task's exception), not succeeded
     assert [o for o in outcomes if o.endswith((":raised", ":time_up"))], outcomes
     assert root.status == ExecutionStatus.SUCCEEDED, (outcomes, root.error)
