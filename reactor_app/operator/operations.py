@@ -10,6 +10,12 @@ Every verb records a ``CoordinationEvent`` (``forced_release``, ``ordered_skippe
 ``ordered_reset``) attributed to the hold or position it acted on, with the operator's name in
 ``detail["by"]``, so the key's timeline and the execution's events show who intervened.
 Permission checks belong to the callers (the admin views); nothing here knows about requests.
+
+Each verb checks its texts (the key, the owner, the operator's name) before it touches Redis:
+one that Redis cannot take as a key (a lone surrogate) or the audit row cannot store (that, or
+a NUL character) is a ``ValueError`` saying which, and nothing is changed — not a release
+whose audit row then fails to be written, nor redis-py's ``UnicodeEncodeError``. The admin's
+forms cannot send such text; a caller of these functions can.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from reactor_app.coordination.admission import Coordinator
 from reactor_app.engine.enqueueing import wake
 from reactor_app.models import Execution
 from reactor_app.status import CoordinationEventKind
+from reactor_app.storable import text_problem
 from reactor_app.tracking import record_coordination
 
 logger = logging.getLogger(__name__)
@@ -42,6 +49,21 @@ def _execution_id(value: str | None) -> str | None:
         return None
 
 
+def _check_texts(**texts: str | None) -> None:
+    """``ValueError`` naming the first of ``texts`` (None: not given) that Redis or the audit
+    row cannot hold (see the module docstring); before anything is changed."""
+    for what, text in texts.items():
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise ValueError(f"{what} must be text, got {type(text).__name__}")
+        problem = text_problem(text)
+        if problem:
+            raise ValueError(
+                f"{what} holds {problem}, which the audit event cannot store: nothing was changed"
+            )
+
+
 def _holders_before(primitive: str, key: str, owner: str | None) -> dict[str, dict[str, Any]]:
     """``owner -> attribution`` of the holds about to be removed (read before removing)."""
     holders = primitives.holding(primitive).holders(key)
@@ -53,8 +75,10 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
 
     Returns ``{"released": [owners], "woken": [waiter ids]}``; an empty ``released`` means
     nothing was held (by that owner). Raises ``ValueError`` for primitives that cannot be
-    force-released and ``CoordinationUnavailable`` when Redis cannot be reached.
+    force-released or for text it cannot act on (``_check_texts``), and
+    ``CoordinationUnavailable`` when Redis cannot be reached.
     """
+    _check_texts(key=key, owner=owner, by=by)
     if not primitives.holds(primitive):
         raise ValueError(
             f"only locks and semaphores can be force-released, not {primitive!r} "
@@ -90,6 +114,7 @@ def force_release(primitive: str, key: str, owner: str | None = None, *, by: str
 
 def ordered_skip(key: str, *, by: str) -> dict[str, Any]:
     """Pass over the head of ``key``'s line. Returns ``{"skipped": nonce or None}``."""
+    _check_texts(key=key, by=by)
     head = Coordinator().peek(key)
     skipped = Coordinator().skip(key)
     if skipped is not None:
@@ -112,6 +137,7 @@ def ordered_skip(key: str, *, by: str) -> dict[str, Any]:
 
 def ordered_reset(key: str, *, by: str) -> dict[str, Any]:
     """Start a new epoch of ``key``'s line. Returns ``{"epoch": ..., "previous": {...}}``."""
+    _check_texts(key=key, by=by)
     previous = coordination_state.ordered_state(key)
     epoch = Coordinator().reset(key)
     summary = {
