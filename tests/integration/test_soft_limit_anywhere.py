@@ -539,21 +539,23 @@ def left_behind(execution: Execution, renewing_before: list[Renewal]) -> list[st
     return problems
 
 
-def ledger_problems(units: tuple[str, ...], *, reversed_once: bool = False) -> list[str]:
+def ledger_problems(
+    units: tuple[str, ...], *, reversed_once: bool = False, cuts: int = 1
+) -> list[str]:
     """What the ledger breaks of any run's rules, unit by unit: a body or hook run more than
-    twice (one cut: the at-least-once rule), an undo without its body (a compensate may come
-    without one: a body cut off on its first line, before its effect, failed like any body
-    that raised; or a unit a lost delivery may have been running, ``engine.in_flight``).
-    ``reversed_once``: the run was rolled back, so every body that ran was undone or
-    compensated — one of the two."""
+    once per cut plus once (the at-least-once rule), an undo without its body (a compensate
+    may come without one: a body cut off on its first line, before its effect, failed like
+    any body that raised; or a unit a lost delivery may have been running,
+    ``engine.in_flight``). ``reversed_once``: the run was rolled back, so every body that ran
+    was undone or compensated — one of the two."""
     problems = []
     counts = Counter(LEDGER)
     for name in units:
         dos, undos, compensates = (
             counts[f"{kind}:{name}"] for kind in ("do", "undo", "compensate")
         )
-        if dos > 2 or undos > 2 or compensates > 2:
-            problems.append(f"{name} ran more than twice: {counts}")
+        if max(dos, undos, compensates) > cuts + 1:
+            problems.append(f"{name} ran more than {cuts + 1} times: {counts}")
         if undos and not dos:
             problems.append(f"{name} undone without its body")
         if reversed_once and dos and not (undos or compensates):

@@ -111,16 +111,19 @@ def _deliver_once(execution_id: str, start: Any, tracer: SoftLimitAt) -> str:
     return outcome
 
 
-def run_fanned(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitAt, list[str]]:
+def run_fanned(
+    fail: bool, line: int, queue: str, tracer: SoftLimitAt | None = None, rounds: int = ROUNDS
+) -> tuple[Execution, SoftLimitAt, list[str]]:
     """A run of ``FannedThreeEffects`` whose deliveries are all traced until the ``line``-th
-    traced line fires (0: never — it counts them), delivered until it ends; the root, the
-    tracer and the outcomes as ``execution_id[:4]:outcome``."""
+    traced line fires (0: never — it counts them), delivered until it ends (``rounds`` rounds
+    at most); the root, the tracer and the outcomes as ``execution_id[:4]:outcome``. A
+    ``tracer`` given is used instead (``line`` is then its)."""
     root, first = _started(FannedThreeEffects, {"fail": fail, "tag": uuid.uuid4().hex}, queue)
-    tracer = SoftLimitAt(line)
+    tracer = tracer or SoftLimitAt(line)
     outcomes = []
     pending = [(str(root.pk), first.get(START_HEADER))]
     tree = {str(root.pk): root.status}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for execution_id, start in dict(pending).items():
             if tree.get(execution_id, ExecutionStatus.SUCCEEDED) in TERMINAL_STATUSES:
                 continue  # ended, or another run's (the sweep sends any it finds)
@@ -143,14 +146,19 @@ def run_fanned(fail: bool, line: int, queue: str) -> tuple[Execution, SoftLimitA
     return root, tracer, outcomes
 
 
-def fan_out_problems(fail: bool, root: Execution) -> list[str]:
+def fan_out_problems(
+    fail: bool, root: Execution, units: tuple[str, ...] = UNITS, cuts: int = 1
+) -> list[str]:
     """What the ended run and the ledger break of the promise (``saga_problems`` of the
-    sequential property, with the elements undone in the order they completed)."""
+    sequential property, with the elements undone in the order they completed), after
+    ``cuts`` cuts. Also the check of ``test_soft_limit_twice`` for any reactor: undoing in
+    the order the units last completed is newest first there too."""
     if root.status not in TERMINAL_STATUSES:
         return [f"not ended: {root.status}"]
     failed = root.status == ExecutionStatus.FAILED
     # a failed run: every unit that ran was undone or compensated
-    problems = ledger_problems(UNITS, reversed_once=failed) + end_problems(fail, root, UNITS)
+    problems = ledger_problems(units, reversed_once=failed, cuts=cuts)
+    problems += end_problems(fail, root, units)
     if not failed:
         return problems
     # the undone units newest first, by when each last completed

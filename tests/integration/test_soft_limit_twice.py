@@ -1,0 +1,194 @@
+"""Two soft time limits in one run, in any of its deliveries: the saga promise still holds.
+
+``test_soft_limit_anywhere`` and ``test_soft_limit_fan_out`` cut one line of one delivery. A
+run on a busy worker can meet the limit again in a later delivery: the one that takes over
+from the first cut — re-running a unit at-least-once, compensating the units the lost
+delivery may have been running (``engine.in_flight``), or rolling back — is itself cut. Here
+each generated case draws two lines, counted over *every* delivery of the run (the second
+after the first), for any of the sequential property's reactors or the fanned-out one, and
+delivers until the run ends. The checks are the fan-out property's, with two cuts allowed
+for: every body that ran stands, or is undone or compensated; no unit runs more than three
+times (once, plus once per cut); the completed units are undone in the order they last
+completed, newest first; and nothing is held in Redis or renewing once the run has ended.
+
+A compensate may come for a unit whose body never ran: a lost delivery may have been running
+it (``engine.in_flight``, docs/reactors-and-steps.md). With two cuts that shows as a failed
+run whose compensated units outnumber its bodies — the first scan of this property met it
+(the named case below), and the check counts bodies, not compensates, to tell which units
+completed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+from reactor_app.coordination.renewal import scheduler
+from reactor_app.engine import runner
+from reactor_app.engine.claim import ExecutionClaim
+from reactor_app.engine.gate import Gate
+from reactor_app.models import Execution
+from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
+from tests.integration.test_long_countdowns import taken
+from tests.integration.test_soft_limit_anywhere import (
+    LEDGER,
+    UNITS,
+    MappedThreeEffects,
+    SoftLimitAt,
+    ThreeEffects,
+    _deliver,
+    _started,
+    _sweep_lost_places,
+    cut_settings,
+    left_behind,
+)
+from tests.integration.test_soft_limit_fan_out import UNITS as FANNED_UNITS
+from tests.integration.test_soft_limit_fan_out import (
+    FannedThreeEffects,
+    fan_out_problems,
+    left_by_the_tree,
+    run_fanned,
+)
+from tests.integration.test_soft_limit_stops import CutOnce
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: generated cases per run (``make soak`` sets more: ``REACTOR_TWO_SOFT_LIMITS_EXAMPLES``)
+EXAMPLES = int(os.environ.get("REACTOR_TWO_SOFT_LIMITS_EXAMPLES", "30"))
+#: deliveries a sequential run gets after its first (each cut may cost two: a park, a sweep)
+DELIVERIES = 14
+#: rounds of deliveries a fanned-out run gets (``test_soft_limit_fan_out.ROUNDS`` for one cut)
+ROUNDS = 20
+REACTORS = [*UNITS, FannedThreeEffects]
+
+
+class CutAt(SoftLimitAt):
+    """Raises the soft limit at each of ``lines`` (ascending), counted over every delivery it
+    traces: after a cut, the next delivery traced goes on counting towards the next line."""
+
+    def __init__(self, lines: list[int]) -> None:
+        super().__init__(lines[0] if lines else 0)
+        self.rest = list(lines[1:])
+        #: where each cut landed
+        self.cuts: list[str] = []
+        #: the cuts armed so far (the one pending included)
+        self.armed = 1 if lines else 0
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self.fired_in is not None and len(self.cuts) < self.armed:
+            self.cuts.append(self.fired_in)  # fired in the delivery that just ended
+            if self.rest:
+                self.line, self.fired_in = self.rest.pop(0), None
+                self.armed += 1
+
+
+def run_sequential(
+    reactor: type[ThreeEffects], fail: bool, tracer: CutAt, queue: str
+) -> tuple[Execution, list[str]]:
+    """A run of ``reactor``, every delivery traced by ``tracer``, delivered until it ends (as
+    the requeue or the sweep would); the execution and the deliveries' outcomes."""
+    tags = {"tag": uuid.uuid4().hex} if "tag" in reactor.inputs else {}
+    execution, first = _started(reactor, {"fail": fail, **tags}, queue)
+    outcomes = [_deliver(execution, first, tracer)]
+    for _ in range(DELIVERIES):
+        execution.refresh_from_db()
+        if execution.status in TERMINAL_STATUSES:
+            break
+        if outcomes[-1] == "raised" and ExecutionClaim.is_held(execution.id):
+            # the task ended with the exception: its claim lapses with its TTL
+            lapsed = ExecutionClaim(execution.id, "lapsed")
+            lapsed.client.delete(lapsed.name)
+        if execution.status == ExecutionStatus.PARKED:
+            _sweep_lost_places()
+        outcomes.append(_deliver(execution, {}, tracer))
+        taken(queue)
+    execution.refresh_from_db()
+    return execution, outcomes
+
+
+def run_cut(
+    reactor: type[ThreeEffects], fail: bool, lines: list[int], queue: str
+) -> tuple[Execution, CutAt, list[str]]:
+    """A run of ``reactor`` cut at ``lines`` (none: it only counts them)."""
+    tracer = CutAt(lines)
+    if reactor is FannedThreeEffects:
+        root, _, outcomes = run_fanned(fail, tracer.line, queue, tracer=tracer, rounds=ROUNDS)
+        return root, tracer, outcomes
+    execution, outcomes = run_sequential(reactor, fail, tracer, queue)
+    return execution, tracer, outcomes
+
+
+def units_of(reactor: type[ThreeEffects]) -> tuple[str, ...]:
+    return FANNED_UNITS if reactor is FannedThreeEffects else UNITS[reactor]
+
+
+def problems_of(
+    reactor: type[ThreeEffects], fail: bool, execution: Execution, renewing_before: list[Any]
+) -> list[str]:
+    problems = fan_out_problems(fail, execution, units_of(reactor), cuts=2)
+    if reactor is FannedThreeEffects:
+        return problems + left_by_the_tree(execution, renewing_before)
+    return problems + left_behind(execution, renewing_before)
+
+
+@cut_settings(EXAMPLES)
+@given(
+    first=st.floats(min_value=0, max_value=1, exclude_max=True),
+    second=st.floats(min_value=0, max_value=1, exclude_max=True),
+    fail=st.booleans(),
+    reactor=st.sampled_from(REACTORS),
+)
+def test_two_soft_limits_in_any_deliveries_keep_the_saga_promise(
+    nobody_queue: str, first: float, second: float, fail: bool, reactor: type[ThreeEffects]
+) -> None:
+    # the lines are drawn as shares of a clean run's (its deliveries' lines vary a little);
+    # the second cut comes within another clean run's worth of lines after the first
+    _, counter, _ = run_cut(reactor, fail, [], nobody_queue)
+    lines = [1 + int(first * counter.seen)]
+    lines.append(lines[0] + 1 + int(second * counter.seen))
+    renewing_before = scheduler().renewing()
+    execution, tracer, outcomes = run_cut(reactor, fail, lines, nobody_queue)
+    # (a second line past the run's end never fires: ``--hypothesis-show-statistics`` counts)
+    event(f"cuts that fired: {len(tracer.cuts)}")
+    problems = problems_of(reactor, fail, execution, renewing_before)
+    assert not problems, (
+        f"cuts at {tracer.cuts} (lines {lines} of {counter.seen}); deliveries {outcomes}",
+        problems,
+        LEDGER,
+    )
+
+
+def test_elements_a_lost_delivery_may_have_been_running_are_compensated_after_a_later_cut(
+    nobody_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first counterexample of the property, to the check it had then (it took the
+    newest compensated unit for the failed one). A sequential map is cut after its first
+    element's body, as the next element's gate is made — the element done, its batch not yet
+    written. The next delivery runs that element again, first, and is cut right after its
+    body returned: the attempt failed (``TaskTimeLimitExceeded``: it had its delivery's whole
+    limit). The rollback compensates it, then the two elements the lost delivery may have been
+    running, whose bodies never ran, then undoes the first step."""
+    gate_made = CutOnce(Gate.__init__, lambda *a, **kw: LEDGER == ["do:s0", "do:s1[0]"])
+    monkeypatch.setattr(Gate, "__init__", lambda *a, **kw: gate_made(*a, **kw))
+    returned = CutOnce(runner.as_outcome, lambda *a: LEDGER.count("do:s1[0]") == 2)
+    monkeypatch.setattr(runner, "as_outcome", returned)
+    execution, _, outcomes = run_cut(MappedThreeEffects, True, [], nobody_queue)
+    assert gate_made.fired and returned.fired, (outcomes, LEDGER)
+    assert execution.status == ExecutionStatus.FAILED, (outcomes, LEDGER)
+    assert "TaskTimeLimitExceeded" in str(execution.error), execution.error
+    assert LEDGER == [
+        "do:s0",
+        "do:s1[0]",
+        "do:s1[0]",  # run again: its delivery was cut before its batch was written
+        "compensate:s1[0]",  # the failed attempt
+        "compensate:s1[2]",  # never ran: the lost delivery may have been running it
+        "compensate:s1[1]",
+        "undo:s0",
+    ], outcomes
+    assert problems_of(MappedThreeEffects, True, execution, []) == []
