@@ -12,7 +12,8 @@ lease, so two renewals can fail before a lease lapses) it renews
 * ordered-lock positions — a heartbeat, so a slow but live head is not passed over.
 
 Renewals do not get a thread each: one ``RenewalScheduler`` thread per process keeps every
-active renewal in a deadline heap, wakes at the earliest deadline, and renews every hold due
+active renewal in a deadline heap, wakes at the earliest deadline (or after ``IDLE_LOOK`` with
+nothing due, so a new renewal due later than that need not wake it), and renews every hold due
 by then (and those due within a fifth of their interval, so holds taken at nearly the same
 time share a trip) in ONE pipeline of ``extend`` script calls (docs/operations.md).
 
@@ -70,6 +71,14 @@ COALESCE_FRACTION = 0.2
 
 #: a renewal's reasons for a lease gone from Redis (not taken over: that is never early)
 GONE = frozenset({"released", "expired"})
+
+#: longest sleep of the renewal thread with nothing due (seconds): it looks at its heap again
+#: by then, so ``add`` wakes it only for a renewal due sooner than that. Woken for every
+#: admission, the thread found the call already over at each wake (a locked ``Step.call`` is
+#: ~1 ms): a futex wake and a context switch per call on the caller's path, for nothing
+#: (docs/benchmarks.md, "The renewal thread's wake-ups"). Once a second costs an idle process
+#: next to nothing.
+IDLE_LOOK = 1.0
 
 #: cleared entries a heap may hold before it is compacted (and then only once they are most
 #: of it): compacting is a pass over the heap, paid for by this many removals
@@ -270,8 +279,9 @@ class RenewalScheduler:
         with self._lock:
             self._push(renewal)
             if not self._background.ensure() and renewal.due < self._sleeping_until:
-                # an earlier deadline than the one the thread sleeps for. Only then: waking it
-                # for every hold would cost each admission a context switch.
+                # due before the thread wakes on its own (its earliest deadline, or IDLE_LOOK
+                # with nothing due). Only then: waking it for every hold would cost each
+                # admission a context switch.
                 self._wake.notify()
 
     def remove(self, renewal: Renewal, timeout: float = 5.0) -> None:
@@ -330,8 +340,8 @@ class RenewalScheduler:
                         heapq.heappop(self._heap)
                         self._stale -= 1
                     if not self._heap:
-                        self._sleeping_until = float("inf")
-                        self._wake.wait()
+                        self._sleeping_until = time.monotonic() + IDLE_LOOK
+                        self._wake.wait(timeout=IDLE_LOOK)
                         continue
                     self._sleeping_until = self._heap[0][0]
                     left = self._sleeping_until - time.monotonic()
