@@ -123,6 +123,9 @@ def run_fanned(
     outcomes = []
     pending = [(str(root.pk), first.get(START_HEADER))]
     tree = {str(root.pk): root.status}
+    # the sweep's clock, moved on by REACTOR_SWEEP_AFTER at each sweep: a sweep stamps what it
+    # sends with its clock, so a second sweep on the same moved clock would find it fresh
+    moved = timedelta(0)
     for _ in range(rounds):
         for execution_id, start in dict(pending).items():
             if tree.get(execution_id, ExecutionStatus.SUCCEEDED) in TERMINAL_STATUSES:
@@ -138,8 +141,9 @@ def run_fanned(
         if not runnable:
             # nothing runnable was sent: a cut delivery left its execution running, or never
             # sent an element's message. The sweep sends those again once they have been
-            # silent for REACTOR_SWEEP_AFTER (its clock moved on by that much here).
-            sweep(now=timezone.now() + timedelta(seconds=reactor_settings.SWEEP_AFTER + 1))
+            # silent for REACTOR_SWEEP_AFTER (its clock moved on by that much here, each time).
+            moved += timedelta(seconds=reactor_settings.SWEEP_AFTER + 1)
+            sweep(now=timezone.now() + moved)
             pending += _waiting(queue)
     _waiting(queue)
     root.refresh_from_db()

@@ -25,7 +25,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from reactor_app.coordination.renewal import scheduler
@@ -138,6 +138,10 @@ def problems_of(
 
 
 @cut_settings(EXAMPLES)
+# found by the first random-seed soak: both cuts on the first line of the root's first two
+# deliveries, so the sweep had to send a never-started run twice — and the loop's second sweep,
+# on the same moved clock, found the first one's stamp fresh (the loop now moves it on each time)
+@example(first=0.0, second=0.0, fail=False, reactor=FannedThreeEffects)
 @given(
     first=st.floats(min_value=0, max_value=1, exclude_max=True),
     second=st.floats(min_value=0, max_value=1, exclude_max=True),
