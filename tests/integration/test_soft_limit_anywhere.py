@@ -402,14 +402,16 @@ def _until_ended(
     before: Callable[[Execution, int], None] | None = None,
     *,
     sweeps: bool = True,
+    trace_all: bool = False,
+    more: int = MORE_DELIVERIES,
 ) -> list[str]:
-    """Deliver ``execution`` (the first delivery under ``tracer``), then again, as the requeue
-    or the sweep would, until it ends or ``MORE_DELIVERIES`` more were made; their outcomes.
-    ``before(execution, n)`` runs before the ``n``-th delivery after the first (an operator's
-    cancel). ``sweeps``: a parked execution's lost places in line are swept first
-    (``_sweep_lost_places``)."""
+    """Deliver ``execution`` (the first delivery under ``tracer``; every one with
+    ``trace_all``), then again, as the requeue or the sweep would, until it ends or ``more``
+    more were made; their outcomes. ``before(execution, n)`` runs before the ``n``-th delivery
+    after the first (an operator's cancel). ``sweeps``: a parked execution's lost places in
+    line are swept first (``_sweep_lost_places``)."""
     outcomes = [_deliver(execution, first, tracer)]
-    for number in range(1, MORE_DELIVERIES + 1):
+    for number in range(1, more + 1):
         if before is not None:
             before(execution, number)
         execution.refresh_from_db()
@@ -422,7 +424,7 @@ def _until_ended(
             lapsed.client.delete(lapsed.name)
         if sweeps and execution.status == ExecutionStatus.PARKED:
             _sweep_lost_places()
-        outcomes.append(_deliver(execution, {}, None))
+        outcomes.append(_deliver(execution, {}, tracer if trace_all else None))
         taken(queue)
     execution.refresh_from_db()
     return outcomes

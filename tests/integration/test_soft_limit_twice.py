@@ -30,20 +30,17 @@ from hypothesis import strategies as st
 
 from reactor_app.coordination.renewal import scheduler
 from reactor_app.engine import runner
-from reactor_app.engine.claim import ExecutionClaim
 from reactor_app.engine.gate import Gate
 from reactor_app.models import Execution
-from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
-from tests.integration.test_long_countdowns import taken
+from reactor_app.status import ExecutionStatus
 from tests.integration.test_soft_limit_anywhere import (
     LEDGER,
     UNITS,
     MappedThreeEffects,
     SoftLimitAt,
     ThreeEffects,
-    _deliver,
     _started,
-    _sweep_lost_places,
+    _until_ended,
     cut_settings,
     left_behind,
 )
@@ -95,20 +92,7 @@ def run_sequential(
     the requeue or the sweep would); the execution and the deliveries' outcomes."""
     tags = {"tag": uuid.uuid4().hex} if "tag" in reactor.inputs else {}
     execution, first = _started(reactor, {"fail": fail, **tags}, queue)
-    outcomes = [_deliver(execution, first, tracer)]
-    for _ in range(DELIVERIES):
-        execution.refresh_from_db()
-        if execution.status in TERMINAL_STATUSES:
-            break
-        if outcomes[-1] == "raised" and ExecutionClaim.is_held(execution.id):
-            # the task ended with the exception: its claim lapses with its TTL
-            lapsed = ExecutionClaim(execution.id, "lapsed")
-            lapsed.client.delete(lapsed.name)
-        if execution.status == ExecutionStatus.PARKED:
-            _sweep_lost_places()
-        outcomes.append(_deliver(execution, {}, tracer))
-        taken(queue)
-    execution.refresh_from_db()
+    outcomes = _until_ended(execution, first, queue, tracer, trace_all=True, more=DELIVERIES)
     return execution, outcomes
 
 
