@@ -106,7 +106,8 @@ pytest: install
 #   with CANCEL_AFTER_LOSS_EXAMPLES instead of 40, and its fan-out variant
 #   (test_soft_limit_fan_out.py: any delivery of a run with a parallel map) with
 #   FAN_OUT_SOFT_LIMIT_EXAMPLES instead of 40, and its two-cut variant (test_soft_limit_twice.py:
-#   two limits in any deliveries of one run) with TWO_SOFT_LIMITS_EXAMPLES instead of 30;
+#   two limits in any deliveries of one run) with TWO_SOFT_LIMITS_EXAMPLES instead of 30, and
+#   with a cancel, TWO_SOFT_LIMITS_CANCEL_EXAMPLES instead of 20;
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
@@ -117,6 +118,7 @@ SOFT_LIMIT_EXAMPLES ?= 3000
 CANCEL_AFTER_LOSS_EXAMPLES ?= 1500
 FAN_OUT_SOFT_LIMIT_EXAMPLES ?= 600
 TWO_SOFT_LIMITS_EXAMPLES ?= 1000
+TWO_SOFT_LIMITS_CANCEL_EXAMPLES ?= 600
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
 	tests/chaos/test_fault_histories.py tests/chaos/test_worker_fault_histories.py \
 	tests/chaos/test_worker_restart_histories.py tests/chaos/test_worker_lost_replies.py \
@@ -137,6 +139,7 @@ soak: install
 		REACTOR_CANCEL_AFTER_LOSS_EXAMPLES=$(CANCEL_AFTER_LOSS_EXAMPLES) \
 		REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES=$(FAN_OUT_SOFT_LIMIT_EXAMPLES) \
 		REACTOR_TWO_SOFT_LIMITS_EXAMPLES=$(TWO_SOFT_LIMITS_EXAMPLES) \
+		REACTOR_TWO_SOFT_LIMITS_CANCEL_EXAMPLES=$(TWO_SOFT_LIMITS_CANCEL_EXAMPLES) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------

@@ -165,13 +165,17 @@ def fan_out_problems(
     problems += end_problems(fail, root, units)
     if not failed:
         return problems
-    # the undone units newest first, by when each last completed
+    return problems + undo_order_problems()
+
+
+def undo_order_problems() -> list[str]:
+    """The undone units not newest first, by when each last completed (its last ``do``)."""
     undone = list(dict.fromkeys(e[5:] for e in LEDGER if e.startswith("undo:")))
     last_done = {e[3:]: i for i, e in enumerate(LEDGER) if e.startswith("do:")}
     expected = sorted(undone, key=lambda name: last_done.get(name, -1), reverse=True)
     if undone != expected:
-        problems.append(f"undone {undone}, not newest first ({expected})")
-    return problems
+        return [f"undone {undone}, not newest first ({expected})"]
+    return []
 
 
 def left_by_the_tree(root: Execution, renewing_before: list[Any]) -> list[str]:

@@ -10,6 +10,9 @@ delivers until the run ends. The checks are the fan-out property's, with two cut
 for: every body that ran stands, or is undone or compensated; no unit runs more than three
 times (once, plus once per cut); the completed units are undone in the order they last
 completed, newest first; and nothing is held in Redis or renewing once the run has ended.
+A second property cuts a sequential run the same way and has an operator cancel it before
+one of its next deliveries: unless it succeeded first, every body that ran is undone or
+compensated, newest first (``test_cancel_after_lost_delivery``'s rule, with two cuts).
 
 A compensate may come for a unit whose body never ran: a lost delivery may have been running
 it (``engine.in_flight``, docs/reactors-and-steps.md). With two cuts, such units can come
@@ -33,6 +36,7 @@ from reactor_app.engine import runner
 from reactor_app.engine.gate import Gate
 from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
+from tests.integration.test_cancel_after_lost_delivery import cancel_before
 from tests.integration.test_soft_limit_anywhere import (
     LEDGER,
     UNITS,
@@ -42,6 +46,7 @@ from tests.integration.test_soft_limit_anywhere import (
     _started,
     _until_ended,
     cut_settings,
+    ledger_problems,
     left_behind,
 )
 from tests.integration.test_soft_limit_fan_out import UNITS as FANNED_UNITS
@@ -50,6 +55,7 @@ from tests.integration.test_soft_limit_fan_out import (
     fan_out_problems,
     left_by_the_tree,
     run_fanned,
+    undo_order_problems,
 )
 from tests.integration.test_soft_limit_stops import CutOnce
 
@@ -57,6 +63,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: generated cases per run (``make soak`` sets more: ``REACTOR_TWO_SOFT_LIMITS_EXAMPLES``)
 EXAMPLES = int(os.environ.get("REACTOR_TWO_SOFT_LIMITS_EXAMPLES", "30"))
+#: the same, with a cancel (``REACTOR_TWO_SOFT_LIMITS_CANCEL_EXAMPLES``)
+CANCEL_EXAMPLES = int(os.environ.get("REACTOR_TWO_SOFT_LIMITS_CANCEL_EXAMPLES", "20"))
 #: deliveries a sequential run gets after its first (each cut may cost two: a park, a sweep)
 DELIVERIES = 14
 #: rounds of deliveries a fanned-out run gets (``test_soft_limit_fan_out.ROUNDS`` for one cut)
@@ -86,25 +94,30 @@ class CutAt(SoftLimitAt):
 
 
 def run_sequential(
-    reactor: type[ThreeEffects], fail: bool, tracer: CutAt, queue: str
+    reactor: type[ThreeEffects], fail: bool, tracer: CutAt, queue: str, cancel_at: int = 0
 ) -> tuple[Execution, list[str]]:
     """A run of ``reactor``, every delivery traced by ``tracer``, delivered until it ends (as
-    the requeue or the sweep would); the execution and the deliveries' outcomes."""
+    the requeue or the sweep would), cancelled before the ``cancel_at``-th delivery after the
+    first (0: never); the execution and the deliveries' outcomes."""
     tags = {"tag": uuid.uuid4().hex} if "tag" in reactor.inputs else {}
     execution, first = _started(reactor, {"fail": fail, **tags}, queue)
-    outcomes = _until_ended(execution, first, queue, tracer, trace_all=True, more=DELIVERIES)
+    before = cancel_before(cancel_at) if cancel_at else None
+    outcomes = _until_ended(
+        execution, first, queue, tracer, before, trace_all=True, more=DELIVERIES
+    )
     return execution, outcomes
 
 
 def run_cut(
-    reactor: type[ThreeEffects], fail: bool, lines: list[int], queue: str
+    reactor: type[ThreeEffects], fail: bool, lines: list[int], queue: str, cancel_at: int = 0
 ) -> tuple[Execution, CutAt, list[str]]:
-    """A run of ``reactor`` cut at ``lines`` (none: it only counts them)."""
+    """A run of ``reactor`` cut at ``lines`` (none: it only counts them), cancelled as
+    ``run_sequential`` says (a sequential reactor's only)."""
     tracer = CutAt(lines)
     if reactor is FannedThreeEffects:
         root, _, outcomes = run_fanned(fail, tracer.line, queue, tracer=tracer, rounds=ROUNDS)
         return root, tracer, outcomes
-    execution, outcomes = run_sequential(reactor, fail, tracer, queue)
+    execution, outcomes = run_sequential(reactor, fail, tracer, queue, cancel_at)
     return execution, tracer, outcomes
 
 
@@ -113,12 +126,37 @@ def units_of(reactor: type[ThreeEffects]) -> tuple[str, ...]:
 
 
 def problems_of(
-    reactor: type[ThreeEffects], fail: bool, execution: Execution, renewing_before: list[Any]
+    reactor: type[ThreeEffects],
+    fail: bool,
+    execution: Execution,
+    renewing_before: list[Any],
+    cancelled: bool = False,
 ) -> list[str]:
-    problems = fan_out_problems(fail, execution, units_of(reactor), cuts=2)
+    """What the ended run breaks. ``cancelled``: an operator asked to cancel it, so unless it
+    succeeded first it ends cancelled or failed with every body that ran undone or
+    compensated, newest first (``test_cancel_after_lost_delivery``'s rule, two cuts)."""
+    units = units_of(reactor)
+    if cancelled and execution.status in (ExecutionStatus.CANCELLED, ExecutionStatus.FAILED):
+        problems = ledger_problems(units, reversed_once=True, cuts=2) + undo_order_problems()
+    else:
+        problems = fan_out_problems(fail, execution, units, cuts=2)
     if reactor is FannedThreeEffects:
         return problems + left_by_the_tree(execution, renewing_before)
     return problems + left_behind(execution, renewing_before)
+
+
+def _two_lines(
+    reactor: type[ThreeEffects], fail: bool, first: float, second: float, queue: str
+) -> list[int]:
+    """Two lines drawn as shares of a clean run's (its deliveries' lines vary a little): the
+    second within another clean run's worth of lines after the first."""
+    _, counter, _ = run_cut(reactor, fail, [], queue)
+    lines = [1 + int(first * counter.seen)]
+    lines.append(lines[0] + 1 + int(second * counter.seen))
+    return lines
+
+
+SHARE = st.floats(min_value=0, max_value=1, exclude_max=True)
 
 
 @cut_settings(EXAMPLES)
@@ -126,27 +164,51 @@ def problems_of(
 # deliveries, so the sweep had to send a never-started run twice — and the loop's second sweep,
 # on the same moved clock, found the first one's stamp fresh (the loop now moves it on each time)
 @example(first=0.0, second=0.0, fail=False, reactor=FannedThreeEffects)
-@given(
-    first=st.floats(min_value=0, max_value=1, exclude_max=True),
-    second=st.floats(min_value=0, max_value=1, exclude_max=True),
-    fail=st.booleans(),
-    reactor=st.sampled_from(REACTORS),
-)
+@given(first=SHARE, second=SHARE, fail=st.booleans(), reactor=st.sampled_from(REACTORS))
 def test_two_soft_limits_in_any_deliveries_keep_the_saga_promise(
     nobody_queue: str, first: float, second: float, fail: bool, reactor: type[ThreeEffects]
 ) -> None:
-    # the lines are drawn as shares of a clean run's (its deliveries' lines vary a little);
-    # the second cut comes within another clean run's worth of lines after the first
-    _, counter, _ = run_cut(reactor, fail, [], nobody_queue)
-    lines = [1 + int(first * counter.seen)]
-    lines.append(lines[0] + 1 + int(second * counter.seen))
+    lines = _two_lines(reactor, fail, first, second, nobody_queue)
     renewing_before = scheduler().renewing()
     execution, tracer, outcomes = run_cut(reactor, fail, lines, nobody_queue)
     # (a second line past the run's end never fires: ``--hypothesis-show-statistics`` counts)
     event(f"cuts that fired: {len(tracer.cuts)}")
     problems = problems_of(reactor, fail, execution, renewing_before)
     assert not problems, (
-        f"cuts at {tracer.cuts} (lines {lines} of {counter.seen}); deliveries {outcomes}",
+        f"cuts at {tracer.cuts} (lines {lines}); deliveries {outcomes}",
+        problems,
+        LEDGER,
+    )
+
+
+@cut_settings(CANCEL_EXAMPLES)
+@given(
+    first=SHARE,
+    second=SHARE,
+    fail=st.booleans(),
+    reactor=st.sampled_from(list(UNITS)),
+    cancel_at=st.integers(min_value=1, max_value=4),
+)
+def test_two_soft_limits_and_a_cancel_undo_every_effect(
+    nobody_queue: str,
+    first: float,
+    second: float,
+    fail: bool,
+    reactor: type[ThreeEffects],
+    cancel_at: int,
+) -> None:
+    """The same cuts in a sequential run, and an operator's cancel before the
+    ``cancel_at``-th delivery after the first: between the cuts, after them, or before the
+    first one fires."""
+    lines = _two_lines(reactor, fail, first, second, nobody_queue)
+    renewing_before = scheduler().renewing()
+    execution, tracer, outcomes = run_cut(reactor, fail, lines, nobody_queue, cancel_at)
+    event(f"cuts that fired: {len(tracer.cuts)}")
+    event(f"ended {execution.status}")
+    problems = problems_of(reactor, fail, execution, renewing_before, cancelled=True)
+    assert not problems, (
+        f"cuts at {tracer.cuts} (lines {lines}), cancelled before delivery {cancel_at + 1}; "
+        f"deliveries {outcomes}",
         problems,
         LEDGER,
     )
