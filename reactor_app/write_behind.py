@@ -53,7 +53,7 @@ from typing import Any
 
 from celery import signals as celery_signals
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from reactor_app.background import BackgroundThread
 from reactor_app.conf import reactor_settings
@@ -270,7 +270,7 @@ class TrackingWriter:
             with self._lock:
                 if not self._size():
                     return
-            close_old_connections()
+            _check_connections()
             self._write_buffer(None)
 
     def _write_buffer(self, finishing: Any) -> int:
@@ -343,6 +343,24 @@ class TrackingWriter:
                         done.set()
         finally:
             connections.close_all()
+
+
+def _check_connections() -> None:
+    """Before the writer thread's flush: drop its database connection when it is broken (an
+    error since its last commit, and it no longer answers) or older than a positive
+    ``CONN_MAX_AGE`` — and otherwise keep it, at ``CONN_MAX_AGE = 0`` too.
+
+    Django's ``close_old_connections`` is made for a request cycle: at ``CONN_MAX_AGE = 0``
+    (Django's default) every call closes the connection. Called before each flush, it had the
+    writer open a new database connection four times a second in a busy process — on
+    PostgreSQL a server process started and ended each time. The writer's connection lives
+    as long as rows keep coming instead: ``_run`` closes it after ``IDLE_CLOSE_AFTER`` without
+    one, and a flush that finds it lost (a restart, an ended session) writes its rows again
+    on a new one (``tracking_store.write_rows``)."""
+    for connection in connections.all(initialized_only=True):
+        if connection.settings_dict.get("CONN_MAX_AGE") == 0:
+            connection.close_at = None  # the writer's own rule: closed when idle
+        connection.close_if_unusable_or_obsolete()
 
 
 _writer = TrackingWriter()

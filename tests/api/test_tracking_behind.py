@@ -363,13 +363,13 @@ def test_the_writer_leaves_the_database_alone_when_another_flush_took_its_rows(
     writer = get_writer()
     writer.flush()
     checked: list[str] = []
-    real = write_behind.close_old_connections
+    real = write_behind._check_connections
 
     def counted() -> None:
         checked.append(threading.current_thread().name)
         real()
 
-    monkeypatch.setattr(write_behind, "close_old_connections", counted)
+    monkeypatch.setattr(write_behind, "_check_connections", counted)
     for attempt in range(2):
         record_coordination("acquired", primitive="lock", key=f"behind:taken:{attempt}", owner="")
         time.sleep(0.05)  # the writer thread wakes and waits out the flush interval
