@@ -45,7 +45,6 @@ import asyncio
 import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,6 +54,7 @@ from celery import signals as celery_signals
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from reactor_app import forks
 from reactor_app.background import BackgroundThread
 from reactor_app.conf import reactor_settings
 from reactor_app.row_statements import LeadingInserts
@@ -88,7 +88,7 @@ class TrackingWriter:
         self._background = BackgroundThread(self._run, "reactor-tracking-writer")
         #: callers waiting for the writer thread to let go of its database connection
         self._release: list[threading.Event] = []
-        self._pid = os.getpid()
+        self._pid = forks.pid()
         #: rows written so far (by any thread); tests and the benchmark read it
         self.written = 0
 
@@ -396,7 +396,7 @@ _THREAD_CONNECTIONS = _thread_connections()
 def get_writer() -> TrackingWriter:
     """The process's writer (a forked child gets a fresh, empty one)."""
     global _writer
-    if _writer._pid != os.getpid():
+    if _writer._pid != forks.pid():
         _writer = TrackingWriter()
     return _writer
 

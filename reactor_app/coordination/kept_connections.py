@@ -18,6 +18,8 @@ from typing import Any
 
 import redis as redis_py
 
+from reactor_app import forks
+
 
 class KeptConnections:
     """The connections threads keep of one pool: up to half of its ``max_connections``."""
@@ -55,7 +57,7 @@ class KeptConnections:
         (``_Pinned``). A forked child never uses its parent's: the pid is checked.
         """
         pinned = getattr(self._pinned, "entry", None)
-        if pinned is None or pinned.pid != os.getpid():
+        if pinned is None or pinned.pid != forks.pid():
             _give_back_ended()
             if not self._allowance.take():
                 return None
@@ -99,13 +101,13 @@ class _Pinned:
         self.connection = pool.get_connection()  # checked by the pool; may raise
         self.pool = pool
         self.allowance = allowance
-        self.pid = os.getpid()
+        self.pid = forks.pid()
         self.used = time.monotonic()
 
     def __del__(self) -> None:
         try:
             # (no pid: __init__ failed; another pid: a fork's copy, whose socket is the parent's)
-            if getattr(self, "pid", None) == os.getpid():
+            if getattr(self, "pid", None) == forks.pid():
                 _ended.append((self.pool, self.connection, self.allowance))
         except (AttributeError, TypeError):
             # the interpreter is shutting down and has cleared this module's globals (the

@@ -42,13 +42,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from reactor_app import forks
 from reactor_app.background import BackgroundThread
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.claims import (
@@ -267,7 +267,7 @@ class RenewalScheduler:
         self._background = BackgroundThread(self._run, "reactor-renewal")
         #: the monotonic deadline the thread is waiting for (inf: no deadline, or busy)
         self._sleeping_until = 0.0
-        self.pid = os.getpid()
+        self.pid = forks.pid()
         #: rounds run and pipelines sent so far (tests and the benchmark read them)
         self.rounds = 0
 
@@ -461,9 +461,9 @@ def scheduler() -> RenewalScheduler:
     """The process's renewal scheduler (a forked child gets its own, with its own thread)."""
     global _scheduler
     current = _scheduler
-    if current is None or current.pid != os.getpid():
+    if current is None or current.pid != forks.pid():
         with _scheduler_guard:
-            if _scheduler is None or _scheduler.pid != os.getpid():
+            if _scheduler is None or _scheduler.pid != forks.pid():
                 _scheduler = RenewalScheduler()
             current = _scheduler
     return current

@@ -34,11 +34,11 @@ node of its first channel's slot.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterable
 from typing import Any
 
+from reactor_app import forks
 from reactor_app.coordination.redis import is_cluster
 
 
@@ -59,9 +59,9 @@ def borrow(client: Any) -> Any:
     entry, _kept.entry = _kept.entry, None
     if entry is not None:
         pid, kept_client, pubsub = entry
-        if pid == os.getpid() and kept_client is client:
+        if pid == forks.pid() and kept_client is client:
             return pubsub
-        if pid == os.getpid():
+        if pid == forks.pid():
             close(pubsub)
         # else: inherited through a fork — its socket is the parent's; never touch it
     return client.pubsub()
@@ -78,11 +78,11 @@ def give_back(
         close(pubsub)
         return
     if defer:
-        _kept.entry, _kept.pending = (os.getpid(), client, pubsub), tuple(channels)
+        _kept.entry, _kept.pending = (forks.pid(), client, pubsub), tuple(channels)
         return
     if channels and not _unsubscribe(pubsub, channels):
         return
-    _kept.entry = (os.getpid(), client, pubsub)
+    _kept.entry = (forks.pid(), client, pubsub)
 
 
 def settle() -> None:
@@ -94,7 +94,7 @@ def settle() -> None:
     if not channels or entry is None:
         return
     pid, _client, pubsub = entry
-    if pid != os.getpid():
+    if pid != forks.pid():
         return  # inherited through a fork: the parent's to settle (borrow drops it)
     if not _unsubscribe(pubsub, channels):
         _kept.entry = None

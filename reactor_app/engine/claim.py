@@ -11,7 +11,6 @@ waited for the OS to schedule it before the delivery could go on.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from redis.exceptions import LockError
 
+from reactor_app import forks
 from reactor_app.background import BackgroundThread
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.keys import key as redis_key
@@ -135,7 +135,7 @@ class ClaimRenewer:
     third of its TTL (a claim renewed late by a busy process still has two thirds left)."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = forks.pid()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._part_done = threading.Condition(self._lock)
@@ -217,11 +217,11 @@ def _renewer() -> ClaimRenewer:
     fork)."""
     global _the_renewer
     with _renewer_guard:
-        if _the_renewer is None or _the_renewer.pid != os.getpid():
+        if _the_renewer is None or _the_renewer.pid != forks.pid():
             _the_renewer = ClaimRenewer()
         return _the_renewer
 
 
 def delivery_owner(task_id: str | None) -> str:
     """The claim owner of one delivery: where it runs, which task, and a fresh nonce."""
-    return f"{socket.gethostname()}:{os.getpid()}:{task_id or '-'}:{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()}:{forks.pid()}:{task_id or '-'}:{uuid.uuid4().hex[:8]}"

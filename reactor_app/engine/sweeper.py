@@ -22,7 +22,6 @@ The bound this gives is in docs/operations.md ("Recovery").
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from datetime import datetime, timedelta
@@ -31,6 +30,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from reactor_app import forks
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.admission import Coordinator
 from reactor_app.coordination.keys import key
@@ -142,7 +142,7 @@ class SweepTimer:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.pid = os.getpid()
+        self.pid = forks.pid()
         self.owner = f"{socket.gethostname()}:{self.pid}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reactor-sweeper", daemon=True)
@@ -197,7 +197,7 @@ def start_worker_sweeps() -> SweepTimer | None:
         return None
     with _timer_guard:
         # a forked child has its parent's timer object, not its thread: it starts its own
-        if _timer is None or _timer.pid != os.getpid():
+        if _timer is None or _timer.pid != forks.pid():
             _timer = SweepTimer(interval)
             _timer.start()
         return _timer
