@@ -10,11 +10,14 @@ calls around a round trip are a good part of a call's cost (docs/benchmarks.md, 
 id without a system call"). ``pid()`` answers from a global that an ``os.register_at_fork``
 hook sets again in every child.
 
-Which forks run the hook: CPython's ``os.fork`` and ``os.forkpty``, and a C extension that
-forks through ``PyOS_BeforeFork``/``PyOS_AfterFork_Child`` as the C API asks — among them
-``multiprocessing`` and billiard, Celery's pool. A child made by a bare ``fork(2)`` that then
-runs Python code would read its parent's id; ``subprocess`` replaces its child with another
-program, which reads nothing here.
+Which forks run the hook: CPython's ``os.fork`` and ``os.forkpty``, and a C program or
+extension that forks through ``PyOS_BeforeFork``/``PyOS_AfterFork_Child`` as the C API asks —
+among them ``multiprocessing``, gunicorn and billiard, Celery's pool. A child made by a bare
+``fork(2)`` that then runs Python code would read its parent's id: uWSGI without
+``py-call-osafterfork`` is one, and there the other hooks the package relies on (the
+``Step.call`` owners' generator, the request ids, the Redis connections) do not run either, so
+docs/operations.md ("Forking servers") asks for that option or ``lazy-apps``. ``subprocess``
+replaces its child with another program, which reads nothing here.
 """
 
 from __future__ import annotations
