@@ -351,31 +351,22 @@ def test_rows_wait_in_the_buffer_for_the_writer_not_the_caller(settings: Any) ->
 
 
 def test_the_writer_leaves_the_database_alone_when_another_flush_took_its_rows(
-    settings: Any, monkeypatch: pytest.MonkeyPatch
+    settings: Any, connection_checks: list[str]
 ) -> None:
     """A flush on another thread (a test's teardown, after which the test has no database
     access) may take the rows the writer thread woke up for. The writer must then not touch
     the database at all: it used to check its connection first and log a failed flush."""
-    from reactor_app import write_behind
     from reactor_app.tracking import record_coordination
 
     settings.REACTOR_TRACKING_FLUSH_INTERVAL = 1.0  # this thread takes the rows well before
     writer = get_writer()
     writer.flush()
-    checked: list[str] = []
-    real = write_behind._check_connections
-
-    def counted() -> None:
-        checked.append(threading.current_thread().name)
-        real()
-
-    monkeypatch.setattr(write_behind, "_check_connections", counted)
     for attempt in range(2):
         record_coordination("acquired", primitive="lock", key=f"behind:taken:{attempt}", owner="")
         time.sleep(0.05)  # the writer thread wakes and waits out the flush interval
         assert writer.flush() == 1  # ...while this thread takes the row
         time.sleep(1.2)  # past the interval: the writer wakes for a row that is gone
-    assert checked == [], checked
+    assert connection_checks == [], connection_checks
     assert CoordinationEvent.objects.filter(key__startswith="behind:taken:").count() == 2
 
 

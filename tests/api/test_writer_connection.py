@@ -21,7 +21,6 @@ import pytest
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from reactor_app import write_behind
 from reactor_app.models import CoordinationEvent
 from reactor_app.testing import within_freshness_bound
 from reactor_app.tracking import record_coordination
@@ -62,27 +61,19 @@ def written(prefix: str) -> int:
 
 
 def test_the_writer_keeps_one_connection_while_rows_keep_coming(
-    settings: Any, monkeypatch: pytest.MonkeyPatch, writer_connections: list[Any]
+    settings: Any, connection_checks: list[str], writer_connections: list[Any]
 ) -> None:
     """Rows arriving for several flush intervals: the writer flushes several times on the one
     connection it opened (it opened one per flush before)."""
     assert connection.settings_dict["CONN_MAX_AGE"] == 0  # the project's, and Django's default
     settings.REACTOR_TRACKING_FLUSH_INTERVAL = 0.05
-    flushes: list[str] = []
-    check = write_behind._check_connections
-
-    def counted() -> None:
-        flushes.append(threading.current_thread().name)
-        check()
-
-    monkeypatch.setattr(write_behind, "_check_connections", counted)
     rows = 40
     for n in range(rows):
         record(f"kept:{n}")
         time.sleep(0.02)  # 0.8 s of rows: about a flush every 2.5 rows
     assert within_freshness_bound(lambda: written("kept:") == rows)
     assert written("kept:") == rows
-    assert flushes.count(WRITER_THREAD) >= 4, flushes
+    assert connection_checks.count(WRITER_THREAD) >= 4, connection_checks
     assert len(writer_connections) == 1, writer_connections
 
 
