@@ -10,7 +10,6 @@ pools allow it, how many connections, when an idle one is checked, what a fork d
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -197,5 +196,4 @@ def _forget_after_fork() -> None:
     _ended.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+forks.after_in_child(_forget_after_fork)

@@ -34,7 +34,6 @@ or by the workers' periodic ``republish`` from the database (``engine.sweeper``)
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,7 +42,7 @@ from typing import Any
 
 import redis as redis_py
 
-from reactor_app import bounds
+from reactor_app import bounds, forks
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination.keys import current_prefix
 from reactor_app.coordination.redis import get_client, unavailable_on_connection_error
@@ -129,7 +128,7 @@ class _Copy:
 
 
 _copy = _Copy()
-os.register_at_fork(after_in_child=_copy.after_fork)
+forks.after_in_child(_copy.after_fork)
 
 
 def _text(value: Any) -> str:

@@ -18,7 +18,6 @@ Key names are built in ``coordination.keys``, the Lua scripts called through
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, Literal
 import redis as redis_py
 from django_redis.pool import ConnectionFactory
 
+from reactor_app import forks
 from reactor_app.conf import reactor_settings
 from reactor_app.coordination import embedded
 from reactor_app.coordination.probe import hint_for, is_wrong_topology
@@ -96,8 +96,7 @@ def _forget_connections_after_fork() -> None:
     _embedded_urls.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_connections_after_fork)
+forks.after_in_child(_forget_connections_after_fork)
 
 
 #: embedded state folder -> its URL, once its server answered in this process. Resolving and

@@ -23,6 +23,7 @@ from typing import Any
 
 import redis as redis_py
 
+from reactor_app import forks
 from reactor_app.coordination import claims as claim_types
 from reactor_app.coordination import function_library
 from reactor_app.coordination.kept_connections import KeptConnections, can_keep_connections
@@ -360,4 +361,5 @@ def _prepare_before_fork() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_prepare_before_fork, after_in_child=_forget_scripts_after_fork)
+    os.register_at_fork(before=_prepare_before_fork)
+forks.after_in_child(_forget_scripts_after_fork)

@@ -43,6 +43,8 @@ from typing import TypeVar
 
 import redis as redis_py
 
+from reactor_app import forks
+
 #: operations whose calls carry a request id and store their reply (lua/_stored_reply.lua)
 RETRY_SAFE = frozenset(
     {"admit", "lock_admit", "release", "lock_release", "extend", "ordered_position"}
@@ -97,8 +99,7 @@ class _RequestIds:
 
 _ids = _RequestIds()
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_ids._after_fork)
+forks.after_in_child(_ids._after_fork)
 
 
 def new_request_id() -> str:

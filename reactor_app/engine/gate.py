@@ -33,7 +33,6 @@ protocol lives elsewhere: the waiting itself in ``coordination.waiting``, the re
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from reactor_app import forks
 from reactor_app.coordination import primitives, subscriptions
 from reactor_app.coordination.admission import Coordinator, Released
 from reactor_app.coordination.claims import (
@@ -861,5 +861,4 @@ def fresh_owner() -> str:
 
 
 _owners = random.Random()  # seeded from the OS
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_owners.seed)
+forks.after_in_child(_owners.seed)

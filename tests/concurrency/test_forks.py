@@ -11,14 +11,22 @@ thread never runs there, a scheduler without a thread, a socket the parent still
 
 from __future__ import annotations
 
+import ctypes
+import json
 import multiprocessing
 import os
+import sys
+import types
 from typing import Any
+
+import pytest
 
 from reactor_app import forks
 from reactor_app.coordination.redis import get_client
 from reactor_app.coordination.renewal import scheduler
 from reactor_app.coordination.scripts import scripts_for
+from reactor_app.coordination.stored_replies import new_request_id
+from reactor_app.engine.gate import fresh_owner
 from reactor_app.write_behind import get_writer
 
 
@@ -58,3 +66,85 @@ def test_a_forked_child_reads_its_own_id_and_uses_none_of_its_parents_state() ->
         assert child["writer"] == own, child
         assert child["scheduler"] == own, child
         assert child["kept connection"] == own, child
+
+
+def _bare_fork_report(run_uwsgi_hook: bool) -> dict[str, Any]:
+    """Fork with fork(2) itself, as uWSGI forks its workers: Python's at-fork hooks do not run
+    in the child. The child calls uWSGI's post-fork hook first when ``run_uwsgi_hook``, as a
+    uWSGI worker does, then reports what it reads; the parent returns that with the owner and
+    request id its own generators hand out next."""
+    read_end, write_end = os.pipe()
+    child = ctypes.PyDLL(None).fork()  # PyDLL: the call keeps the GIL, so the child has it
+    if child == 0:
+        try:
+            os.close(read_end)
+            if run_uwsgi_hook:
+                sys.modules["uwsgi"].post_fork_hook()
+            report = {
+                "os": os.getpid(),
+                "forks": forks.pid(),
+                "owner": fresh_owner(),
+                "request": new_request_id(),
+                "writer": get_writer()._pid,
+                "scheduler": scheduler().pid,
+            }
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reading:
+        report = json.loads(reading.read() or b"{}")
+    os.waitpid(child, 0)
+    report["parent's next owner"] = fresh_owner()
+    report["parent's next request"] = new_request_id()
+    return report
+
+
+def test_a_uwsgi_worker_runs_the_childs_resets_from_uwsgis_own_post_fork_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uWSGI without ``py-call-osafterfork`` forks its workers without Python's at-fork hooks
+    (checked by hand with uWSGI 2.0.31: the hooks did not run, its ``uwsgi.post_fork_hook``
+    did). Such a child, left alone, hands out its parent's next owner — two workers would walk
+    into one lock as re-entries. Inside uWSGI the resets hang on its post-fork hook too."""
+    fake_uwsgi = types.ModuleType("uwsgi")
+    monkeypatch.setitem(sys.modules, "uwsgi", fake_uwsgi)
+    monkeypatch.setitem(sys.modules, "uwsgidecorators", None)  # importing it fails
+    forks._join_uwsgi()
+    assert callable(fake_uwsgi.post_fork_hook)
+    get_writer()  # made in this process, inherited by the children
+    scheduler()
+    parent = os.getpid()
+
+    left_alone = _bare_fork_report(run_uwsgi_hook=False)
+    assert left_alone["forks"] == parent != left_alone["os"], left_alone  # a fork unnoticed
+    assert left_alone["owner"] == left_alone["parent's next owner"], left_alone
+    assert left_alone["request"] == left_alone["parent's next request"], left_alone
+
+    hooked = _bare_fork_report(run_uwsgi_hook=True)
+    own = hooked["os"]
+    assert own != parent, hooked
+    assert hooked["forks"] == own, hooked
+    assert hooked["writer"] == own and hooked["scheduler"] == own, hooked
+    assert hooked["owner"] != hooked["parent's next owner"], hooked
+    assert hooked["request"].split(".")[0] != hooked["parent's next request"].split(".")[0]
+
+
+def test_the_uwsgi_hook_runs_the_resets_once_when_pythons_hooks_ran_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``py-call-osafterfork`` a uWSGI worker runs both: Python's at-fork hooks, then
+    uWSGI's post-fork hook. The second finds the id already the child's and does nothing;
+    a hook uWSGI had before is still called."""
+    fake_uwsgi = types.ModuleType("uwsgi")
+    earlier: list[int] = []
+    fake_uwsgi.post_fork_hook = lambda: earlier.append(os.getpid())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "uwsgi", fake_uwsgi)
+    monkeypatch.setitem(sys.modules, "uwsgidecorators", None)
+    forks._join_uwsgi()
+    resets: list[int] = []
+    monkeypatch.setattr(forks, "_in_child", [*forks._in_child, lambda: resets.append(1)])
+    forks._forked()  # as Python's at-fork hooks would in a child
+    fake_uwsgi.post_fork_hook()
+    assert resets == [1]
+    assert earlier == [os.getpid()]
