@@ -52,11 +52,18 @@ def after_in_child(hook: Callable[[], None]) -> None:
 
 
 def _forked() -> None:
-    """The child's side of a fork: its own id, then every reset."""
+    """The child's side of a fork: its own id, then every reset — all of them even when one
+    raises, as separate at-fork hooks would each run (the first error is raised after)."""
     global _pid
     _pid = os.getpid()
+    failed: BaseException | None = None
     for hook in _in_child:
-        hook()
+        try:
+            hook()
+        except Exception as error:
+            failed = failed or error
+    if failed is not None:
+        raise failed
 
 
 def _after_uwsgi_fork() -> None:

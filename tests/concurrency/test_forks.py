@@ -148,3 +148,18 @@ def test_the_uwsgi_hook_runs_the_resets_once_when_pythons_hooks_ran_them(
     fake_uwsgi.post_fork_hook()
     assert resets == [1]
     assert earlier == [os.getpid()]
+
+
+def test_a_reset_that_raises_does_not_keep_the_others_from_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[str] = []
+
+    def broken() -> None:
+        ran.append("broken")
+        raise RuntimeError("a reset failed")
+
+    monkeypatch.setattr(forks, "_in_child", [broken, lambda: ran.append("after")])
+    with pytest.raises(RuntimeError, match="a reset failed"):
+        forks._forked()
+    assert ran == ["broken", "after"]
