@@ -7,6 +7,13 @@ uses each of them, then forks real children the way a prefork pool does (``multi
 fork context, as billiard forks Celery's), and each child checks that the id it reads is its
 own and that each piece it is handed is its own, not its parent's copy — a writer whose
 thread never runs there, a scheduler without a thread, a socket the parent still talks on.
+
+A uWSGI worker is forked by ``fork(2)`` alone unless ``py-call-osafterfork`` is set: no
+at-fork hook runs in it, only uWSGI's own post-fork hook. The same kind of child is made here
+with ``fork(2)`` through ``ctypes``, once left alone (it hands out its parent's next
+``Step.call`` owner and request id: the hazard) and once running the post-fork hook
+``forks`` chained onto a stand-in ``uwsgi`` module. A real uWSGI 2.0.31 worker behaved as the
+first before the change and as the second after it (docs/operations.md, "Forking servers").
 """
 
 from __future__ import annotations
