@@ -78,30 +78,36 @@ def _join_uwsgi() -> None:
     nothing: ``uwsgi`` is a module only a uWSGI server provides.
 
     Through ``uwsgidecorators``' chain when that module can be imported (it comes with uWSGI's
-    package): importing it sets ``uwsgi.post_fork_hook`` to its chain, so a hook set directly
-    would be lost if the application imported it later. Importing it also sets
-    ``uwsgi.spooler`` to its dispatcher, which an application assigning its own spooler
-    function after start-up overrides as before. Without it, the hook already set (if any)
-    is kept and called first."""
+    package) and its chain is the hook: importing it sets ``uwsgi.post_fork_hook`` to the
+    chain, so a hook set directly would be lost if the application imported it later. A hook
+    the application had set before, which that import replaces, goes first in the chain.
+    Importing it also sets ``uwsgi.spooler`` to its dispatcher, which an application assigning
+    its own spooler function after start-up overrides as before. Otherwise (no such module, or
+    a hook the application set after importing it) the hook in place is wrapped: it runs
+    first, then the resets."""
     uwsgi: Any = sys.modules.get("uwsgi")
     if uwsgi is None:
         try:
             import uwsgi  # type: ignore[import-not-found, no-redef]  # only inside uWSGI
         except ImportError:
             return
+    earlier = getattr(uwsgi, "post_fork_hook", None)
     try:
         import uwsgidecorators  # type: ignore[import-not-found]  # comes with uWSGI
     except ImportError:
         uwsgidecorators = None
     chain = getattr(uwsgidecorators, "postfork_chain", None)
-    if isinstance(chain, list):
+    chain_hook = getattr(uwsgidecorators, "postfork_chain_hook", None)
+    current = getattr(uwsgi, "post_fork_hook", None)
+    if isinstance(chain, list) and chain_hook is not None and current is chain_hook:
+        if earlier is not None and earlier is not chain_hook:
+            chain.insert(0, earlier)  # the application's hook, which the import replaced
         chain.append(_after_uwsgi_fork)
         return
-    earlier = getattr(uwsgi, "post_fork_hook", None)
 
     def post_fork() -> None:
-        if earlier is not None:
-            earlier()
+        if current is not None:
+            current()
         _after_uwsgi_fork()
 
     uwsgi.post_fork_hook = post_fork

@@ -19,6 +19,7 @@ first before the change and as the second after it (docs/operations.md, "Forking
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import multiprocessing
 import os
@@ -170,3 +171,51 @@ def test_a_reset_that_raises_does_not_keep_the_others_from_running(
     with pytest.raises(RuntimeError, match="a reset failed"):
         forks._forked()
     assert ran == ["broken", "after"]
+
+
+#: what importing uWSGI's ``uwsgidecorators`` does to the post-fork hook, and nothing else
+STAND_IN_DECORATORS = """
+import uwsgi
+
+postfork_chain = []
+
+
+def postfork_chain_hook():
+    for hook in postfork_chain:
+        hook()
+
+
+uwsgi.post_fork_hook = postfork_chain_hook
+"""
+
+
+@pytest.mark.parametrize(
+    "when", ["decorators-replace-an-earlier-hook", "hook-set-after-decorators"]
+)
+def test_the_applications_own_post_fork_hook_still_runs_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, when: str
+) -> None:
+    """An application's own uWSGI post-fork hook survives the chaining: set before, it is
+    replaced by the import of ``uwsgidecorators`` that ``forks`` makes, and goes first in
+    that chain; set after that module was imported, it is wrapped."""
+    fake_uwsgi = types.ModuleType("uwsgi")
+    monkeypatch.setitem(sys.modules, "uwsgi", fake_uwsgi)
+    (tmp_path / "uwsgidecorators.py").write_text(STAND_IN_DECORATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "uwsgidecorators", raising=False)
+    ran: list[str] = []
+
+    def application_hook() -> None:
+        ran.append("application")
+
+    if when == "decorators-replace-an-earlier-hook":
+        fake_uwsgi.post_fork_hook = application_hook  # type: ignore[attr-defined]
+    else:
+        importlib.import_module("uwsgidecorators")
+        fake_uwsgi.post_fork_hook = application_hook  # type: ignore[attr-defined]
+    forks._join_uwsgi()
+    monkeypatch.setattr(forks, "_in_child", [lambda: ran.append("reset")])
+    monkeypatch.setattr(forks, "_pid", -1)  # as in a child Python's hooks did not reach
+    fake_uwsgi.post_fork_hook()
+    assert ran == ["application", "reset"]
+    assert forks.pid() == os.getpid()
