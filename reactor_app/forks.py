@@ -14,10 +14,9 @@ set again in every child.
 hooks registered here (``after_in_child``): the generators of ``Step.call`` owners and of
 request ids (two processes handing out one owner would both walk into one lock as
 re-entries), the Redis clients and their connections, the scripts' registries, the live
-limits' copy. They run after every fork that runs Python's at-fork hooks: CPython's
-``os.fork`` and ``os.forkpty``, and a C program or extension that forks through
-``PyOS_AfterFork_Child`` as the C API asks — ``multiprocessing``, gunicorn, billiard
-(Celery's pool).
+limits' copy. They run after every fork that runs Python's at-fork hooks: ``os.fork`` and
+``os.forkpty`` (which ``multiprocessing``, gunicorn and billiard, Celery's pool, call), and C
+code that forks through ``PyOS_AfterFork_Child`` as the C API asks.
 
 **uWSGI** forks its workers from a master that loaded the application, and runs Python's
 at-fork hooks in them only with ``py-call-osafterfork``: without it, every worker would hand
