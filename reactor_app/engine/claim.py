@@ -11,6 +11,7 @@ waited for the OS to schedule it before the delivery could go on.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -224,4 +225,5 @@ def _renewer() -> ClaimRenewer:
 
 def delivery_owner(task_id: str | None) -> str:
     """The claim owner of one delivery: where it runs, which task, and a fresh nonce."""
-    return f"{socket.gethostname()}:{forks.pid()}:{task_id or '-'}:{uuid.uuid4().hex[:8]}"
+    # the system's own id, asked once per delivery: an identity an operator reads, not a check
+    return f"{socket.gethostname()}:{os.getpid()}:{task_id or '-'}:{uuid.uuid4().hex[:8]}"
