@@ -39,13 +39,21 @@ def note_started(renewal: Stoppable) -> None:
 
 @contextmanager
 def renewals_scope() -> Iterator[None]:
-    """Run the block; then stop every renewal it started that still renews."""
+    """Run the block; then stop every renewal it started that still renews.
+
+    The list is set inside the ``try`` and the scope outside it is put back first in the
+    ``finally``: a soft limit landing right after the set (a signal's handler runs after a
+    call returns) no longer leaves this scope's list in the context for good, where
+    renewals started later outside any scope were kept. Nothing can land before the
+    ``finally``'s first call has returned: the interpreter checks for a signal after a call,
+    not before it."""
     started: list[Stoppable] = []
-    token = _started.set(started)
+    outer = _started.get()
     try:
+        _started.set(started)
         yield
     finally:
-        _started.reset(token)
+        _started.set(outer)
         for renewal in started:
             if not renewal.stopped:
                 renewal.stop()

@@ -115,3 +115,43 @@ def test_a_scope_stops_what_started_in_it_and_still_renews_only() -> None:
         worker.join()
         raise SoftTimeLimitExceeded()
     assert (outside.stops, stopped_early.stops, left.stops, other_thread.stops) == (0, 1, 1, 0)
+
+
+class _CutAfterSet:
+    """Stands in for the scope's ``ContextVar``: its first ``set`` is made, then the soft limit
+    raised, as Celery's handler would run once the call returned."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.cut = False
+
+    def get(self) -> Any:
+        return self.real.get()
+
+    def set(self, value: Any) -> Any:
+        token = self.real.set(value)
+        if not self.cut:
+            self.cut = True
+            raise SoftTimeLimitExceeded()
+        return token
+
+
+def test_a_soft_limit_right_after_the_scope_set_its_list_leaves_no_scope_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scope's list was set before its ``try``: a soft limit landing just after left it
+    in the context, and every renewal started later outside any scope was kept in it."""
+    from reactor_app.coordination import renewal_scope
+
+    cut = _CutAfterSet(renewal_scope._started)
+    monkeypatch.setattr(renewal_scope, "_started", cut)
+    with pytest.raises(SoftTimeLimitExceeded), renewals_scope():
+        pytest.fail("the block ran although the scope was cut before it")
+    assert cut.cut
+    assert renewal_scope._started.get() is None  # no scope left behind
+    later = _Stub()
+    note_started(later)  # outside any scope: nothing keeps it, nothing stops it
+    assert not later.stopped
+    with renewals_scope():  # and a later scope works as before
+        note_started(later)
+    assert later.stops == 1
