@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
@@ -282,6 +282,8 @@ class SoftLimitAt:
         self.outcome: str | None = None
         #: it fired in a body, a hook or a declaration's function, or on the line calling one
         self.in_user_code = False
+        #: how many times it has fired (``_deliver`` tells the delivery it cut by it)
+        self.fired = 0
 
     def __enter__(self) -> SoftLimitAt:
         sys.settrace(self._call)
@@ -292,7 +294,9 @@ class SoftLimitAt:
 
     def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
         if self.fired_in is None and frame.f_code.co_filename.startswith(self.traced):
-            return self._line
+            # not the tracer's own methods (its ``__exit__``, called once the delivery has
+            # returned): a cut there would land after the delivery, outside it
+            return None if frame.f_locals.get("self") is self else self._line
         return None
 
     def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -317,9 +321,14 @@ class SoftLimitAt:
             self.fired_in = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
             self.ledger_then = len(LEDGER)
             self.in_user_code = _in_user_code(frame)
+            self.fired += 1
             sys.settrace(None)
             raise SoftTimeLimitExceeded()
         return self._line
+
+    def delivery_ended(self, outcome: str) -> None:
+        """The delivery it cut ended so (``_deliver``): what ``stop_problems`` reads."""
+        self.outcome, self.ledger_after = outcome, len(LEDGER)
 
 
 #: how the engine's lines that call a body or a rollback hook read (``engine.runner``,
@@ -357,7 +366,18 @@ def _in_user_code(frame: FrameType | None) -> bool:
 STOPPED = ("raised", "time_up", "parked")
 
 
-def stop_problems(tracer: SoftLimitAt) -> list[str]:
+class Stop(Protocol):
+    """Where one cut landed and how the delivery it cut ended (a ``SoftLimitAt``'s one cut,
+    or each of a tracer's cuts in ``test_soft_limit_twice``)."""
+
+    fired_in: str | None
+    in_user_code: bool
+    outcome: str | None
+    ledger_then: int
+    ledger_after: int
+
+
+def stop_problems(tracer: Stop) -> list[str]:
     """What the delivery ``tracer`` cut broke of "a soft limit in the engine's own code ends
     the delivery there, as if its worker had been killed" (docs/operations.md, "Celery time
     limits"): once cut outside any body or hook, it started none, and did not end the run.
@@ -379,7 +399,7 @@ def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | 
     only the trace function cuts it). An exception out of it ends the task; the sweep sends
     the execution again, once its claim has lapsed."""
     clock = time_slice(hard=None, soft=600)
-    armed = tracer is not None and tracer.fired_in is None
+    fired_before = tracer.fired if tracer is not None else 0
     try:
         if tracer is None:
             report = deliver(str(execution.id), start=first.get(START_HEADER), clock=clock)
@@ -389,8 +409,8 @@ def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | 
         outcome = str(report["outcome"])
     except SoftTimeLimitExceeded:
         outcome = "raised"
-    if armed and tracer is not None and tracer.fired_in is not None:
-        tracer.outcome, tracer.ledger_after = outcome, len(LEDGER)
+    if tracer is not None and tracer.fired > fired_before:  # it cut this delivery
+        tracer.delivery_ended(outcome)
     return outcome
 
 

@@ -9,7 +9,8 @@ after the first), for any of the sequential property's reactors or the fanned-ou
 delivers until the run ends. The checks are the fan-out property's, with two cuts allowed
 for: every body that ran stands, or is undone or compensated; no unit runs more than three
 times (once, plus once per cut); the completed units are undone in the order they last
-completed, newest first; and nothing is held in Redis or renewing once the run has ended.
+completed, newest first; nothing is held in Redis or renewing once the run has ended; and
+each cut outside any body or hook ended its delivery there (``stop_problems``, per cut).
 A second property cuts a sequential run the same way and has an operator cancel it before
 one of its next deliveries: unless it succeeded first, every body that ran is undone or
 compensated, newest first (``test_cancel_after_lost_delivery``'s rule, with two cuts).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -48,6 +50,7 @@ from tests.integration.test_soft_limit_anywhere import (
     cut_settings,
     ledger_problems,
     left_behind,
+    stop_problems,
 )
 from tests.integration.test_soft_limit_fan_out import UNITS as FANNED_UNITS
 from tests.integration.test_soft_limit_fan_out import (
@@ -72,6 +75,17 @@ ROUNDS = 20
 REACTORS = [*UNITS, FannedThreeEffects]
 
 
+@dataclass
+class Cut:
+    """One cut of a ``CutAt``: where it landed and how the delivery it cut ended."""
+
+    fired_in: str
+    in_user_code: bool
+    ledger_then: int
+    outcome: str | None = None
+    ledger_after: int = 0
+
+
 class CutAt(SoftLimitAt):
     """Raises the soft limit at each of ``lines`` (ascending), counted over every delivery it
     traces: after a cut, the next delivery traced goes on counting towards the next line."""
@@ -79,18 +93,25 @@ class CutAt(SoftLimitAt):
     def __init__(self, lines: list[int]) -> None:
         super().__init__(lines[0] if lines else 0)
         self.rest = list(lines[1:])
-        #: where each cut landed
-        self.cuts: list[str] = []
-        #: the cuts armed so far (the one pending included)
-        self.armed = 1 if lines else 0
+        #: each cut, in the order they fired
+        self.landed: list[Cut] = []
+
+    @property
+    def cuts(self) -> list[str]:
+        """Where each cut landed."""
+        return [cut.fired_in for cut in self.landed]
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
-        if self.fired_in is not None and len(self.cuts) < self.armed:
-            self.cuts.append(self.fired_in)  # fired in the delivery that just ended
+        if self.fired_in is not None and len(self.landed) < self.fired:
+            # fired in the delivery that just ended
+            self.landed.append(Cut(self.fired_in, self.in_user_code, self.ledger_then))
             if self.rest:
                 self.line, self.fired_in = self.rest.pop(0), None
-                self.armed += 1
+
+    def delivery_ended(self, outcome: str) -> None:
+        super().delivery_ended(outcome)
+        self.landed[-1].outcome, self.landed[-1].ledger_after = outcome, self.ledger_after
 
 
 def run_sequential(
@@ -130,16 +151,21 @@ def problems_of(
     fail: bool,
     execution: Execution,
     renewing_before: list[Any],
+    tracer: CutAt,
     cancelled: bool = False,
 ) -> list[str]:
     """What the ended run breaks. ``cancelled``: an operator asked to cancel it, so unless it
     succeeded first it ends cancelled or failed with every body that ran undone or
-    compensated, newest first (``test_cancel_after_lost_delivery``'s rule, two cuts)."""
+    compensated, newest first (``test_cancel_after_lost_delivery``'s rule, two cuts). Each
+    cut must also have ended its delivery where it landed (``stop_problems``), the second as
+    the first: the delivery taking over from a cut is the engine's own code too."""
     units = units_of(reactor)
     if cancelled and execution.status in (ExecutionStatus.CANCELLED, ExecutionStatus.FAILED):
         problems = ledger_problems(units, reversed_once=True, cuts=2) + undo_order_problems()
     else:
         problems = fan_out_problems(fail, execution, units, cuts=2)
+    for number, cut in enumerate(tracer.landed, start=1):
+        problems += [f"cut {number}: {problem}" for problem in stop_problems(cut)]
     if reactor is FannedThreeEffects:
         return problems + left_by_the_tree(execution, renewing_before)
     return problems + left_behind(execution, renewing_before)
@@ -173,7 +199,7 @@ def test_two_soft_limits_in_any_deliveries_keep_the_saga_promise(
     execution, tracer, outcomes = run_cut(reactor, fail, lines, nobody_queue)
     # (a second line past the run's end never fires: ``--hypothesis-show-statistics`` counts)
     event(f"cuts that fired: {len(tracer.cuts)}")
-    problems = problems_of(reactor, fail, execution, renewing_before)
+    problems = problems_of(reactor, fail, execution, renewing_before, tracer)
     assert not problems, (
         f"cuts at {tracer.cuts} (lines {lines}); deliveries {outcomes}",
         problems,
@@ -205,7 +231,7 @@ def test_two_soft_limits_and_a_cancel_undo_every_effect(
     execution, tracer, outcomes = run_cut(reactor, fail, lines, nobody_queue, cancel_at)
     event(f"cuts that fired: {len(tracer.cuts)}")
     event(f"ended {execution.status}")
-    problems = problems_of(reactor, fail, execution, renewing_before, cancelled=True)
+    problems = problems_of(reactor, fail, execution, renewing_before, tracer, cancelled=True)
     assert not problems, (
         f"cuts at {tracer.cuts} (lines {lines}), cancelled before delivery {cancel_at + 1}; "
         f"deliveries {outcomes}",
@@ -229,7 +255,7 @@ def test_elements_a_lost_delivery_may_have_been_running_are_compensated_after_a_
     returned = CutOnce(runner.as_outcome, lambda *a: LEDGER.count("do:s1[0]") == 2)
     monkeypatch.setattr(runner, "as_outcome", returned)
     renewing_before = scheduler().renewing()
-    execution, _, outcomes = run_cut(MappedThreeEffects, True, [], nobody_queue)
+    execution, tracer, outcomes = run_cut(MappedThreeEffects, True, [], nobody_queue)
     assert gate_made.fired and returned.fired, (outcomes, LEDGER)
     assert execution.status == ExecutionStatus.FAILED, (outcomes, LEDGER)
     assert "TaskTimeLimitExceeded" in str(execution.error), execution.error
@@ -242,4 +268,4 @@ def test_elements_a_lost_delivery_may_have_been_running_are_compensated_after_a_
         "compensate:s1[1]",
         "undo:s0",
     ], outcomes
-    assert problems_of(MappedThreeEffects, True, execution, renewing_before) == []
+    assert problems_of(MappedThreeEffects, True, execution, renewing_before, tracer) == []
