@@ -41,12 +41,11 @@ def note_started(renewal: Stoppable) -> None:
 def renewals_scope() -> Iterator[None]:
     """Run the block; then stop every renewal it started that still renews.
 
-    The list is set inside the ``try`` and the scope outside it is put back first in the
-    ``finally``: a soft limit landing right after the set (a signal's handler runs after a
-    call returns) no longer leaves this scope's list in the context for good, where
-    renewals started later outside any scope were kept. Nothing can land before the
-    ``finally``'s first call has returned: the interpreter checks for a signal after a call,
-    not before it."""
+    The list is set inside the ``try``: a soft limit landing right after the set (a
+    signal's handler runs once a call has returned) used to leave this scope's list in the
+    context for good, and renewals started later outside any scope were appended to it. The
+    outer value is put back by the ``finally``'s first call, so a limit landing inside the
+    ``finally`` comes after it, for the same reason."""
     started: list[Stoppable] = []
     outer = _started.get()
     try:
