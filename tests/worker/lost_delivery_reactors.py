@@ -12,7 +12,8 @@ non-retryable failure after its kills.
 
 ``DeadlyReactor``: steps ``s0``, ``s1``, ``s2``. ``DeadlyRated``: ``s0``, then ``s1`` under a
 rate limit of ``RATE`` admissions per ``WINDOW`` seconds on the order (each killed run spends
-one, so the delivery after ``RATE`` losses parks on it). ``DeadlyComposed``: ``a0``, then a composed
+one, so the delivery after ``RATE`` losses parks on it). ``DeadlyLocked``: ``s0``, then ``s1``
+under a lock on the order (30 s), then ``s2``. ``DeadlyComposed``: ``a0``, then a composed
 ``DeadlyChild`` of ``c0`` and ``c1``. ``DeadlyMap``: a sequential ``map_step`` whose elements
 are ``Deadly`` steps named by their index; ``DeadlyParallelMap`` the same, parallel.
 """
@@ -34,6 +35,7 @@ from reactor_app import (
     from_input,
     map_step,
     value,
+    with_lock,
     with_rate_limit,
 )
 from reactor_app import step as declare
@@ -106,6 +108,21 @@ class DeadlyRated(Reactor):
 
     s0 = _deadly("s0")
     s1 = declare(RatedDeadly, order=from_input("order"), name=value("s1"), plan=from_input("plan"))
+
+
+@with_lock(lambda args: f"lost:{args['order']}", ttl=30)
+class LockedDeadly(Deadly):
+    pass
+
+
+class DeadlyLocked(Reactor):
+    """``s1`` under a step-level lock on the order, held for far longer than the test runs."""
+
+    inputs = ("order", "plan")
+
+    s0 = _deadly("s0")
+    s1 = declare(LockedDeadly, order=from_input("order"), name=value("s1"), plan=from_input("plan"))
+    s2 = _deadly("s2")
 
 
 class DeadlyChild(Reactor):

@@ -1,0 +1,60 @@
+"""Celery's hard time limit on a gevent worker: the same end as on prefork.
+
+On the prefork pool the hard limit kills the pool process (``test_hard_time_limit``). A gevent
+worker runs its tasks as greenlets of one process, and there the hard limit is a
+``gevent.Timeout`` raised *inside* the task at its next switch — a ``BaseException`` that
+unwinds through the engine's own code (its ``finally`` blocks, a gate's exit with the holds it
+releases) rather than a process that vanishes. Celery then acknowledges the message as failed,
+as on prefork, and only the sweep sends the execution again. The run must end the same way:
+the body cut at each of ``REACTOR_LOST_DELIVERY_LIMIT`` deliveries, then failed with
+``DeliveryLost``, compensated, and the earlier step undone — under a step-level lock too,
+which nothing may keep once the run has ended (docs/operations.md, "Celery time limits").
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from reactor_app.status import ExecutionStatus
+from reactor_app.testing import coordination_state
+from tests.worker.lost_delivery_reactors import DeadlyLocked, DeadlyReactor, ran
+from tests.worker.promise_reactors import ledger
+from tests.worker.test_hard_time_limit import LIMIT
+from tests.worker.test_hard_time_limit import WORKER_SETTINGS as HARD_LIMIT_SETTINGS
+from tests.worker.test_lost_deliveries import settled
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+WORKER_SETTINGS = dict(HARD_LIMIT_SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def celery_worker_pool() -> str:
+    return "gevent"
+
+
+@pytest.mark.parametrize("reactor", [DeadlyReactor, DeadlyLocked], ids=["plain", "locked"])
+def test_a_body_past_the_hard_time_limit_on_gevent_fails_after_the_limit_of_cuts(
+    worker: Any, reactor: Any
+) -> None:
+    order = uuid.uuid4().hex
+    execution = reactor.run_async(order=order, plan={"s1": {"sleep": 4}})
+    ended = settled(execution, within=120)
+
+    assert ended.status == ExecutionStatus.FAILED, ended.error
+    assert (ended.error["type"], ended.error["step"]) == ("DeliveryLost", "s1")
+    assert ran(order, "s1", "body") == LIMIT
+    # gevent's pool reports the limit it raised in the task (prefork's kills the process)
+    assert worker.process.read_log().count("Hard time limit") >= LIMIT
+    assert ledger(order) == [
+        "enter:s0",
+        "do:s0",
+        *["enter:s1"] * LIMIT,
+        "compensate:s1",
+        "undo:s0",
+    ]
+    left = [h for h in coordination_state().holds() if h["execution"] == str(execution.id)]
+    assert left == [], left
