@@ -81,8 +81,8 @@ class Deadly(Step):
         write(args["order"], f"compensate:{args['name']}")
 
 
-def _deadly(name: str) -> Any:
-    return declare(Deadly, order=from_input("order"), name=value(name), plan=from_input("plan"))
+def _deadly(name: str, step_class: type[Deadly] = Deadly) -> Any:
+    return declare(step_class, order=from_input("order"), name=value(name), plan=from_input("plan"))
 
 
 class DeadlyReactor(Reactor):
@@ -107,7 +107,7 @@ class DeadlyRated(Reactor):
     inputs = ("order", "plan")
 
     s0 = _deadly("s0")
-    s1 = declare(RatedDeadly, order=from_input("order"), name=value("s1"), plan=from_input("plan"))
+    s1 = _deadly("s1", RatedDeadly)
 
 
 @with_lock(lambda args: f"lost:{args['order']}", ttl=30)
@@ -115,14 +115,10 @@ class LockedDeadly(Deadly):
     pass
 
 
-class DeadlyLocked(Reactor):
+class DeadlyLocked(DeadlyReactor):
     """``s1`` under a step-level lock on the order, held for far longer than the test runs."""
 
-    inputs = ("order", "plan")
-
-    s0 = _deadly("s0")
-    s1 = declare(LockedDeadly, order=from_input("order"), name=value("s1"), plan=from_input("plan"))
-    s2 = _deadly("s2")
+    s1 = _deadly("s1", LockedDeadly)
 
 
 class DeadlyChild(Reactor):
