@@ -71,17 +71,18 @@ def admin(plain_server: StandaloneServer, settings: Any) -> Iterator[redis.Redis
 
 def make_full(client: redis.Redis) -> None:
     """``maxmemory`` just above what the server uses, filled until it refuses a write, then
-    lowered below what it uses."""
+    lowered to one byte: every write refused until ``free``."""
     used = int(client.info("memory")["used_memory"])
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", used + 256 * 1024)
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         for index in range(10_000):
             client.set(f"fill:{index}", "x" * 4096)
-    # well over the limit, not on its edge: a write that frees a query buffer could otherwise
-    # bring the server just under it for the next call
-    used = int(client.info("memory")["used_memory"])
-    client.config_set("maxmemory", used - 128 * 1024)
+    # far over the limit, not on its edge: memory freed meanwhile must not let a write in.
+    # 128 kB under what it used was not enough: a CI rehearsal on a loaded machine saw one
+    # claim accepted mid-test (clients closing free their buffers, tens of kB each), so a
+    # worker delivery claimed, parked, and its next refusal counted from 1 again
+    client.config_set("maxmemory", 1)
 
 
 def free(client: redis.Redis) -> None:
