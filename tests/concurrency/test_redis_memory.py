@@ -78,10 +78,11 @@ def make_full(client: redis.Redis) -> None:
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         for index in range(10_000):
             client.set(f"fill:{index}", "x" * 4096)
-    # far over the limit, not on its edge: memory freed meanwhile must not let a write in.
-    # 128 kB under what it used was not enough: a CI rehearsal on a loaded machine saw one
-    # claim accepted mid-test (clients closing free their buffers, tens of kB each), so a
-    # worker delivery claimed, parked, and its next refusal counted from 1 again
+    # far over the limit, not on its edge: memory freed meanwhile (a closing client frees its
+    # buffers, for one) must not let a write in. 128 kB under what it used was not enough: a
+    # CI rehearsal on a loaded machine saw one claim accepted mid-outage in
+    # test_full_redis_worker, so a delivery claimed, parked, and its next refusal counted
+    # from 1 again
     client.config_set("maxmemory", 1)
 
 
