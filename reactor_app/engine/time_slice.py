@@ -33,9 +33,10 @@ step exceeded. So:
 * **In the caller's process** (``Reactor.run()`` inside a Celery task of the caller's) there
   is no slice: ``SoftTimeLimitExceeded`` is an error like any other (``stops_delivery``).
 
-The prefork pool enforces both of Celery's limits, gevent and eventlet the hard one, solo and
+The prefork pool enforces both of Celery's limits, gevent the hard one, eventlet, solo and
 threads neither; a configured limit slices deliveries on every pool, which costs a requeue per
-slice and nothing else.
+slice and nothing else (``tests/worker/test_eventlet_time_limit.py``: on eventlet a body past
+the hard limit runs to its end, and the slice still holds).
 """
 
 from __future__ import annotations
