@@ -5,7 +5,8 @@ A ``Deadly`` step kills its own pool process (SIGKILL: as the out-of-memory kill
 time limit would) in the first runs of its body, its undo or its compensate — as many as the
 order's ``plan`` says for that step (a count the test keeps in Redis; a large number: every
 time) — or sleeps ``plan[name]["sleep"]`` seconds in its body (past a hard time limit, Celery
-kills the process). It writes to the order's ledger (``promise_reactors.ledger``):
+kills the process), and computes for ``plan[name]["spin"]`` seconds without yielding as the
+last thing its body does. It writes to the order's ledger (``promise_reactors.ledger``):
 ``enter:<name>`` when its body starts, ``do:<name>`` when it completes, ``undo:<name>`` and
 ``compensate:<name>`` when those hooks complete. A step whose plan says ``fail`` returns a
 non-retryable failure after its kills.
@@ -13,7 +14,8 @@ non-retryable failure after its kills.
 ``DeadlyReactor``: steps ``s0``, ``s1``, ``s2``. ``DeadlyRated``: ``s0``, then ``s1`` under a
 rate limit of ``RATE`` admissions per ``WINDOW`` seconds on the order (each killed run spends
 one, so the delivery after ``RATE`` losses parks on it). ``DeadlyLocked``: ``s0``, then ``s1``
-under a lock on the order (30 s), then ``s2``. ``DeadlyComposed``: ``a0``, then a composed
+under a lock on the order (30 s), then ``s2``; ``DeadlyShortLease`` the same with a lease of
+``SHORT_LEASE`` seconds. ``DeadlyComposed``: ``a0``, then a composed
 ``DeadlyChild`` of ``c0`` and ``c1``. ``DeadlyMap``: a sequential ``map_step`` whose elements
 are ``Deadly`` steps named by their index; ``DeadlyParallelMap`` the same, parallel.
 """
@@ -60,6 +62,14 @@ def _maybe_die(args: dict[str, Any], kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _spin(seconds: float) -> None:
+    """Compute for ``seconds`` without a system call that would yield: on a green pool
+    (gevent, eventlet) no other greenlet of the process runs meanwhile."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 class Deadly(Step):
     inputs = ("order", "name", "plan")
 
@@ -70,6 +80,8 @@ class Deadly(Step):
         if args["plan"].get(args["name"], {}).get("fail"):
             return Failure(f"{args['name']} fails", retryable=False)
         write(args["order"], f"do:{args['name']}")
+        # last: nothing after it yields before the body returns
+        _spin(float(args["plan"].get(args["name"], {}).get("spin", 0)))
         return Success(args["name"])
 
     def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:
@@ -119,6 +131,22 @@ class DeadlyLocked(DeadlyReactor):
     """``s1`` under a step-level lock on the order, held for far longer than the test runs."""
 
     s1 = _deadly("s1", LockedDeadly)
+
+
+#: ``DeadlyShortLease``'s lock lease on ``s1`` (seconds): renewed every third of it while the
+#: body runs
+SHORT_LEASE = 1
+
+
+@with_lock(lambda args: f"lease:{args['order']}", ttl=SHORT_LEASE)
+class ShortLeaseDeadly(Deadly):
+    pass
+
+
+class DeadlyShortLease(DeadlyReactor):
+    """``s1`` under a step-level lock of a ``SHORT_LEASE`` lease."""
+
+    s1 = _deadly("s1", ShortLeaseDeadly)
 
 
 class DeadlyChild(Reactor):
