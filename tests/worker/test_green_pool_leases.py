@@ -35,12 +35,12 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 SPIN = SHORT_LEASE * 2.5
 
 
-@pytest.fixture(scope="module", params=["prefork", "gevent"])
+@pytest.fixture(scope="module", params=["prefork", "gevent", "eventlet"])
 def celery_worker_pool(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def test_a_body_computing_past_its_lease_keeps_it_on_prefork_and_loses_it_on_gevent(
+def test_a_body_computing_past_its_lease_keeps_it_on_prefork_and_loses_it_on_green_pools(
     worker: Any, celery_worker_pool: str
 ) -> None:
     order = uuid.uuid4().hex
@@ -58,7 +58,7 @@ def test_a_body_computing_past_its_lease_keeps_it_on_prefork_and_loses_it_on_gev
         assert ledger(order) == ["enter:s0", "do:s0", "enter:s1", "do:s1", "enter:s2", "do:s2"]
         assert "lease_lost" not in kinds, kinds
         return
-    # on gevent nothing renewed it: the body's work is not taken as done under the lock
+    # on a green pool nothing renewed it: the body's work is not taken as done under the lock
     assert ended.status == ExecutionStatus.FAILED, ended.error
     assert (ended.error["type"], ended.error["step"]) == ("LeaseLost", "s1"), ended.error
     assert ledger(order) == ["enter:s0", "do:s0", "enter:s1", "do:s1", "compensate:s1", "undo:s0"]
