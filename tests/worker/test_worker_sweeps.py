@@ -4,8 +4,9 @@ An execution left ``running`` by a delivery that vanished (its message gone with
 re-enqueued by the sweep timer every worker process runs (``engine.sweeper``), once its
 heartbeat is older than ``REACTOR_SWEEP_AFTER``; and the holds a parked execution keeps are
 renewed by the same sweep for as long as it stays parked. On every pool: a threads-pool worker
-(its tasks run in the worker's own process, and Celery sends it no ``worker_process_init``)
-never swept before ``reactor_app.tasks`` started its timer on ``worker_ready``.
+(its tasks run in the worker's own process, and Celery sends it no ``worker_process_init``, as
+a gevent or eventlet one) never swept before ``reactor_app.tasks`` started its timer on
+``worker_ready``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 WORKER_SETTINGS = {"REACTOR_SWEEP_INTERVAL": 1, "REACTOR_SWEEP_AFTER": 2}
 
 
-@pytest.fixture(scope="module", params=["prefork", "threads", "solo"])
+@pytest.fixture(scope="module", params=["prefork", "threads", "solo", "gevent", "eventlet"])
 def celery_worker_pool(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
