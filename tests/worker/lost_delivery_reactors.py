@@ -5,11 +5,12 @@ A ``Deadly`` step kills its own pool process (SIGKILL: as the out-of-memory kill
 time limit would) in the first runs of its body, its undo or its compensate — as many as the
 order's ``plan`` says for that step (a count the test keeps in Redis; a large number: every
 time) — or sleeps ``plan[name]["sleep"]`` seconds in its body (past a hard time limit, Celery
-kills the process), and computes for ``plan[name]["spin"]`` seconds without yielding as the
-last thing its body does. It writes to the order's ledger (``promise_reactors.ledger``):
-``enter:<name>`` when its body starts, ``do:<name>`` when it completes, ``undo:<name>`` and
-``compensate:<name>`` when those hooks complete. A step whose plan says ``fail`` returns a
-non-retryable failure after its kills.
+kills the process) and ``plan[name]["query"]`` seconds inside one database statement, and
+computes for ``plan[name]["spin"]`` seconds without yielding as the last thing its body
+does. It writes to the order's ledger (``promise_reactors.ledger``): ``enter:<name>`` when its
+body starts, ``do:<name>`` when it completes, ``undo:<name>`` and ``compensate:<name>`` when
+those hooks complete. A step whose plan says ``fail`` returns a non-retryable failure after
+its kills.
 
 ``DeadlyReactor``: steps ``s0``, ``s1``, ``s2``. ``DeadlyRated``: ``s0``, then ``s1`` under a
 rate limit of ``RATE`` admissions per ``WINDOW`` seconds on the order (each killed run spends
@@ -26,6 +27,8 @@ import os
 import signal
 import time
 from typing import Any
+
+from django.db import connection
 
 from reactor_app import (
     Failure,
@@ -62,6 +65,13 @@ def _maybe_die(args: dict[str, Any], kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _query(seconds: float) -> None:
+    """Wait ``seconds`` inside one database statement (PostgreSQL's ``pg_sleep``)."""
+    if seconds > 0:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(%s)", [seconds])
+
+
 def _spin(seconds: float) -> None:
     """Compute for ``seconds`` without a system call that would yield: on a green pool
     (gevent, eventlet) no other greenlet of the process runs meanwhile."""
@@ -77,6 +87,7 @@ class Deadly(Step):
         write(args["order"], f"enter:{args['name']}")
         _maybe_die(args, "body")
         time.sleep(float(args["plan"].get(args["name"], {}).get("sleep", 0)))
+        _query(float(args["plan"].get(args["name"], {}).get("query", 0)))
         if args["plan"].get(args["name"], {}).get("fail"):
             return Failure(f"{args['name']} fails", retryable=False)
         write(args["order"], f"do:{args['name']}")

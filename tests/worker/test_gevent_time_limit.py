@@ -9,7 +9,9 @@ as on prefork, and only the sweep sends the execution again. The run must end th
 the body cut at each of ``REACTOR_LOST_DELIVERY_LIMIT`` deliveries, then failed with
 ``DeliveryLost``, compensated, and the earlier step undone — under a step-level lock too,
 which each cut delivery gives back as the timeout unwinds through its gate, and which nothing
-keeps once the run has ended (docs/operations.md, "Celery time limits").
+keeps once the run has ended (docs/operations.md, "Celery time limits"). The same when the
+timeout lands inside a PostgreSQL statement, out of the driver's wait; the worker then runs its
+next execution as usual.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import uuid
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from reactor_app.models import CoordinationEvent
+from reactor_app.status import ExecutionStatus
 from reactor_app.testing import coordination_state
 from tests.worker.helpers import wait_until
 from tests.worker.lost_delivery_reactors import DeadlyLocked, DeadlyReactor
@@ -56,6 +60,26 @@ def test_a_body_past_the_hard_time_limit_on_gevent_fails_after_the_limit_of_cuts
         cut = [("acquired", False), ("released", "failure")] * LIMIT
         wait_until(lambda: len(lock_events(execution)) >= len(cut), 10, interval=0.2)
         assert lock_events(execution)[: len(cut)] == cut, lock_events(execution)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a statement gevent can leave")
+def test_a_hard_time_limit_inside_a_database_statement_on_gevent_leaves_the_worker_sound(
+    worker: Any,
+) -> None:
+    """The timeout lands while the body waits on PostgreSQL (``pg_sleep``), so it unwinds out
+    of the driver mid-statement, with the step's lock held. The run still ends as on prefork,
+    and the worker's next execution, in the same process, runs on a sound connection.
+    (SQLite's statements run in C without a switch: gevent cannot cut one.)"""
+    order = uuid.uuid4().hex
+    execution = DeadlyLocked.run_async(order=order, plan={"s1": {"query": 4}})
+    ended = settled(execution, within=120)
+
+    assert_failed_at_the_limit(ended, order)
+    cut = [("acquired", False), ("released", "failure")] * LIMIT
+    wait_until(lambda: len(lock_events(execution)) >= len(cut), 10, interval=0.2)
+    assert lock_events(execution)[: len(cut)] == cut, lock_events(execution)
+    after = DeadlyReactor.run_async(order=uuid.uuid4().hex, plan={})
+    assert settled(after, within=60).status == ExecutionStatus.SUCCEEDED
 
 
 def lock_events(execution: Any) -> list[tuple[str, Any]]:
