@@ -337,7 +337,7 @@ class ExecutionRun:
         )
         gate: Gate | None = None
         end: RunEnd | None = None
-        abandoned = timed_out = False
+        abandoned = held_over = False
         try:
             cancel = None
             if self.parent is None and not created_here and rolling_back(self) is None:
@@ -363,7 +363,7 @@ class ExecutionRun:
             if stops_delivery(self.root.time_slice, exc):
                 # The task's soft time limit ran out outside a body: stop here as a killed
                 # delivery would, keeping what is held for the next one (engine.time_slice)
-                timed_out = True
+                held_over = True
                 if isinstance(exc, DeliveryTimeUp):
                     raise
                 raise DeliveryTimeUp(f"{self.reactor_path} cut off by its time limit") from exc
@@ -373,11 +373,18 @@ class ExecutionRun:
             try:
                 end = self._unexpected(exc)
             except DeliveryTimeUp:
-                timed_out = True  # in the rollback that followed
+                held_over = True  # in the rollback that followed
                 raise
             return end
+        except BaseException:
+            # Not an error of the run: the process is being stopped (gevent's hard time limit,
+            # the SystemExit of a pool child told to terminate, Ctrl-C). As a killed delivery
+            # would, keep what is held for the delivery that takes over — a terminal release
+            # would fail a strict ordered line the execution is still in.
+            held_over = True
+            raise
         finally:
-            if gate is not None and timed_out:
+            if gate is not None and held_over:
                 # held on (and still listed in its registry) as by a killed delivery: the
                 # next delivery takes over from the checkpoint and takes them again
                 gate.suspend()

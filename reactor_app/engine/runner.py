@@ -31,8 +31,8 @@ from reactor_app.engine.locked_call import call_locked, lone_lock
 from reactor_app.engine.lost_deliveries import skips_compensate, take_verdict
 from reactor_app.engine.outcomes import ReleaseOutcome, UnitStatus
 from reactor_app.engine.rollback import run_rollback_hook
-from reactor_app.engine.time_slice import TimeSlice, cut_off, limit_behind
-from reactor_app.engine.worker import outage_delay
+from reactor_app.engine.time_slice import TimeSlice, cut_off, limit_behind, stops_delivery
+from reactor_app.engine.worker import ClaimLost, outage_delay
 from reactor_app.exceptions import (
     ArgumentResolutionError,
     ConfigurationError,
@@ -369,6 +369,14 @@ class UnitRunner:
                         recorder.finished(EngineEvent.STEP_FAILED, error=final.as_dict())
                     failures = self._compensate(instance, outcome.exception(), context)
                     return StepOutcome(UnitStatus.FAILED, error=final, rollback_failures=failures)
+            except BaseException as exc:
+                if _stops_undecided(exc, self.run.root.time_slice if park and self.run else None):
+                    # The delivery stops here, the unit undecided: it runs again in a later
+                    # delivery, as after a kill. Released as a retry, never as a failure: that
+                    # would end a strict ordered line (and the unit's own place in it) for a
+                    # step that has not failed (docs/operations.md, "Celery time limits").
+                    release_as = "retry"
+                raise
             finally:
                 if gate is not None:
                     gate.exit(release_as)
@@ -567,6 +575,16 @@ def _request_of(stop: ExecutionCancelled) -> dict[str, Any]:
     answers it."""
     fields = stop.fields()
     return {"reason": fields.get("reason") or "", "by": fields.get("by")}
+
+
+def _stops_undecided(exc: BaseException, clock: TimeSlice | None) -> bool:
+    """Whether ``exc``, leaving an attempt, stops its delivery without a verdict on the unit:
+    not an ``Exception`` (the process is being stopped: gevent's hard time limit, the
+    ``SystemExit`` of a pool child told to terminate, Ctrl-C), the task's soft time limit in
+    the engine's own code, or a lost claim. Any other error fails the run at this step."""
+    return (
+        not isinstance(exc, Exception) or stops_delivery(clock, exc) or isinstance(exc, ClaimLost)
+    )
 
 
 def _cancel_flags(gate: Gate | None, context: StepContext) -> list[str]:

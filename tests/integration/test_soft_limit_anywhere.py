@@ -78,6 +78,7 @@ from reactor_app.engine.time_slice import time_slice
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
 from reactor_app.testing import coordination_state
+from reactor_app.tracking import StepRecorder
 from reactor_app.write_behind import flush
 from tests.integration.test_long_countdowns import taken
 
@@ -196,9 +197,10 @@ class PeriodsThreeEffects(ThreeEffects):
     s1 = step(PeriodEffect, name=value("s1"), fail=value(False), tag=from_input("tag"))
 
 
-@with_ordered_lock(lambda args: f"soft-limit-line:{args['tag']}", strict=False)
+@with_ordered_lock(lambda args: f"soft-limit-line:{args['tag']}")
 class InLineEffect(Effect):
-    """``Effect`` under an ordered lock, on a line of each run's."""
+    """``Effect`` under a strict ordered lock, on a line of each run's: a cut the engine took
+    for the step's failure would end the line, and the step's next run would be skipped."""
 
     inputs = ("name", "fail", "tag")
 
@@ -715,6 +717,30 @@ def test_a_soft_limit_between_a_body_and_its_checkpoint_runs_the_step_again(
     retried = execution.step_runs.filter(step="s0", status="retried").get()
     assert retried.error["type"] == "DeliveryTimeUp", retried.error
     assert "before its checkpoint" in retried.error["message"], retried.error
+
+
+def test_a_soft_limit_after_a_step_entered_a_strict_line_runs_it_again_in_its_place(
+    nobody_queue: str,
+) -> None:
+    """Found by the property once its line was strict (it had been ``strict=False``): a cut
+    in the engine's own code after a step's ordered lock admitted it, before its body — here
+    the step run's start record — left the attempt through the gate's exit as a *failure*,
+    which ends a strict line. The next delivery's run of the step was skipped
+    (``ordered_lock_chain_failed``), and the run succeeded without it. Now the cut releases
+    the step as a retry: its place stays, and the next delivery runs it there."""
+    tag = uuid.uuid4().hex
+    execution, outcomes = _run_cut_once(
+        OrderedThreeEffects,
+        {"fail": False, "tag": tag},
+        nobody_queue,
+        ["do:s0"],
+        "started",
+        target=StepRecorder,
+    )
+    assert outcomes[0] == "time_up", outcomes
+    assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
+    assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
+    assert not execution.step_runs.filter(status="skipped").exists()
 
 
 def test_a_soft_limit_before_the_first_checkpoint_charges_the_reactor_rate_limit_once(

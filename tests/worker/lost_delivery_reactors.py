@@ -4,8 +4,9 @@ workers.
 A ``Deadly`` step kills its own pool process (SIGKILL: as the out-of-memory killer or a hard
 time limit would) in the first runs of its body, its undo or its compensate — as many as the
 order's ``plan`` says for that step (a count the test keeps in Redis; a large number: every
-time) — or sleeps ``plan[name]["sleep"]`` seconds in its body (past a hard time limit, Celery
-kills the process) and ``plan[name]["query"]`` seconds inside one database statement, and
+time) — or sleeps ``plan[name]["sleep"]`` seconds in its body (in its first
+``plan[name]["sleep_runs"]`` runs, default every one; past a hard time limit, Celery kills the
+process) and ``plan[name]["query"]`` seconds inside one database statement, and
 computes for ``plan[name]["spin"]`` seconds without yielding as the last thing its body
 does. It writes to the order's ledger (``promise_reactors.ledger``): ``enter:<name>`` when its
 body starts, ``do:<name>`` when it completes, ``undo:<name>`` and ``compensate:<name>`` when
@@ -16,9 +17,11 @@ its kills.
 rate limit of ``RATE`` admissions per ``WINDOW`` seconds on the order (each killed run spends
 one, so the delivery after ``RATE`` losses parks on it). ``DeadlyLocked``: ``s0``, then ``s1``
 under a lock on the order (30 s), then ``s2``; ``DeadlyShortLease`` the same with a lease of
-``SHORT_LEASE`` seconds. ``DeadlyComposed``: ``a0``, then a composed
-``DeadlyChild`` of ``c0`` and ``c1``. ``DeadlyMap``: a sequential ``map_step`` whose elements
-are ``Deadly`` steps named by their index; ``DeadlyParallelMap`` the same, parallel.
+``SHORT_LEASE`` seconds, ``DeadlyOrdered`` with a strict ordered lock on the line
+``plan["line"]``, ``DeadlyOrderedRun`` the whole run in such a line. ``DeadlyComposed``:
+``a0``, then a composed ``DeadlyChild`` of ``c0`` and ``c1``. ``DeadlyMap``: a sequential
+``map_step`` whose elements are ``Deadly`` steps named by their index; ``DeadlyParallelMap``
+the same, parallel.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from reactor_app import (
     map_step,
     value,
     with_lock,
+    with_ordered_lock,
     with_rate_limit,
 )
 from reactor_app import step as declare
@@ -57,12 +61,14 @@ def ran(order: str, name: str, kind: str) -> int:
     return int(get_client().get(trace_key(f"ran:{order}:{name}:{kind}")) or 0)
 
 
-def _maybe_die(args: dict[str, Any], kind: str) -> None:
-    """Kill this process in the first ``plan[name][kind]`` runs of ``kind``."""
+def _maybe_die(args: dict[str, Any], kind: str) -> int:
+    """Kill this process in the first ``plan[name][kind]`` runs of ``kind``; else the number of
+    this run of ``kind``."""
     plan = args["plan"].get(args["name"], {})
-    count = get_client().incr(trace_key(f"ran:{args['order']}:{args['name']}:{kind}"))
+    count = int(get_client().incr(trace_key(f"ran:{args['order']}:{args['name']}:{kind}")))
     if count <= int(plan.get(kind, 0)):
         os.kill(os.getpid(), signal.SIGKILL)
+    return count
 
 
 def _query(seconds: float) -> None:
@@ -85,8 +91,9 @@ class Deadly(Step):
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
         write(args["order"], f"enter:{args['name']}")
-        _maybe_die(args, "body")
-        time.sleep(float(args["plan"].get(args["name"], {}).get("sleep", 0)))
+        run = _maybe_die(args, "body")
+        if run <= int(args["plan"].get(args["name"], {}).get("sleep_runs", ALWAYS)):
+            time.sleep(float(args["plan"].get(args["name"], {}).get("sleep", 0)))
         _query(float(args["plan"].get(args["name"], {}).get("query", 0)))
         if args["plan"].get(args["name"], {}).get("fail"):
             return Failure(f"{args['name']} fails", retryable=False)
@@ -158,6 +165,22 @@ class DeadlyShortLease(DeadlyReactor):
     """``s1`` under a step-level lock of a ``SHORT_LEASE`` lease."""
 
     s1 = _deadly("s1", ShortLeaseDeadly)
+
+
+@with_ordered_lock(lambda args: f"lost-line:{args['plan']['line']}", poison_pill_timeout=60)
+class OrderedDeadly(Deadly):
+    pass
+
+
+class DeadlyOrdered(DeadlyReactor):
+    """``s1`` under a strict step-level ordered lock on the line ``plan["line"]``."""
+
+    s1 = _deadly("s1", OrderedDeadly)
+
+
+@with_ordered_lock(lambda inputs: f"lost-run-line:{inputs['plan']['line']}", poison_pill_timeout=60)
+class DeadlyOrderedRun(DeadlyReactor):
+    """The whole run under a strict reactor-level ordered lock on the line ``plan["line"]``."""
 
 
 class DeadlyChild(Reactor):
