@@ -370,11 +370,14 @@ class UnitRunner:
                     failures = self._compensate(instance, outcome.exception(), context)
                     return StepOutcome(UnitStatus.FAILED, error=final, rollback_failures=failures)
             except BaseException as exc:
-                if _stops_undecided(exc, self.run.root.time_slice if park and self.run else None):
-                    # The delivery stops here, the unit undecided: it runs again in a later
-                    # delivery, as after a kill. Released as a retry, never as a failure: that
-                    # would end a strict ordered line (and the unit's own place in it) for a
-                    # step that has not failed (docs/operations.md, "Celery time limits").
+                clock = self.run.root.time_slice if park and self.run else None
+                if release_as == "failure" and _stops_undecided(exc, clock):
+                    # The delivery stops here with no verdict recorded (an outcome decided
+                    # already — a success, a halt — is released as decided): the step runs
+                    # again in a later delivery, as after a kill. Released as a retry, never
+                    # as a failure: that would end a strict ordered line, and the step's own
+                    # place in it, for a step that has not failed (docs/operations.md,
+                    # "Celery time limits").
                     release_as = "retry"
                 raise
             finally:
