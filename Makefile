@@ -107,7 +107,9 @@ pytest: install
 #   (test_soft_limit_fan_out.py: any delivery of a run with a parallel map) with
 #   FAN_OUT_SOFT_LIMIT_EXAMPLES instead of 40, and its two-cut variant (test_soft_limit_twice.py:
 #   two limits in any deliveries of one run) with TWO_SOFT_LIMITS_EXAMPLES instead of 30, and
-#   with a cancel, TWO_SOFT_LIMITS_CANCEL_EXAMPLES instead of 20;
+#   with a cancel, TWO_SOFT_LIMITS_CANCEL_EXAMPLES instead of 20, and the stop property
+#   (test_stop_anywhere.py: a stop that is not an Exception at a generated line) with
+#   STOP_EXAMPLES instead of 100;
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.
@@ -119,6 +121,7 @@ CANCEL_AFTER_LOSS_EXAMPLES ?= 1500
 FAN_OUT_SOFT_LIMIT_EXAMPLES ?= 600
 TWO_SOFT_LIMITS_EXAMPLES ?= 1000
 TWO_SOFT_LIMITS_CANCEL_EXAMPLES ?= 600
+STOP_EXAMPLES ?= 1500
 SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers.py \
 	tests/chaos/test_fault_histories.py tests/chaos/test_worker_fault_histories.py \
 	tests/chaos/test_worker_restart_histories.py tests/chaos/test_worker_lost_replies.py \
@@ -129,7 +132,8 @@ SOAK_TESTS ?= tests/sagas/test_model_inprocess.py tests/sagas/test_model_workers
 	tests/integration/test_debounce_schedules.py tests/worker/test_lost_deliveries.py \
 	tests/unit/test_lost_delivery_rules.py tests/integration/test_soft_limit_anywhere.py \
 	tests/integration/test_cancel_after_lost_delivery.py \
-	tests/integration/test_soft_limit_fan_out.py tests/integration/test_soft_limit_twice.py
+	tests/integration/test_soft_limit_fan_out.py tests/integration/test_soft_limit_twice.py \
+	tests/integration/test_stop_anywhere.py
 
 soak: install
 	REACTOR_SAGA_PROFILE=soak REACTOR_HYPOTHESIS_PROFILE=reactor-explore \
@@ -140,6 +144,7 @@ soak: install
 		REACTOR_FAN_OUT_SOFT_LIMIT_EXAMPLES=$(FAN_OUT_SOFT_LIMIT_EXAMPLES) \
 		REACTOR_TWO_SOFT_LIMITS_EXAMPLES=$(TWO_SOFT_LIMITS_EXAMPLES) \
 		REACTOR_TWO_SOFT_LIMITS_CANCEL_EXAMPLES=$(TWO_SOFT_LIMITS_CANCEL_EXAMPLES) \
+		REACTOR_STOP_EXAMPLES=$(STOP_EXAMPLES) \
 		$(BIN)/python -m pytest -o timeout=0 -x -q -s $(SOAK_TESTS)
 
 # --- the lowest supported Django ------------------------------------------------------------

@@ -267,10 +267,18 @@ class ReactorKeyCut(ThreeEffects):
     step)."""
 
 
+class ProcessStopped(BaseException):
+    """A stop that is not an ``Exception``, as gevent's hard time limit (a ``gevent.Timeout``)
+    and the ``SystemExit`` of a prefork child told to terminate are (``test_stop_anywhere``)."""
+
+
 class SoftLimitAt:
-    """A trace function that raises ``SoftTimeLimitExceeded`` at the ``line``-th traced line
-    (0: never; it only counts them) of the files under ``traced`` (the project and this
-    test, unless told)."""
+    """A trace function that raises ``SoftTimeLimitExceeded`` (or ``raises``) at the
+    ``line``-th traced line (0: never; it only counts them) of the files under ``traced`` (the
+    project and this test, unless told)."""
+
+    #: what it raises
+    raises: type[BaseException] = SoftTimeLimitExceeded
 
     def __init__(self, line: int, traced: tuple[str, ...] = TRACED) -> None:
         self.line = line
@@ -325,7 +333,7 @@ class SoftLimitAt:
             self.in_user_code = _in_user_code(frame)
             self.fired += 1
             sys.settrace(None)
-            raise SoftTimeLimitExceeded()
+            raise self.raises()
         return self._line
 
     def delivery_ended(self, outcome: str) -> None:
@@ -409,7 +417,7 @@ def _deliver(execution: Execution, first: dict[str, Any], tracer: SoftLimitAt | 
             with tracer:
                 report = deliver(str(execution.id), start=first.get(START_HEADER), clock=clock)
         outcome = str(report["outcome"])
-    except SoftTimeLimitExceeded:
+    except (SoftTimeLimitExceeded, ProcessStopped):
         outcome = "raised"
     if tracer is not None and tracer.fired > fired_before:  # it cut this delivery
         tracer.delivery_ended(outcome)

@@ -1,0 +1,112 @@
+"""A stop that is not an ``Exception`` may land at any line of a worker delivery: the saga
+promise holds, and the run ends as it would have without the stop.
+
+gevent's hard time limit is a ``gevent.Timeout`` raised in the task at its next switch, and
+prefork's pool sends a child it terminates SIGTERM — a ``SystemExit`` in the task — 0.1 s
+before its SIGKILL (docs/operations.md, "Celery time limits"). Neither is an ``Exception``: no
+``except Exception`` of the engine's or of a body's catches it, and it unwinds through every
+``finally`` on its way out of the task. Such a stop is a kill that runs the cleanups: the
+delivery ends where it landed, and the next one — sent by the sweep once the claim lapses —
+takes over from the last checkpoint, the unit the stop cut running again (the at-least-once
+rule of a killed delivery). It decides nothing: a run whose steps all succeed must succeed.
+A release on the way out that took the stop for a failure ended a strict ordered line, and
+the step's own next run was skipped (``test_hard_limit_in_line`` on real workers).
+
+The same generated runs as ``test_soft_limit_anywhere`` (every coordinated variant, a strict
+ordered line among them), with ``ProcessStopped`` raised at a generated line of the first
+delivery — the engine's code, a body, a hook — then deliveries as the sweep would make them
+until the run ends. Checked: the ledger's rules (each unit at most twice, nothing undone
+without its body); the run succeeded when its last step does not fail and failed when it does;
+nothing held or renewing after it ended; and the cut delivery ran nothing after the stop.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from hypothesis import given
+
+from reactor_app.coordination.renewal import scheduler
+from reactor_app.models import Execution
+from reactor_app.status import ExecutionStatus
+from tests.integration.test_soft_limit_anywhere import (
+    CUTS,
+    LEDGER,
+    UNITS,
+    ProcessStopped,
+    SoftLimitAt,
+    ThreeEffects,
+    _started,
+    _until_ended,
+    cut_settings,
+    ledger_problems,
+    left_behind,
+    lines_of_a_clean_delivery,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: generated cases per run (``make soak`` sets more: ``REACTOR_STOP_EXAMPLES``)
+EXAMPLES = int(os.environ.get("REACTOR_STOP_EXAMPLES", "100"))
+
+
+class StopAt(SoftLimitAt):
+    """The soft-limit property's tracer, raising a stop that is not an ``Exception``."""
+
+    raises = ProcessStopped
+
+
+def end_problems(fail: bool, execution: Execution, units: tuple[str, ...]) -> list[str]:
+    """A stop is no step's failure: the run ends as it would have without it — succeeded with
+    every body done and nothing undone, or failed at its failing last step."""
+    expected = ExecutionStatus.FAILED if fail else ExecutionStatus.SUCCEEDED
+    if execution.status != expected:
+        return [f"ended {execution.status}, not {expected}: {execution.error}"]
+    if fail:
+        step = (execution.error or {}).get("step")
+        return [] if step == units[-1] else [f"failed at {step!r}, not {units[-1]!r}"]
+    problems = []
+    if not all(f"do:{name}" in LEDGER for name in units):
+        problems.append("succeeded without running every body")
+    if [entry for entry in LEDGER if not entry.startswith("do:")]:
+        problems.append("succeeded with effects undone or compensated")
+    return problems
+
+
+def stopped_there(tracer: StopAt) -> list[str]:
+    """The stop left the task: the cut delivery ran no body or hook after it."""
+    if tracer.fired_in is None:
+        return []
+    problems = []
+    if tracer.outcome != "raised":
+        problems.append(f"the stop did not end its delivery: it ended {tracer.outcome!r}")
+    if tracer.ledger_after != tracer.ledger_then:
+        ran = LEDGER[tracer.ledger_then : tracer.ledger_after]
+        problems.append(f"the cut delivery ran {ran} after the stop")
+    return problems
+
+
+@cut_settings(EXAMPLES)
+@given(**CUTS)
+def test_a_stop_at_any_line_keeps_the_saga_promise_and_decides_nothing(
+    nobody_queue: str, share: float, fail: bool, reactor: type[ThreeEffects]
+) -> None:
+    renewing_before = scheduler().renewing()
+    lines = lines_of_a_clean_delivery(reactor, fail, nobody_queue)
+    line = 1 + int(share * lines)
+    tags = {"tag": uuid.uuid4().hex} if "tag" in reactor.inputs else {}
+    execution, first = _started(reactor, {"fail": fail, **tags}, nobody_queue)
+    tracer = StopAt(line)
+    outcomes = _until_ended(execution, first, nobody_queue, tracer)
+
+    problems = ledger_problems(UNITS[reactor])
+    problems += end_problems(fail, execution, UNITS[reactor])
+    problems += left_behind(execution, renewing_before)
+    problems += stopped_there(tracer)
+    assert not problems, (
+        f"stopped at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
+        problems,
+        LEDGER,
+    )
