@@ -153,7 +153,7 @@ class DeadlyLocked(DeadlyReactor):
 
 #: ``DeadlyShortLease``'s lock lease on ``s1`` (seconds): renewed every third of it while the
 #: body runs
-SHORT_LEASE = 1
+SHORT_LEASE = 2
 
 
 @with_lock(lambda args: f"lease:{args['order']}", ttl=SHORT_LEASE)
