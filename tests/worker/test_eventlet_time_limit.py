@@ -16,18 +16,16 @@ nothing cut it.
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
 import pytest
 
-from reactor_app.models import Execution
 from reactor_app.status import ExecutionStatus
-from tests.worker.helpers import wait_until
 from tests.worker.lost_delivery_reactors import DeadlyLocked, ran
 from tests.worker.promise_reactors import ledger
 from tests.worker.test_lost_deliveries import settled
+from tests.worker.test_time_limits import deliveries
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -45,18 +43,6 @@ WORKER_SETTINGS = {
 @pytest.fixture(scope="module")
 def celery_worker_pool() -> str:
     return "eventlet"
-
-
-def deliveries(worker: Any, execution: Execution) -> int:
-    """How many deliveries of ``execution`` the worker finished (Celery logs each once its task
-    returns; the last one's line follows the end it wrote, so wait for it)."""
-    done = rf"succeeded in [0-9.]+s: \{{'execution_id': '{execution.id}'"
-    wait_until(
-        lambda: re.search(rf"{done}, 'outcome': 'succeeded'", worker.process.read_log()),
-        10,
-        message=f"no delivery of {execution.id} logged its end",
-    )
-    return len(re.findall(done, worker.process.read_log()))
 
 
 def test_a_body_past_the_hard_time_limit_on_eventlet_runs_to_its_end(worker: Any) -> None:
