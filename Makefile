@@ -109,7 +109,7 @@ pytest: install
 #   two limits in any deliveries of one run) with TWO_SOFT_LIMITS_EXAMPLES instead of 30, and
 #   with a cancel, TWO_SOFT_LIMITS_CANCEL_EXAMPLES instead of 20, and the stop property
 #   (test_stop_anywhere.py: a stop that is not an Exception at a generated line) with
-#   STOP_EXAMPLES instead of 100;
+#   STOP_EXAMPLES instead of 100 (a fifth of it for its fanned-out run);
 # * the property tests with random seeds (REACTOR_HYPOTHESIS_PROFILE=reactor-explore; make test
 #   runs every Hypothesis test derandomized: docs/testing.md, "Generated cases").
 # Add another long schedule to SOAK_TESTS; each reads its own duration variable.

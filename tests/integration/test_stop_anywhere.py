@@ -17,7 +17,8 @@ ordered line among them), with ``ProcessStopped`` raised at a generated line of 
 delivery — the engine's code, a body, a hook — then deliveries as the sweep would make them
 until the run ends. Checked: the ledger's rules (each unit at most twice, nothing undone
 without its body); the run succeeded when its last step does not fail and failed when it does;
-nothing held or renewing after it ended; and the cut delivery ran nothing after the stop.
+nothing held or renewing after it ended; and the cut delivery ran nothing after the stop. A
+second property stops any delivery of ``test_soft_limit_fan_out``'s run (a parallel map).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import uuid
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from reactor_app.coordination.renewal import scheduler
 from reactor_app.models import Execution
@@ -45,11 +47,20 @@ from tests.integration.test_soft_limit_anywhere import (
     left_behind,
     lines_of_a_clean_delivery,
 )
+from tests.integration.test_soft_limit_fan_out import UNITS as FANNED_UNITS
+from tests.integration.test_soft_limit_fan_out import (
+    left_by_the_tree,
+    lines_of_a_clean_run,
+    run_fanned,
+    undo_order_problems,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: generated cases per run (``make soak`` sets more: ``REACTOR_STOP_EXAMPLES``)
+#: generated cases per run (``make soak`` sets more: ``REACTOR_STOP_EXAMPLES``, and a fifth
+#: of it for the fanned-out run)
 EXAMPLES = int(os.environ.get("REACTOR_STOP_EXAMPLES", "100"))
+FANNED_EXAMPLES = max(EXAMPLES // 5, 1)
 
 
 class StopAt(SoftLimitAt):
@@ -75,7 +86,7 @@ def end_problems(fail: bool, execution: Execution, units: tuple[str, ...]) -> li
     return problems
 
 
-def stopped_there(tracer: StopAt) -> list[str]:
+def stopped_there(tracer: SoftLimitAt) -> list[str]:
     """The stop left the task: the cut delivery ran no body or hook after it."""
     if tracer.fired_in is None:
         return []
@@ -104,6 +115,33 @@ def test_a_stop_at_any_line_keeps_the_saga_promise_and_decides_nothing(
     problems = ledger_problems(UNITS[reactor])
     problems += end_problems(fail, execution, UNITS[reactor])
     problems += left_behind(execution, renewing_before)
+    problems += stopped_there(tracer)
+    assert not problems, (
+        f"stopped at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
+        problems,
+        LEDGER,
+    )
+
+
+@cut_settings(FANNED_EXAMPLES)
+@given(share=st.floats(min_value=0, max_value=1, exclude_max=True), fail=st.booleans())
+def test_a_stop_at_any_line_of_a_fanned_out_run_keeps_the_saga_promise_and_decides_nothing(
+    nobody_queue: str, share: float, fail: bool
+) -> None:
+    """The same stop at a line of *any* delivery of a run whose middle step is a parallel
+    ``map_step`` (``test_soft_limit_fan_out``'s run: the parent's first delivery, an
+    element's, or the parent's after the elements), every message then delivered and the
+    sweep run as there. A failed run undoes its units newest first by completion."""
+    renewing_before = scheduler().renewing()
+    lines = lines_of_a_clean_run(fail, nobody_queue)
+    line = 1 + int(share * lines)
+    root, tracer, outcomes = run_fanned(fail, line, nobody_queue, tracer=StopAt(line))
+
+    problems = ledger_problems(FANNED_UNITS, reversed_once=root.status == ExecutionStatus.FAILED)
+    problems += end_problems(fail, root, FANNED_UNITS)
+    if root.status == ExecutionStatus.FAILED:
+        problems += undo_order_problems()
+    problems += left_by_the_tree(root, renewing_before)
     problems += stopped_there(tracer)
     assert not problems, (
         f"stopped at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
