@@ -27,7 +27,7 @@ import os
 import uuid
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reactor_app.coordination.renewal import scheduler
@@ -37,6 +37,7 @@ from tests.integration.test_soft_limit_anywhere import (
     CUTS,
     LEDGER,
     UNITS,
+    OrderedThreeEffects,
     ProcessStopped,
     SoftLimitAt,
     ThreeEffects,
@@ -99,8 +100,22 @@ def stopped_there(tracer: SoftLimitAt) -> list[str]:
     return problems
 
 
+def assert_none(problems: list[str], tracer: SoftLimitAt, where: str, outcomes: list[str]) -> None:
+    """No problem, the stop's own (``stopped_there``) included; else where it landed, how the
+    deliveries ended, the problems and the ledger."""
+    problems = problems + stopped_there(tracer)
+    assert not problems, (
+        f"stopped at {tracer.fired_in} ({where}); deliveries {outcomes}",
+        problems,
+        LEDGER,
+    )
+
+
 @cut_settings(EXAMPLES)
 @given(**CUTS)
+# a stop between a strict line's admission and the step's body (the step run's start): the
+# engine released the step as a failure there, and the line ended
+@example(share=0.42, fail=False, reactor=OrderedThreeEffects)
 def test_a_stop_at_any_line_keeps_the_saga_promise_and_decides_nothing(
     nobody_queue: str, share: float, fail: bool, reactor: type[ThreeEffects]
 ) -> None:
@@ -115,12 +130,7 @@ def test_a_stop_at_any_line_keeps_the_saga_promise_and_decides_nothing(
     problems = ledger_problems(UNITS[reactor])
     problems += end_problems(fail, execution, UNITS[reactor])
     problems += left_behind(execution, renewing_before)
-    problems += stopped_there(tracer)
-    assert not problems, (
-        f"stopped at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
-        problems,
-        LEDGER,
-    )
+    assert_none(problems, tracer, f"line {line} of {lines}", outcomes)
 
 
 @cut_settings(FANNED_EXAMPLES)
@@ -142,9 +152,4 @@ def test_a_stop_at_any_line_of_a_fanned_out_run_keeps_the_saga_promise_and_decid
     if root.status == ExecutionStatus.FAILED:
         problems += undo_order_problems()
     problems += left_by_the_tree(root, renewing_before)
-    problems += stopped_there(tracer)
-    assert not problems, (
-        f"stopped at {tracer.fired_in} (line {line} of {lines}); deliveries {outcomes}",
-        problems,
-        LEDGER,
-    )
+    assert_none(problems, tracer, f"line {line} of {lines}", outcomes)
