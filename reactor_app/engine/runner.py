@@ -233,6 +233,7 @@ class UnitRunner:
                     return stopped
             gate = self._gate()
             release_as: ReleaseOutcome = "failure"
+            clock = self.run.root.time_slice if park and self.run is not None else None
             try:
                 # Entering sits inside the try: whatever fails after an admission, the
                 # finally below gives the holds back (exit is a no-op when nothing was taken).
@@ -274,7 +275,6 @@ class UnitRunner:
                     recorder.started(args=self.args)
                 context = self._context(attempt, gate)
                 flags = _cancel_flags(gate, context)
-                clock = self.run.root.time_slice if park and self.run is not None else None
                 first = clock is None or not clock.worked
                 # deliveries lost in a row here: this body is not run again
                 lost = take_verdict(self.run, self.label)
@@ -370,7 +370,6 @@ class UnitRunner:
                     failures = self._compensate(instance, outcome.exception(), context)
                     return StepOutcome(UnitStatus.FAILED, error=final, rollback_failures=failures)
             except BaseException as exc:
-                clock = self.run.root.time_slice if park and self.run else None
                 if release_as == "failure" and _stops_undecided(exc, clock):
                     # The delivery stops here with no verdict recorded (an outcome decided
                     # already — a success, a halt — is released as decided): the step runs

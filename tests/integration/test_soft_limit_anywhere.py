@@ -75,6 +75,7 @@ from reactor_app.engine.enqueueing import START_HEADER
 from reactor_app.engine.executor import ExecutionRun
 from reactor_app.engine.stranded_positions import complete_stranded_heads
 from reactor_app.engine.time_slice import time_slice
+from reactor_app.engine.worker import ClaimLost
 from reactor_app.models import Execution
 from reactor_app.status import TERMINAL_STATUSES, ExecutionStatus
 from reactor_app.testing import coordination_state
@@ -656,6 +657,7 @@ def _run_cut_once(
     method: str = "checkpoint",
     *,
     target: Any = ExecutionRun,
+    raises: type[BaseException] = SoftTimeLimitExceeded,
     before: Callable[[Execution, int], None] | None = None,
     sweeps: bool = True,
 ) -> tuple[Execution, list[str]]:
@@ -670,7 +672,7 @@ def _run_cut_once(
     def cut(self: Any, *args: Any, **kwargs: Any) -> Any:
         if when is None or (when(self) if callable(when) else list(LEDGER) == when):
             setattr(target, method, original)
-            raise SoftTimeLimitExceeded()  # once, as Celery's signal handler raises it
+            raise raises()  # once, as Celery's signal handler raises it
         return original(self, *args, **kwargs)
 
     setattr(target, method, cut)
@@ -727,15 +729,22 @@ def test_a_soft_limit_between_a_body_and_its_checkpoint_runs_the_step_again(
     assert "before its checkpoint" in retried.error["message"], retried.error
 
 
+@pytest.mark.parametrize(
+    ("raises", "stopped"),
+    [(SoftTimeLimitExceeded, "time_up"), (ClaimLost, "claim_lost")],
+    ids=["soft-limit", "claim-lost"],
+)
 def test_a_soft_limit_after_a_step_entered_a_strict_line_runs_it_again_in_its_place(
-    nobody_queue: str,
+    nobody_queue: str, raises: type[Exception], stopped: str
 ) -> None:
     """Found by the property once its line was strict (it had been ``strict=False``): a cut
     in the engine's own code after a step's ordered lock admitted it, before its body — here
     the step run's start record — left the attempt through the gate's exit as a *failure*,
     which ends a strict line. The next delivery's run of the step was skipped
     (``ordered_lock_chain_failed``), and the run succeeded without it. Now the cut releases
-    the step as a retry: its place stays, and the next delivery runs it there."""
+    the step as a retry: its place stays, and the next delivery runs it there. The same for
+    a claim found lost there (the verdict of lost deliveries is written down at that point,
+    ``take_verdict``, a write conditional on the claim)."""
     tag = uuid.uuid4().hex
     execution, outcomes = _run_cut_once(
         OrderedThreeEffects,
@@ -744,8 +753,9 @@ def test_a_soft_limit_after_a_step_entered_a_strict_line_runs_it_again_in_its_pl
         ["do:s0"],
         "started",
         target=StepRecorder,
+        raises=raises,
     )
-    assert outcomes[0] == "time_up", outcomes
+    assert outcomes[0] == stopped, outcomes
     assert execution.status == ExecutionStatus.SUCCEEDED, (outcomes, execution.error)
     assert LEDGER == ["do:s0", "do:s1", "do:s2"], LEDGER
     assert not execution.step_runs.filter(status="skipped").exists()

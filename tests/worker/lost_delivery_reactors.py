@@ -90,16 +90,16 @@ class Deadly(Step):
     inputs = ("order", "name", "plan")
 
     def run(self, args: dict[str, Any], context: Any) -> Any:
+        plan = args["plan"].get(args["name"], {})
         write(args["order"], f"enter:{args['name']}")
         run = _maybe_die(args, "body")
-        if run <= int(args["plan"].get(args["name"], {}).get("sleep_runs", ALWAYS)):
-            time.sleep(float(args["plan"].get(args["name"], {}).get("sleep", 0)))
-        _query(float(args["plan"].get(args["name"], {}).get("query", 0)))
-        if args["plan"].get(args["name"], {}).get("fail"):
+        if run <= int(plan.get("sleep_runs", ALWAYS)):
+            time.sleep(float(plan.get("sleep", 0)))
+        _query(float(plan.get("query", 0)))
+        if plan.get("fail"):
             return Failure(f"{args['name']} fails", retryable=False)
         write(args["order"], f"do:{args['name']}")
-        # last: nothing after it yields before the body returns
-        _spin(float(args["plan"].get(args["name"], {}).get("spin", 0)))
+        _spin(float(plan.get("spin", 0)))  # last: nothing after it yields before the return
         return Success(args["name"])
 
     def undo(self, result: Any, args: dict[str, Any], context: Any) -> None:

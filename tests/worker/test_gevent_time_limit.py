@@ -1,6 +1,7 @@
 """Celery's hard time limit on a gevent worker: the same end as on prefork.
 
-On the prefork pool the hard limit kills the pool process (``test_hard_time_limit``). A gevent
+On the prefork pool the hard limit ends the pool process (``test_hard_time_limit``: SIGTERM,
+then SIGKILL 0.1 s later). A gevent
 worker runs its tasks as greenlets of one process, and there the hard limit is a
 ``gevent.Timeout`` raised *inside* the task at its next switch — a ``BaseException`` that
 unwinds through the engine's own code (its ``finally`` blocks, a gate's exit with the holds it
